@@ -1,0 +1,46 @@
+"""litetopk.kernels: MXFP4 codec, paged cache layout, and the top-k operator with its backends.
+
+Pipeline, one module a stage: mxfp4 (codec) -> cache_layout (pages) -> validation (one layer for
+every backend) -> backends (reference.py, triton/, flydsl/) -> pipeline (LiteTopK method and
+dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public).
+"""
+
+from .cache_layout import PAGE_BYTES, PAGE_SIZE, pack_kv_cache, unpack_kv_cache
+from .errors import (
+    BackendUnavailableError,
+    DeviceError,
+    InputError,
+    LiteTopKError,
+    RowFaultError,
+    SlotOverflowError,
+    UnsupportedTopKError,
+)
+from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from .operator import BACKEND_NAMES, dense_topk_prefill, litetopk_prefill
+from .pipeline import LiteTopKTuning
+from .result import TopKResult
+from .status import RowStatus
+from .validation import SUPPORTED_TOPK
+
+__all__ = [
+    "BACKEND_NAMES",
+    "PAGE_BYTES",
+    "PAGE_SIZE",
+    "SUPPORTED_TOPK",
+    "BackendUnavailableError",
+    "DeviceError",
+    "InputError",
+    "LiteTopKError",
+    "LiteTopKTuning",
+    "RowFaultError",
+    "RowStatus",
+    "SlotOverflowError",
+    "TopKResult",
+    "UnsupportedTopKError",
+    "dense_topk_prefill",
+    "dequantize_mxfp4",
+    "litetopk_prefill",
+    "pack_kv_cache",
+    "quantize_mxfp4",
+    "unpack_kv_cache",
+]

@@ -1,0 +1,57 @@
+"""What a scoring backend provides; everything else (calibration, certificate, selection, page
+mapping, repair) is shared code in `pipeline.py` and `selection.py`.
+
+A backend scores keys exactly as CONTRACT.md §1 says, in its own documented float32 order for
+the head sum, and offers two ways to consume the scores:
+- `score_dense`: the whole float32 [rows, max_end] matrix (column = position, -inf outside the
+  row's window) for the dense baseline;
+- `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
+  is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
+  ever raised to a value no larger than the row's true K-th best key.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from .validation import PrefillProblem
+
+
+@dataclass(frozen=True)
+class CandidateScan:
+    """Result of `scan_candidates` for every row of a problem.
+
+    keys int64 [rows, capacity]: appended ordering keys, NO_KEY past the end; appended int64
+    [rows]: how many keys passed (more than capacity means the buffer overflowed and some were
+    dropped); thresholds int64 [rows]: the final (tightened) threshold keys; nonfinite bool
+    [rows]: a NaN/inf score was seen inside the row's window.
+    """
+
+    keys: torch.Tensor
+    appended: torch.Tensor
+    thresholds: torch.Tensor
+    nonfinite: torch.Tensor
+
+
+class ScoringBackend(abc.ABC):
+    """One way to score FP4 keys; see the module docstring for the contract of each method."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def check_device(self, device: torch.device) -> None:
+        """Raise BackendUnavailableError when this backend cannot run on `device` here."""
+
+    @abc.abstractmethod
+    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores float32 [rows, problem.max_end], nonfinite bool [rows]): column j is position j,
+        -inf outside each window; nonfinite marks rows with a NaN/inf score inside the window."""
+
+    @abc.abstractmethod
+    def scan_candidates(
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1
+    ) -> CandidateScan:
+        """Fused scan of the positions j of each window with j % stride == 0 (see module doc)."""

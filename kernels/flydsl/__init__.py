@@ -1,0 +1,1 @@
+"""FlyDSL backend (gfx950)."""

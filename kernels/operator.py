@@ -1,0 +1,124 @@
+"""The public operator: validation, then one backend, then the shared pipeline.
+
+    litetopk_prefill(...)   the fused LiteTopK method (pipeline.run_litetopk)
+    dense_topk_prefill(...) the dense baseline (pipeline.run_dense)
+
+`backend` is one of BACKEND_NAMES. "auto" picks by the inputs' device: a CUDA (NVIDIA) device ->
+"triton", a ROCm gfx950 device -> "flydsl", anything else -> "reference". A backend that cannot
+run raises BackendUnavailableError; no request is ever served by another backend than the one
+asked for. Device, driver and compiler failures leave as DeviceError (raised from the original).
+Every call runs on the inputs' device (made current for the call), on the current stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .backend import ScoringBackend
+from .errors import BackendUnavailableError, DeviceError, InputError, LiteTopKError
+from .pipeline import LiteTopKTuning, run_dense, run_litetopk
+from .result import TopKResult
+from .validation import validate_prefill
+
+BACKEND_NAMES = ("auto", "reference", "triton", "flydsl")
+
+
+def is_cuda(device: torch.device) -> bool:
+    """True for an NVIDIA CUDA device (not a ROCm device, which torch also calls 'cuda')."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def is_gfx950(device: torch.device) -> bool:
+    """True for a ROCm device of architecture gfx950 (MI350X / MI355X)."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return False
+    return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0] == "gfx950"
+
+
+def _load_backend(name: str) -> ScoringBackend:
+    if name == "reference":
+        from .reference import ReferenceBackend
+
+        return ReferenceBackend()
+    if name == "triton":
+        from .triton import TritonBackend
+
+        return TritonBackend()
+    if name == "flydsl":
+        from .flydsl import FlyDSLBackend
+
+        return FlyDSLBackend()
+    raise InputError(f"backend={name!r} is not known; choose one of {BACKEND_NAMES}")
+
+
+_BACKENDS: dict[str, ScoringBackend] = {}
+
+
+def get_backend(name: str, device: torch.device) -> ScoringBackend:
+    """The backend `name` ("auto" resolved for `device`), checked to run on `device`."""
+    if name == "auto":
+        name = "triton" if is_cuda(device) else "flydsl" if is_gfx950(device) else "reference"
+    if name not in _BACKENDS:
+        _BACKENDS[name] = _load_backend(name)
+    backend = _BACKENDS[name]
+    backend.check_device(device)
+    return backend
+
+
+@contextlib.contextmanager
+def _on_device(device: torch.device, backend: ScoringBackend):
+    """Make `device` current and translate foreign failures into DeviceError."""
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with guard:
+            yield
+    except LiteTopKError:
+        raise
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        raise DeviceError(f"the {backend.name} backend failed on {device}: {exc}") from exc
+
+
+def litetopk_prefill(
+    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
+    topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
+    tuning: LiteTopKTuning | None = None,
+) -> TopKResult:
+    """Top-`topk` keys of every query row by the fused LiteTopK method (CONTRACT.md §1-§4).
+
+    Inputs as in CONTRACT.md §2: q_fp4 uint8 [rows, 64, 64], q_scale uint8 [rows, 64, 4],
+    kv_cache uint8 [num_pages, 4352], block_table int32 [batch, max_pages], weights float32 or
+    bfloat16 [rows, 64], row_to_batch / starts / ends int32 [rows], all on one device.
+    Returns a TopKResult equal, bit for bit, to `dense_topk_prefill` with the same backend.
+    Raises InputError for malformed arguments and BackendUnavailableError / DeviceError as the
+    module docstring says; row faults are status bits (`result.raise_for_status()` raises them).
+    """
+    problem = validate_prefill(
+        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
+        topk=topk, weight_scale=weight_scale,
+    )
+    chosen = get_backend(backend, problem.device)
+    with _on_device(problem.device, chosen):
+        return run_litetopk(problem, chosen, repair=repair, tuning=tuning or LiteTopKTuning())
+
+
+def dense_topk_prefill(
+    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
+    topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
+) -> TopKResult:
+    """The dense baseline: the full float32 [rows, max_end] score matrix, then an exact top-K.
+
+    Same arguments and result as `litetopk_prefill`; `selector` picks the value top-k doing the
+    bulk of the selection ("torch" or "flashinfer"); the answer does not depend on it.
+    """
+    problem = validate_prefill(
+        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
+        topk=topk, weight_scale=weight_scale,
+    )
+    chosen = get_backend(backend, problem.device)
+    with _on_device(problem.device, chosen):
+        return run_dense(problem, chosen, selector=selector)
+
+
+__all__ = ["BACKEND_NAMES", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950", "litetopk_prefill"]

@@ -1,0 +1,42 @@
+"""TopKResult: what every backend returns (CONTRACT.md §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import RowFaultError
+from .status import describe
+
+
+@dataclass(frozen=True)
+class TopKResult:
+    """The K best keys of every row, sorted by (score desc, position asc).
+
+    values float32 [rows, K] (-inf padded); raw_indices int32 [rows, K] logical positions (-1
+    padded); physical_indices int32 [rows, K] page-mapped slots (-1 padded); counts int32 [rows]
+    keys published; status int32 [rows] RowStatus bits (a row with a bit set publishes nothing);
+    repaired int32 [rows] 1 where a capacity event was repaired by an exact rescan.
+    """
+
+    values: torch.Tensor
+    raw_indices: torch.Tensor
+    physical_indices: torch.Tensor
+    counts: torch.Tensor
+    status: torch.Tensor
+    repaired: torch.Tensor
+
+    def faulty_rows(self) -> tuple[list[int], list[int]]:
+        """(rows, flags) of every row with a status bit set."""
+        rows = torch.nonzero(self.status != 0).flatten()
+        return rows.tolist(), self.status[rows].tolist()
+
+    def raise_for_status(self) -> "TopKResult":
+        """Return self when every row is answered; else raise RowFaultError naming the rows."""
+        rows, flags = self.faulty_rows()
+        if rows:
+            shown = ", ".join(f"row {r}: {describe(f)}" for r, f in list(zip(rows, flags))[:8])
+            more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
+            raise RowFaultError(f"{len(rows)} row(s) published nothing: {shown}{more}", rows, flags)
+        return self

@@ -1,0 +1,125 @@
+"""Selection and page mapping, shared by every backend.
+
+Ordering keys. A (score, position) pair becomes one int64 key whose integer order is the total
+order of CONTRACT.md §1 (score descending, then position ascending):
+    key = ordered_bits(score) * 2^32 + (2^32 - 1 - position)
+where ordered_bits maps float32 bits to an int32 with the same order (-0.0 is folded into +0.0
+first, so the two zeros tie and fall back to position). NO_KEY (int64 min) marks an empty slot; no
+finite score maps to it. Selecting the K largest keys is therefore an exact, tie-free top-K, and
+its work grows with the number of candidates, not with the window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache_layout import PAGE_SIZE
+from .errors import InputError
+from .result import TopKResult
+
+NO_KEY = -(2**63)
+_LOW32 = 0xFFFFFFFF
+
+
+def make_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 ordering keys of float32 `scores` at int `positions` (broadcast together)."""
+    bits = (scores.float() + 0.0).view(torch.int32).long()  # + 0.0 turns -0.0 into +0.0
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return ordered * 2**32 + (_LOW32 - positions.long())
+
+
+def split_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of make_keys: (scores float32, positions int32); NO_KEY gives (-inf, -1)."""
+    ordered = torch.div(keys, 2**32, rounding_mode="floor")
+    positions = _LOW32 - (keys - ordered * 2**32)
+    bits = torch.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(torch.int32)
+    scores = bits.view(torch.float32)
+    empty = keys == NO_KEY
+    return (
+        torch.where(empty, float("-inf"), scores),
+        torch.where(empty, -1, positions).to(torch.int32),
+    )
+
+
+def select_topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest keys of each row of int64 `keys [rows, n]`, sorted descending, NO_KEY padded."""
+    rows, n = keys.shape
+    if n < k:
+        keys = torch.nn.functional.pad(keys, (0, k - n), value=NO_KEY)
+    return torch.topk(keys, k, dim=1, largest=True, sorted=True).values
+
+
+def kth_key(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest key of each row (NO_KEY where a row holds fewer than k real keys)."""
+    return select_topk_keys(keys, k)[:, k - 1]
+
+
+def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> torch.Tensor:
+    """Exact top-k keys [rows, k] of a dense float32 score matrix whose column is the position.
+
+    Entries outside a row's window must be -inf. `selector` names the value top-k that does the
+    bulk of the work ("torch": torch.topk; "flashinfer": flashinfer.top_k); it is asked for k+1
+    values so that a tie across the k-th place is detected, and only such rows are re-selected
+    with ordering keys. The answer is the same for every selector.
+    """
+    rows, width = scores.shape
+    take = min(k + 1, width)
+    if take == 0:
+        return torch.full((rows, k), NO_KEY, dtype=torch.int64, device=scores.device)
+    values, positions = _value_topk(scores, take, selector)
+    keys = make_keys(values, positions)
+    keys = torch.where(torch.isneginf(values), NO_KEY, keys)
+    if take == k + 1:
+        tied = (values[:, k - 1] == values[:, k]) & ~torch.isneginf(values[:, k])
+        for row in torch.nonzero(tied).flatten().tolist():
+            row_scores = scores[row]
+            live = torch.nonzero(~torch.isneginf(row_scores)).flatten()
+            exact = select_topk_keys(make_keys(row_scores[live], live)[None, :], k)
+            keys[row, :k] = exact[0]
+    return select_topk_keys(keys, k)
+
+
+def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if selector == "torch":
+        values, positions = torch.topk(scores, take, dim=1, largest=True, sorted=True)
+        return values, positions
+    if selector == "flashinfer":
+        from .dense_selectors import flashinfer_topk
+
+        return flashinfer_topk(scores, take)
+    raise InputError(f"selector={selector!r} is not known; use 'torch' or 'flashinfer'")
+
+
+def map_pages(
+    positions: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor
+) -> torch.Tensor:
+    """Physical slots int32 of logical `positions [rows, K]` (-1 stays -1).
+
+    slot = block_table[b, j // 64] * 64 + j % 64, computed in int64; the caller has validated
+    that every live page exists and that its slots fit int32.
+    """
+    live = positions >= 0
+    pos = torch.where(live, positions, 0).long()
+    pages = block_table[row_to_batch.long()[:, None], pos // PAGE_SIZE].long()
+    slots = pages * PAGE_SIZE + pos % PAGE_SIZE
+    return torch.where(live, slots, -1).to(torch.int32)
+
+
+def assemble_result(
+    top_keys: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    block_table: torch.Tensor,
+    status: torch.Tensor,
+    repaired: torch.Tensor,
+) -> TopKResult:
+    """Turn sorted keys [rows, K] into a TopKResult; rows with a status bit publish nothing."""
+    keys = torch.where((status != 0)[:, None], NO_KEY, top_keys)
+    values, positions = split_keys(keys)
+    return TopKResult(
+        values=values,
+        raw_indices=positions,
+        physical_indices=map_pages(positions, row_to_batch, block_table),
+        counts=(keys != NO_KEY).sum(dim=1).to(torch.int32),
+        status=status.to(torch.int32),
+        repaired=repaired.to(torch.int32),
+    )

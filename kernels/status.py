@@ -1,0 +1,30 @@
+"""Per-row status bits of a TopKResult (CONTRACT.md §3). A row with any bit set publishes nothing."""
+
+from __future__ import annotations
+
+import enum
+
+
+class RowStatus(enum.IntFlag):
+    """Bit flags in `TopKResult.status`; 0 means the row's answer is published and exact."""
+
+    OK = 0
+    OVERFLOW = 1  # the candidate buffer overflowed (capacity event; repaired unless repair=False)
+    UNDERFILLED = 2  # fewer certified candidates than min(K, window) (capacity event; repaired likewise)
+    NONFINITE = 4  # a weight or a score of the row's window is NaN or inf
+    INVALID_PAGE = 8  # a page of the row's window is negative or outside the cache
+    INVALID_ROW = 16  # bad batch index, or a window outside [0, pages * PAGE_SIZE)
+    SELECTOR_FAILURE = 32  # the selector could not produce a certified answer
+
+
+#: Bits that are capacity events of the fast path (repairable), not faults of the input.
+CAPACITY_EVENTS = RowStatus.OVERFLOW | RowStatus.UNDERFILLED
+#: Bits that are faults of the input: the request fails naming these rows.
+INPUT_FAULTS = RowStatus.NONFINITE | RowStatus.INVALID_PAGE | RowStatus.INVALID_ROW
+
+
+def describe(flags: int) -> str:
+    """Names of the bits set in `flags`, e.g. 'OVERFLOW|NONFINITE' ('OK' for 0)."""
+    if flags == 0:
+        return "OK"
+    return "|".join(bit.name for bit in RowStatus if bit and flags & bit)

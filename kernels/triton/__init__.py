@@ -1,0 +1,1 @@
+"""Triton backend (H200 path); see scoring.py."""
