@@ -110,7 +110,7 @@ def run_litetopk(
         top[failed] = fixed
         status[failed] = torch.where(certified, 0, int(RowStatus.SELECTOR_FAILURE)).to(torch.int32)
         repaired[failed] = 1
-    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired)
+    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired, scan.appended)
 
 
 def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str) -> TopKResult:
@@ -119,4 +119,4 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
     top = select_topk_dense(scores, problem.topk, selector)
     status = problem.row_status | torch.where(nonfinite, int(RowStatus.NONFINITE), 0).to(torch.int32)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
-    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired)
+    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired, problem.window_lengths)

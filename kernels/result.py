@@ -17,7 +17,9 @@ class TopKResult:
     values float32 [rows, K] (-inf padded); raw_indices int32 [rows, K] logical positions (-1
     padded); physical_indices int32 [rows, K] page-mapped slots (-1 padded); counts int32 [rows]
     keys published; status int32 [rows] RowStatus bits (a row with a bit set publishes nothing);
-    repaired int32 [rows] 1 where a capacity event was repaired by an exact rescan.
+    repaired int32 [rows] 1 where a capacity event was repaired by an exact rescan; candidates
+    int32 [rows] keys the fast path appended for the row (the whole window for the dense path),
+    for metrics and benchmarks.
     """
 
     values: torch.Tensor
@@ -26,6 +28,7 @@ class TopKResult:
     counts: torch.Tensor
     status: torch.Tensor
     repaired: torch.Tensor
+    candidates: torch.Tensor
 
     def faulty_rows(self) -> tuple[list[int], list[int]]:
         """(rows, flags) of every row with a status bit set."""

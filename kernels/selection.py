@@ -111,6 +111,7 @@ def assemble_result(
     block_table: torch.Tensor,
     status: torch.Tensor,
     repaired: torch.Tensor,
+    candidates: torch.Tensor,
 ) -> TopKResult:
     """Turn sorted keys [rows, K] into a TopKResult; rows with a status bit publish nothing."""
     keys = torch.where((status != 0)[:, None], NO_KEY, top_keys)
@@ -122,4 +123,5 @@ def assemble_result(
         counts=(keys != NO_KEY).sum(dim=1).to(torch.int32),
         status=status.to(torch.int32),
         repaired=repaired.to(torch.int32),
+        candidates=candidates.clamp(max=2**31 - 1).to(torch.int32),
     )
