@@ -8,7 +8,9 @@ Format (CONTRACT.md §1):
 Quantization (the OCP MX rule used by the DeepSeek-V4 indexer): per group, amax = max |x|
 clamped to >= 6 * 2^-127, scale = 2^ceil(log2(amax / 6)), code = round-to-nearest-even of
 x / scale onto E2M1 (|x / scale| <= 6 by construction, so nothing saturates). The codes agree
-byte for byte with `ml_dtypes.float4_e2m1fn`, signed zeros included.
+byte for byte with `ml_dtypes.float4_e2m1fn`, signed zeros included (for float64 input off the
+float32 grid we round once, exactly; ml_dtypes rounds through float32 there). A group whose
+amax exceeds 6 * 2^127 (only possible in float64) has no scale byte and is an error.
 
 Works on any device; quantization runs in float64 so that x / scale is exact.
 """
@@ -27,6 +29,9 @@ E2M1_TIMES_TWO = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # Midpoints between consecutive magnitudes; a tie rounds to the even code, i.e. up at odd midpoints.
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _MIN_AMAX = 6.0 * 2.0**-127
+_MAX_AMAX = 6.0 * 2.0**127  # largest magnitude with a scale byte (254); 255 is NaN in UE8M0
+#: Decoded value of each code 0..15 (code 8 is -0.0, as in ml_dtypes.float4_e2m1fn).
+_DECODED = E2M1_VALUES + tuple(-v for v in E2M1_VALUES)
 
 
 def _check_float_groups(x: torch.Tensor) -> None:
@@ -59,6 +64,11 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_float_groups(x)
     groups = x.to(torch.float64).reshape(*x.shape[:-1], -1, GROUP_SIZE)
     amax = groups.abs().amax(dim=-1).clamp_min(_MIN_AMAX)
+    if bool((amax > _MAX_AMAX).any()):
+        raise InputError(
+            f"quantize_mxfp4 got a magnitude of {float(amax.max()):.6g}, beyond the largest MXFP4 value "
+            f"6 * 2^127 ({_MAX_AMAX:.6g}); no scale byte can represent it"
+        )
     mantissa, exponent = torch.frexp(amax / 6.0)  # amax/6 = mantissa * 2^exponent, mantissa in [0.5, 1)
     scale_exp = torch.where(mantissa == 0.5, exponent - 1, exponent)  # ceil(log2(amax / 6))
     scaled = groups / torch.ldexp(torch.ones_like(amax), scale_exp.to(torch.float64)).unsqueeze(-1)
@@ -90,7 +100,7 @@ def dequantize_mxfp4(
             f"packed {tuple(packed.shape)} and scales {tuple(scales.shape)} do not describe the same "
             f"vectors (need packed[..., D/2] and scales[..., D/{GROUP_SIZE}])"
         )
-    table = torch.tensor(E2M1_TIMES_TWO, dtype=torch.float64, device=packed.device) * 0.5
+    table = torch.tensor(_DECODED, dtype=torch.float64, device=packed.device)
     values = table[unpack_e2m1_codes(packed).long()]
     exponent = scales.to(torch.float64) - SCALE_BIAS
     factor = torch.where(scales == 255, torch.nan, torch.exp2(exponent))
