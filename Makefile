@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: env run test test-gpu bench clean
+.PHONY: env run test test-gpu bench clean toolchain
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,10 +16,20 @@ $(STAMP): pyproject.toml
 
 env: $(STAMP)
 
+# FlyDSL's gfx950 compile-only build links with $$ROCM_PATH/llvm/bin/ld.lld: LLVM 19's lld (Debian
+# lld-19) behind a ROCM_PATH-shaped folder in the venv; the FlyDSL ISA tests use it.
+ROCM_SHIM := $(VENV)/rocm/llvm/bin/ld.lld
+toolchain: $(ROCM_SHIM)
+
+$(ROCM_SHIM):
+	test -x /usr/lib/llvm-19/bin/ld.lld || (apt-get update -qq && apt-get install -y -qq lld-19)
+	mkdir -p $(@D)
+	ln -sfn /usr/lib/llvm-19/bin/ld.lld $@
+
 run: $(STAMP)
 	$(BIN)/python -m litetopk.service
 
-test: $(STAMP)
+test: $(STAMP) $(ROCM_SHIM)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 clean:
