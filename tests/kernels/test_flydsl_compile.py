@@ -1,0 +1,108 @@
+"""The gfx950 FlyDSL backend where no gfx950 device exists: every kernel variant compiles for
+gfx950 (COMPILE_ONLY=1, ARCH=gfx950) and its final ISA has the scaled FP4 MFMA, no scratch and no
+fused multiply-add; `backend="flydsl"` off gfx950 raises BackendUnavailableError saying what it needs.
+
+The toolchain (LLVM 19's ld.lld behind .venv/rocm) comes from `make toolchain`; without it these
+tests FAIL (they are the only check this backend gets on CI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from litetopk.kernels import BackendUnavailableError, dense_topk_prefill, litetopk_prefill
+from litetopk.kernels.operator import get_backend
+from tests.problems import make_problem
+
+TOOLCHAIN_LLD = Path(sys.prefix) / "rocm" / "llvm" / "bin" / "ld.lld"
+VARIANTS = ("dense", "scan")
+
+
+@pytest.fixture(scope="module")
+def isa(tmp_path_factory) -> dict[str, str]:
+    """Final gfx950 ISA text of each kernel variant, compiled once in a fresh process."""
+    if not (TOOLCHAIN_LLD.exists() and os.access(TOOLCHAIN_LLD, os.X_OK)):
+        pytest.fail(
+            f"the FlyDSL gfx950 toolchain is missing: {TOOLCHAIN_LLD} (a link to LLVM 19's ld.lld) "
+            "does not exist or is not executable; run `make toolchain` (installs lld-19 and the link)"
+        )
+    dump = tmp_path_factory.mktemp("flydsl_isa")
+    done = subprocess.run(
+        [sys.executable, "-m", "litetopk.kernels.flydsl.compile", str(dump)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, f"compile-only build failed:\n{done.stdout}\n{done.stderr}"
+    texts = {}
+    for variant in VARIANTS:
+        found = sorted((dump / variant).glob("*/*_final_isa.s"))
+        assert len(found) == 1, f"variant {variant}: expected one final ISA file, got {found}\n{done.stdout}"
+        texts[variant] = found[0].read_text()
+    return texts
+
+
+def _metadata(text: str, name: str) -> int:
+    match = re.search(rf"^\s*\.?{name}:\s+(\d+)", text, re.MULTILINE)
+    assert match, f"no {name} in the ISA metadata"
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_isa_targets_gfx950(isa, variant):
+    assert re.search(r"\.amdgcn_target \"amdgcn-amd-amdhsa-[a-z]*-gfx950, isa[variant]), f"{variant}: ISA is not for gfx950"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_isa_has_scaled_fp4_mfma(isa, variant):
+    mfma = re.findall(r"^\s*v_mfma_scale_f32_16x16x128_f8f6f4\s.*$", isa[variant], re.MULTILINE)
+    assert len(mfma) == 4, f"{variant}: expected 4 scaled MFMAs (64 heads / 16) per key tile, got {mfma}"
+    for line in mfma:
+        assert "cbsz:4" in line and "blgp:4" in line, f"{variant}: MFMA is not E2M1 x E2M1: {line}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_isa_has_no_scratch_or_spills(isa, variant):
+    text = isa[variant]
+    assert _metadata(text, "private_segment_fixed_size") == 0, f"{variant}: uses scratch memory"
+    assert _metadata(text, "vgpr_spill_count") == 0, f"{variant}: spills VGPRs"
+    assert _metadata(text, "sgpr_spill_count") == 0, f"{variant}: spills SGPRs"
+    assert not re.search(r"^\s*scratch_(load|store)", text, re.MULTILINE), f"{variant}: scratch access"
+    assert _metadata(text, "vgpr_count") <= 128, f"{variant}: more VGPRs than 4 waves per SIMD allow"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_isa_head_sum_has_no_fused_multiply_add(isa, variant):
+    """The documented float32 order rounds every product and sum: no FMA may be formed."""
+    fused = re.findall(r"^\s*v_(pk_)?fmac?_f32\S*", isa[variant], re.MULTILINE)
+    assert not fused, f"{variant}: fused multiply-add changes the head-sum rounding: {fused}"
+
+
+def test_isa_scan_appends_with_64bit_atomics(isa):
+    text = isa["scan"]
+    assert re.search(r"^\s*global_atomic_add_x2\s", text, re.MULTILINE), "no 64-bit atomic add on the row counter"
+    assert re.search(r"^\s*global_atomic_smax_x2\s", text, re.MULTILINE), "no 64-bit atomic max raising the threshold"
+    assert re.search(r"^\s*global_store_dwordx2\s", text, re.MULTILINE), "no 64-bit key store to the buffer"
+
+
+def test_isa_dense_stores_scores_without_atomics(isa):
+    assert not re.search(r"^\s*global_atomic", isa["dense"], re.MULTILINE), "the dense variant needs no atomics"
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_flydsl_backend_unavailable_names_what_is_needed(device):
+    with pytest.raises(BackendUnavailableError, match=r"gfx950.*flydsl|flydsl.*gfx950") as info:
+        get_backend("flydsl", torch.device(device))
+    assert "MI355X" in str(info.value), f"message should name the device: {info.value}"
+
+
+@pytest.mark.parametrize("entry", [litetopk_prefill, dense_topk_prefill], ids=["litetopk", "dense"])
+def test_operator_backend_flydsl_on_cpu_raises(entry):
+    p = make_problem(7, seq_lens=[200], rows_per_seq=2, topk=512)
+    with pytest.raises(BackendUnavailableError, match="gfx950"):
+        entry(*p.args(), topk=p.topk, backend="flydsl")
