@@ -55,7 +55,7 @@ def _metadata(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_isa_targets_gfx950(isa, variant):
-    assert re.search(r"\.amdgcn_target \"amdgcn-amd-amdhsa-[a-z]*-gfx950, isa[variant]), f"{variant}: ISA is not for gfx950"
+    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"', isa[variant]), f"{variant}: ISA is not for gfx950"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
