@@ -52,6 +52,11 @@ class ScoringBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+        ceilings: torch.Tensor | None = None,
     ) -> CandidateScan:
-        """Fused scan of the positions j of each window with j % stride == 0 (see module doc)."""
+        """Fused scan of the positions j of each window with j % stride == 0 (see module doc).
+
+        `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
+        backend may use it to range its threshold histogram. It never affects which keys are
+        exact, only how fast the threshold rises."""

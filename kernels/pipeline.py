@@ -24,7 +24,15 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import NO_KEY, assemble_result, kth_key, make_keys, select_topk_dense, select_topk_keys, split_keys
+from .selection import (
+    NO_KEY,
+    assemble_result,
+    kth_key,
+    make_keys,
+    select_topk_dense,
+    select_topk_keys,
+    split_keys,
+)
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -52,21 +60,27 @@ class LiteTopKTuning:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk
 
 
-def calibrate(problem: PrefillProblem, backend: ScoringBackend, tuning: LiteTopKTuning) -> torch.Tensor:
-    """Safe threshold keys int64 [rows] (NO_KEY: no threshold) from a strided sample."""
+def calibrate(
+    problem: PrefillProblem, backend: ScoringBackend, tuning: LiteTopKTuning
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(thresholds, ceilings): safe threshold keys int64 [rows] (NO_KEY: none) from a strided
+    sample, and the sample's max(1, K / (2 stride))-th best key, an estimate of a key above the
+    true K-th best (None when there is no sample)."""
+    k = problem.topk
     no_threshold = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=problem.device)
     stride = problem.max_end // tuning.sample_size if tuning.sample_size > 0 else 0
     if stride < 2:  # the sample would be (nearly) the whole window: the scan's own tightening is enough
-        thresholds = no_threshold
-    else:
-        # Overflow here is harmless: the K-th best of the kept subset is still a lower bound.
-        sample = backend.scan_candidates(problem, no_threshold, tuning.capacity(problem.topk), stride)
-        thresholds = kth_key(sample.keys, problem.topk)
+        return no_threshold, None
+    sample_capacity = -(-problem.max_end // stride) + 1  # every sampled key of the longest window
+    sample = backend.scan_candidates(problem, no_threshold, sample_capacity, stride)
+    best = select_topk_keys(sample.keys, k)
+    thresholds = best[:, k - 1]
+    ceilings = best[:, max(1, k // (2 * stride)) - 1]
     if tuning.calibration_offset:
         scores, positions = split_keys(thresholds)
         raised = make_keys(scores + tuning.calibration_offset, positions)
         thresholds = torch.where(thresholds == NO_KEY, NO_KEY, raised)
-    return thresholds
+    return thresholds, ceilings
 
 
 def _rescan_exact(problem: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +106,8 @@ def run_litetopk(
     """The LiteTopK method (module docstring) on a validated problem."""
     k = problem.topk
     capacity = tuning.capacity(k)
-    thresholds = calibrate(problem, backend, tuning)
-    scan = backend.scan_candidates(problem, thresholds, capacity)
+    thresholds, ceilings = calibrate(problem, backend, tuning)
+    scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     status = problem.row_status | torch.where(scan.nonfinite, int(RowStatus.NONFINITE), 0).to(torch.int32)
     kept = scan.appended.clamp(max=capacity)
     overflow = scan.appended > capacity

@@ -110,10 +110,12 @@ class ReferenceBackend(ScoringBackend):
         return scores, nonfinite
 
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+        ceilings: torch.Tensor | None = None,
     ) -> CandidateScan:
         """Filtered scan with an append-only buffer; after each block of keys a row's threshold is
-        raised to the K-th best key it holds (a lower bound of its true K-th best key)."""
+        raised to the K-th best key it holds (a lower bound of its true K-th best key); it needs no
+        `ceilings`."""
         rows_total = problem.num_rows
         device = problem.device
         buffer = torch.full((rows_total, capacity), NO_KEY, dtype=torch.int64, device=device)

@@ -110,6 +110,7 @@ def make_problem(
     spare_pages: int = 3,
     weights_dtype=torch.float32,
     weight_scale: float = 1.0,
+    spread: int = 3,
     note: str = "",
 ) -> Problem:
     """A fresh random problem: sequences of `seq_lens` compressed keys in a permuted paged cache,
@@ -127,10 +128,10 @@ def make_problem(
         need = -(-length // PAGE)
         block_table[b, :need] = perm[used:used + need]
         used += need
-    k_fp4, k_scale = random_fp4((batch, length, D // 2 * 2), rng)
+    k_fp4, k_scale = random_fp4((batch, length, D // 2 * 2), rng, spread)
     cache = pack_kv_cache(k_fp4, k_scale, torch.from_numpy(block_table), num_pages)
     rows = batch * rows_per_seq
-    q_fp4, q_scale = random_fp4((rows, H, D), rng)
+    q_fp4, q_scale = random_fp4((rows, H, D), rng, spread)
     row_to_batch = np.repeat(np.arange(batch), rows_per_seq).astype(np.int32)
     starts = np.zeros(rows, dtype=np.int32)
     ends = np.zeros(rows, dtype=np.int32)

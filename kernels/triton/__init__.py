@@ -1,1 +1,6 @@
-"""Triton backend (H200 path); see scoring.py."""
+"""Triton backend: the H200 path. decode.py (MXFP4 -> exact int8 operands), scoring.py (fused
+tensor-core scoring + LiteTopK filter), backend.py (launchers behind ScoringBackend)."""
+
+from .backend import TritonBackend
+
+__all__ = ["TritonBackend"]

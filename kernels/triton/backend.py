@@ -1,0 +1,201 @@
+"""TritonBackend: the H200 path (decode.py + scoring.py behind the ScoringBackend interface).
+
+Per call the backend decodes the live keys and the queries once into exact int8 operands
+(decode.py; cached for the calls of one problem: calibration, scan and repair), builds a
+schedule of programs (BLOCK_ROWS rows of one sequence each, the longest windows first), and
+launches score_fp4_kernel in dense or scan mode on the current stream. Runs on an NVIDIA CUDA
+device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..backend import CandidateScan, ScoringBackend
+from ..errors import BackendUnavailableError, InputError
+from ..selection import NO_KEY
+from ..validation import PrefillProblem
+from .decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
+from .scoring import NUM_BINS, score_fp4_kernel
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pow2_float32(exponent: torch.Tensor) -> torch.Tensor:
+    """Exactly 2^exponent as float32 (int tensor in; subnormal below 2^-126, 0 below 2^-149, inf above 2^127)."""
+    e = exponent.to(torch.int64)
+    normal_bits = (e + 127).clamp(1, 254) << 23
+    subnormal_bits = torch.where(e >= -149, torch.ones_like(e) << (e + 149).clamp(0, 22), 0)
+    bits = torch.where(e >= -126, normal_bits, subnormal_bits)
+    bits = torch.where(e > 127, 0x7F800000, bits)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Decoded, exact int8 operands of one problem (decode.py)."""
+
+    k_lo: torch.Tensor
+    k_hi: torch.Tensor
+    k_flags: torch.Tensor
+    kfac: torch.Tensor
+    q_lo: torch.Tensor
+    q_hi: torch.Tensor
+    wq: torch.Tensor
+    q_wide: torch.Tensor
+    s_pad: int
+
+
+class TritonBackend(ScoringBackend):
+    """Exact int8 tensor-core scoring with the fused LiteTopK filter; see scoring.py."""
+
+    name = "triton"
+
+    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 8, num_stages: int = 3):
+        self.block_rows = block_rows
+        self.block_keys = block_keys
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self._prepared: tuple[PrefillProblem, Operands] | None = None
+
+    def check_device(self, device: torch.device) -> None:
+        if device.type == "cuda" and torch.version.hip is None:
+            return
+        if device.type == "cpu" and interpreting():
+            return
+        raise BackendUnavailableError(
+            f"the triton backend runs on an NVIDIA CUDA device (got {device}); CPU tensors only "
+            "under TRITON_INTERPRET=1 (tests). Use backend='reference' on the CPU."
+        )
+
+    # -- operands and schedule -------------------------------------------------------------
+    def operands(self, problem: PrefillProblem) -> Operands:
+        """Decode the live keys and the queries of `problem` (cached for the same problem)."""
+        if self._prepared is not None and self._prepared[0] is problem:
+            return self._prepared[1]
+        batch = problem.block_table.shape[0]
+        need = torch.zeros(batch, dtype=torch.int32, device=problem.device)
+        need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
+        s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
+        k_lo, k_hi, k_exp, k_flags = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad)
+        q_lo, q_hi, q_exp, q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale)
+        live_rows = (problem.ends > problem.starts)
+        bad_q = ((q_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
+        bad_k = (k_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0
+        if bool(bad_q.any()) or bool(bad_k.any()):
+            rows = torch.nonzero(bad_q).flatten()[:8].tolist()
+            keys = torch.nonzero(bad_k)[:8].tolist()
+            raise InputError(
+                "the triton backend scores MXFP4 vectors whose nonzero 32-element blocks span at most 7 "
+                f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
+                "Use backend='reference' for such data."
+            )
+        nan = float("nan")
+        kfac = pow2_float32(k_exp - 127)
+        kfac = torch.where((k_flags.to(torch.int32) & FLAG_NAN_SCALE) != 0, nan, kfac)
+        wq = problem.weights * pow2_float32(q_exp - 129)
+        wq = torch.where((q_flags.to(torch.int32) & FLAG_NAN_SCALE) != 0, nan, wq)
+        q_wide = ((q_flags.to(torch.int32) & FLAG_WIDE) != 0).any(dim=1).to(torch.int8)
+        ops = Operands(k_lo, k_hi, k_flags, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), q_wide, s_pad)
+        self._prepared = (problem, ops)
+        return ops
+
+    def schedule(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows int32 [programs, BLOCK_ROWS] with -1 padding, batch int32 [programs], span int32
+        [programs, 2] = (min start, max end) of the program's rows): the rows of every program
+        belong to one sequence; programs with the most keys to scan come first."""
+        rtb = problem.row_to_batch.cpu().long()
+        starts = problem.starts.cpu().long()
+        ends = problem.ends.cpu().long()
+        live = torch.nonzero(ends > starts).flatten()
+        if live.numel() == 0:
+            empty = torch.empty(0, self.block_rows, dtype=torch.int32, device=problem.device)
+            return empty, empty[:, 0], empty[:, :2]
+        order = live[torch.argsort(rtb[live] * 2**32 + starts[live], stable=True)]
+        groups, batches, spans = [], [], []
+        for batch in torch.unique(rtb[order]).tolist():
+            rows = order[rtb[order] == batch]
+            for chunk in torch.split(rows, self.block_rows):
+                padded = torch.full((self.block_rows,), -1, dtype=torch.int64)
+                padded[: chunk.numel()] = chunk
+                groups.append(padded)
+                batches.append(batch)
+                spans.append((int(starts[chunk].min()), int(ends[chunk].max())))
+        span = torch.tensor(spans, dtype=torch.int32)
+        first = torch.argsort(span[:, 1] - span[:, 0], descending=True, stable=True)
+        prog_rows = torch.stack(groups)[first].to(torch.int32)
+        prog_batch = torch.tensor(batches, dtype=torch.int32)[first]
+        return prog_rows.to(problem.device), prog_batch.to(problem.device), span[first].contiguous().to(problem.device)
+
+    # -- launches --------------------------------------------------------------------------
+    def _launch(self, problem, ops, schedule, *, dense, out=None, out_width=0,
+                thresholds=None, hist_lo=None, hist_shift=None, buffer=None, capacity=0,
+                appended=None, thr_out=None, nonfinite=None, stride=1):
+        dummy64 = torch.empty(1, dtype=torch.int64, device=problem.device)
+        dummy32 = torch.empty(1, dtype=torch.int32, device=problem.device)
+        prog_rows, prog_batch, prog_span = schedule
+        grid = (prog_rows.shape[0],)
+        if grid[0] == 0:
+            return
+        score_fp4_kernel[grid](
+            ops.k_lo, ops.k_hi, ops.k_flags, ops.kfac,
+            ops.q_lo, ops.q_hi, ops.wq, ops.q_wide,
+            prog_rows, prog_batch, prog_span, problem.starts, problem.ends,
+            ops.s_pad, problem.weight_scale,
+            out if out is not None else torch.empty(1, device=problem.device), out_width,
+            thresholds if thresholds is not None else dummy64,
+            hist_lo if hist_lo is not None else dummy32,
+            hist_shift if hist_shift is not None else dummy32,
+            buffer if buffer is not None else dummy64, capacity,
+            appended if appended is not None else dummy64,
+            thr_out if thr_out is not None else dummy64,
+            nonfinite, stride,
+            TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
+            num_warps=self.num_warps, num_stages=self.num_stages,
+        )
+
+    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
+        ops = self.operands(problem)
+        schedule = self.schedule(problem)
+        width = problem.max_end
+        out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
+        out[problem.ends <= problem.starts] = float("-inf")
+        nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
+        self._launch(problem, ops, schedule, dense=True, out=out, out_width=width, nonfinite=nonfinite)
+        return out, nonfinite.bool()
+
+    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+                        ceilings: torch.Tensor | None = None) -> CandidateScan:
+        ops = self.operands(problem)
+        schedule = self.schedule(problem)
+        rows = problem.num_rows
+        dev = problem.device
+        hist_lo, hist_shift = histogram_ranges(thresholds, ceilings)
+        buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
+        appended = torch.zeros(rows, dtype=torch.int64, device=dev)
+        thr_out = thresholds.clone()
+        nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
+        self._launch(problem, ops, schedule, dense=False, thresholds=thresholds.contiguous(),
+                     hist_lo=hist_lo, hist_shift=hist_shift, buffer=buffer, capacity=capacity,
+                     appended=appended, thr_out=thr_out, nonfinite=nonfinite, stride=stride)
+        return CandidateScan(keys=buffer, appended=appended, thresholds=thr_out, nonfinite=nonfinite.bool())
+
+
+def histogram_ranges(thresholds: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row histogram origin (ordered float bits of the threshold score) and bin shift so that
+    NUM_BINS bins reach the ceiling score; shift -1 (no histogram) without both bounds."""
+    ordered_lo = torch.div(thresholds, 2**32, rounding_mode="floor")
+    if ceilings is None:
+        return ordered_lo.clamp(-(2**31), 2**31 - 1).to(torch.int32), torch.full_like(thresholds, -1, dtype=torch.int32)
+    ordered_hi = torch.div(ceilings, 2**32, rounding_mode="floor")
+    span = (ordered_hi - ordered_lo + 1).clamp_min(1)
+    shift = torch.ceil(torch.log2(span.double() / NUM_BINS)).clamp_min(0).to(torch.int32)
+    usable = (thresholds != NO_KEY) & (ceilings != NO_KEY) & (ceilings > thresholds)
+    shift = torch.where(usable, shift, -1)
+    return ordered_lo.clamp(-(2**31), 2**31 - 1).to(torch.int32), shift.to(torch.int32)

@@ -1,0 +1,150 @@
+"""Fused FP4 scoring + LiteTopK filter on tensor cores (Triton; sm_90 wgmma, and the interpreter).
+
+Math (CONTRACT.md §1) with the exact integer scheme of decode.py:
+    int_dot[j, (i, h)] = k_lo[j].q_lo[i,h] + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi   (int8 MMA -> int32)
+    r                  = relu(float32(int_dot))           the exact dot, rounded once (RNE)
+    score[i, j]        = fl32( fl32( sum_h fl32(w'[i,h] * r) ) * kfac[j] * weight_scale )
+with w'[i,h] = w[i,h] * 2^(mq[i,h] - 129) and kfac[j] = 2^(mk[j] - 127), both exact powers of two
+applied to float32 (exact while they stay in float32's normal range, i.e. for ordinary data).
+Because ReLU and the head sum commute with a positive power of two, this equals the contract's
+    weight_scale * sum_h w[i,h] * relu(q[i,h].k[j])
+up to the order of the float32 head sum: Triton's tree reduction over the 64 heads (inside a
+thread, then across lanes). Precision bound against exact arithmetic, per score:
+    |score - exact| <= 70 * 2^-24 * |weight_scale| * sum_h |w[i,h]| relu(q.k)        (gamma_64 + 2 roundings)
+The hi terms run only in programs (query side) or key tiles (key side) that hold a wide vector.
+
+Tiling (the fast orientation measured on the H200, H200-NOTES.md): keys on the MMA's M side
+(BLOCK_KEYS keys per step), (query row, head) on the N side (BLOCK_ROWS rows x 64 heads), head
+sum along N in the epilogue. One program owns BLOCK_ROWS rows of one sequence and walks every
+key of their windows, so the per-row threshold, histogram and candidate counter live in
+registers: no atomics, no [rows, S] tensor in scan mode.
+
+Scan epilogue: key = ordered(score) << 32 | (2^32 - 1 - position) (selection.make_keys); keys >=
+the row's threshold are appended to buf[row, count..] (int64 addressing; past `capacity` they
+are counted, not written). A per-row histogram of appended scores over NUM_BINS bins of
+ordered-float bits [hist_lo, hist_lo + NUM_BINS << hist_shift) raises the threshold to the lowest
+bin edge with at least K appended keys at or above it: a real lower bound of the K-th best key.
+Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+HEADS = 64
+HEAD_DIM = 128
+NUM_BINS = 32
+
+
+@triton.jit
+def _ordering_keys(scores, positions):
+    """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
+    bits = scores.to(tl.int32, bitcast=True)
+    bits = tl.where(scores == 0.0, 0, bits)  # -0.0 ties with +0.0
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) + (4294967295 - positions.to(tl.int64))
+
+
+@triton.jit
+def score_fp4_kernel(
+    k_lo_ptr, k_hi_ptr, k_flags_ptr, kfac_ptr,      # [B, s_pad, 128] int8 x2, [B, s_pad] int8, float32
+    q_lo_ptr, q_hi_ptr, wq_ptr, q_wide_ptr,          # [rows, 64, 128] int8 x2, [rows, 64] float32, [rows] int8
+    prog_rows_ptr, prog_batch_ptr, prog_span_ptr,    # [programs, BLOCK_ROWS] int32 (-1 pad), [programs] int32,
+                                                     # [programs, 2] int32: min start, max end of its rows
+    starts_ptr, ends_ptr,                            # [rows] int32 windows
+    s_pad, weight_scale,
+    out_ptr, out_width,                              # dense: float32 [rows, out_width]
+    thr_ptr, hist_lo_ptr, hist_shift_ptr,            # scan: int64 [rows], int32 [rows], int32 [rows] (-1: off)
+    buf_ptr, capacity, appended_ptr, thr_out_ptr,    # scan: int64 [rows, capacity], int64 [rows], int64 [rows]
+    nonfinite_ptr, position_stride,                  # int8 [rows]; scan positions j % stride == 0
+    TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
+    H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
+):
+    pid = tl.program_id(0)
+    N: tl.constexpr = BLOCK_ROWS * H
+    offs_r = tl.arange(0, BLOCK_ROWS)
+    offs_n = tl.arange(0, N)
+    offs_d = tl.arange(0, D)
+    offs_k = tl.arange(0, BLOCK_KEYS)
+    rows = tl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_r)
+    row_ok = rows >= 0
+    rows = tl.where(row_ok, rows, 0)
+    rows64 = rows.to(tl.int64)
+    batch = tl.load(prog_batch_ptr + pid).to(tl.int64)
+    starts = tl.where(row_ok, tl.load(starts_ptr + rows), 0)
+    ends = tl.where(row_ok, tl.load(ends_ptr + rows), 0)
+
+    # Query operand [D, N], column n = (row n // H, head n % H); loaded once per program.
+    n_rows = tl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n // H)
+    n_ok = n_rows >= 0
+    q_off = (tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H) * D
+    q_lo = tl.load(q_lo_ptr + q_off[None, :] + offs_d[:, None])
+    wq = tl.load(wq_ptr + tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H, mask=n_ok, other=0.0)
+    q_wide = tl.max(tl.load(q_wide_ptr + rows, mask=row_ok, other=0).to(tl.int32), axis=0) > 0
+    q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None], mask=q_wide, other=0)
+
+    if DENSE:
+        lo = 0
+        hi = out_width
+        stride = 1
+    else:
+        stride = position_stride
+        lo = (tl.load(prog_span_ptr + 2 * pid) // stride) * stride
+        hi = tl.load(prog_span_ptr + 2 * pid + 1)
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=0)
+        hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0)
+        hist_shift = tl.load(hist_shift_ptr + rows, mask=row_ok, other=-1)
+        hist = tl.zeros([BLOCK_ROWS, NB], dtype=tl.int32)
+        offs_bin = tl.arange(0, NB)
+        count = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+    bad = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+    k_base = batch * s_pad
+    n_steps = tl.cdiv(hi - lo, BLOCK_KEYS * stride)
+    for step in range(0, n_steps):
+        pos = lo + (step * BLOCK_KEYS + offs_k) * stride
+        k_live = pos < hi
+        k_off = (k_base + pos).to(tl.int64) * D
+        k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+        acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
+        if q_wide:
+            acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
+        k_flags = tl.load(k_flags_ptr + k_base + pos, mask=k_live, other=0).to(tl.int32)
+        if tl.max(k_flags & 1, axis=0) > 0:
+            k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+            acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
+            if q_wide:
+                acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
+        relu = tl.maximum(acc.to(tl.float32), 0.0) * wq[None, :]
+        scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
+        kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)
+        scores = scores * kfac[:, None] * weight_scale
+        in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
+        finite = (scores == scores) & (tl.abs(scores) != float("inf"))
+        bad |= tl.max((in_window & ~finite).to(tl.int32), axis=0)
+        if DENSE:
+            out_off = rows64[None, :] * out_width + pos[:, None]
+            tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
+                     mask=k_live[:, None] & row_ok[None, :])
+        else:
+            keys = _ordering_keys(scores, pos[:, None])
+            passing = in_window & finite & (keys >= thr[None, :])
+            if tl.sum(passing.to(tl.int32)) > 0:
+                slot = count[None, :] + tl.cumsum(passing.to(tl.int32), axis=0) - 1
+                tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+                count += tl.sum(passing.to(tl.int32), axis=0)
+                bits = scores.to(tl.int32, bitcast=True)
+                ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+                rel = (ordered - hist_lo[None, :].to(tl.int64)) >> tl.maximum(hist_shift, 0)[None, :].to(tl.int64)
+                bin_of = tl.minimum(tl.maximum(rel, 0), NB - 1).to(tl.int32)
+                onehot = (bin_of[:, :, None] == offs_bin[None, None, :]) & passing[:, :, None]
+                hist += tl.sum(onehot.to(tl.int32), axis=0)
+                at_or_above = tl.cumsum(hist, axis=1, reverse=True)
+                best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+                edge = hist_lo.to(tl.int64) + (best_bin.to(tl.int64) << tl.maximum(hist_shift, 0).to(tl.int64))
+                raise_ok = (best_bin >= 0) & (hist_shift >= 0)
+                thr = tl.where(raise_ok, tl.maximum(thr, edge << 32), thr)
+    tl.store(nonfinite_ptr + rows, bad.to(tl.int8), mask=row_ok)
+    if not DENSE:
+        tl.store(appended_ptr + rows, count.to(tl.int64), mask=row_ok)
+        tl.store(thr_out_ptr + rows, thr, mask=row_ok)
