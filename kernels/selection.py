@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 
 from .cache_layout import PAGE_SIZE
-from .errors import InputError
+from .errors import InputError, SlotOverflowError
 from .result import TopKResult
 
 NO_KEY = -(2**63)
 _LOW32 = 0xFFFFFFFF
+_INT32_MAX = 2**31 - 1
 
 
 def make_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -95,13 +96,24 @@ def map_pages(
 ) -> torch.Tensor:
     """Physical slots int32 of logical `positions [rows, K]` (-1 stays -1).
 
-    slot = block_table[b, j // 64] * 64 + j % 64, computed in int64; the caller has validated
-    that every live page exists and that its slots fit int32.
+    slot = block_table[b, j // 64] * 64 + j % 64, computed in int64. The validation layer has
+    already failed rows whose pages are missing and calls whose slots do not fit int32; should a
+    published position still map to a negative page or to a slot beyond int32, this raises
+    (InputError / SlotOverflowError) rather than return a wrapped slot.
     """
     live = positions >= 0
     pos = torch.where(live, positions, 0).long()
     pages = block_table[row_to_batch.long()[:, None], pos // PAGE_SIZE].long()
     slots = pages * PAGE_SIZE + pos % PAGE_SIZE
+    bad = live & ((pages < 0) | (slots > _INT32_MAX))
+    if bool(bad.any()):
+        worst = int(torch.where(bad, slots, 0).max())
+        if worst > _INT32_MAX:
+            raise SlotOverflowError(
+                f"a published position maps to physical slot {worst}, beyond int32 ({_INT32_MAX}); "
+                f"page ids must stay below {(_INT32_MAX + 1) // PAGE_SIZE}"
+            )
+        raise InputError("a published position maps to a negative page id in block_table")
     return torch.where(live, slots, -1).to(torch.int32)
 
 
