@@ -77,6 +77,7 @@ def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> 
             live = torch.nonzero(~torch.isneginf(row_scores)).flatten()
             exact = select_topk_keys(make_keys(row_scores[live], live)[None, :], k)
             keys[row, :k] = exact[0]
+            keys[row, k] = NO_KEY  # the value top-k's (k+1)-th key may duplicate or beat an exact one
     return select_topk_keys(keys, k)
 
 
