@@ -1,0 +1,163 @@
+"""Shared selection (CONTRACT.md §1 order, §3 outputs): ordering keys, exact top-K, page mapping.
+
+The reference order is written here in Python: score descending, then position ascending, with
+-0.0 and +0.0 equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from litetopk.kernels import InputError, RowStatus
+from litetopk.kernels.selection import (
+    NO_KEY,
+    assemble_result,
+    kth_key,
+    make_keys,
+    select_topk_dense,
+    select_topk_keys,
+    split_keys,
+)
+
+NEG_INF = float("-inf")
+
+
+def ref_order(scores: list[float], positions: list[int]) -> list[int]:
+    """Indices into (scores, positions) in the contract's total order."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], positions[i]))
+
+
+def ref_topk_rows(scores: np.ndarray, k: int) -> list[list[int]]:
+    """Positions of the k best finite-or-+inf entries of each row (-inf means outside the window)."""
+    out = []
+    for row in scores.tolist():
+        live = [j for j, s in enumerate(row) if s != NEG_INF]
+        out.append([live[i] for i in ref_order([row[j] for j in live], live)][:k])
+    return out
+
+
+def awkward_scores(gen: np.random.Generator, n: int) -> np.ndarray:
+    """float32 scores with many exact ties, both zeros, negatives, subnormals and infinities."""
+    pool = np.array([0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 3.4e38, -3.4e38, np.inf, 0.5, 2.0], dtype=np.float32)
+    s = gen.standard_normal(n).astype(np.float32)
+    pick = gen.random(n) < 0.5
+    s[pick] = gen.choice(pool, size=int(pick.sum()))
+    return s
+
+
+def test_keys_sort_in_the_contract_order(seed):
+    gen = np.random.default_rng(seed)
+    scores = awkward_scores(gen, 4000)
+    positions = gen.choice(2**31 - 1, size=4000, replace=False).astype(np.int64)
+    positions[:3] = [0, 2**31 - 2, 1]
+    keys = make_keys(torch.from_numpy(scores), torch.from_numpy(positions))
+    assert keys.dtype == torch.int64
+    got = torch.argsort(keys, descending=True, stable=True).tolist()
+    want = ref_order([float(s) for s in scores], positions.tolist())
+    assert got == want, f"seed {seed}"
+    assert len(set(keys.tolist())) == keys.numel(), "distinct positions give distinct keys"
+
+
+def test_zeros_of_both_signs_tie_and_fall_back_to_position():
+    keys = make_keys(torch.tensor([-0.0, 0.0, -0.0]), torch.tensor([3, 7, 1]))
+    assert torch.argsort(keys, descending=True).tolist() == [2, 0, 1]
+
+
+def test_split_keys_inverts_make_keys(seed):
+    gen = np.random.default_rng(seed)
+    scores = torch.from_numpy(awkward_scores(gen, 1000))
+    scores[0] = NEG_INF
+    positions = torch.from_numpy(gen.integers(0, 2**31 - 1, size=1000)).int()
+    back_scores, back_positions = split_keys(make_keys(scores, positions))
+    assert back_scores.dtype == torch.float32 and back_positions.dtype == torch.int32
+    assert torch.equal(back_positions, positions), f"seed {seed}"
+    assert torch.equal(back_scores, scores + 0.0), f"seed {seed}"  # -0.0 comes back as +0.0
+    assert not torch.signbit(back_scores[scores == 0]).any()
+
+
+def test_no_key_is_below_every_key_and_splits_to_padding():
+    lowest = make_keys(torch.tensor([NEG_INF, -3.4e38]), torch.tensor([2**31 - 1, 2**31 - 1]))
+    assert (lowest > NO_KEY).all()
+    scores, positions = split_keys(torch.tensor([NO_KEY, NO_KEY]))
+    assert scores.tolist() == [NEG_INF, NEG_INF] and positions.tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("n, k", [(5000, 512), (512, 512), (513, 512), (100, 512), (0, 512), (3000, 1024)])
+def test_select_topk_keys_is_sorted_and_padded(n, k, seed):
+    gen = np.random.default_rng(seed)
+    scores = awkward_scores(gen, 3 * n).reshape(3, n)
+    positions = np.tile(gen.permutation(max(n, 1))[:n], (3, 1))
+    keys = make_keys(torch.from_numpy(scores), torch.from_numpy(positions))
+    top = select_topk_keys(keys, k)
+    assert tuple(top.shape) == (3, k)
+    for r in range(3):
+        order = ref_order(scores[r].tolist(), positions[r].tolist())[:k]
+        want = [int(keys[r, i]) for i in order] + [NO_KEY] * (k - min(n, k))
+        assert top[r].tolist() == want, f"row {r}, n={n}, k={k}, seed {seed}"
+    assert torch.equal(kth_key(keys, k), top[:, k - 1])
+
+
+DENSE_CASES = {
+    "random widths above k": dict(rows=4, width=3000, k=512, pool=None, masked=0.3),
+    "many exact ties across the k-th place": dict(rows=4, width=3000, k=512, pool=[1.0, 2.0, 3.0], masked=0.1),
+    "all equal": dict(rows=3, width=2000, k=1024, pool=[0.25], masked=0.0),
+    "both zeros and -0 ties": dict(rows=3, width=1500, k=512, pool=[0.0, -0.0], masked=0.2),
+    "width k + 1": dict(rows=2, width=513, k=512, pool=[1.0, 2.0], masked=0.0),
+    "width k": dict(rows=2, width=512, k=512, pool=None, masked=0.0),
+    "width below k": dict(rows=2, width=100, k=512, pool=None, masked=0.5),
+    "every entry outside the window": dict(rows=2, width=700, k=512, pool=None, masked=1.0),
+    "width 0": dict(rows=2, width=0, k=512, pool=None, masked=0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(DENSE_CASES))
+def test_select_topk_dense_is_exact(case, seed):
+    c = DENSE_CASES[case]
+    gen = np.random.default_rng(seed)
+    if c["pool"] is None:
+        scores = awkward_scores(gen, c["rows"] * c["width"])
+        scores[np.isposinf(scores)] = 7.0
+    else:
+        scores = gen.choice(np.array(c["pool"], dtype=np.float32), size=c["rows"] * c["width"])
+    scores = scores.reshape(c["rows"], c["width"])
+    scores[gen.random(scores.shape) < c["masked"]] = NEG_INF
+    top = select_topk_dense(torch.from_numpy(scores), c["k"])
+    values, positions = split_keys(top)
+    for r, want in enumerate(ref_topk_rows(scores, c["k"])):
+        got = positions[r].tolist()
+        assert got == want + [-1] * (c["k"] - len(want)), f"{case}, row {r}, seed {seed}"
+        assert values[r, : len(want)].tolist() == [float(scores[r, j]) + 0.0 for j in want], f"{case}, row {r}"
+        assert (values[r, len(want):] == NEG_INF).all(), f"{case}, row {r}: padding"
+
+
+def test_select_topk_dense_rejects_an_unknown_selector():
+    with pytest.raises(InputError, match="selector"):
+        select_topk_dense(torch.zeros(2, 600), 512, selector="bogus")
+
+
+def test_assemble_result_publishes_nothing_for_rows_with_status(seed):
+    gen = np.random.default_rng(seed)
+    scores = gen.standard_normal((3, 600)).astype(np.float32)
+    scores[2, 100:] = NEG_INF  # row 2: a window of 100 keys
+    top = select_topk_dense(torch.from_numpy(scores), 512)
+    table = torch.tensor([[4, 0, 9, 2, 7, 1, 3, 5, 6, 8]], dtype=torch.int32)
+    status = torch.tensor([0, int(RowStatus.NONFINITE), 0], dtype=torch.int32)
+    result = assemble_result(
+        top, torch.zeros(3, dtype=torch.int32), table, status,
+        torch.tensor([0, 0, 1]), torch.tensor([600, 600, 100]),
+    )
+    assert result.counts.tolist() == [512, 0, 100]
+    assert result.status.tolist() == [0, 4, 0] and result.repaired.tolist() == [0, 0, 1]
+    assert (result.raw_indices[1] == -1).all() and (result.physical_indices[1] == -1).all()
+    assert (result.values[1] == NEG_INF).all()
+    assert (result.raw_indices[2, 100:] == -1).all() and (result.physical_indices[2, 100:] == -1).all()
+    for r in (0, 2):
+        n = int(result.counts[r])
+        raw = result.raw_indices[r, :n].long()
+        assert torch.equal(result.physical_indices[r, :n].long(), table[0, raw // 64].long() * 64 + raw % 64)
+        assert torch.equal(result.values[r, :n], torch.from_numpy(scores[r])[raw])
+    for name in ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates"):
+        tensor = getattr(result, name)
+        assert tensor.dtype == (torch.float32 if name == "values" else torch.int32), name
