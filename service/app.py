@@ -1,0 +1,130 @@
+"""The app factory: `create_app(settings)` wires settings -> regions -> executor -> routes.
+
+Lifespan:
+  start  resolve the pinned device and backend (a backend that cannot run here fails the start),
+         start the device worker, queue the warm-up (a tiny random problem: /readyz turns ready
+         when it has run), start the periodic check that retires regions of dead owners;
+  stop   refuse new work (`shutting_down`), let the worker finish everything queued, release
+         every region.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import torch
+from fastapi import FastAPI
+
+from litetopk.kernels import litetopk_prefill, pack_kv_cache, quantize_mxfp4
+from litetopk.kernels.operator import get_backend
+
+from . import __version__
+from .errors import install_error_handlers
+from .executor import DeviceExecutor
+from .metrics import ServiceMetrics
+from .middleware import RequestGuard
+from .regions import RegionTable
+from .routes import health_router, regions_router, topk_router
+from .settings import ServiceSettings
+from .state import ServiceState
+
+log = logging.getLogger("litetopk.service")
+
+
+def warmup_problem(device: torch.device, seed: int = 0) -> tuple[tuple, dict]:
+    """A tiny random problem (1 sequence of 600 keys, 2 rows, K=512) on `device`."""
+    gen = torch.Generator().manual_seed(seed)
+    length, rows = 600, 2
+    k_fp4, k_scale = quantize_mxfp4(torch.randn(1, length, 128, generator=gen))
+    pages = -(-length // 64)
+    block_table = torch.arange(pages, dtype=torch.int32)[None]
+    cache = pack_kv_cache(k_fp4, k_scale, block_table, pages)
+    q_fp4, q_scale = quantize_mxfp4(torch.randn(rows, 64, 128, generator=gen))
+    weights = torch.randn(rows, 64, generator=gen)
+    meta = [torch.zeros(rows, dtype=torch.int32), torch.zeros(rows, dtype=torch.int32),
+            torch.full((rows,), length, dtype=torch.int32)]
+    args = tuple(t.to(device) for t in (q_fp4, q_scale, cache, block_table, weights, *meta))
+    return args, {"topk": 512}
+
+
+async def _warm_up(state: ServiceState) -> None:
+    if not state.settings.warmup:
+        state.ready.set()
+        return
+
+    def run():
+        args, kwargs = warmup_problem(state.device)
+        litetopk_prefill(*args, **kwargs, backend=state.settings.backend).raise_for_status()
+
+    try:
+        await state.executor.run(run, timeout=max(state.settings.request_timeout_s, 600.0))
+    except Exception as exc:  # reported by /readyz (not_ready) and the log; the process stays up
+        state.warmup_error = f"{type(exc).__name__}: {exc}"
+        log.error("warm-up failed on %s: %s", state.device, state.warmup_error)
+        return
+    state.ready.set()
+    log.info("warm-up done: backend %s on %s", state.backend, state.device)
+
+
+async def _retire_dead_owners(state: ServiceState) -> None:
+    while True:
+        await asyncio.sleep(state.settings.region_check_interval_s)
+        state.table.drop_dead_owners()
+
+
+def _bind_metrics(state: ServiceState) -> None:
+    metrics, table = state.metrics, state.table
+    for kind in ("shm", "cuda_ipc"):
+        metrics.regions.labels(kind).set_function(lambda kind=kind: sum(r.kind == kind for r in table.list()))
+
+    def on_retire(region):
+        reason = "owner_died" if "owner" in region.reason else region.reason.split(" ")[0]
+        metrics.regions_retired.labels(reason).inc()
+
+    table.on_retire = on_retire
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """A FastAPI app serving one pinned device (settings from the environment when not given)."""
+    settings = settings or ServiceSettings()
+    metrics = ServiceMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        device = settings.torch_device()
+        backend = get_backend(settings.backend, device).name
+        table = RegionTable(device)
+        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
+        state = ServiceState(settings=settings, device=device, backend=backend, table=table, executor=executor,
+                             metrics=metrics)
+        _bind_metrics(state)
+        app.state.service = state
+        executor.start()
+        tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
+        log.info("litetopk service on %s (backend %s, gpu uuid %s)", device, backend, table.uuid)
+        try:
+            yield
+        finally:
+            state.draining = True
+            for task in tasks:
+                task.cancel()
+            await executor.close(settings.shutdown_timeout_s)
+            table.close_all()
+
+    app = FastAPI(
+        title="litetopk", version=__version__, lifespan=lifespan,
+        summary="Top-k index selection (DeepSeek-V4 lightning indexer) on one pinned GPU",
+        description="Regions (shared memory, CUDA IPC) are registered once and named by every request; "
+                    "errors are RFC 9457 problem+json with a stable `code`.",
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_bytes, metrics=metrics)
+    app.include_router(regions_router)
+    app.include_router(topk_router)
+    app.include_router(health_router)
+    return app
+
+
+__all__ = ["create_app", "warmup_problem"]

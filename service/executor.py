@@ -1,0 +1,149 @@
+"""The device worker: one thread owns the pinned device and runs every job on its own stream.
+
+    event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
+                 <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
+
+The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
+answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
+request timed out while queued) is skipped. `close()` stops admissions (`shutting_down`) and
+lets the worker finish everything already queued, then stops the thread.
+
+Batching: queued requests naming the same cache are NOT merged into one launch. Rows of one
+request are already processed in parallel by every backend; merging would need equal topk,
+weight_scale, repair and an offset-merged block table, and would tie the fate (faults, timeouts)
+of independent requests together. On the CPU reference backend a merged launch of two 8-row
+requests measured no faster than two launches (bench/service.py records `batching_probe`); on the
+GPU a prefill request alone fills the device. Revisit with a decode-heavy GPU measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .errors import ServiceError
+from .metrics import ServiceMetrics
+
+log = logging.getLogger("litetopk.service")
+
+
+@dataclass(eq=False)
+class _Job:
+    fn: Callable[[], Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+class DeviceExecutor:
+    """Single worker thread pinned to `device` (see the module docstring)."""
+
+    def __init__(self, device: torch.device, queue_size: int, metrics: ServiceMetrics, retry_after_s: int = 1,
+                 fault_delay_s: float = 0.0):
+        self.device = device
+        self.fault_delay_s = fault_delay_s
+        self.metrics = metrics
+        self.retry_after_s = retry_after_s
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
+        self.stream = None
+        metrics.queue_depth.set_function(self._queue.qsize)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """Queue `fn` for the worker; the returned future gets its value or exception."""
+        retry = {"Retry-After": str(self.retry_after_s)}
+        if self._closed:
+            raise ServiceError("shutting_down", "the service is shutting down; retry on its successor", headers=retry)
+        loop = asyncio.get_running_loop()
+        job = _Job(fn=fn, future=loop.create_future(), loop=loop)
+        job.future.add_done_callback(lambda f: job.cancelled.set() if f.cancelled() else None)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise ServiceError("overloaded", f"{self._queue.maxsize} requests are already waiting for the device",
+                               headers=retry, retry_after=self.retry_after_s) from None
+        return job.future
+
+    async def run(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Submit `fn` and await it for at most `timeout` seconds (then `timeout`, the job dropped)."""
+        future = self.submit(fn)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise ServiceError("timeout", f"no answer within {timeout} s (queue wait + device time)") from None
+
+    async def close(self, timeout: float) -> None:
+        """Refuse new jobs, finish the queued ones, stop the worker (waits at most `timeout` s)."""
+        self._closed = True
+        await asyncio.to_thread(self._queue.put, _STOP)
+        await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():
+            log.warning("the device worker did not finish its queue within %.1f s", timeout)
+
+    # -- worker thread -----------------------------------------------------------------------------
+
+    def _device_context(self):
+        stack = contextlib.ExitStack()
+        if self.device.type == "cuda":
+            stack.enter_context(torch.cuda.device(self.device))
+            stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
+    def _work(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            self.stream = torch.cuda.Stream(self.device)
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                return
+            if job.cancelled.is_set():
+                continue
+            if self.fault_delay_s:
+                time.sleep(self.fault_delay_s)  # fault injection for tests of queueing (0 in production)
+            started = time.perf_counter()
+            try:
+                with self._device_context():
+                    value = job.fn()
+                    if self.stream is not None:
+                        self.stream.synchronize()
+                outcome = (True, value)
+            except BaseException as exc:  # handed to the awaiting request, mapped by errors.py
+                outcome = (False, exc)
+            self.metrics.device_seconds.observe(time.perf_counter() - started)
+            try:
+                job.loop.call_soon_threadsafe(_settle, job.future, outcome)
+            except RuntimeError:  # the event loop is closed: nobody waits for this answer any more
+                log.warning("dropped the answer of a job whose event loop has closed")
+
+
+def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
+    if future.done():  # cancelled by a timeout meanwhile
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+__all__ = ["DeviceExecutor"]

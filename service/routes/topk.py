@@ -1,0 +1,182 @@
+"""/v1/topk: one `litetopk_prefill` call on the pinned device, inputs named by region or inline.
+
+    admit (event loop)   topk, backend, dtypes, shapes, regions, bounds: fail fast, no lease
+    execute (worker)     lease regions -> tensors on the device -> operator -> row faults ->
+                         results into output regions or to the host -> release leases
+    answer (event loop)  JSON for small results, binary (litetopk.clients.wire) for large ones
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+from fastapi import APIRouter, Depends, Request, Response
+
+from litetopk.clients.wire import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
+    RESULT_FIELDS,
+    encode_result_binary,
+    encode_result_json,
+    result_nbytes,
+    result_shape,
+)
+from litetopk.kernels import PAGE_BYTES, RowFaultError, RowStatus, litetopk_prefill
+from litetopk.kernels.status import INPUT_FAULTS, describe
+from litetopk.kernels.validation import check_topk
+
+from ..errors import PROBLEM_JSON, ServiceError
+from ..schemas import InlineTensor, Problem, RegionSlice, TopKJsonResponse, TopKRequest
+from ..state import ServiceState, get_state
+
+_PROBLEMS = {s: {"model": Problem, "content": {PROBLEM_JSON: {}}} for s in (404, 409, 413, 422, 429, 500, 503, 504)}
+_OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+
+router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
+
+INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+_FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    fields: dict[str, torch.Tensor]  # CPU tensors of the fields not written into regions
+    written: list[str]
+    rows: int
+    topk: int
+    repaired: int
+    candidates: int
+
+
+# ------------------------------------------------------------------------------------- admit
+
+
+def _expected(name: str, rows: int, topk: int) -> tuple[tuple[str, ...], str, callable]:
+    """(dtypes, shape text, shape predicate) of input or output `name`."""
+    if name in RESULT_FIELDS:
+        dtype = "float32" if name == "values" else "int32"
+        want = list(result_shape(name, rows, topk))
+        return (dtype,), str(want), lambda s: s == want
+    table = {
+        "q_fp4": (("uint8",), f"[{rows}, 64, 64]", lambda s: s == [rows, 64, 64]),
+        "q_scale": (("uint8",), f"[{rows}, 64, 4]", lambda s: s == [rows, 64, 4]),
+        "kv_cache": (("uint8",), f"[num_pages, {PAGE_BYTES}] (or a view of it)",
+                     lambda s: len(s) >= 2 and math.prod(s[1:]) == PAGE_BYTES),
+        "weights": (("float32", "bfloat16"), f"[{rows}, 64]", lambda s: s == [rows, 64]),
+        "block_table": (("int32",), "[batch, max_pages]", lambda s: len(s) == 2),
+    }
+    return table.get(name, (("int32",), f"[{rows}]", lambda s: s == [rows]))
+
+
+def _check_tensor(name: str, arg, rows: int, topk: int) -> None:
+    dtypes, shape_text, shape_ok = _expected(name, rows, topk)
+    if arg.dtype not in dtypes:
+        raise ServiceError("bad_dtype", f"{name} must be {' or '.join(dtypes)}, got {arg.dtype}")
+    if not shape_ok(list(arg.shape)):
+        raise ServiceError("bad_shape", f"{name} must have shape {shape_text}, got {list(arg.shape)}")
+    if isinstance(arg, InlineTensor) and len(arg.data) != math.prod(arg.shape):
+        raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
+                           f"({math.prod(arg.shape)} values)")
+
+
+def admit(req: TopKRequest, state: ServiceState) -> None:
+    """Every check that needs no device: raise the request's error before it is queued."""
+    check_topk(req.topk)
+    if req.backend not in ("auto", state.backend):
+        raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
+                           f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
+    rows = req.q_fp4.shape[0] if req.q_fp4.shape else 0
+    named = {n: getattr(req, n) for n in INPUTS}
+    if req.out is not None:
+        named.update({n: r for n, r in req.out if r is not None})
+    for name, arg in named.items():
+        _check_tensor(name, arg, rows, req.topk)
+        if isinstance(arg, RegionSlice):
+            state.table.check(arg, name)
+
+
+# ----------------------------------------------------------------------------------- execute
+
+
+def execute(req: TopKRequest, state: ServiceState) -> _Outcome:
+    """The worker's part (runs on the device thread, inside the device and stream context)."""
+    leases = []
+
+    def tensor(name, arg):
+        if isinstance(arg, InlineTensor):
+            return torch.tensor(arg.data, dtype=torch.int32).view(arg.shape).to(state.device)
+        region, view = state.table.acquire(arg, name)
+        leases.append(region)
+        return view.to(state.device, non_blocking=True)
+
+    try:
+        inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
+        outs = {n: tensor(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
+        result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
+                                  backend=state.settings.backend, repair=req.repair)
+        _raise_row_faults(result.status)
+        for name, dst in outs.items():
+            if dst.device != state.device:  # a host region on a GPU service: one D2H copy
+                dst.copy_(getattr(result, name).to(dst.device))
+            else:
+                dst.copy_(getattr(result, name))
+        fields = {n: getattr(result, n).cpu() for n in RESULT_FIELDS if n not in outs}
+        return _Outcome(fields=fields, written=list(outs), rows=int(result.status.shape[0]), topk=req.topk,
+                        repaired=int(result.repaired.sum()), candidates=int(result.candidates.long().sum()))
+    finally:
+        for region in leases:
+            state.table.release(region)
+
+
+def _raise_row_faults(status: torch.Tensor) -> None:
+    """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
+    bad = torch.nonzero(status & _FAULT_BITS).flatten()
+    if bad.numel():
+        rows, flags = bad.tolist(), status[bad].tolist()
+        shown = ", ".join(f"row {r}: {describe(f)}" for r, f in list(zip(rows, flags))[:8])
+        more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
+        raise RowFaultError(f"{len(rows)} row(s) cannot be answered: {shown}{more}", rows, flags)
+
+
+# ------------------------------------------------------------------------------------ answer
+
+
+def _wants_binary(request: Request, nbytes: int, limit: int) -> bool:
+    accept = request.headers.get("accept", "")
+    binary = BINARY_MEDIA_TYPE in accept
+    json_ok = not accept or JSON_MEDIA_TYPE in accept or "*/*" in accept or "application/*" in accept
+    return binary and (not json_ok or nbytes > limit)
+
+
+def _encode(outcome: _Outcome, binary: bool) -> Response:
+    if binary:
+        body = encode_result_binary(outcome.fields, outcome.rows, outcome.topk, outcome.written)
+        return Response(body, media_type=BINARY_MEDIA_TYPE)
+    doc = encode_result_json(outcome.fields, outcome.rows, outcome.topk, outcome.written)
+    return Response(json.dumps(doc, separators=(",", ":"), allow_nan=False), media_type=JSON_MEDIA_TYPE)
+
+
+@router.post("/topk", summary="Top-k index selection (litetopk_prefill) on the pinned device",
+             responses={200: _OK})
+async def topk(req: TopKRequest, request: Request, state: ServiceState = Depends(get_state)) -> Response:
+    """Answers the K best keys of every query row (CONTRACT.md §1-§3).
+
+    Results named in `out` are written into those regions (zero copy) and left out of the body;
+    the rest come back as JSON, or as `application/vnd.litetopk.result` when the client accepts
+    it and the result is large. Rows at fault fail the request (`invalid_row`, `invalid_page`,
+    `nonfinite_score`), naming the rows; capacity events are repaired unless `repair` is false.
+    """
+    admit(req, state)
+    outcome: _Outcome = await state.executor.run(lambda: execute(req, state), state.settings.request_timeout_s)
+    state.metrics.rows.inc(outcome.rows)
+    state.metrics.candidates.inc(outcome.candidates)
+    state.metrics.repairs.inc(outcome.repaired)
+    nbytes = result_nbytes(outcome.rows, outcome.topk, outcome.fields)
+    binary = _wants_binary(request, nbytes, state.settings.json_result_max_bytes)
+    if nbytes > 2**20:  # large bodies are encoded off the event loop
+        return await asyncio.to_thread(_encode, outcome, binary)
+    return _encode(outcome, binary)

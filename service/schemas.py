@@ -1,0 +1,207 @@
+"""The HTTP edge: pydantic models of every request and response body (validated once, here).
+
+A large tensor is always a `RegionSlice` (region id + generation + byte offset + dtype + shape of a
+registered region); small row metadata (block_table, row_to_batch, starts, ends) may instead be
+an `InlineTensor` (int32, flat list + shape). Nothing on the wire is pickled.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.clients.wire.DTYPES (tested)
+Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+# A POSIX shared-memory name as found in /dev/shm: no slash, so it cannot name any other file.
+ShmName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^/?[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"{what} must be standard base64") from exc
+    if length is not None and len(raw) != length:
+        raise ValueError(f"{what} must encode {length} bytes, got {len(raw)}")
+    return raw
+
+
+# ------------------------------------------------------------------------------------- regions
+
+
+class ShmRegistration(_Strict):
+    """A POSIX shared-memory block (`/dev/shm/<name>`), mapped whole by the service."""
+
+    kind: Literal["shm"]
+    name: ShmName
+    size: int = Field(ge=1, le=2**40, description="bytes of the block to map (from its start)")
+    pid: int | None = Field(None, ge=1, description="owner process; its regions are dropped when it dies")
+
+
+class TorchIpcFields(_Strict):
+    """torch's own CUDA IPC bookkeeping (`UntypedStorage._share_cuda_()`), all base64 or numbers."""
+
+    ref_counter_handle: str
+    ref_counter_offset: int = Field(ge=0)
+    event_handle: str | None = None
+    event_sync_required: bool = False
+
+    @field_validator("ref_counter_handle")
+    @classmethod
+    def _check_counter(cls, v: str) -> str:
+        _b64(v, "ref_counter_handle")
+        return v
+
+    @field_validator("event_handle")
+    @classmethod
+    def _check_event(cls, v: str | None) -> str | None:
+        _b64(v, "event_handle", 64)
+        return v
+
+
+class CudaIpcRegistration(_Strict):
+    """Device memory exported by `cudaIpcGetMemHandle` (64 raw bytes, base64) on the GPU `device_uuid`.
+
+    The region is the `size` bytes at `offset` bytes from the start of the exported allocation.
+    With `torch` set the service opens it the way torch.multiprocessing does (reference counted);
+    without, through `cuda.bindings.runtime.cudaIpcOpenMemHandle`.
+    """
+
+    kind: Literal["cuda_ipc"]
+    handle: str = Field(description="base64 of the 64-byte cudaIpcMemHandle_t")
+    device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
+    size: int = Field(ge=1, le=2**40)
+    offset: int = Field(0, ge=0, le=2**40)
+    pid: int | None = Field(None, ge=1)
+    torch: TorchIpcFields | None = None
+
+    @field_validator("handle")
+    @classmethod
+    def _check_handle(cls, v: str) -> str:
+        _b64(v, "handle", 64)
+        return v
+
+    def handle_bytes(self) -> bytes:
+        return _b64(self.handle, "handle", 64)
+
+
+RegionRegistration = Annotated[Union[ShmRegistration, CudaIpcRegistration], Field(discriminator="kind")]
+
+
+class RegionInfo(BaseModel):
+    id: str
+    generation: int
+    kind: Literal["shm", "cuda_ipc"]
+    size: int
+    pid: int | None
+    device: str
+    name: str | None = None
+
+
+class RegionList(BaseModel):
+    regions: list[RegionInfo]
+
+
+# ---------------------------------------------------------------------------------------- topk
+
+
+class RegionSlice(_Strict):
+    """`shape` elements of `dtype`, C-contiguous, at byte `offset` of region `region`/`generation`."""
+
+    region: RegionId
+    generation: int = Field(ge=1)
+    offset: int = Field(0, ge=0, le=2**50)
+    dtype: DTypeName
+    shape: list[Dim] = Field(max_length=4)
+
+
+class InlineTensor(_Strict):
+    """Small int32 metadata sent in the body: `data` is the flat C-ordered list of `shape`."""
+
+    dtype: Literal["int32"] = "int32"
+    shape: list[Dim] = Field(max_length=2)
+    data: list[Int32]
+
+
+TensorArg = Union[RegionSlice, InlineTensor]
+
+
+class OutputRegions(_Strict):
+    """Result fields to write into caller regions (zero copy); the others come back in the body."""
+
+    values: RegionSlice | None = None
+    raw_indices: RegionSlice | None = None
+    physical_indices: RegionSlice | None = None
+    counts: RegionSlice | None = None
+    status: RegionSlice | None = None
+    repaired: RegionSlice | None = None
+    candidates: RegionSlice | None = None
+
+
+class TopKRequest(_Strict):
+    """The arguments of `litetopk_prefill` (CONTRACT.md §2), tensors named by region or inline."""
+
+    q_fp4: RegionSlice
+    q_scale: RegionSlice
+    kv_cache: RegionSlice
+    weights: RegionSlice
+    block_table: TensorArg
+    row_to_batch: TensorArg
+    starts: TensorArg
+    ends: TensorArg
+    topk: int = Field(description="one of litetopk.kernels.SUPPORTED_TOPK")
+    weight_scale: float = Field(1.0, allow_inf_nan=False)
+    repair: bool = True
+    backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
+        "auto", description="'auto' or the backend this service runs (anything else: backend_unavailable)")
+    out: OutputRegions | None = None
+
+
+class TopKJsonResponse(BaseModel):
+    """JSON form of a result (litetopk.clients.wire); `values` uses null for -inf padding."""
+
+    rows: int
+    topk: int
+    written: list[str]
+    result: dict[str, list]
+
+
+class ServiceInfo(BaseModel):
+    device: str
+    device_uuid: str | None
+    backend: str
+    supported_topk: list[int]
+    queue_size: int
+    max_request_bytes: int
+    request_timeout_s: float
+    version: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; `code` is stable (litetopk.service.errors.CODES)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+    code: str
+
+
+__all__ = [
+    "CudaIpcRegistration", "InlineTensor", "OutputRegions", "Problem", "RegionInfo", "RegionList",
+    "RegionRegistration", "RegionSlice", "ServiceInfo", "ShmRegistration", "TensorArg", "TopKJsonResponse",
+    "TopKRequest", "TorchIpcFields",
+]
