@@ -38,7 +38,7 @@ class ServiceSettings(BaseSettings):
     max_request_bytes: int = Field(16 * 2**20, ge=1024, description="largest request body (413 above)")
     request_timeout_s: float = Field(60.0, gt=0, description="queue wait + device time per request (504 above)")
     json_result_max_bytes: int = Field(
-        256 * 2**10, ge=0, description="results larger than this go out binary when the client accepts it")
+        16 * 2**10, ge=0, description="results larger than this go out binary when the client accepts it")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503")
     region_check_interval_s: float = Field(2.0, gt=0, description="how often regions of dead owners are dropped")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="grace period for in-flight requests at shutdown")

@@ -1,0 +1,371 @@
+"""TopKClient and AsyncTopKClient: one implementation of request building and response parsing.
+
+Every operation is written once as a *flow*: a generator that yields HTTP calls
+`(method, path, kwargs)`, receives the httpx.Response of each, and returns the operation's
+value. `TopKClient` drives flows with httpx.Client, `AsyncTopKClient` with httpx.AsyncClient;
+nothing else differs between them.
+
+`topk(...)` takes the arguments of `litetopk.kernels.litetopk_prefill`. Each tensor argument may
+be a Region, a RegionSlice, a tensor inside a registered region (sent as a reference), or a plain
+tensor: small row metadata (block_table, row_to_batch, starts, ends) then travels inline as JSON;
+a large CPU tensor (q_fp4, q_scale, kv_cache, weights) is copied into a pooled scratch
+shared-memory region; a large CUDA tensor is registered by IPC handle for the call. Register what
+you reuse (the cache above all) once with `register()`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Generator
+
+import httpx
+import torch
+
+from litetopk.kernels import TopKResult
+
+from .errors import ProtocolError, RegionProblem, TopKClientError, problem_error
+from .regions import Region, RegionSlice, export, release_export
+from .transport import DEFAULT_TIMEOUT, Endpoint, async_http, resolve_endpoint, sync_http, transport_error
+from .wire import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
+    RESULT_FIELDS,
+    WireFormatError,
+    assemble_result,
+    decode_result_binary,
+    decode_result_json,
+)
+
+Call = tuple[str, str, dict]
+Flow = Generator[Call, httpx.Response, Any]
+
+LARGE_INPUTS = ("q_fp4", "q_scale", "kv_cache", "weights")
+SMALL_INPUTS = ("block_table", "row_to_batch", "starts", "ends")
+INPUT_ORDER = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+ACCEPT = {"auto": f"{JSON_MEDIA_TYPE}, {BINARY_MEDIA_TYPE}", "json": JSON_MEDIA_TYPE, "binary": BINARY_MEDIA_TYPE}
+SCRATCH_MIN_BYTES = 1 << 20
+
+
+def _check(response: httpx.Response) -> httpx.Response:
+    """Return a 2xx response; raise the typed problem (or ProtocolError) for anything else."""
+    if response.is_success:
+        return response
+    ctype = response.headers.get("content-type", "")
+    if "json" in ctype:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and "code" in body:
+            raise problem_error(body, response.status_code, response.headers.get("retry-after"))
+    raise ProtocolError(f"HTTP {response.status_code} without a problem body: {response.text[:200]!r}")
+
+
+class _Flows:
+    """Request building and response parsing shared by both clients (no I/O here)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._regions: dict[str, Region] = {}
+        self._scratch: list[Region] = []  # idle scratch regions
+
+    # -- regions ---------------------------------------------------------------------------------
+
+    def register(self, tensor: torch.Tensor, *, min_size: int = 0) -> Flow:
+        exported = export(tensor, min_size=min_size)
+        try:
+            info = _check((yield "POST", "/v1/regions", {"json": exported.registration})).json()
+        except BaseException:
+            if hasattr(exported.keepalive, "unlink"):
+                exported.keepalive.unlink()
+            raise
+        region = Region(id=info["id"], generation=info["generation"], kind=info["kind"], size=info["size"],
+                        base=exported.base, tensor=exported.tensor, keepalive=exported.keepalive)
+        with self._lock:
+            self._regions[region.id] = region
+        return region
+
+    def unregister(self, region: Region) -> Flow:
+        """Unregister (idempotent: a region the service already dropped is only released here)."""
+        try:
+            if region.registered:
+                response = yield "DELETE", f"/v1/regions/{region.id}", {"params": {"generation": region.generation}}
+                try:
+                    _check(response)
+                except RegionProblem as problem:
+                    if problem.code not in ("unknown_region", "stale_region"):
+                        raise
+        finally:
+            with self._lock:
+                if self._regions.get(region.id) is region:
+                    del self._regions[region.id]
+                if region in self._scratch:
+                    self._scratch.remove(region)
+            release_export(region)
+
+    def list_regions(self) -> Flow:
+        return _check((yield "GET", "/v1/regions", {})).json()["regions"]
+
+    def info(self) -> Flow:
+        return _check((yield "GET", "/v1/info", {})).json()
+
+    def ready(self) -> Flow:
+        return (yield "GET", "/readyz", {}).status_code == 200
+
+    def close(self) -> Flow:
+        with self._lock:
+            regions = list(self._regions.values())
+        for region in regions:
+            try:
+                yield from self.unregister(region)
+            except TopKClientError:
+                pass  # the service is gone or refused: the local side is released all the same
+
+    # -- topk ------------------------------------------------------------------------------------
+
+    def _find(self, tensor: torch.Tensor) -> RegionSlice | None:
+        with self._lock:
+            regions = list(self._regions.values())
+        for region in regions:
+            if region.registered and region.contains(tensor):
+                return RegionSlice(region, region.offset_of(tensor), tensor.dtype, tuple(tensor.shape))
+        return None
+
+    def _reference(self, value) -> RegionSlice | None:
+        if isinstance(value, Region):
+            return value.slice()
+        if isinstance(value, RegionSlice):
+            return value
+        if isinstance(value, torch.Tensor):
+            return self._find(value)
+        raise TypeError(f"expected a torch.Tensor, Region or RegionSlice, got {type(value).__name__}")
+
+    def _take_scratch(self, nbytes: int) -> Region | None:
+        with self._lock:
+            fitting = [r for r in self._scratch if r.size >= nbytes]
+            if not fitting:
+                return None
+            region = min(fitting, key=lambda r: r.size)
+            self._scratch.remove(region)
+            return region
+
+    def topk(self, args: tuple, *, topk: int, weight_scale: float = 1.0, backend: str = "auto",
+             repair: bool = True, out: dict | None = None, result_format: str = "auto") -> Flow:
+        if len(args) != len(INPUT_ORDER):
+            raise TypeError(f"topk() takes {len(INPUT_ORDER)} tensors ({', '.join(INPUT_ORDER)}), got {len(args)}")
+        named = dict(zip(INPUT_ORDER, args))
+        body: dict[str, Any] = {}
+        staged: list[tuple[str, torch.Tensor]] = []  # large CPU tensors to copy into scratch
+        temporary: list[Region] = []
+        scratch: Region | None = None
+        try:
+            for name in INPUT_ORDER:
+                value = named[name]
+                ref = self._reference(value)
+                if ref is not None:
+                    body[name] = ref.to_wire()
+                elif name in SMALL_INPUTS:
+                    body[name] = {"dtype": "int32", "shape": list(value.shape),
+                                  "data": value.to(torch.int32).flatten().tolist()}
+                elif value.device.type == "cuda":
+                    region = yield from self.register(value.contiguous())
+                    temporary.append(region)
+                    body[name] = region.slice().to_wire()
+                else:
+                    staged.append((name, value))
+            if staged:
+                scratch, layout = yield from self._stage(staged)
+                body.update(layout)
+            if out:
+                body["out"] = {}
+                for name, value in out.items():
+                    if name not in RESULT_FIELDS:
+                        raise ValueError(f"out[{name!r}]: not a result field; fields: {list(RESULT_FIELDS)}")
+                    ref = self._reference(value)
+                    if ref is None:
+                        raise ValueError(f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a "
+                                         "registered region")
+                    body["out"][name] = ref.to_wire()
+            body.update(topk=topk, weight_scale=float(weight_scale), repair=bool(repair), backend=backend)
+            for value in named.values():  # the exporter's duty: contents complete before the call
+                if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                    torch.cuda.current_stream(value.device).synchronize()
+            response = yield "POST", "/v1/topk", {"json": body, "headers": {"accept": ACCEPT[result_format]}}
+            return self._parse_result(_check(response), out or {})
+        except RegionProblem as problem:
+            if scratch is not None and problem.code in ("unknown_region", "stale_region"):
+                release_export(scratch)  # the service forgot it (restart, eviction): never reuse it
+                scratch = None
+            raise
+        finally:
+            if scratch is not None:
+                with self._lock:
+                    self._scratch.append(scratch)
+            for region in temporary:
+                yield from self.unregister(region)
+
+    def _stage(self, staged: list[tuple[str, torch.Tensor]]) -> Flow:
+        """Copy large CPU tensors into one idle scratch region (registering a bigger one if needed)."""
+        offsets, total = [], 0
+        for _, tensor in staged:
+            offsets.append(total)
+            total += -(-tensor.numel() * tensor.element_size() // 64) * 64
+        scratch = self._take_scratch(total)
+        if scratch is None:
+            size = max(SCRATCH_MIN_BYTES, 1 << max(total - 1, 1).bit_length())
+            scratch = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
+        layout = {}
+        for (name, tensor), offset in zip(staged, offsets):
+            ref = RegionSlice(scratch, offset, tensor.dtype, tuple(tensor.shape))
+            ref.tensor().copy_(tensor)
+            layout[name] = ref.to_wire()
+        return scratch, layout
+
+    def _parse_result(self, response: httpx.Response, out: dict) -> TopKResult:
+        ctype = response.headers.get("content-type", "")
+        try:
+            if ctype.startswith(BINARY_MEDIA_TYPE):
+                fields, *_rest, written = decode_result_binary(response.content)
+            elif ctype.startswith(JSON_MEDIA_TYPE):
+                fields, *_rest, written = decode_result_json(response.json())
+            else:
+                raise ProtocolError(f"unexpected result media type {ctype!r}")
+        except WireFormatError as exc:
+            raise ProtocolError(str(exc)) from exc
+        for name in written:
+            value = out[name]
+            fields[name] = value if isinstance(value, torch.Tensor) else self._reference(value).tensor()
+        try:
+            return assemble_result(fields)
+        except WireFormatError as exc:
+            raise ProtocolError(str(exc)) from exc
+
+
+class _ClientBase:
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
+        self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
+        self._flows = _Flows()
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.endpoint})"
+
+
+class TopKClient(_ClientBase):
+    """Blocking client of the litetopk service (TCP `base_url` or Unix socket `uds`)."""
+
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
+        super().__init__(base_url, uds=uds, timeout=timeout)
+        self._http = sync_http(self.endpoint, timeout)
+
+    def _drive(self, flow: Flow):
+        reply, error = None, None
+        while True:
+            try:
+                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                reply, error = self._http.request(method, path, **kwargs), None
+            except httpx.TransportError as exc:
+                reply, error = None, transport_error(self.endpoint, exc)
+            except BaseException as exc:  # e.g. KeyboardInterrupt: the flow cleans up, then re-raises it
+                reply, error = None, exc
+
+    def register(self, tensor: torch.Tensor) -> Region:
+        """Share `tensor` with the service (CPU: copied once into shared memory; CUDA: IPC handle)."""
+        return self._drive(self._flows.register(tensor))
+
+    def unregister(self, region: Region) -> None:
+        """Unregister `region`; when this returns the service no longer touches its memory."""
+        self._drive(self._flows.unregister(region))
+
+    def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
+             topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
+             out: dict | None = None, result_format: str = "auto") -> TopKResult:
+        """`litetopk_prefill` on the service. `out` maps result fields to regions written in place."""
+        args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        return self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
+                                            repair=repair, out=out, result_format=result_format))
+
+    def regions(self) -> list[dict]:
+        return self._drive(self._flows.list_regions())
+
+    def info(self) -> dict:
+        return self._drive(self._flows.info())
+
+    def ready(self) -> bool:
+        return self._drive(self._flows.ready())
+
+    def close(self) -> None:
+        """Unregister every region this client registered, then close the connection."""
+        try:
+            self._drive(self._flows.close())
+        finally:
+            self._http.close()
+
+    def __enter__(self) -> "TopKClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncTopKClient(_ClientBase):
+    """asyncio client of the litetopk service; the same methods as TopKClient, awaitable."""
+
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
+        super().__init__(base_url, uds=uds, timeout=timeout)
+        self._http = async_http(self.endpoint, timeout)
+
+    async def _drive(self, flow: Flow):
+        reply, error = None, None
+        while True:
+            try:
+                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                reply, error = await self._http.request(method, path, **kwargs), None
+            except httpx.TransportError as exc:
+                reply, error = None, transport_error(self.endpoint, exc)
+            except BaseException as exc:  # e.g. CancelledError: the flow cleans up, then re-raises it
+                reply, error = None, exc
+
+    async def register(self, tensor: torch.Tensor) -> Region:
+        return await self._drive(self._flows.register(tensor))
+
+    async def unregister(self, region: Region) -> None:
+        await self._drive(self._flows.unregister(region))
+
+    async def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
+                   topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
+                   out: dict | None = None, result_format: str = "auto") -> TopKResult:
+        args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        return await self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
+                                                  repair=repair, out=out, result_format=result_format))
+
+    async def regions(self) -> list[dict]:
+        return await self._drive(self._flows.list_regions())
+
+    async def info(self) -> dict:
+        return await self._drive(self._flows.info())
+
+    async def ready(self) -> bool:
+        return await self._drive(self._flows.ready())
+
+    async def close(self) -> None:
+        try:
+            await self._drive(self._flows.close())
+        finally:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncTopKClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncTopKClient", "TopKClient"]
