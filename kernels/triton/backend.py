@@ -16,7 +16,7 @@ import torch
 
 from ..backend import CandidateScan, ScoringBackend
 from ..errors import BackendUnavailableError, InputError
-from ..selection import NO_KEY
+from ..selection import NO_KEY, split_keys
 from ..validation import PrefillProblem
 from .decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
 from .scoring import NUM_BINS, score_fp4_kernel
@@ -43,13 +43,14 @@ class Operands:
 
     k_lo: torch.Tensor
     k_hi: torch.Tensor
-    k_flags: torch.Tensor
     kfac: torch.Tensor
     q_lo: torch.Tensor
     q_hi: torch.Tensor
     wq: torch.Tensor
-    q_wide: torch.Tensor
     s_pad: int
+    k_wide: bool  # some live key needs the hi operand
+    q_wide: bool  # some live query vector needs the hi operand
+    schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class TritonBackend(ScoringBackend):
@@ -85,10 +86,14 @@ class TritonBackend(ScoringBackend):
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
         k_lo, k_hi, k_exp, k_flags = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad)
         q_lo, q_hi, q_exp, q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale)
-        live_rows = (problem.ends > problem.starts)
-        bad_q = ((q_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
-        bad_k = (k_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0
-        if bool(bad_q.any()) or bool(bad_k.any()):
+        live_rows = problem.ends > problem.starts
+        q_flags = q_flags.to(torch.int32)
+        k_flags = k_flags.to(torch.int32)
+        bad_q = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
+        bad_k = (k_flags & FLAG_UNSUPPORTED) != 0
+        wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
+        summary = torch.stack([bad_q.any(), bad_k.any(), wide_q.any(), ((k_flags & FLAG_WIDE) != 0).any()]).tolist()
+        if summary[0] or summary[1]:
             rows = torch.nonzero(bad_q).flatten()[:8].tolist()
             keys = torch.nonzero(bad_k)[:8].tolist()
             raise InputError(
@@ -97,12 +102,10 @@ class TritonBackend(ScoringBackend):
                 "Use backend='reference' for such data."
             )
         nan = float("nan")
-        kfac = pow2_float32(k_exp - 127)
-        kfac = torch.where((k_flags.to(torch.int32) & FLAG_NAN_SCALE) != 0, nan, kfac)
-        wq = problem.weights * pow2_float32(q_exp - 129)
-        wq = torch.where((q_flags.to(torch.int32) & FLAG_NAN_SCALE) != 0, nan, wq)
-        q_wide = ((q_flags.to(torch.int32) & FLAG_WIDE) != 0).any(dim=1).to(torch.int8)
-        ops = Operands(k_lo, k_hi, k_flags, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), q_wide, s_pad)
+        kfac = torch.where((k_flags & FLAG_NAN_SCALE) != 0, nan, pow2_float32(k_exp - 127))
+        wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, nan, problem.weights * pow2_float32(q_exp - 129))
+        ops = Operands(k_lo, k_hi, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), s_pad,
+                       k_wide=bool(summary[3]), q_wide=bool(summary[2]), schedule=self.schedule(problem))
         self._prepared = (problem, ops)
         return ops
 
@@ -118,84 +121,87 @@ class TritonBackend(ScoringBackend):
             empty = torch.empty(0, self.block_rows, dtype=torch.int32, device=problem.device)
             return empty, empty[:, 0], empty[:, :2]
         order = live[torch.argsort(rtb[live] * 2**32 + starts[live], stable=True)]
-        groups, batches, spans = [], [], []
-        for batch in torch.unique(rtb[order]).tolist():
-            rows = order[rtb[order] == batch]
-            for chunk in torch.split(rows, self.block_rows):
-                padded = torch.full((self.block_rows,), -1, dtype=torch.int64)
-                padded[: chunk.numel()] = chunk
-                groups.append(padded)
-                batches.append(batch)
-                spans.append((int(starts[chunk].min()), int(ends[chunk].max())))
-        span = torch.tensor(spans, dtype=torch.int32)
-        first = torch.argsort(span[:, 1] - span[:, 0], descending=True, stable=True)
-        prog_rows = torch.stack(groups)[first].to(torch.int32)
-        prog_batch = torch.tensor(batches, dtype=torch.int32)[first]
-        return prog_rows.to(problem.device), prog_batch.to(problem.device), span[first].contiguous().to(problem.device)
+        batch_of = rtb[order]
+        first_of_batch = torch.searchsorted(batch_of, batch_of, side="left")
+        rank = torch.arange(order.numel()) - first_of_batch  # rank of the row inside its sequence
+        per_batch = torch.bincount(batch_of, minlength=int(rtb.max()) + 1)
+        programs_per_batch = (per_batch + self.block_rows - 1) // self.block_rows
+        program_base = torch.cumsum(programs_per_batch, 0) - programs_per_batch
+        program = program_base[batch_of] + rank // self.block_rows
+        count = int(programs_per_batch.sum())
+        prog_rows = torch.full((count, self.block_rows), -1, dtype=torch.int64)
+        prog_rows[program, rank % self.block_rows] = order
+        prog_batch = torch.zeros(count, dtype=torch.int64).scatter_reduce_(0, program, batch_of, "amax")
+        lo = torch.full((count,), 2**31 - 1, dtype=torch.int64).scatter_reduce_(0, program, starts[order], "amin")
+        hi = torch.zeros(count, dtype=torch.int64).scatter_reduce_(0, program, ends[order], "amax")
+        first = torch.argsort(hi - lo, descending=True, stable=True)
+        span = torch.stack([lo, hi], dim=1)[first].to(torch.int32).contiguous()
+        return (prog_rows[first].to(torch.int32).to(problem.device), prog_batch[first].to(torch.int32).to(problem.device),
+                span.to(problem.device))
 
     # -- launches --------------------------------------------------------------------------
-    def _launch(self, problem, ops, schedule, *, dense, out=None, out_width=0,
-                thresholds=None, hist_lo=None, hist_shift=None, buffer=None, capacity=0,
-                appended=None, thr_out=None, nonfinite=None, stride=1):
-        dummy64 = torch.empty(1, dtype=torch.int64, device=problem.device)
-        dummy32 = torch.empty(1, dtype=torch.int32, device=problem.device)
-        prog_rows, prog_batch, prog_span = schedule
-        grid = (prog_rows.shape[0],)
-        if grid[0] == 0:
+    def _launch(self, problem, ops, *, dense, out=None, out_width=0, thresholds=None, hist_lo=None,
+                hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
+                nonfinite=None, stride=1):
+        prog_rows, prog_batch, prog_span = ops.schedule
+        if prog_rows.shape[0] == 0:
             return
-        score_fp4_kernel[grid](
-            ops.k_lo, ops.k_hi, ops.k_flags, ops.kfac,
-            ops.q_lo, ops.q_hi, ops.wq, ops.q_wide,
+        dev = problem.device
+        unused64 = torch.empty(1, dtype=torch.int64, device=dev)
+        unused32 = torch.empty(1, dtype=torch.float32, device=dev)
+        score_fp4_kernel[(prog_rows.shape[0],)](
+            ops.k_lo, ops.k_hi, ops.kfac, ops.q_lo, ops.q_hi, ops.wq,
             prog_rows, prog_batch, prog_span, problem.starts, problem.ends,
             ops.s_pad, problem.weight_scale,
-            out if out is not None else torch.empty(1, device=problem.device), out_width,
-            thresholds if thresholds is not None else dummy64,
-            hist_lo if hist_lo is not None else dummy32,
-            hist_shift if hist_shift is not None else dummy32,
-            buffer if buffer is not None else dummy64, capacity,
-            appended if appended is not None else dummy64,
-            thr_out if thr_out is not None else dummy64,
+            out if out is not None else unused32, out_width,
+            thresholds if thresholds is not None else unused64,
+            hist_lo if hist_lo is not None else unused32,
+            hist_width if hist_width is not None else unused32,
+            hist if hist is not None else unused64,
+            buffer if buffer is not None else unused64, capacity,
+            appended if appended is not None else unused64,
+            thr_out if thr_out is not None else unused64,
             nonfinite, stride,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
+            Q_WIDE=ops.q_wide, K_WIDE=ops.k_wide,
             num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
     def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
         ops = self.operands(problem)
-        schedule = self.schedule(problem)
         width = problem.max_end
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
         out[problem.ends <= problem.starts] = float("-inf")
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
-        self._launch(problem, ops, schedule, dense=True, out=out, out_width=width, nonfinite=nonfinite)
+        self._launch(problem, ops, dense=True, out=out, out_width=width, nonfinite=nonfinite)
         return out, nonfinite.bool()
 
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
                         ceilings: torch.Tensor | None = None) -> CandidateScan:
         ops = self.operands(problem)
-        schedule = self.schedule(problem)
         rows = problem.num_rows
         dev = problem.device
-        hist_lo, hist_shift = histogram_ranges(thresholds, ceilings)
+        hist_lo, hist_width = histogram_ranges(thresholds, ceilings)
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
         appended = torch.zeros(rows, dtype=torch.int64, device=dev)
+        hist = torch.zeros(rows, NUM_BINS, dtype=torch.int32, device=dev)
         thr_out = thresholds.clone()
         nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
-        self._launch(problem, ops, schedule, dense=False, thresholds=thresholds.contiguous(),
-                     hist_lo=hist_lo, hist_shift=hist_shift, buffer=buffer, capacity=capacity,
-                     appended=appended, thr_out=thr_out, nonfinite=nonfinite, stride=stride)
+        self._launch(problem, ops, dense=False, thresholds=thresholds.contiguous(), hist_lo=hist_lo,
+                     hist_width=hist_width, hist=hist, buffer=buffer, capacity=capacity, appended=appended,
+                     thr_out=thr_out, nonfinite=nonfinite, stride=stride)
         return CandidateScan(keys=buffer, appended=appended, thresholds=thr_out, nonfinite=nonfinite.bool())
 
 
 def histogram_ranges(thresholds: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row histogram origin (ordered float bits of the threshold score) and bin shift so that
-    NUM_BINS bins reach the ceiling score; shift -1 (no histogram) without both bounds."""
-    ordered_lo = torch.div(thresholds, 2**32, rounding_mode="floor")
+    """Per-row histogram origin (the threshold's score) and bin width float32, so that NUM_BINS
+    bins reach the ceiling's score. Width 0 (no histogram) without both bounds, or where the bins
+    would be too narrow for float32 to place a score in its bin reliably (< 2^-16 of the scores)."""
+    lo, _ = split_keys(thresholds)
     if ceilings is None:
-        return ordered_lo.clamp(-(2**31), 2**31 - 1).to(torch.int32), torch.full_like(thresholds, -1, dtype=torch.int32)
-    ordered_hi = torch.div(ceilings, 2**32, rounding_mode="floor")
-    span = (ordered_hi - ordered_lo + 1).clamp_min(1)
-    shift = torch.ceil(torch.log2(span.double() / NUM_BINS)).clamp_min(0).to(torch.int32)
-    usable = (thresholds != NO_KEY) & (ceilings != NO_KEY) & (ceilings > thresholds)
-    shift = torch.where(usable, shift, -1)
-    return ordered_lo.clamp(-(2**31), 2**31 - 1).to(torch.int32), shift.to(torch.int32)
+        return lo.nan_to_num(neginf=0.0).contiguous(), torch.zeros_like(lo)
+    hi, _ = split_keys(ceilings)
+    width = (hi - lo) / NUM_BINS
+    usable = (thresholds != NO_KEY) & (ceilings != NO_KEY) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
+    usable &= torch.isfinite(width)
+    return torch.where(usable, lo, 0.0).contiguous(), torch.where(usable, width, 0.0).contiguous()

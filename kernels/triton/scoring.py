@@ -38,27 +38,33 @@ NUM_BINS = 32
 
 
 @triton.jit
+def _ordered_bits(scores):
+    """int64 of the int32 whose order is the order of the float32 `scores` (-0.0 ties +0.0)."""
+    bits = scores.to(tl.int32, bitcast=True)
+    bits = tl.where(scores == 0.0, 0, bits)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
 def _ordering_keys(scores, positions):
     """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
-    bits = scores.to(tl.int32, bitcast=True)
-    bits = tl.where(scores == 0.0, 0, bits)  # -0.0 ties with +0.0
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) + (4294967295 - positions.to(tl.int64))
+    return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))
 
 
 @triton.jit
 def score_fp4_kernel(
-    k_lo_ptr, k_hi_ptr, k_flags_ptr, kfac_ptr,      # [B, s_pad, 128] int8 x2, [B, s_pad] int8, float32
-    q_lo_ptr, q_hi_ptr, wq_ptr, q_wide_ptr,          # [rows, 64, 128] int8 x2, [rows, 64] float32, [rows] int8
+    k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
+    q_lo_ptr, q_hi_ptr, wq_ptr,                      # [rows, 64, 128] int8 x2, [rows, 64] float32
     prog_rows_ptr, prog_batch_ptr, prog_span_ptr,    # [programs, BLOCK_ROWS] int32 (-1 pad), [programs] int32,
                                                      # [programs, 2] int32: min start, max end of its rows
     starts_ptr, ends_ptr,                            # [rows] int32 windows
     s_pad, weight_scale,
     out_ptr, out_width,                              # dense: float32 [rows, out_width]
-    thr_ptr, hist_lo_ptr, hist_shift_ptr,            # scan: int64 [rows], int32 [rows], int32 [rows] (-1: off)
-    buf_ptr, capacity, appended_ptr, thr_out_ptr,    # scan: int64 [rows, capacity], int64 [rows], int64 [rows]
-    nonfinite_ptr, position_stride,                  # int8 [rows]; scan positions j % stride == 0
+    thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: int64 [rows], float32 [rows] x2 (width <= 0: off)
+    hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
+    thr_out_ptr, nonfinite_ptr, position_stride,     # scan: int64 [rows]; int8 [rows]; positions j % stride == 0
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
+    Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, REFRESH: tl.constexpr = 8,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -80,9 +86,9 @@ def score_fp4_kernel(
     n_ok = n_rows >= 0
     q_off = (tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H) * D
     q_lo = tl.load(q_lo_ptr + q_off[None, :] + offs_d[:, None])
+    if Q_WIDE:
+        q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None])
     wq = tl.load(wq_ptr + tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H, mask=n_ok, other=0.0)
-    q_wide = tl.max(tl.load(q_wide_ptr + rows, mask=row_ok, other=0).to(tl.int32), axis=0) > 0
-    q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None], mask=q_wide, other=0)
 
     if DENSE:
         lo = 0
@@ -93,12 +99,12 @@ def score_fp4_kernel(
         lo = (tl.load(prog_span_ptr + 2 * pid) // stride) * stride
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
         thr = tl.load(thr_ptr + rows, mask=row_ok, other=0)
-        hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0)
-        hist_shift = tl.load(hist_shift_ptr + rows, mask=row_ok, other=-1)
-        hist = tl.zeros([BLOCK_ROWS, NB], dtype=tl.int32)
+        hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
+        hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
+        hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         offs_bin = tl.arange(0, NB)
-        count = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
-    bad = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
+        hist_rows = hist_ptr + rows64[:, None] * NB + offs_bin[None, :]
+    bad = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
     k_base = batch * s_pad
     n_steps = tl.cdiv(hi - lo, BLOCK_KEYS * stride)
     for step in range(0, n_steps):
@@ -107,13 +113,12 @@ def score_fp4_kernel(
         k_off = (k_base + pos).to(tl.int64) * D
         k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
         acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
-        if q_wide:
+        if Q_WIDE:
             acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
-        k_flags = tl.load(k_flags_ptr + k_base + pos, mask=k_live, other=0).to(tl.int32)
-        if tl.max(k_flags & 1, axis=0) > 0:
+        if K_WIDE:
             k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
             acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
-            if q_wide:
+            if Q_WIDE:
                 acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
         relu = tl.maximum(acc.to(tl.float32), 0.0) * wq[None, :]
         scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
@@ -121,7 +126,7 @@ def score_fp4_kernel(
         scores = scores * kfac[:, None] * weight_scale
         in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
         finite = (scores == scores) & (tl.abs(scores) != float("inf"))
-        bad |= tl.max((in_window & ~finite).to(tl.int32), axis=0)
+        bad |= (in_window & ~finite).to(tl.int32)
         if DENSE:
             out_off = rows64[None, :] * out_width + pos[:, None]
             tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
@@ -129,22 +134,23 @@ def score_fp4_kernel(
         else:
             keys = _ordering_keys(scores, pos[:, None])
             passing = in_window & finite & (keys >= thr[None, :])
-            if tl.sum(passing.to(tl.int32)) > 0:
-                slot = count[None, :] + tl.cumsum(passing.to(tl.int32), axis=0) - 1
-                tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
-                count += tl.sum(passing.to(tl.int32), axis=0)
-                bits = scores.to(tl.int32, bitcast=True)
-                ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-                rel = (ordered - hist_lo[None, :].to(tl.int64)) >> tl.maximum(hist_shift, 0)[None, :].to(tl.int64)
-                bin_of = tl.minimum(tl.maximum(rel, 0), NB - 1).to(tl.int32)
-                onehot = (bin_of[:, :, None] == offs_bin[None, None, :]) & passing[:, :, None]
-                hist += tl.sum(onehot.to(tl.int32), axis=0)
+            # Append: one atomic per passing key (rare once the threshold is tight), no block-wide sync.
+            slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing)
+            tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+            bin_of = ((scores - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
+            bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
+            tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1, mask=passing & (hist_width[None, :] > 0))
+            if step % REFRESH == REFRESH - 1:
+                # Raise the threshold to one bin below the highest bin edge with >= K keys at or above
+                # it: every counted score lies >= that edge minus float rounding, far less than a bin.
+                tl.debug_barrier()
+                hist = tl.load(hist_rows, volatile=True)
                 at_or_above = tl.cumsum(hist, axis=1, reverse=True)
                 best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
-                edge = hist_lo.to(tl.int64) + (best_bin.to(tl.int64) << tl.maximum(hist_shift, 0).to(tl.int64))
-                raise_ok = (best_bin >= 0) & (hist_shift >= 0)
-                thr = tl.where(raise_ok, tl.maximum(thr, edge << 32), thr)
-    tl.store(nonfinite_ptr + rows, bad.to(tl.int8), mask=row_ok)
+                edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
+                edge_key = _ordered_bits(edge) << 32  # passes exactly the scores >= edge
+                raise_ok = (best_bin >= 1) & (hist_width > 0)
+                thr = tl.where(raise_ok, tl.maximum(thr, edge_key), thr)
+    tl.store(nonfinite_ptr + rows, (tl.max(bad, axis=0) > 0).to(tl.int8), mask=row_ok)
     if not DENSE:
-        tl.store(appended_ptr + rows, count.to(tl.int64), mask=row_ok)
         tl.store(thr_out_ptr + rows, thr, mask=row_ok)
