@@ -1,0 +1,201 @@
+"""Operator benchmark: dense + top-k against LiteTopK, the method of the seed document.
+
+Each point (model, raw context) is the median of --processes fresh processes; each process
+builds the problem on the device (random MXFP4, one sequence, --rows causal rows ending the
+context), runs --warmup and then --iterations alternating dense / LiteTopK pairs timed with CUDA
+events, and checks outside timing that LiteTopK equals the dense path exactly (every output).
+Prints a table, writes bench/results/operator-<tag>.json (GPU, versions, command) and a PNG.
+
+    python bench/operator.py --model deepseek-v4-flash --rows 8192 --raw-context 262144
+    python bench/operator.py --model all --raw-context 262144 524288 786432
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+FP8_PEAK_TFLOPS = 1260.0  # measured on the H200 (H200-NOTES.md): the scoring floor
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
+
+
+def scoring_flops(rows: int, mean_window: float) -> float:
+    """2 * rows * heads * head_dim * keys: the multiply-adds of the per-head dots."""
+    return 2.0 * rows * 64 * 128 * mean_window
+
+
+def worker(args) -> dict:
+    """One fresh process: build, warm up, time alternating pairs, check exactness."""
+    import torch
+
+    from litetopk.kernels import dense_topk_prefill, litetopk_prefill
+    from problems_gpu import MODELS, call_args, prefill_problem
+
+    topk = MODELS[args.model]
+    problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed)
+    pos, kw = call_args(problem)
+    variants = {"lite": lambda: litetopk_prefill(*pos, **kw, backend=args.backend)}
+    selectors = []
+    for selector in args.selectors:
+        if selector == "flashinfer":
+            try:
+                import flashinfer  # noqa: F401
+            except ImportError:
+                continue
+        selectors.append(selector)
+        variants[f"dense_{selector}"] = (lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
+    times = {name: [] for name in variants}
+
+    def timed(fn):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        stop.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(stop), out
+
+    for i in range(args.warmup + args.iterations):
+        for name, fn in variants.items():
+            ms, _ = timed(fn)
+            if i >= args.warmup:
+                times[name].append(ms)
+    lite = variants["lite"]()
+    exact = {}
+    for selector in selectors:
+        dense = variants[f"dense_{selector}"]()
+        exact[selector] = all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    variants["lite"]()
+    torch.cuda.synchronize()
+    lite_workspace = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    variants[f"dense_{selectors[0]}"]()
+    torch.cuda.synchronize()
+    dense_workspace = torch.cuda.max_memory_allocated() - base
+    windows = (problem["ends"] - problem["starts"]).double()
+    return {
+        "median_ms": {name: statistics.median(v) for name, v in times.items()},
+        "exact_vs_dense": exact,
+        "selectors_missing": [s for s in args.selectors if s not in selectors],
+        "candidates_mean": float(lite.candidates.double().mean()),
+        "candidates_max": int(lite.candidates.max()),
+        "repaired_rows": int(lite.repaired.sum()),
+        "status_nonzero_rows": int((lite.status != 0).sum()),
+        "lite_workspace_bytes": int(lite_workspace),
+        "dense_workspace_bytes": int(dense_workspace),
+        "mean_window": float(windows.mean()),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+    }
+
+
+def run_point(args, model: str, raw: int) -> dict:
+    """Median over fresh processes of one (model, raw context) point."""
+    runs = []
+    for proc in range(args.processes):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--rows", str(args.rows),
+               "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
+               "--backend", args.backend, "--seed", str(args.seed + proc), "--selectors", *args.selectors]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        if done.returncode != 0:
+            raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    names = runs[0]["median_ms"].keys()
+    point = {
+        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows,
+        "median_ms": {n: statistics.median(r["median_ms"][n] for r in runs) for n in names},
+        "per_process": runs,
+    }
+    flops = scoring_flops(args.rows, runs[0]["mean_window"])
+    point["lite_tflops"] = flops / point["median_ms"]["lite"] / 1e9
+    point["fp8_floor_ms"] = flops / FP8_PEAK_TFLOPS / 1e9
+    for n in names:
+        if n != "lite":
+            point[f"speedup_vs_{n}"] = point["median_ms"][n] / point["median_ms"]["lite"]
+    point["exact_all_processes"] = all(all(r["exact_vs_dense"].values()) for r in runs)
+    return point
+
+
+def report(args, points: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} (median of {args.processes} processes)")
+    names = list(points[0]["median_ms"].keys())
+    for col in ["model", "C4 keys", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms", "cand mean/max", "repaired", "exact"]:
+        table.add_column(col)
+    for p in points:
+        r0 = p["per_process"][0]
+        speed = " ".join(f"{p[k]:.2f}x" for k in p if k.startswith("speedup_vs_"))
+        table.add_row(p["model"], str(p["c4_context"]), *[f"{p['median_ms'][n]:.3f}" for n in names], speed,
+                      f"{p['lite_tflops']:.0f}", f"{p['fp8_floor_ms']:.2f}",
+                      f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]), str(p["exact_all_processes"]))
+    Console().print(table)
+    tag = args.tag or f"{args.backend}-{'-'.join(sorted({p['model'].split('-')[-1] for p in points}))}"
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"operator-{tag}.json")
+    with open(path, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "points": points}, f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"wrote {path} (matplotlib missing: no plot)")
+        return
+    fig, axes = plt.subplots(1, len({p["model"] for p in points}), figsize=(12, 4.5), squeeze=False)
+    for ax, model in zip(axes[0], sorted({p["model"] for p in points})):
+        pts = [p for p in points if p["model"] == model]
+        xs = [p["c4_context"] for p in pts]
+        for n in names:
+            ax.plot(xs, [p["median_ms"][n] for p in pts], marker="o", label=n)
+        ax.plot(xs, [p["fp8_floor_ms"] for p in pts], linestyle="--", color="gray", label="FP8 scoring floor")
+        ax.set_title(model)
+        ax.set_xlabel("C4 keys (S)")
+        ax.set_ylabel("ms (median)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    png = path.replace(".json", ".png")
+    fig.savefig(png, dpi=110)
+    print(f"wrote {path} and {png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="deepseek-v4-flash", choices=["deepseek-v4-flash", "deepseek-v4-pro", "all"])
+    parser.add_argument("--rows", type=int, default=8192)
+    parser.add_argument("--raw-context", type=int, nargs="+", default=[262144])
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=15)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    models = ["deepseek-v4-flash", "deepseek-v4-pro"] if args.model == "all" else [args.model]
+    points = [run_point(args, m, raw) for m in models for raw in args.raw_context]
+    report(args, points)
+
+
+if __name__ == "__main__":
+    main()
