@@ -1,0 +1,85 @@
+"""The public surface of `litetopk.kernels` (CONTRACT.md §6): small, curated and as documented."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+import litetopk.kernels as kernels
+
+#: Names CONTRACT.md §6 promises to outside code.
+CONTRACT_NAMES = {
+    "SUPPORTED_TOPK", "PAGE_SIZE", "quantize_mxfp4", "dequantize_mxfp4", "pack_kv_cache", "unpack_kv_cache",
+    "litetopk_prefill", "dense_topk_prefill", "TopKResult",
+}
+#: Further names the package exports on purpose: the error tree (errors.py), the status bits, the
+#: backend names, the page size in bytes and the LiteTopK tuning knobs. A new public name is a
+#: decision: add it here and to the docs.
+DOCUMENTED_EXTRAS = {
+    "BACKEND_NAMES", "PAGE_BYTES", "RowStatus", "LiteTopKTuning",
+    "LiteTopKError", "InputError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
+    "BackendUnavailableError", "DeviceError",
+}
+
+
+def test_all_is_exactly_the_contract_plus_the_documented_extras():
+    exported = set(kernels.__all__)
+    assert len(kernels.__all__) == len(exported), "__all__ lists a name twice"
+    assert CONTRACT_NAMES <= exported, f"missing contract names: {sorted(CONTRACT_NAMES - exported)}"
+    assert exported == CONTRACT_NAMES | DOCUMENTED_EXTRAS, (
+        f"undocumented: {sorted(exported - CONTRACT_NAMES - DOCUMENTED_EXTRAS)}, "
+        f"gone: {sorted(CONTRACT_NAMES | DOCUMENTED_EXTRAS - exported)}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT_NAMES | DOCUMENTED_EXTRAS))
+def test_every_exported_name_exists(name):
+    assert hasattr(kernels, name), f"litetopk.kernels.{name} is in __all__ but does not exist"
+
+
+def test_star_import_gives_exactly_all():
+    namespace: dict = {}
+    exec("from litetopk.kernels import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(kernels.__all__)
+
+
+def test_constants():
+    assert kernels.SUPPORTED_TOPK == (512, 1024)
+    assert kernels.PAGE_SIZE == 64
+    assert kernels.PAGE_BYTES == 64 * 68 == 4352
+    assert kernels.BACKEND_NAMES == ("auto", "reference", "triton", "flydsl")
+
+
+def test_operator_signatures_match_the_contract():
+    positional = ["q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends"]
+    for fn in (kernels.litetopk_prefill, kernels.dense_topk_prefill):
+        params = inspect.signature(fn).parameters
+        assert list(params)[:8] == positional, fn.__name__
+        assert all(params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional)
+        assert params["topk"].kind is inspect.Parameter.KEYWORD_ONLY and params["topk"].default is inspect.Parameter.empty
+        assert params["weight_scale"].default == 1.0 and params["backend"].default == "auto"
+    assert inspect.signature(kernels.litetopk_prefill).parameters["repair"].default is True
+    packing = inspect.signature(kernels.pack_kv_cache).parameters
+    assert list(packing) == ["k_fp4", "k_scale", "block_table", "num_pages"]
+
+
+def test_topk_result_fields():
+    fields = [f.name for f in dataclasses.fields(kernels.TopKResult)]
+    assert fields[:6] == ["values", "raw_indices", "physical_indices", "counts", "status", "repaired"]
+
+
+def test_status_bits_match_the_contract():
+    bits = {bit.name: int(bit) for bit in kernels.RowStatus if bit}
+    assert bits == {"OVERFLOW": 1, "UNDERFILLED": 2, "NONFINITE": 4, "INVALID_PAGE": 8, "INVALID_ROW": 16,
+                    "SELECTOR_FAILURE": 32}
+
+
+def test_error_tree():
+    assert issubclass(kernels.InputError, (kernels.LiteTopKError, ValueError))
+    assert issubclass(kernels.UnsupportedTopKError, kernels.InputError)
+    assert issubclass(kernels.SlotOverflowError, kernels.InputError)
+    assert issubclass(kernels.RowFaultError, kernels.LiteTopKError)
+    assert issubclass(kernels.BackendUnavailableError, (kernels.LiteTopKError, RuntimeError))
+    assert issubclass(kernels.DeviceError, (kernels.LiteTopKError, RuntimeError))
