@@ -42,7 +42,8 @@ def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, 
     mag = codes & 7
     val = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
     val = tl.where((codes & 8) != 0, -val, val)
-    group_nonzero = tl.max(tl.reshape(mag, [VB, 4, 32]), axis=2) > 0  # [VB, 4]
+    # Blocks that set the common exponent: nonzero ones with a finite scale (255 is NaN, flagged).
+    group_nonzero = (tl.max(tl.reshape(mag, [VB, 4, 32]), axis=2) > 0) & (scales != 255)  # [VB, 4]
     m = tl.min(tl.where(group_nonzero, scales, 255), axis=1)  # [VB]
     m = tl.where(tl.max(group_nonzero.to(tl.int32), axis=1) > 0, m, 127)
     d = tl.where(group_nonzero, scales - m[:, None], 0)  # [VB, 4]

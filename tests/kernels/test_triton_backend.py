@@ -1,0 +1,177 @@
+"""The Triton backend (kernels/triton/): decode exactness, the fused scan, and the operator.
+
+Without a GPU these run the real kernels in Triton's CPU interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1) on small shapes; with a GPU they run compiled. Checks:
+- decode: lo + 16 hi, times 2^(m - 128), equals the float64 decode of every supported vector,
+  and the flags say which vectors are wide, unsupported or carry a NaN scale;
+- the operator: LiteTopK == dense on the Triton backend, bit for bit; every published row
+  against the float64 oracle, tie-aware within the bound the kernel documents; repair / strict
+  capacity events; NONFINITE rows; wide vectors (the hi operands) exact; unsupported spreads
+  refused with InputError;
+- the scan's threshold only rises and never passes the row's true K-th best key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from litetopk.kernels import InputError, LiteTopKTuning, RowStatus, dense_topk_prefill, litetopk_prefill, unpack_kv_cache
+from litetopk.kernels.mxfp4 import dequantize_mxfp4
+from litetopk.kernels.pipeline import calibrate
+from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
+from litetopk.kernels.validation import validate_prefill
+from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
+from tests.problems import make_problem, oracle_scores, random_fp4
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
+
+
+def spread_of(scales: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """Binades spanned by the scale bytes of each vector's nonzero 32-element blocks (a NaN scale
+    byte, 255, makes the vector NaN and does not count)."""
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 4, 32)
+    nonzero = ((codes & 7).amax(dim=-1) > 0) & (scales != 255)
+    s = scales.long()
+    hi = torch.where(nonzero, s, -1).amax(dim=-1)
+    lo = torch.where(nonzero, s, 999).amin(dim=-1)
+    return torch.where(nonzero.any(dim=-1), hi - lo, 0)
+
+
+@pytest.mark.parametrize("spread", [0, 1, 2, 3])
+def test_decode_queries_is_exact_and_flags_wide_vectors(spread, seed):
+    rng = np.random.default_rng(seed)
+    q, qs = random_fp4((3, 64, 128), rng, spread)
+    qs[0, 0, 1] = 255  # a NaN scale byte
+    lo, hi, exp, flags = decode_queries_fp4_triton(q.to(DEVICE), qs.to(DEVICE))
+    lo, hi, exp, flags = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int()
+    want = dequantize_mxfp4(q, qs, torch.float64)
+    got = (lo.double() + 16 * hi.double()) * torch.exp2(exp.double() - 128)[..., None]
+    widths = spread_of(qs, q)
+    supported = ((flags & FLAG_UNSUPPORTED) == 0) & ((flags & FLAG_NAN_SCALE) == 0)
+    where = f"spread {spread}, seed {seed}"
+    assert torch.equal(got[supported], want[supported]), f"{where}: decode differs from float64"
+    assert torch.equal((flags & FLAG_WIDE) != 0, widths >= 4), f"{where}: WIDE flag"
+    assert torch.equal((flags & FLAG_UNSUPPORTED) != 0, widths >= 8), f"{where}: UNSUPPORTED flag"
+    assert int(flags[0, 0]) & FLAG_NAN_SCALE and int((flags & FLAG_NAN_SCALE).sum()) == FLAG_NAN_SCALE, where
+    assert int(lo.abs().max()) <= 96 and int(hi.abs().max()) <= 96, where
+
+
+def test_decode_keys_reads_through_the_block_table(seed):
+    p = make_problem(seed, seq_lens=[300, 170], rows_per_seq=1, spread=2)
+    need = torch.tensor([300, 170], dtype=torch.int32)
+    lo, hi, exp, flags = decode_keys_fp4_triton(p.kv_cache.to(DEVICE), p.block_table.to(DEVICE), need.to(DEVICE), 320)
+    lo, hi, exp, flags = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int()
+    values, scales = unpack_kv_cache(p.kv_cache, p.block_table, 300)
+    want = dequantize_mxfp4(values, scales, torch.float64)
+    got = (lo.double() + 16 * hi.double()) * torch.exp2(exp.double() - 128)[..., None]
+    for b, n in enumerate(need.tolist()):
+        ok = (flags[b, :n] & FLAG_UNSUPPORTED) == 0
+        assert torch.equal(got[b, :n][ok], want[b, :n][ok]), f"sequence {b}, seed {seed}"
+        assert bool((lo[b, n:] == 0).all()) and bool((hi[b, n:] == 0).all()), "positions past need decode to zero"
+
+
+def run_both(p, **kw):
+    args = [t.to(DEVICE) for t in p.args()]
+    common = dict(topk=p.topk, weight_scale=p.weight_scale, backend="triton")
+    lite = litetopk_prefill(*args, **common, **kw)
+    dense = dense_topk_prefill(*args, **common)
+    return lite.__class__(**{f: getattr(lite, f).cpu() for f in lite.__dataclass_fields__}), \
+        dense.__class__(**{f: getattr(dense, f).cpu() for f in dense.__dataclass_fields__})
+
+
+def check_against_oracle(p, lite, dense, where, withheld=None):
+    rows = p.q_fp4.shape[0]
+    withheld = torch.zeros(rows, dtype=torch.bool) if withheld is None else withheld
+    assert_same(lite, dense, ~withheld, f"{where}: litetopk vs dense (triton)")
+    scores, bound = oracle_scores(p)
+    for i in range(rows):
+        for result, label in ((lite, "litetopk"), (dense, "dense")):
+            if int(result.status[i]):
+                assert_nothing_published(result, i, f"{where} row {i} ({label})")
+            else:
+                assert_row_matches_oracle(result, p, i, scores, bound, False, f"{where} row {i} ({label})")
+
+
+CASES = {
+    "two sequences, causal, K=512": (dict(seq_lens=[1300, 900], rows_per_seq=3, spread=1), {}),
+    "K=1024, windows shorter than K": (dict(seq_lens=[900, 700], rows_per_seq=2, topk=1024, spread=1), {}),
+    "non-causal windows, weight_scale -0.5": (dict(seq_lens=[1400], rows_per_seq=4, causal=False, weight_scale=-0.5, spread=1), {}),
+    "wide vectors (hi operands)": (dict(seq_lens=[1100], rows_per_seq=4, spread=2), {}),
+    "calibrated + histogram": (dict(seq_lens=[2600], rows_per_seq=4, spread=1), dict(tuning=LiteTopKTuning(sample_size=520))),
+    "tiny capacity: repaired": (dict(seq_lens=[1200], rows_per_seq=3, spread=1),
+                                dict(tuning=LiteTopKTuning(candidate_capacity=40))),
+    "forced underfill: repaired": (dict(seq_lens=[2000], rows_per_seq=3, spread=1),
+                                   dict(tuning=LiteTopKTuning(sample_size=700, calibration_offset=1e30))),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("name", list(CASES))
+def test_triton_operator_against_float64_oracle(name, seed):
+    build, kw = CASES[name]
+    p = make_problem(seed, **build, note=name)
+    lite, dense = run_both(p, **kw)
+    where = f"[{name}] seed {seed}"
+    assert not lite.status.any() and not dense.status.any(), f"{where}: status {lite.status.tolist()}"
+    if "repaired" in name:
+        assert int(lite.repaired.sum()) > 0, f"{where}: the case must exercise the repair path"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("bit", ["OVERFLOW", "UNDERFILLED"])
+def test_strict_capacity_events_publish_nothing(bit, seed):
+    p = make_problem(seed, seq_lens=[1500], rows_per_seq=2, spread=1)
+    tuning = (LiteTopKTuning(candidate_capacity=64) if bit == "OVERFLOW"
+              else LiteTopKTuning(sample_size=600, calibration_offset=1e30))
+    lite, dense = run_both(p, tuning=tuning, repair=False)
+    where = f"[strict {bit}] seed {seed}"
+    assert lite.status.tolist() == [int(RowStatus[bit])] * 2, f"{where}: {lite.status.tolist()}"
+    for i in range(2):
+        assert_nothing_published(lite, i, where)
+    assert not dense.status.any(), where
+
+
+@pytest.mark.interpret
+def test_nonfinite_rows_publish_nothing(seed):
+    p = make_problem(seed, seq_lens=[700, 600], rows_per_seq=2, spread=1)
+    p.weights[1, 5] = float("nan")
+    cache = p.kv_cache.view(-1, 4352)
+    page = int(p.block_table[1, 0])
+    cache[page, 4096 + 3 * 4 + 2] = 255  # key 3 of sequence 1: a NaN scale byte, inside both windows
+    lite, dense = run_both(p)
+    want = [0, int(RowStatus.NONFINITE), int(RowStatus.NONFINITE), int(RowStatus.NONFINITE)]
+    where = f"[nonfinite] seed {seed}"
+    assert lite.status.tolist() == want and dense.status.tolist() == want, f"{where}: {lite.status.tolist()}"
+    for i in (1, 2, 3):
+        assert_nothing_published(lite, i, where)
+    assert_same(lite, dense, torch.ones(4, dtype=torch.bool), where)
+
+
+def test_unsupported_scale_spread_is_refused(seed):
+    p = make_problem(seed, seq_lens=[200], rows_per_seq=1, spread=1)
+    p.q_scale[0, 7] = torch.tensor([120, 121, 130, 122], dtype=torch.uint8)  # 10 binades in one head vector
+    p.q_fp4[0, 7] |= 0x11  # every block nonzero
+    with pytest.raises(InputError, match="7 binades"):
+        litetopk_prefill(*[t.to(DEVICE) for t in p.args()], topk=512, backend="triton")
+
+
+@pytest.mark.interpret
+def test_scan_threshold_only_rises_and_stays_safe(seed):
+    p = make_problem(seed, seq_lens=[2400], rows_per_seq=3, spread=1)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
+    backend = TritonBackend()
+    thresholds, ceilings = calibrate(problem, backend, LiteTopKTuning(sample_size=600))
+    assert ceilings is not None and bool((thresholds != NO_KEY).all()), "the case needs a calibrated threshold"
+    scan = backend.scan_candidates(problem, thresholds, 4096, ceilings=ceilings)
+    scores, _ = backend.score_dense(problem)
+    positions = torch.arange(scores.shape[1], device=scores.device)
+    true_kth = torch.topk(make_keys(scores, positions[None, :]), 512, dim=1).values[:, -1]
+    assert bool((scan.thresholds >= thresholds).all()), f"seed {seed}: a threshold went down"
+    assert bool((scan.thresholds <= true_kth).all()), f"seed {seed}: a threshold passed the true K-th key"
+    assert bool((scan.thresholds > thresholds).any()), f"seed {seed}: the histogram never raised a threshold"
