@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from litetopk.kernels import (
     BackendUnavailableError,
@@ -145,6 +146,15 @@ def _respond(request: Request, error: ServiceError) -> JSONResponse:
     return problem_response(error, request.url.path)
 
 
+def _allowed_methods(request: Request) -> set[str]:
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return methods
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every failure of every route through `as_service_error` and `problem_response`."""
 
@@ -157,7 +167,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
-        return _respond(request, ServiceError(code, str(exc.detail), headers=dict(exc.headers or {})))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers["Allow"] = ", ".join(sorted(_allowed_methods(request)))
+        return _respond(request, ServiceError(code, str(exc.detail), headers=headers))
 
     async def on_any(request: Request, exc: Exception):
         return _respond(request, as_service_error(exc))

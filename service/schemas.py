@@ -54,7 +54,7 @@ class TorchIpcFields(_Strict):
 
     ref_counter_handle: str
     ref_counter_offset: int = Field(ge=0)
-    event_handle: str | None = None
+    event_handle: str | None = Field(None, min_length=88, max_length=88)
     event_sync_required: bool = False
 
     @field_validator("ref_counter_handle")
@@ -79,7 +79,7 @@ class CudaIpcRegistration(_Strict):
     """
 
     kind: Literal["cuda_ipc"]
-    handle: str = Field(description="base64 of the 64-byte cudaIpcMemHandle_t")
+    handle: str = Field(min_length=88, max_length=88, description="base64 of the 64-byte cudaIpcMemHandle_t")
     device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)

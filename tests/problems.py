@@ -149,3 +149,9 @@ def make_problem(
         weights=weights, row_to_batch=torch.from_numpy(row_to_batch), starts=torch.from_numpy(starts),
         ends=torch.from_numpy(ends), topk=topk, weight_scale=weight_scale, note=note,
     )
+
+
+def results_equal(a, b) -> list[str]:
+    """Names of the TopKResult fields where `a` and `b` differ (torch.equal on each); [] when equal."""
+    names = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+    return [n for n in names if not torch.equal(getattr(a, n).cpu(), getattr(b, n).cpu())]

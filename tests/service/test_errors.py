@@ -1,0 +1,301 @@
+"""Every problem code (service/errors.py CODES) is reached by a test: over HTTP against a live
+service where a CPU service can produce it, else through the one mapping function in-process."""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from litetopk.clients import InvalidRequestProblem, RegionProblem, RowFaultProblem, TopKClient
+from litetopk.kernels import (
+    BackendUnavailableError,
+    DeviceError,
+    InputError,
+    RowFaultError,
+    RowStatus,
+    SlotOverflowError,
+    UnsupportedTopKError,
+)
+from litetopk.service import CODES
+from litetopk.service.errors import as_service_error, row_fault_code
+from tests.problems import make_problem
+
+#: Where each code is reached: over HTTP against a live CPU service, or (for codes a CPU service
+#: cannot produce) through the mapping function in-process, or on a GPU (marked tests).
+COVERED_BY = {
+    "unknown_region": "test_unknown_region",
+    "stale_region": "test_stale_region_after_unregister",
+    "out_of_bounds": "test_tensor_reference_checks",
+    "misaligned_offset": "test_tensor_reference_checks",
+    "shm_unavailable": "test_shm_unavailable",
+    "foreign_device": "test_foreign_device",
+    "ipc_unavailable": "tests/service/test_gpu.py::test_raw_handle_that_does_not_open (GPU only)",
+    "bad_dtype": "test_tensor_reference_checks",
+    "bad_shape": "test_tensor_reference_checks",
+    "unsupported_topk": "test_unsupported_topk",
+    "slot_overflow": "test_mapping_of_foreign_errors (needs a cache of > 2^25 pages, 146 GB)",
+    "invalid_input": "test_mapping_of_foreign_errors (admission checks dtypes and shapes first)",
+    "validation_error": "test_validation_error_lists_pydantic_errors",
+    "backend_unavailable": "test_backend_unavailable",
+    "invalid_row": "test_row_faults_name_the_rows",
+    "invalid_page": "test_row_faults_name_the_rows",
+    "nonfinite_score": "test_row_faults_name_the_rows",
+    "selector_failure": "test_mapping_of_foreign_errors (the reference selector always certifies)",
+    "overloaded": "tests/service/test_operations.py::test_overload_answers_429_and_finishes_queued_work",
+    "not_ready": "tests/service/test_operations.py::test_not_ready_until_warm_up_then_graceful_shutdown",
+    "shutting_down": "tests/service/test_executor.py::test_closed_executor_refuses_with_shutting_down",
+    "timeout": "tests/service/test_operations.py::test_request_timeout",
+    "payload_too_large": "test_payload_too_large",
+    "device_error": "test_mapping_of_foreign_errors (needs a failing device)",
+    "not_found": "test_not_found_and_method_not_allowed",
+    "method_not_allowed": "test_not_found_and_method_not_allowed",
+    "http_error": "test_http_error_mapping",
+    "internal_error": "test_mapping_of_foreign_errors (a bug)",
+}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(11, seq_lens=[700, 690], rows_per_seq=4)
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with TopKClient(uds=service.uds) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http(service):
+    with httpx.Client(base_url=service.url, timeout=30) as c:
+        yield c
+
+
+def body_for(client, p, **changes) -> dict:
+    """A valid /v1/topk JSON body for problem `p` (large tensors registered), then `changes`."""
+    regions = {n: client.register(getattr(p, n)) for n in ("q_fp4", "q_scale", "kv_cache", "weights")}
+    body = {n: r.slice().to_wire() for n, r in regions.items()}
+    for n in ("block_table", "row_to_batch", "starts", "ends"):
+        t = getattr(p, n)
+        body[n] = {"dtype": "int32", "shape": list(t.shape), "data": t.flatten().tolist()}
+    body["topk"] = p.topk
+    body.update(changes)
+    return body
+
+
+def assert_problem(response: httpx.Response, code: str, status: int | None = None) -> dict:
+    assert response.headers["content-type"].startswith("application/problem+json"), response.text
+    doc = response.json()
+    assert doc["code"] == code, doc
+    assert response.status_code == doc["status"] == (status or CODES[code][0]), doc
+    assert {"type", "title", "status", "detail", "instance", "code"} <= set(doc), doc
+    return doc
+
+
+# ------------------------------------------------------------------------------ region codes
+
+
+def test_unknown_region(http):
+    assert_problem(http.get("/v1/regions/rdoesnotexist"), "unknown_region")
+
+
+def test_stale_region_after_unregister(client, problem):
+    region = client.register(problem.kv_cache)
+    stale = region.slice()
+    client.unregister(region)
+    region.registered = True  # pretend the caller kept using it
+    with pytest.raises(RegionProblem) as err:
+        client.topk(problem.q_fp4, problem.q_scale, stale, *problem.args()[3:], topk=512)
+    assert err.value.code == "stale_region"
+
+
+def test_stale_generation_after_re_registration(client, http, problem):
+    region = client.register(problem.kv_cache)
+    again = http.post("/v1/regions", json={"kind": "shm", "name": region.keepalive.name, "size": region.size})
+    assert again.status_code == 201 and again.json()["id"] == region.id and again.json()["generation"] == 2
+    body = body_for(client, problem, kv_cache=region.slice().to_wire())
+    doc = assert_problem(http.post("/v1/topk", json=body), "stale_region")
+    assert "generation 2" in doc["detail"]
+
+
+@pytest.mark.parametrize("field,change,code", [
+    ("kv_cache", {"offset": 4352}, "out_of_bounds"),
+    ("weights", {"offset": 2}, "misaligned_offset"),
+    ("q_fp4", {"dtype": "int32", "shape": [8, 64, 16]}, "bad_dtype"),
+    ("q_scale", {"shape": [8, 64, 2]}, "bad_shape"),
+    ("weights", {"shape": [7, 64]}, "bad_shape"),
+])
+def test_tensor_reference_checks(client, http, problem, field, change, code):
+    body = body_for(client, problem)
+    body[field] = {**body[field], **change}
+    doc = assert_problem(http.post("/v1/topk", json=body), code)
+    assert field in doc["detail"], doc
+
+
+def test_inline_length_must_match_shape(client, http, problem):
+    body = body_for(client, problem)
+    body["starts"] = {**body["starts"], "data": body["starts"]["data"][:-1]}
+    assert "starts" in assert_problem(http.post("/v1/topk", json=body), "bad_shape")["detail"]
+
+
+def test_output_region_checked(client, http, problem):
+    small = client.register(torch.zeros(4, 512))
+    body = body_for(client, problem, out={"values": small.slice().to_wire()})
+    assert_problem(http.post("/v1/topk", json=body), "bad_shape")
+    body["out"] = {"values": small.slice(0, torch.float32, (8, 512)).to_wire()}
+    assert_problem(http.post("/v1/topk", json=body), "out_of_bounds")
+
+
+def test_shm_unavailable(http):
+    doc = assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": "litetopk_no_such_block", "size": 64}),
+                         "shm_unavailable")
+    assert "litetopk_no_such_block" in doc["detail"]
+
+
+def test_shm_smaller_than_declared(client, http):
+    region = client.register(torch.zeros(16, dtype=torch.uint8))
+    assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": region.keepalive.name, "size": 1 << 20}),
+                   "out_of_bounds")
+
+
+def test_foreign_device(http):
+    registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
+                    "device_uuid": str(uuid.uuid4()), "size": 4096, "pid": os.getpid()}
+    assert "owns no GPU" in assert_problem(http.post("/v1/regions", json=registration), "foreign_device")["detail"]
+
+
+# ----------------------------------------------------------------------------- request codes
+
+
+def test_unsupported_topk(client, problem):
+    with pytest.raises(InvalidRequestProblem) as err:
+        client.topk(*problem.args(), topk=2048)
+    assert err.value.code == "unsupported_topk" and "(512, 1024)" in err.value.detail
+
+
+def test_backend_unavailable(client, problem):
+    with pytest.raises(InvalidRequestProblem) as err:
+        client.topk(*problem.args(), topk=512, backend="triton")
+    assert err.value.code == "backend_unavailable" and "reference" in err.value.detail
+
+
+def test_validation_error_lists_pydantic_errors(http):
+    doc = assert_problem(http.post("/v1/topk", json={"topk": "many"}), "validation_error")
+    assert doc["errors"] and all({"loc", "msg", "type"} <= set(e) for e in doc["errors"])
+    assert_problem(http.post("/v1/regions", content=b"{not json", headers={"content-type": "application/json"}),
+                   "validation_error")
+    assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": "../etc/passwd", "size": 1}),
+                   "validation_error")
+
+
+def test_registration_with_dead_owner_is_refused(client, http):
+    region = client.register(torch.zeros(64, dtype=torch.uint8))
+    dead_pid = 2**22 + 12345  # above pid_max's default: no such process
+    registration = {"kind": "shm", "name": region.keepalive.name, "size": 64, "pid": dead_pid}
+    assert str(dead_pid) in assert_problem(http.post("/v1/regions", json=registration), "validation_error")["detail"]
+
+
+def test_payload_too_large(http):
+    assert_problem(http.post("/v1/topk", content=b"x" * (16 * 2**20 + 1),
+                             headers={"content-type": "application/json"}), "payload_too_large")
+
+
+def test_payload_too_large_streamed(http):
+    chunks = (b"x" * 2**20 for _ in range(17))  # no Content-Length: counted while streaming
+    assert_problem(http.post("/v1/topk", content=chunks, headers={"content-type": "application/json"}),
+                   "payload_too_large")
+
+
+def test_not_found_and_method_not_allowed(http):
+    assert_problem(http.get("/v2/nothing"), "not_found")
+    assert_problem(http.delete("/v1/topk"), "method_not_allowed")
+
+
+# ---------------------------------------------------------------------------------- row codes
+
+
+def _faulty(problem, kind):
+    p = make_problem(11, seq_lens=[700, 690], rows_per_seq=4)
+    if kind == "invalid_row":
+        p.starts[2], p.ends[2] = 50, 10  # start after end
+        return p, [2]
+    if kind == "invalid_page":
+        p.block_table[1, 3] = p.kv_cache.shape[0] + 5  # every row of sequence 1 reads page 3
+        return p, [4, 5, 6, 7]
+    p.weights[6, 9] = float("nan")
+    return p, [6]
+
+
+@pytest.mark.parametrize("code", ["invalid_row", "invalid_page", "nonfinite_score"])
+def test_row_faults_name_the_rows(client, problem, code):
+    p, rows = _faulty(problem, code)
+    with pytest.raises(RowFaultProblem) as err:
+        client.topk(*p.args(), topk=512)
+    assert err.value.code == code
+    assert err.value.rows == rows, err.value.problem
+    assert isinstance(err.value, RowFaultError) and all(f for f in err.value.flags)
+
+
+def test_mixed_row_faults_pick_the_worst_and_name_all(client, problem):
+    p, _ = _faulty(problem, "nonfinite_score")
+    p.starts[0], p.ends[0] = 10, 5
+    with pytest.raises(RowFaultProblem) as err:
+        client.topk(*p.args(), topk=512)
+    assert err.value.code == "invalid_row" and err.value.rows == [0, 6]
+    assert err.value.flags == [int(RowStatus.INVALID_ROW), int(RowStatus.NONFINITE)]
+
+
+# --------------------------------------------------------------------------- in-process codes
+
+
+@pytest.mark.parametrize("exc,code", [
+    (UnsupportedTopKError("topk=3 is not supported"), "unsupported_topk"),
+    (SlotOverflowError("page 40000000 has slots beyond int32"), "slot_overflow"),
+    (InputError("kv_cache must be contiguous"), "invalid_input"),
+    (RowFaultError("row 3 failed", [3], [int(RowStatus.SELECTOR_FAILURE)]), "selector_failure"),
+    (RowFaultError("rows", [1, 2], [int(RowStatus.NONFINITE), int(RowStatus.INVALID_PAGE)]), "invalid_page"),
+    (BackendUnavailableError("triton is not installed"), "backend_unavailable"),
+    (DeviceError("CUDA error: an illegal memory access"), "device_error"),
+    (ZeroDivisionError("a bug"), "internal_error"),
+])
+def test_mapping_of_foreign_errors(exc, code):
+    error = as_service_error(exc)
+    assert error.code == code and str(exc) in error.detail
+
+
+def test_row_fault_code_prefers_the_worst_flag():
+    assert row_fault_code([int(RowStatus.NONFINITE | RowStatus.INVALID_ROW)]) == "invalid_row"
+    assert row_fault_code([int(RowStatus.OVERFLOW)]) == "selector_failure"
+
+
+@pytest.mark.asyncio
+async def test_http_error_mapping():
+    from fastapi import FastAPI, HTTPException
+
+    from litetopk.service.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/teapot")
+    def teapot():
+        raise HTTPException(418, "short and stout")
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        doc = (await c.get("/teapot")).json()
+    assert doc["code"] == "http_error" and doc["status"] == 400 and doc["detail"] == "short and stout"
+
+
+def test_every_code_is_reached_by_a_named_test():
+    assert set(COVERED_BY) == set(CODES), sorted(set(CODES) ^ set(COVERED_BY))
+    root = Path(__file__).resolve().parents[2]
+    for code, where in COVERED_BY.items():
+        path, _, name = where.split(" ")[0].rpartition("::")
+        source = (root / path).read_text() if path else Path(__file__).read_text()
+        assert f"def {name}(" in source, f"{code}: {where} does not exist"

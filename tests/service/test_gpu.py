@@ -1,0 +1,74 @@
+"""The service on CUDA: regions by CUDA IPC handle, a pinned device, a foreign GPU refused.
+
+Marked `gpu` / `multigpu`; reported as skipped where no (or one) CUDA device exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import httpx
+import pytest
+import torch
+
+from litetopk.clients import RegionProblem, TopKClient
+from litetopk.kernels import litetopk_prefill
+from tests.problems import make_problem, results_equal
+from tests.servers import start_service
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+def uuid_of(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+@pytest.fixture
+def gpu_service(request):
+    process, directory = start_service(device=request.param, backend="auto")
+    yield process
+    process.stop()
+    directory.cleanup()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
+def test_cuda_ipc_regions_equal_in_process(gpu_service):
+    p = make_problem(31, seq_lens=[700, 690], rows_per_seq=4).to("cuda:0")
+    want = litetopk_prefill(*p.args(), topk=p.topk, backend="auto")
+    with TopKClient(uds=gpu_service.uds) as client:
+        cache = client.register(p.kv_cache)
+        assert cache.kind == "cuda_ipc"
+        values = client.register(torch.zeros(8, 512, device="cuda:0"))
+        got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, out={"values": values})
+        assert results_equal(got, want) == []
+        assert got.values.data_ptr() == values.tensor.data_ptr(), "the service wrote into the caller's GPU memory"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
+def test_raw_handle_that_does_not_open(gpu_service):
+    registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
+                    "device_uuid": uuid_of(0), "size": 4096, "pid": os.getpid()}
+    doc = httpx.post(f"{gpu_service.url}/v1/regions", json=registration).json()
+    assert doc["code"] == "ipc_unavailable", doc
+
+
+@pytest.mark.multigpu
+@needs_two_gpus
+@pytest.mark.parametrize("gpu_service", ["cuda:1"], indirect=True)
+def test_service_pinned_to_the_second_gpu(gpu_service):
+    p1 = make_problem(32, seq_lens=[700, 690], rows_per_seq=4).to("cuda:1")
+    want = litetopk_prefill(*p1.args(), topk=p1.topk, backend="auto")
+    torch.cuda.set_device(0)  # the caller's current device must not matter
+    with TopKClient(gpu_service.url) as client:
+        assert client.info()["device_uuid"] in uuid_of(1).lower()
+        with pytest.raises(RegionProblem) as err:
+            client.register(torch.zeros(1024, device="cuda:0"))
+        assert err.value.code == "foreign_device"
+        got = client.topk(*p1.args(), topk=p1.topk)
+        assert results_equal(got, want) == []

@@ -1,0 +1,159 @@
+"""Operations against live services: health, metrics, OpenAPI, overload, timeouts, regions that
+go away while requests are queued, readiness after warm-up, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+
+from litetopk.clients import AsyncTopKClient, RegionProblem, TimeoutProblem, TopKClient, UnavailableProblem
+from litetopk.kernels import litetopk_prefill
+from tests.problems import make_problem, results_equal
+from tests.servers import start_service
+
+SLOW_S = 0.4  # the slow service's worker sleeps this long before every job (fault injection)
+
+
+@pytest.fixture(scope="module")
+def slow_service():
+    process, directory = start_service(queue_size=2, fault_delay_s=SLOW_S, request_timeout_s=30)
+    yield process
+    process.stop()
+    directory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(21, seq_lens=[700, 690], rows_per_seq=4)
+
+
+def reference(p):
+    return litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
+
+
+# --------------------------------------------------------------------------------- health
+
+
+def test_livez_readyz_info(service):
+    with httpx.Client(base_url=service.url) as http:
+        assert http.get("/livez").json() == {"status": "ok"}
+        assert http.get("/readyz").json() == {"status": "ready", "device": "cpu", "backend": "reference"}
+        info = http.get("/v1/info").json()
+    assert info["backend"] == "reference" and info["supported_topk"] == [512, 1024] and info["device_uuid"] is None
+
+
+def test_openapi_lists_the_routes(service):
+    with httpx.Client(base_url=service.url) as http:
+        spec = http.get("/openapi.json").json()
+    assert {"/v1/topk", "/v1/regions", "/v1/regions/{region_id}", "/livez", "/readyz", "/metrics"} <= set(spec["paths"])
+
+
+def test_metrics_count_requests_rows_and_candidates(service, problem):
+    with TopKClient(service.url) as client, httpx.Client(base_url=service.url) as http:
+        client.topk(*problem.args(), topk=512)
+        http.get("/v1/regions/rnone")
+        text = http.get("/metrics").text
+    for needle in ('litetopk_requests_total{code="ok",method="POST",route="/v1/topk"}',
+                   'litetopk_requests_total{code="unknown_region",method="GET",route="/v1/regions/{region_id}"}',
+                   "litetopk_request_seconds_bucket", "litetopk_queue_depth", "litetopk_device_seconds_count",
+                   "litetopk_rows_total", "litetopk_candidates_total", "litetopk_repairs_total",
+                   'litetopk_regions{kind="shm"}'):
+        assert needle in text, needle
+    rows = next(line for line in text.splitlines() if line.startswith("litetopk_rows_total"))
+    assert float(rows.split()[-1]) >= 8
+
+
+# ------------------------------------------------------------------------------- overload
+
+
+@pytest.mark.asyncio
+async def test_overload_answers_429_and_finishes_queued_work(slow_service, problem):
+    want = reference(problem)
+    async with AsyncTopKClient(uds=slow_service.uds) as client:
+        cache = await client.register(problem.kv_cache)
+        calls = [client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512) for _ in range(8)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        answered = [o for o in outcomes if not isinstance(o, BaseException)]
+        refused = [o for o in outcomes if isinstance(o, BaseException)]
+        assert all(isinstance(o, UnavailableProblem) and o.code == "overloaded" and o.status == 429
+                   and o.retry_after == 1 for o in refused), refused
+        assert 1 <= len(answered) <= 3 and len(refused) >= 5, (len(answered), len(refused))
+        assert all(results_equal(o, want) == [] for o in answered)
+        assert await client.ready()  # nothing crashed
+        again = await client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512)
+        assert results_equal(again, want) == []
+
+
+def test_request_timeout(problem):
+    process, directory = start_service(fault_delay_s=0.5, request_timeout_s=0.2, warmup=False)
+    try:
+        with TopKClient(process.url) as client:
+            with pytest.raises(TimeoutProblem) as err:
+                client.topk(*problem.args(), topk=512)
+            assert err.value.code == "timeout" and err.value.status == 504
+            assert client.ready()
+    finally:
+        process.stop()
+        directory.cleanup()
+
+
+# ------------------------------------------------------------------- regions while queued
+
+
+@pytest.mark.asyncio
+async def test_region_unregistered_while_queued(slow_service, problem):
+    async with AsyncTopKClient(uds=slow_service.uds) as client:
+        cache = await client.register(problem.kv_cache)
+        other = await client.register(problem.kv_cache.clone())
+        first = asyncio.create_task(client.topk(*problem.args()[:2], other, *problem.args()[3:], topk=512))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
+        await asyncio.sleep(0.1)
+        await client.unregister(cache)  # returns at once: no request holds a lease on it yet
+        assert not queued.done()
+        with pytest.raises(RegionProblem) as err:
+            await queued
+        assert err.value.code == "stale_region" and "unregistered" in err.value.detail
+        assert results_equal(await first, reference(problem)) == []
+
+
+@pytest.mark.asyncio
+async def test_region_unlinked_while_queued_still_answers(slow_service, problem):
+    async with AsyncTopKClient(slow_service.url) as client:
+        cache = await client.register(problem.kv_cache)
+        queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
+        await asyncio.sleep(0.1)
+        cache.keepalive.unlink()  # the name is gone; the service's mapping stays valid (POSIX)
+        assert results_equal(await queued, reference(problem)) == []
+        await client.unregister(cache)
+
+
+# ------------------------------------------------------------------ readiness and shutdown
+
+
+def test_not_ready_until_warm_up_then_graceful_shutdown(problem):
+    process, directory = start_service(fault_delay_s=1.5, wait_ready=False)
+    try:
+        with httpx.Client(base_url=process.url, timeout=30) as http, TopKClient(process.url) as client:
+            doc = http.get("/readyz")
+            assert doc.status_code == 503 and doc.json()["code"] == "not_ready", doc.text
+            assert doc.headers["retry-after"] == "1"
+            assert client.ready() is False
+
+            async def queued_then_terminated():
+                async with AsyncTopKClient(process.url) as aclient:
+                    task = asyncio.create_task(aclient.topk(*problem.args(), topk=512))
+                    await asyncio.sleep(0.3)
+                    process.terminate()  # SIGTERM while the request waits behind the warm-up
+                    return await task
+
+            result = asyncio.run(queued_then_terminated())
+        assert results_equal(result, reference(problem)) == []  # queued work finished before exit
+        assert process.stop() is not None
+        assert "Traceback" not in process.log(), process.log()
+    finally:
+        process.stop()
+        directory.cleanup()

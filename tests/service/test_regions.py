@@ -1,0 +1,162 @@
+"""Regions in-process (RegionTable) and over HTTP: ids, generations, bounds, leases, owners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from litetopk.clients import TopKClient
+from litetopk.clients.regions import ShmBlock
+from litetopk.service.errors import ServiceError
+from litetopk.service.regions import RegionTable, normalize_uuid, owner_alive
+from litetopk.service.schemas import RegionSlice, ShmRegistration
+
+
+@pytest.fixture
+def block():
+    b = ShmBlock(4096)
+    yield b
+    b.unlink()
+
+
+def ref(region, offset=0, dtype="int32", shape=(4,)):
+    return RegionSlice(region=region.id, generation=region.generation, offset=offset, dtype=dtype, shape=list(shape))
+
+
+def test_shm_region_is_shared_memory_not_a_copy(block):
+    table = RegionTable(torch.device("cpu"))
+    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid()))
+    mine = torch.frombuffer(block.mapping, dtype=torch.int32)
+    mine[:4] = torch.tensor([1, 2, 3, 4])
+    leased, view = table.acquire(ref(region), "x")
+    assert view.tolist() == [1, 2, 3, 4]
+    view[0] = 99
+    assert int(mine[0]) == 99
+    table.release(leased)
+
+
+@pytest.mark.parametrize("offset,dtype,shape,code", [
+    (4096, "uint8", (1,), "out_of_bounds"),
+    (0, "float32", (1025,), "out_of_bounds"),
+    (2, "int32", (1,), "misaligned_offset"),
+])
+def test_bounds_and_alignment(block, offset, dtype, shape, code):
+    table = RegionTable(torch.device("cpu"))
+    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
+    with pytest.raises(ServiceError) as err:
+        table.check(ref(region, offset, dtype, shape), "x")
+    assert err.value.code == code, (offset, dtype, shape)
+
+
+def test_generations_and_stale_lookups(block):
+    table = RegionTable(torch.device("cpu"))
+    first = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
+    second = table.register_shm(ShmRegistration(kind="shm", name="/" + block.name, size=2048))
+    assert second.id == first.id and second.generation == first.generation + 1
+    with pytest.raises(ServiceError) as err:
+        table.check(ref(first), "x")
+    assert err.value.code == "stale_region"
+    table.check(ref(second), "x")
+    table.unregister(second.id)
+    with pytest.raises(ServiceError) as err:
+        table.get(second.id)
+    assert err.value.code == "stale_region" and "unregistered" in err.value.detail
+    with pytest.raises(ServiceError) as err:
+        table.get("rnever")
+    assert err.value.code == "unknown_region"
+
+
+def test_unregister_waits_for_running_leases(block):
+    table = RegionTable(torch.device("cpu"))
+    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
+    leased, _ = table.acquire(ref(region), "x")
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (table.unregister(region.id), done.set()))
+    waiter.start()
+    assert not done.wait(0.2), "unregister returned while a request still used the region"
+    with pytest.raises(ServiceError):
+        table.acquire(ref(region), "x")  # retired at once: no new lease
+    table.release(leased)
+    waiter.join(5)
+    assert done.is_set() and region.base is None
+
+
+def test_dead_owner_regions_are_dropped(block):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    table = RegionTable(torch.device("cpu"))
+    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=child.pid))
+    assert table.drop_dead_owners() == []
+    child.kill()
+    child.wait()
+    assert not owner_alive(child.pid, region.pid_start)
+    assert table.drop_dead_owners() == [region]
+    with pytest.raises(ServiceError) as err:
+        table.get(region.id)
+    assert err.value.code == "stale_region" and "died" in err.value.detail
+
+
+def test_uuid_spellings():
+    assert normalize_uuid("GPU-5A6B7C8D-0000") == normalize_uuid("5a6b7c8d-0000") == "5a6b7c8d-0000"
+
+
+# ----------------------------------------------------------------------------------- over HTTP
+
+
+def test_register_list_get_unregister(service):
+    with TopKClient(service.url) as client, httpx.Client(base_url=service.url) as http:
+        region = client.register(torch.arange(100, dtype=torch.int32))
+        shm_path = f"/dev/shm/{region.keepalive.name}"
+        assert os.path.exists(shm_path)
+        listed = {r["id"]: r for r in client.regions()}
+        assert listed[region.id]["kind"] == "shm" and listed[region.id]["pid"] == os.getpid()
+        assert http.get(f"/v1/regions/{region.id}").json()["size"] == 400
+        client.unregister(region)
+        assert http.get(f"/v1/regions/{region.id}").json()["code"] == "stale_region"
+        assert region.id not in {r["id"] for r in client.regions()}
+        assert not os.path.exists(shm_path)
+        client.unregister(region)  # idempotent
+
+
+def test_delete_with_wrong_generation_is_stale(service):
+    with TopKClient(uds=service.uds) as client, httpx.Client(base_url=service.url) as http:
+        region = client.register(torch.zeros(8))
+        response = http.delete(f"/v1/regions/{region.id}", params={"generation": region.generation + 1})
+        assert response.status_code == 409 and response.json()["code"] == "stale_region"
+
+
+def test_client_process_killed_while_holding_regions(service):
+    script = (
+        "import sys, time, torch\n"
+        "from litetopk.clients import TopKClient\n"
+        f"c = TopKClient(uds={service.uds!r})\n"
+        "r = c.register(torch.zeros(1024))\n"
+        "print(r.id, r.keepalive.name, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        region_id, shm_name = child.stdout.readline().split()
+        with httpx.Client(base_url=service.url) as http:
+            assert http.get(f"/v1/regions/{region_id}").status_code == 200
+            child.kill()
+            child.wait()
+            deadline = time.monotonic() + 20
+            while http.get(f"/v1/regions/{region_id}").status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the service checks owners every 0.2 s here
+            doc = http.get(f"/v1/regions/{region_id}").json()
+        assert doc["code"] == "stale_region" and "died" in doc["detail"], doc
+        deadline = time.monotonic() + 20  # the dead client's resource tracker unlinks its block
+        while os.path.exists(f"/dev/shm/{shm_name}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/dev/shm/{shm_name}")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
