@@ -1,0 +1,192 @@
+"""The clients: request building (checked on the wire with httpx.MockTransport), typed errors,
+sync and async against a live service, regions found by address, the scratch pool, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx
+import pytest
+import torch
+
+from litetopk.clients import (
+    AsyncTopKClient,
+    DeviceProblem,
+    InvalidRequestProblem,
+    ProtocolError,
+    RegionProblem,
+    RowFaultProblem,
+    ServiceProblem,
+    TimeoutProblem,
+    TopKClient,
+    TransportError,
+    UnavailableProblem,
+)
+from litetopk.clients.errors import problem_error
+from litetopk.clients.transport import resolve_endpoint
+from litetopk.kernels import RowFaultError, litetopk_prefill
+from tests.problems import make_problem, results_equal
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
+
+
+def reference(p):
+    return litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
+
+
+# -------------------------------------------------------------------------- request building
+
+
+class Recorder:
+    """A MockTransport handler: records requests, answers registrations, fails /v1/topk."""
+
+    def __init__(self):
+        self.requests: list[httpx.Request] = []
+        self.next_id = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.method == "POST" and request.url.path == "/v1/regions":
+            self.next_id += 1
+            body = json.loads(request.content)
+            return httpx.Response(201, json={"id": f"r{self.next_id}", "generation": 1, "kind": body["kind"],
+                                             "size": body["size"], "pid": body.get("pid"), "device": "cpu"})
+        if request.method == "DELETE":
+            return httpx.Response(204)
+        return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
+                              headers={"content-type": "application/problem+json"})
+
+    def topk_body(self) -> dict:
+        return json.loads(next(r for r in self.requests if r.url.path == "/v1/topk").content)
+
+
+def recording_client() -> tuple[TopKClient, Recorder]:
+    client = TopKClient("http://recorded")
+    recorder = Recorder()
+    client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(recorder))
+    return client, recorder
+
+
+def test_plain_tensors_go_to_scratch_and_inline(problem):
+    client, recorder = recording_client()
+    with pytest.raises(ServiceProblem):
+        client.topk(*problem.args(), topk=512)
+    body = recorder.topk_body()
+    for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
+        assert body[name]["region"] == "r1" and body[name]["offset"] % 64 == 0, name
+    assert body["starts"] == {"dtype": "int32", "shape": [8], "data": problem.starts.tolist()}
+    assert body["block_table"]["shape"] == list(problem.block_table.shape)
+    assert (body["topk"], body["repair"], body["backend"]) == (512, True, "auto")
+    with pytest.raises(ServiceProblem):
+        client.topk(*problem.args(), topk=512)
+    registrations = [r for r in recorder.requests if r.url.path == "/v1/regions"]
+    assert len(registrations) == 1, "the scratch region is reused by the next call"
+
+
+def test_slices_of_registered_regions_travel_by_reference(problem):
+    client, recorder = recording_client()
+    meta = client.register(torch.arange(30, dtype=torch.int32))
+    with pytest.raises(ServiceProblem):
+        client.topk(*problem.args()[:5], meta.tensor[0:8], meta.tensor[8:16], meta.tensor[16:24], topk=512)
+    body = recorder.topk_body()
+    assert body["row_to_batch"] == {"region": meta.id, "generation": 1, "offset": 0, "dtype": "int32", "shape": [8]}
+    assert body["ends"]["offset"] == 64
+    assert body["q_fp4"]["region"] != meta.id
+
+
+def test_close_unregisters_everything(problem):
+    client, recorder = recording_client()
+    a = client.register(torch.zeros(4))
+    b = client.register(torch.ones(4))
+    client.close()
+    deleted = {r.url.path for r in recorder.requests if r.method == "DELETE"}
+    assert deleted == {f"/v1/regions/{a.id}", f"/v1/regions/{b.id}"}
+    assert not a.registered and not b.registered
+
+
+# ------------------------------------------------------------------------------ typed errors
+
+
+@pytest.mark.parametrize("code,cls", [
+    ("unknown_region", RegionProblem), ("stale_region", RegionProblem), ("foreign_device", RegionProblem),
+    ("bad_dtype", InvalidRequestProblem), ("payload_too_large", InvalidRequestProblem),
+    ("invalid_page", RowFaultProblem), ("overloaded", UnavailableProblem), ("not_ready", UnavailableProblem),
+    ("timeout", TimeoutProblem), ("device_error", DeviceProblem), ("brand_new_code", ServiceProblem),
+])
+def test_problem_classes(code, cls):
+    error = problem_error({"code": code, "detail": "d", "rows": [1], "row_flags": ["INVALID_PAGE|NONFINITE"]},
+                          422, retry_after="3")
+    assert type(error) is cls and error.code == code and error.status == 422
+    if cls is RowFaultProblem:
+        assert isinstance(error, RowFaultError) and error.rows == [1] and error.flags == [8 | 4]
+    if cls is UnavailableProblem:
+        assert error.retry_after == 3.0
+
+
+def test_error_without_problem_body_is_a_protocol_error(problem):
+    client = TopKClient("http://x")
+    client._http = httpx.Client(base_url="http://x",
+                                transport=httpx.MockTransport(lambda r: httpx.Response(502, text="bad gateway")))
+    with pytest.raises(ProtocolError, match="502"):
+        client.info()
+
+
+def test_unreachable_service_is_a_transport_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        with TopKClient(f"http://127.0.0.1:{port}") as client, pytest.raises(TransportError):
+            client.info()
+
+
+def test_endpoint_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("LITETOPK_URL", "unix:/run/x.sock")
+    assert resolve_endpoint(None, None).uds == "/run/x.sock"
+    monkeypatch.setenv("LITETOPK_URL", "http://10.0.0.1:1234/")
+    assert resolve_endpoint(None, None).base_url == "http://10.0.0.1:1234"
+    monkeypatch.delenv("LITETOPK_URL")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert resolve_endpoint(None, None).base_url == "http://127.0.0.1:8471"
+    with pytest.raises(ValueError):
+        resolve_endpoint("http://a", "/b")
+
+
+# ---------------------------------------------------------------------------- live service
+
+
+def test_sync_client_over_both_transports(service, problem):
+    want = reference(problem)
+    for client in (TopKClient(service.url), TopKClient(uds=service.uds)):
+        with client:
+            assert client.ready()
+            assert results_equal(client.topk(*problem.args(), topk=512), want) == [], client.endpoint
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("transport", ["tcp", "uds"])
+async def test_async_client_concurrent_calls(service, problem, transport):
+    want = reference(problem)
+    client = AsyncTopKClient(service.url) if transport == "tcp" else AsyncTopKClient(uds=service.uds)
+    async with client:
+        cache = await client.register(problem.kv_cache)
+        results = await asyncio.gather(*[client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:],
+                                                     topk=512, result_format=fmt)
+                                         for fmt in ("json", "binary", "auto", "auto")])
+        assert all(results_equal(r, want) == [] for r in results)
+        mine = {r["id"] for r in await client.regions()}
+        assert cache.id in mine
+    async with AsyncTopKClient(service.url) as other:
+        assert cache.id not in {r["id"] for r in await other.regions()}, "close() unregistered the client's regions"
+
+
+def test_row_fault_is_the_kernels_row_fault_error(service, problem):
+    p = make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
+    p.weights[3, 0] = float("inf")
+    with TopKClient(service.url) as client, pytest.raises(RowFaultError) as err:
+        client.topk(*p.args(), topk=512)
+    assert err.value.rows == [3]

@@ -1,0 +1,70 @@
+"""The result wire format: JSON and binary round-trips, -inf padding, malformed bodies refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from litetopk.clients.wire import (
+    DTYPES,
+    RESULT_FIELDS,
+    WireFormatError,
+    assemble_result,
+    decode_result_binary,
+    decode_result_json,
+    encode_result_binary,
+    encode_result_json,
+    result_nbytes,
+)
+from litetopk.service.schemas import DTypeName
+
+
+def ref_fields(rows: int, k: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, k, generator=g)
+    values[:, k // 2:] = -math.inf  # padded rows
+    ints = lambda *shape: torch.randint(-1, 2**31 - 1, shape, generator=g, dtype=torch.int32)  # noqa: E731
+    return {"values": values, "raw_indices": ints(rows, k), "physical_indices": ints(rows, k), "counts": ints(rows),
+            "status": ints(rows), "repaired": ints(rows), "candidates": ints(rows)}
+
+
+@pytest.mark.parametrize("rows,k", [(0, 512), (1, 512), (5, 1024)])
+@pytest.mark.parametrize("form", ["json", "binary"])
+def test_round_trip_is_exact(rows, k, form):
+    fields = ref_fields(rows, k)
+    if form == "json":
+        decoded, r, kk, written = decode_result_json(json.loads(json.dumps(encode_result_json(fields, rows, k, []))))
+    else:
+        decoded, r, kk, written = decode_result_binary(encode_result_binary(fields, rows, k, []))
+    assert (r, kk, written) == (rows, k, [])
+    result = assemble_result(decoded)
+    for name in RESULT_FIELDS:
+        assert torch.equal(getattr(result, name), fields[name]), (name, rows, k, form)
+
+
+def test_written_fields_are_left_out():
+    fields = ref_fields(2, 512)
+    partial = {n: t for n, t in fields.items() if n != "values"}
+    decoded, *_, written = decode_result_binary(encode_result_binary(partial, 2, 512, ["values"]))
+    assert written == ["values"] and "values" not in decoded
+    with pytest.raises(WireFormatError):
+        assemble_result(decoded)
+    assert result_nbytes(2, 512, partial) == 2 * 512 * 4 * 2 + 2 * 4 * 4
+
+
+@pytest.mark.parametrize("body", [b"", b"NOPE" + bytes(20), b"LTKR\x02\x00\x00\x00\x02\x00\x00\x00{}"])
+def test_malformed_binary(body):
+    with pytest.raises(WireFormatError):
+        decode_result_binary(body)
+
+
+def test_malformed_json():
+    with pytest.raises(WireFormatError):
+        decode_result_json({"rows": 1, "topk": 512, "written": [], "result": {"counts": [1, 2]}})
+
+
+def test_service_and_wire_agree_on_dtype_names():
+    assert set(DTypeName.__args__) == set(DTYPES)
