@@ -41,7 +41,7 @@ def worker(args) -> dict:
     from problems_gpu import MODELS, call_args, prefill_problem
 
     topk = MODELS[args.model]
-    problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed)
+    problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread)
     pos, kw = call_args(problem)
     variants = {"lite": lambda: litetopk_prefill(*pos, **kw, backend=args.backend)}
     selectors = []
@@ -107,14 +107,15 @@ def run_point(args, model: str, raw: int) -> dict:
     for proc in range(args.processes):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
-               "--backend", args.backend, "--seed", str(args.seed + proc), "--selectors", *args.selectors]
+               "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(args.spread),
+               "--selectors", *args.selectors]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     names = runs[0]["median_ms"].keys()
     point = {
-        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows,
+        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows, "spread": args.spread,
         "median_ms": {n: statistics.median(r["median_ms"][n] for r in runs) for n in names},
         "per_process": runs,
     }
@@ -185,6 +186,7 @@ def main() -> None:
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (problems_gpu.py)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--tag", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -48,8 +48,10 @@ class Operands:
     q_hi: torch.Tensor
     wq: torch.Tensor
     s_pad: int
-    k_wide: bool  # some live key needs the hi operand
-    q_wide: bool  # some live query vector needs the hi operand
+    any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
+    tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
+    batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
+    prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
     schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -104,8 +106,15 @@ class TritonBackend(ScoringBackend):
         nan = float("nan")
         kfac = torch.where((k_flags & FLAG_NAN_SCALE) != 0, nan, pow2_float32(k_exp - 127))
         wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, nan, problem.weights * pow2_float32(q_exp - 129))
+        schedule = self.schedule(problem)
+        key_wide = (k_flags & FLAG_WIDE) != 0
+        tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
+        prog_rows = schedule[0].long()
+        prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
         ops = Operands(k_lo, k_hi, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), s_pad,
-                       k_wide=bool(summary[3]), q_wide=bool(summary[2]), schedule=self.schedule(problem))
+                       any_wide=bool(summary[2] or summary[3]), tile_wide=tile_wide.to(torch.int8).contiguous(),
+                       batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
+                       prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
         self._prepared = (problem, ops)
         return ops
 
@@ -149,9 +158,10 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         unused64 = torch.empty(1, dtype=torch.int64, device=dev)
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
+        tile_wide = ops.tile_wide if stride == 1 else ops.batch_wide
         score_fp4_kernel[(prog_rows.shape[0],)](
-            ops.k_lo, ops.k_hi, ops.kfac, ops.q_lo, ops.q_hi, ops.wq,
-            prog_rows, prog_batch, prog_span, problem.starts, problem.ends,
+            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
+            prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
             ops.s_pad, problem.weight_scale,
             out if out is not None else unused32, out_width,
             thresholds if thresholds is not None else unused64,
@@ -163,7 +173,7 @@ class TritonBackend(ScoringBackend):
             thr_out if thr_out is not None else unused64,
             nonfinite, stride,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
-            Q_WIDE=ops.q_wide, K_WIDE=ops.k_wide,
+            ANY_WIDE=ops.any_wide,
             num_warps=self.num_warps, num_stages=self.num_stages,
         )
 

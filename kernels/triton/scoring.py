@@ -54,9 +54,11 @@ def _ordering_keys(scores, positions):
 @triton.jit
 def score_fp4_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
+    tile_wide_ptr, tile_cols,                        # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
     q_lo_ptr, q_hi_ptr, wq_ptr,                      # [rows, 64, 128] int8 x2, [rows, 64] float32
     prog_rows_ptr, prog_batch_ptr, prog_span_ptr,    # [programs, BLOCK_ROWS] int32 (-1 pad), [programs] int32,
-                                                     # [programs, 2] int32: min start, max end of its rows
+    prog_q_wide_ptr,                                 # [programs, 2] int32: min start, max end of its rows;
+                                                     # [programs] int8: a row of the program needs q_hi
     starts_ptr, ends_ptr,                            # [rows] int32 windows
     s_pad, weight_scale,
     out_ptr, out_width,                              # dense: float32 [rows, out_width]
@@ -64,7 +66,7 @@ def score_fp4_kernel(
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
     thr_out_ptr, nonfinite_ptr, position_stride,     # scan: int64 [rows]; int8 [rows]; positions j % stride == 0
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    Q_WIDE: tl.constexpr, K_WIDE: tl.constexpr, REFRESH: tl.constexpr = 8,
+    ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 8,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -86,8 +88,9 @@ def score_fp4_kernel(
     n_ok = n_rows >= 0
     q_off = (tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H) * D
     q_lo = tl.load(q_lo_ptr + q_off[None, :] + offs_d[:, None])
-    if Q_WIDE:
-        q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None])
+    if ANY_WIDE:
+        q_wide = tl.load(prog_q_wide_ptr + pid) != 0
+        q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None], mask=q_wide, other=0)
     wq = tl.load(wq_ptr + tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H, mask=n_ok, other=0.0)
 
     if DENSE:
@@ -96,7 +99,7 @@ def score_fp4_kernel(
         stride = 1
     else:
         stride = position_stride
-        lo = (tl.load(prog_span_ptr + 2 * pid) // stride) * stride
+        lo = (tl.load(prog_span_ptr + 2 * pid) // (BLOCK_KEYS * stride)) * (BLOCK_KEYS * stride)
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
         thr = tl.load(thr_ptr + rows, mask=row_ok, other=0)
         hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
@@ -113,13 +116,15 @@ def score_fp4_kernel(
         k_off = (k_base + pos).to(tl.int64) * D
         k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
         acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
-        if Q_WIDE:
-            acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
-        if K_WIDE:
-            k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
-            acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
-            if Q_WIDE:
-                acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
+        if ANY_WIDE:  # rare: run-time branches, taken only by programs / key tiles that hold wide vectors
+            if q_wide:
+                acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
+            tile = tl.where(stride == 1, lo // BLOCK_KEYS + step, 0)
+            if tl.load(tile_wide_ptr + batch * tile_cols + tile) != 0:
+                k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+                acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
+                if q_wide:
+                    acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
         relu = tl.maximum(acc.to(tl.float32), 0.0) * wq[None, :]
         scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
         kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)

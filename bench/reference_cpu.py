@@ -1,0 +1,233 @@
+"""Reference backend on the CPU: dense + top-k against LiteTopK at Q=256 x S=65,536.
+
+The workload of bench/operator.py (one sequence, --rows causal prefill rows ending a raw context
+of 4 * --keys tokens, random MXFP4), built on the CPU. Each (method, K) runs in a fresh process
+that builds the problem, runs the operator --repeats times, and reports the fastest call's wall
+time and CPU time (all threads), the median wall time, and the peak resident memory of a call
+above what the process held before it (Linux VmHWM, reset before each call).
+Each process saves its outputs; the parent checks that LiteTopK returns exactly what dense
+returns (every output tensor).
+Prints a table, writes bench/results/reference-cpu.json (command, versions, machine) and a PNG.
+
+    python bench/reference_cpu.py                     # Q=256 x S=65,536, K=512 and 1024
+    python bench/reference_cpu.py --rows 64 --keys 16384 --topk 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
+METHODS = ("dense", "litetopk")
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's resident-memory high-water mark (Linux: write 5 to clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    raise KeyError(field)
+
+
+def rss_mib() -> float:
+    return _status_kib("VmRSS") / 1024.0
+
+
+def peak_rss_mib() -> float:
+    """High-water mark of resident memory since the last reset_peak_rss (VmHWM)."""
+    try:
+        return _status_kib("VmHWM") / 1024.0
+    except (OSError, KeyError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def build(args, topk: int):
+    from problems_gpu import call_args, prefill_problem
+
+    problem = prefill_problem(args.rows, 4 * args.keys, topk, seed=args.seed, device="cpu")
+    return call_args(problem)
+
+
+def worker(args) -> dict:
+    """One fresh process: one method at one K."""
+    import torch
+
+    from litetopk.kernels import dense_topk_prefill, litetopk_prefill
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pos, kw = build(args, args.topk[0])
+    fn = dense_topk_prefill if args.method == "dense" else litetopk_prefill
+    walls, cpus, peaks = [], [], []
+    for _ in range(args.repeats):
+        result = None
+        base_rss = rss_mib()
+        reset_peak_rss()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        result = fn(*pos, **kw, backend="reference")
+        walls.append(time.perf_counter() - wall0)
+        cpus.append(time.process_time() - cpu0)
+        peaks.append(peak_rss_mib() - base_rss)
+    best = min(range(len(walls)), key=walls.__getitem__)
+    return {
+        "method": args.method, "topk": args.topk[0], "wall_s": walls[best], "cpu_s": cpus[best],
+        "wall_median_s": statistics.median(walls), "wall_all_s": walls, "cpu_all_s": cpus,
+        "problem_rss_mib": base_rss, "peak_rss_above_problem_mib": max(peaks),
+        "mean_window": float((pos[7] - pos[6]).float().mean()),
+        "candidates_mean": float(result.candidates.float().mean()),
+        "repaired_rows": int(result.repaired.sum()), "faulty_rows": int((result.status != 0).sum()),
+        "threads": torch.get_num_threads(),
+    } | ({"saved": _save(result, args.save)} if args.save else {})
+
+
+def _save(result, path: str) -> str:
+    import torch
+
+    torch.save({name: getattr(result, name) for name in FIELDS}, path)
+    return path
+
+
+def check_identical(topk: int, lite_path: str, dense_path: str) -> dict:
+    """LiteTopK equals dense, every output, bit for bit."""
+    import torch
+
+    lite, dense = torch.load(lite_path), torch.load(dense_path)
+    same = {name: bool(torch.equal(lite[name], dense[name])) for name in FIELDS}
+    return {"topk": topk, "identical": all(same.values()), "fields": same}
+
+
+def run_child(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *argv], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def versions() -> dict:
+    import numpy
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+        "litetopk_commit": commit, "platform": platform.platform(), "processor": platform.processor(),
+        "cpu_count": os.cpu_count(), "torch_threads_default": torch.get_num_threads(),
+    }
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({r["topk"] for r in results})
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.38
+    for i, method in enumerate(METHODS):
+        rows = [next(r for r in results if r["topk"] == k and r["method"] == method) for k in ks]
+        xs = [j + (i - 0.5) * width for j in range(len(ks))]
+        bars = ax_t.bar(xs, [r["wall_s"] for r in rows], width, label=method)
+        ax_t.bar_label(bars, fmt="%.1f s")
+        bars = ax_m.bar(xs, [r["peak_rss_above_problem_mib"] for r in rows], width, label=method)
+        ax_m.bar_label(bars, fmt="%.0f")
+    for ax, label in ((ax_t, "wall time (s)"), (ax_m, "peak RSS above the problem (MiB)")):
+        ax.set_xticks(range(len(ks)), [f"K={k}" for k in ks])
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--keys", type=int, default=65536, help="compressed keys S (raw context 4 * S)")
+    parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "reference-cpu.json"))
+    parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+
+    common = ["--rows", str(args.rows), "--keys", str(args.keys), "--repeats", str(args.repeats),
+              "--threads", str(args.threads), "--seed", str(args.seed)]
+    load_before = os.getloadavg()
+    started = time.time()
+    results, checks = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in args.topk:
+            saved = {}
+            for method in METHODS:
+                saved[method] = os.path.join(tmp, f"{method}-{k}.pt")
+                r = run_child([*common, "--topk", str(k), "--worker", method, "--method", method,
+                               "--save", saved[method]])
+                r.pop("saved")
+                results.append(r)
+                print(f"  K={k:5d} {method:9s} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
+                      f"peak RSS +{r['peak_rss_above_problem_mib']:.0f} MiB", file=sys.stderr)
+            checks.append(check_identical(k, saved["litetopk"], saved["dense"]))
+
+    header = (f"{'K':>5} {'method':9} {'wall s':>8} {'median s':>9} {'cpu s':>8} {'peak RSS +MiB':>14} "
+              f"{'candidates/row':>15} {'repaired':>9}")
+    print(f"\nreference backend, CPU: Q={args.rows} rows x S={args.keys} keys (mean window "
+          f"{results[0]['mean_window']:.0f}), {results[0]['threads']} torch threads\n{header}")
+    for r in results:
+        print(f"{r['topk']:5d} {r['method']:9} {r['wall_s']:8.1f} {r['wall_median_s']:9.1f} {r['cpu_s']:8.1f} "
+              f"{r['peak_rss_above_problem_mib']:14.0f} {r['candidates_mean']:15.0f} {r['repaired_rows']:9d}")
+    for c in checks:
+        print(f"K={c['topk']}: litetopk {'==' if c['identical'] else '!='} dense (every output)")
+
+    record = {
+        "benchmark": "reference backend on the CPU, dense vs LiteTopK",
+        "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
+        "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
+                  "workload": "bench/problems_gpu.prefill_problem on the CPU (one sequence, causal rows at its end)"},
+        "repeats": args.repeats, "seed": args.seed, "versions": versions(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "elapsed_s": time.time() - started, "results": results, "identical": checks,
+        "note": "wall_s / cpu_s: the fastest of `repeats` calls in a fresh process (cpu_s counts every thread); "
+                "peak_rss_above_problem_mib: the largest per-call rise of resident memory (VmHWM after the call "
+                "minus VmRSS before it). The machine is shared: see the load averages.",
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=2)
+    png = os.path.splitext(args.out)[0] + ".png"
+    plot(results, png, f"reference backend, CPU ({results[0]['threads']} threads): Q={args.rows} x S={args.keys}")
+    print(f"wrote {os.path.relpath(args.out)} and {os.path.relpath(png)}")
+
+
+if __name__ == "__main__":
+    main()
