@@ -8,12 +8,17 @@ answered 429 with Retry-After) and awaits the future. A job whose future was can
 request timed out while queued) is skipped. `close()` stops admissions (`shutting_down`) and
 lets the worker finish everything already queued, then stops the thread.
 
-Batching: queued requests naming the same cache are NOT merged into one launch. Rows of one
-request are already processed in parallel by every backend; merging would need equal topk,
-weight_scale, repair and an offset-merged block table, and would tie the fate (faults, timeouts)
-of independent requests together. On the CPU reference backend a merged launch of two 8-row
-requests measured no faster than two launches (bench/service.py records `batching_probe`); on the
-GPU a prefill request alone fills the device. Revisit with a decode-heavy GPU measurement.
+Batching: queued requests naming the same cache are NOT merged into one launch, on purpose.
+Measured in-process on the CPU reference backend (bench/service.py, `batching_probe`): one
+merged call of 2 x 8 decode rows took ~43 ms against ~54 ms for two calls, so merging would be
+faster there. But a merged call is a different problem to the operator: LiteTopK calibrates with
+a sample stride taken from the problem's longest window (kernels/pipeline.py `calibrate`), so a
+request's `candidates` and `repaired` (and its capacity events) would depend on which other
+requests happened to share its launch, and reruns would stop being bit-identical; the merged
+rows' faults, timeouts and device errors would also be shared. Merging becomes safe once the
+operator calibrates per row (or takes per-request strides): then merge requests with equal
+(cache region, block-table width, topk, weight_scale, repair, weights dtype), concatenating rows
+and offsetting row_to_batch. On the GPU a prefill request alone fills the device.
 """
 
 from __future__ import annotations
