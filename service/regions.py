@@ -325,12 +325,13 @@ def _open_cuda_ipc(reg: CudaIpcRegistration, device: torch.device) -> tuple[torc
 def _open_cuda_ipc_torch(reg, handle: bytes, device: torch.device):
     """torch.multiprocessing's own path: reference counted, waits on the exporter's event."""
     t = reg.torch
-    event = base64.b64decode(t.event_handle) if t.event_handle else None
+    # torch's parser wants 64 bytes of event handle even when no event is to be waited on.
+    event = base64.b64decode(t.event_handle) if t.event_handle else bytes(64)
     try:
         torch.cuda._lazy_init()
         storage = torch.UntypedStorage._new_shared_cuda(
             device.index, handle, reg.size, reg.offset, base64.b64decode(t.ref_counter_handle),
-            t.ref_counter_offset, event, t.event_sync_required,
+            t.ref_counter_offset, event, bool(t.event_sync_required and t.event_handle),
         )
     except (RuntimeError, TypeError) as exc:
         raise ServiceError("ipc_unavailable", f"torch could not open the CUDA IPC handle: {exc}") from exc
