@@ -66,7 +66,7 @@ def score_fp4_kernel(
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
     thr_out_ptr, nonfinite_ptr, position_stride,     # scan: int64 [rows]; int8 [rows]; positions j % stride == 0
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 8,
+    ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -88,9 +88,11 @@ def score_fp4_kernel(
     n_ok = n_rows >= 0
     q_off = (tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H) * D
     q_lo = tl.load(q_lo_ptr + q_off[None, :] + offs_d[:, None])
+    q_wide = tl.load(prog_q_wide_ptr + pid) != 0
     if ANY_WIDE:
-        q_wide = tl.load(prog_q_wide_ptr + pid) != 0
         q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None], mask=q_wide, other=0)
+    else:
+        q_hi = q_lo  # unused
     wq = tl.load(wq_ptr + tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H, mask=n_ok, other=0.0)
 
     if DENSE:
@@ -110,52 +112,81 @@ def score_fp4_kernel(
     bad = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
     k_base = batch * s_pad
     n_steps = tl.cdiv(hi - lo, BLOCK_KEYS * stride)
-    for step in range(0, n_steps):
-        pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-        k_live = pos < hi
-        k_off = (k_base + pos).to(tl.int64) * D
-        k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
-        acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
-        if ANY_WIDE:  # rare: run-time branches, taken only by programs / key tiles that hold wide vectors
-            if q_wide:
-                acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
-            tile = tl.where(stride == 1, lo // BLOCK_KEYS + step, 0)
-            if tl.load(tile_wide_ptr + batch * tile_cols + tile) != 0:
-                k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
-                acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
-                if q_wide:
-                    acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
-        relu = tl.maximum(acc.to(tl.float32), 0.0) * wq[None, :]
-        scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
-        kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)
-        scores = scores * kfac[:, None] * weight_scale
-        in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
-        finite = (scores == scores) & (tl.abs(scores) != float("inf"))
-        bad |= (in_window & ~finite).to(tl.int32)
-        if DENSE:
+    if DENSE:
+        for step in range(0, n_steps):
+            pos, scores, in_window, finite = _score_tile(
+                step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
+            bad |= (in_window & ~finite).to(tl.int32)
             out_off = rows64[None, :] * out_width + pos[:, None]
             tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
-                     mask=k_live[:, None] & row_ok[None, :])
-        else:
-            keys = _ordering_keys(scores, pos[:, None])
-            passing = in_window & finite & (keys >= thr[None, :])
-            # Append: one atomic per passing key (rare once the threshold is tight), no block-wide sync.
-            slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing)
-            tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
-            bin_of = ((scores - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
-            bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-            tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1, mask=passing & (hist_width[None, :] > 0))
-            if step % REFRESH == REFRESH - 1:
-                # Raise the threshold to one bin below the highest bin edge with >= K keys at or above
-                # it: every counted score lies >= that edge minus float rounding, far less than a bin.
-                tl.debug_barrier()
-                hist = tl.load(hist_rows, volatile=True)
-                at_or_above = tl.cumsum(hist, axis=1, reverse=True)
-                best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
-                edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
-                edge_key = _ordered_bits(edge) << 32  # passes exactly the scores >= edge
-                raise_ok = (best_bin >= 1) & (hist_width > 0)
-                thr = tl.where(raise_ok, tl.maximum(thr, edge_key), thr)
+                     mask=(pos < hi)[:, None] & row_ok[None, :])
+    else:
+        # Inner loops of REFRESH steps hold only loads, MMAs and predicated appends (so they pipeline);
+        # the threshold is raised from the histogram between them.
+        for chunk_start in range(0, n_steps, REFRESH):
+            for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
+                pos, scores, in_window, finite = _score_tile(
+                    step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                    q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
+                bad |= (in_window & ~finite).to(tl.int32)
+                keys = _ordering_keys(scores, pos[:, None])
+                passing = in_window & finite & (keys >= thr[None, :])
+                # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
+                slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed")
+                tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+                bin_of = ((scores - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
+                bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
+                tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
+                              mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+            # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
+            # every counted score lies >= that edge minus float rounding, far less than a bin. A count
+            # read before some atomics land is only smaller: the threshold stays safe.
+            tl.debug_barrier()
+            hist = tl.load(hist_rows, volatile=True)
+            at_or_above = tl.cumsum(hist, axis=1, reverse=True)
+            best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+            edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
+            edge_key = _ordered_bits(edge) << 32  # passes exactly the scores >= edge
+            raise_ok = (best_bin >= 1) & (hist_width > 0)
+            thr = tl.where(raise_ok, tl.maximum(thr, edge_key), thr)
     tl.store(nonfinite_ptr + rows, (tl.max(bad, axis=0) > 0).to(tl.int8), mask=row_ok)
     if not DENSE:
         tl.store(thr_out_ptr + rows, thr, mask=row_ok)
+
+
+@triton.jit
+def _score_tile(step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                q_lo, q_hi, q_wide, wq, starts, ends, weight_scale,
+                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, ANY_WIDE: tl.constexpr,
+                H: tl.constexpr, D: tl.constexpr):
+    """Scores float32 [BLOCK_KEYS, BLOCK_ROWS] of key step `step` (module docstring), with the
+    positions, the in-window mask and the finite mask."""
+    offs_k = tl.arange(0, BLOCK_KEYS)
+    offs_d = tl.arange(0, D)
+    pos = lo + (step * BLOCK_KEYS + offs_k) * stride
+    k_live = pos < hi
+    k_off = (k_base + pos).to(tl.int64) * D
+    k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+    acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
+    if ANY_WIDE:  # rare: run-time branches, taken only by programs / key tiles that hold wide vectors
+        if q_wide:
+            acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
+        tile = tl.where(stride == 1, lo // BLOCK_KEYS + step, 0)
+        if tl.load(tile_wide_ptr + batch * tile_cols + tile) != 0:
+            k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+            acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
+            if q_wide:
+                acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
+        relu = tl.maximum(acc.to(tl.float32), 0.0)
+    else:
+        # 0 <= x < 2^21 (one int8 dot): 2^23 + x is exact in float32, so this is float(x) without
+        # the quarter-rate integer conversion.
+        relu = (tl.maximum(acc, 0) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    relu = relu * wq[None, :]
+    scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
+    kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)
+    scores = scores * kfac[:, None] * weight_scale
+    in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
+    finite = (scores == scores) & (tl.abs(scores) != float("inf"))
+    return pos, scores, in_window, finite
