@@ -4,7 +4,7 @@ mapping, repair) is shared code in `pipeline.py` and `selection.py`.
 A backend scores keys exactly as CONTRACT.md §1 says, in its own documented float32 order for
 the head sum, and offers two ways to consume the scores:
 - `score_dense`: the whole float32 [rows, max_end] matrix (column = position, -inf outside the
-  row's window) for the dense baseline;
+  row's window) for the dense baseline, or every stride-th column of it for calibration;
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key.
@@ -46,16 +46,17 @@ class ScoringBackend(abc.ABC):
         """Raise BackendUnavailableError when this backend cannot run on `device` here."""
 
     @abc.abstractmethod
-    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores float32 [rows, problem.max_end], nonfinite bool [rows]): column j is position j,
-        -inf outside each window; nonfinite marks rows with a NaN/inf score inside the window."""
+    def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores float32 [rows, ceil(max_end / stride)], nonfinite bool [rows]): column c is
+        position c * stride, -inf outside each window; nonfinite marks rows with a NaN/inf score
+        among those positions of the window. stride > 1 is the calibration sample."""
 
     @abc.abstractmethod
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
         ceilings: torch.Tensor | None = None,
     ) -> CandidateScan:
-        """Fused scan of the positions j of each window with j % stride == 0 (see module doc).
+        """Fused scan of every position of each window (see module doc).
 
         `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
         backend may use it to range its threshold histogram. It never affects which keys are

@@ -1,10 +1,10 @@
 """The LiteTopK method and the dense baseline, written once for every backend (CONTRACT.md §4).
 
 LiteTopK, per row:
-1. Calibrate: scan a strided sample of the window (positions j with j % stride == 0, stride =
-   max_end // sample_size) with no threshold and take the K-th best sampled key. The K-th best
-   key of any subset is <= the row's true K-th best key, so it is a safe threshold (keys carry
-   the position, so ties cannot break this). A sample of fewer than K keys gives no threshold.
+1. Calibrate: score a strided sample of the window (positions j with j % stride == 0, stride =
+   max_end // sample_size) densely and take the K-th best sampled score T. At least K keys of
+   the window score >= T, so every true top-K key does: "score >= T" is a safe threshold. A
+   sample of fewer than K keys gives no threshold.
 2. Fused scan: the backend appends every key >= the threshold to a bounded buffer of
    `capacity` keys and only ever raises the threshold to keys it has seen.
 3. Certify: no overflow (appended <= capacity) and at least min(K, window) keys kept. Then the
@@ -24,15 +24,7 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import (
-    NO_KEY,
-    assemble_result,
-    kth_key,
-    make_keys,
-    select_topk_dense,
-    select_topk_keys,
-    split_keys,
-)
+from .selection import NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -63,24 +55,30 @@ class LiteTopKTuning:
 def calibrate(
     problem: PrefillProblem, backend: ScoringBackend, tuning: LiteTopKTuning
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(thresholds, ceilings): safe threshold keys int64 [rows] (NO_KEY: none) from a strided
-    sample, and the sample's max(1, K / (2 stride))-th best key, an estimate of a key above the
-    true K-th best (None when there is no sample)."""
+    """(thresholds, ceilings) int64 keys [rows] from a strided sample of every window.
+
+    The sample is every stride-th position (stride = max_end // sample_size), scored densely
+    into [rows, max_end / stride]. With T = the K-th best sampled score, the threshold key
+    admits exactly the scores >= T: at least K keys of the window score >= T, so every true
+    top-K key does (a safe threshold). NO_KEY where a row has fewer than K sampled keys (or a
+    NaN among them: the scan flags the row). The ceiling is the key of the sample's
+    max(1, K / (2 stride))-th best score, an estimate above the true K-th best, which ranges the
+    scan's threshold histogram (None without a sample).
+    """
     k = problem.topk
     no_threshold = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=problem.device)
     stride = problem.max_end // tuning.sample_size if tuning.sample_size > 0 else 0
-    if stride < 2:  # the sample would be (nearly) the whole window: the scan's own tightening is enough
-        return no_threshold, None
-    sample_capacity = -(-problem.max_end // stride) + 1  # every sampled key of the longest window
-    sample = backend.scan_candidates(problem, no_threshold, sample_capacity, stride)
-    best = select_topk_keys(sample.keys, k)
-    thresholds = best[:, k - 1]
-    ceilings = best[:, max(1, k // (2 * stride)) - 1]
-    if tuning.calibration_offset:
-        scores, positions = split_keys(thresholds)
-        raised = make_keys(scores + tuning.calibration_offset, positions)
-        thresholds = torch.where(thresholds == NO_KEY, NO_KEY, raised)
-    return thresholds, ceilings
+    if stride < 2 or -(-problem.max_end // stride) < k:
+        return no_threshold, None  # the sample would be (nearly) the whole window, or too small
+    sample, _ = backend.score_dense(problem, stride)
+    best = torch.topk(sample, k, dim=1, largest=True, sorted=True).values
+    kth = best[:, k - 1] + tuning.calibration_offset
+    ceiling = best[:, max(1, k // (2 * stride)) - 1]
+    usable = torch.isfinite(kth) & ~torch.isnan(best).any(dim=1)
+    return (
+        torch.where(usable, score_floor_keys(kth), NO_KEY),
+        torch.where(usable & torch.isfinite(ceiling), score_floor_keys(ceiling), NO_KEY),
+    )
 
 
 def _rescan_exact(problem: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

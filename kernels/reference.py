@@ -98,19 +98,21 @@ class ReferenceBackend(ScoringBackend):
         order = live[torch.argsort(problem.row_to_batch[live].long() * 2**32 + problem.starts[live].long())]
         return torch.split(order, self.row_chunk)
 
-    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores float32 [rows, max_end] with -inf outside windows, nonfinite bool [rows])."""
-        scores = torch.full((problem.num_rows, problem.max_end), float("-inf"), device=problem.device)
+    def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores float32 [rows, ceil(max_end / stride)], column c = position c * stride, -inf
+        outside windows; nonfinite bool [rows])."""
+        columns = -(-problem.max_end // stride)
+        scores = torch.full((problem.num_rows, columns), float("-inf"), device=problem.device)
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.bool, device=problem.device)
         for rows in self._row_chunks(problem):
-            for positions, in_window in self._blocks(problem, rows, 1):
+            for positions, in_window in self._blocks(problem, rows, stride):
                 block = self.score_positions(problem, rows, positions)
                 nonfinite[rows] |= (in_window & ~torch.isfinite(block)).any(dim=1)
-                scores[rows[:, None], positions[None, :]] = block
+                scores[rows[:, None], positions[None, :] // stride] = block
         return scores, nonfinite
 
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
         ceilings: torch.Tensor | None = None,
     ) -> CandidateScan:
         """Filtered scan with an append-only buffer; after each block of keys a row's threshold is
@@ -123,7 +125,7 @@ class ReferenceBackend(ScoringBackend):
         thresholds = thresholds.clone()
         nonfinite = torch.zeros(rows_total, dtype=torch.bool, device=device)
         for rows in self._row_chunks(problem):
-            for positions, in_window in self._blocks(problem, rows, stride):
+            for positions, in_window in self._blocks(problem, rows, 1):
                 scores = self.score_positions(problem, rows, positions)
                 finite = torch.isfinite(scores)
                 nonfinite[rows] |= (in_window & ~finite).any(dim=1)

@@ -29,6 +29,11 @@ def make_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return ordered * 2**32 + (_LOW32 - positions.long())
 
 
+def score_floor_keys(scores: torch.Tensor) -> torch.Tensor:
+    """The smallest key of each float32 score: `key >= score_floor_keys(t)` iff score >= t."""
+    return make_keys(scores, torch.full_like(scores, _LOW32, dtype=torch.int64))
+
+
 def split_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of make_keys: (scores float32, positions int32); NO_KEY gives (-inf, -1)."""
     ordered = torch.div(keys, 2**32, rounding_mode="floor")

@@ -73,22 +73,26 @@ class FlyDSLBackend(ScoringBackend):
             stream=stream,
         )
 
-    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores float32 [rows, max_end], -inf outside windows; nonfinite bool [rows])."""
+    def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores float32 [rows, ceil(max_end / stride)], column c = position c * stride, -inf
+        outside windows; nonfinite bool [rows])."""
         device = problem.device
         rows = problem.num_rows
-        scores = torch.full((rows, problem.max_end), float("-inf"), dtype=torch.float32, device=device)
+        columns = -(-problem.max_end // stride)
+        scores = torch.full((rows, columns), float("-inf"), dtype=torch.float32, device=device)
         nonfinite = torch.zeros(rows, dtype=torch.int32, device=device)
         unused = torch.zeros(max(rows, 1), dtype=torch.int64, device=device)
-        self._launch(problem, scan=False, out=scores, out_cols=problem.max_end, stride=1,
+        self._launch(problem, scan=False, out=scores, out_cols=columns, stride=stride,
                      thresholds_in=unused, thresholds=unused, appended=unused,
                      histogram=torch.zeros(1, dtype=torch.int32, device=device), nonfinite=nonfinite)
         return scores, nonfinite.bool()
 
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1
+        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
+        ceilings: torch.Tensor | None = None,
     ) -> CandidateScan:
-        """Fused scan (score_fp4.py, SCAN=True) of the positions j % stride == 0 of each window."""
+        """Fused scan (score_fp4.py, SCAN=True) of every position of each window; the kernel
+        ranges its histogram from the threshold itself and does not use `ceilings`."""
         device = problem.device
         rows = problem.num_rows
         keys = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=device)
@@ -96,7 +100,7 @@ class FlyDSLBackend(ScoringBackend):
         raised = thresholds.to(torch.int64).clone()
         histogram = torch.zeros(rows * 64, dtype=torch.int32, device=device)
         nonfinite = torch.zeros(rows, dtype=torch.int32, device=device)
-        self._launch(problem, scan=True, out=keys, out_cols=capacity, stride=max(int(stride), 1),
+        self._launch(problem, scan=True, out=keys, out_cols=capacity, stride=1,
                      thresholds_in=thresholds.to(torch.int64).contiguous(), thresholds=raised,
                      appended=appended, histogram=histogram, nonfinite=nonfinite)
         return CandidateScan(keys=keys, appended=appended, thresholds=raised, nonfinite=nonfinite.bool())

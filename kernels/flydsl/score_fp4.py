@@ -201,7 +201,7 @@ def score_fp4_flydsl_kernel(
             fxllvm.generic_store(fx.get_iter(nonfinite) + row64, fx.Int32(1))
         if fx.const_expr(not SCAN):
             if owner & valid:
-                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + pos64), score)
+                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + fx.Int64(m)), score)  # column m = pos / stride
         if fx.const_expr(SCAN):
             plus = (score == 0.0).select(fx.Float32(0.0), score)  # -0.0 ties +0.0
             bits = plus.bitcast(fx.Int32)

@@ -149,9 +149,9 @@ class TritonBackend(ScoringBackend):
                 span.to(problem.device))
 
     # -- launches --------------------------------------------------------------------------
-    def _launch(self, problem, ops, *, dense, out=None, out_width=0, thresholds=None, hist_lo=None,
+    def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
-                nonfinite=None, stride=1):
+                nonfinite=None):
         prog_rows, prog_batch, prog_span = ops.schedule
         if prog_rows.shape[0] == 0:
             return
@@ -163,7 +163,7 @@ class TritonBackend(ScoringBackend):
             ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
             prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
             ops.s_pad, problem.weight_scale,
-            out if out is not None else unused32, out_width,
+            out if out is not None else unused32, out_width, problem.max_end, stride,
             thresholds if thresholds is not None else unused64,
             hist_lo if hist_lo is not None else unused32,
             hist_width if hist_width is not None else unused32,
@@ -171,22 +171,22 @@ class TritonBackend(ScoringBackend):
             buffer if buffer is not None else unused64, capacity,
             appended if appended is not None else unused64,
             thr_out if thr_out is not None else unused64,
-            nonfinite, stride,
+            nonfinite,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
             ANY_WIDE=ops.any_wide,
             num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
-    def score_dense(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         ops = self.operands(problem)
-        width = problem.max_end
+        width = -(-problem.max_end // stride)
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
         out[problem.ends <= problem.starts] = float("-inf")
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
-        self._launch(problem, ops, dense=True, out=out, out_width=width, nonfinite=nonfinite)
+        self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.bool()
 
-    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int, stride: int = 1,
+    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
                         ceilings: torch.Tensor | None = None) -> CandidateScan:
         ops = self.operands(problem)
         rows = problem.num_rows
@@ -199,7 +199,7 @@ class TritonBackend(ScoringBackend):
         nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
         self._launch(problem, ops, dense=False, thresholds=thresholds.contiguous(), hist_lo=hist_lo,
                      hist_width=hist_width, hist=hist, buffer=buffer, capacity=capacity, appended=appended,
-                     thr_out=thr_out, nonfinite=nonfinite, stride=stride)
+                     thr_out=thr_out, nonfinite=nonfinite)
         return CandidateScan(keys=buffer, appended=appended, thresholds=thr_out, nonfinite=nonfinite.bool())
 
 

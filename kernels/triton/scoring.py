@@ -61,10 +61,11 @@ def score_fp4_kernel(
                                                      # [programs] int8: a row of the program needs q_hi
     starts_ptr, ends_ptr,                            # [rows] int32 windows
     s_pad, weight_scale,
-    out_ptr, out_width,                              # dense: float32 [rows, out_width]
+    out_ptr, out_width, max_pos, position_stride,    # dense: float32 [rows, out_width], column c = position
+                                                     # c * position_stride (< max_pos)
     thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: int64 [rows], float32 [rows] x2 (width <= 0: off)
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
-    thr_out_ptr, nonfinite_ptr, position_stride,     # scan: int64 [rows]; int8 [rows]; positions j % stride == 0
+    thr_out_ptr, nonfinite_ptr,                      # scan: int64 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
     ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
@@ -97,12 +98,14 @@ def score_fp4_kernel(
 
     if DENSE:
         lo = 0
-        hi = out_width
-        stride = 1
-    else:
+        hi = max_pos
         stride = position_stride
-        lo = (tl.load(prog_span_ptr + 2 * pid) // (BLOCK_KEYS * stride)) * (BLOCK_KEYS * stride)
+        n_steps = tl.cdiv(out_width, BLOCK_KEYS)
+    else:
+        stride = 1
+        lo = (tl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
+        n_steps = tl.cdiv(hi - lo, BLOCK_KEYS)
         thr = tl.load(thr_ptr + rows, mask=row_ok, other=0)
         hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
         hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
@@ -111,16 +114,16 @@ def score_fp4_kernel(
         hist_rows = hist_ptr + rows64[:, None] * NB + offs_bin[None, :]
     bad = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
     k_base = batch * s_pad
-    n_steps = tl.cdiv(hi - lo, BLOCK_KEYS * stride)
     if DENSE:
         for step in range(0, n_steps):
             pos, scores, in_window, finite = _score_tile(
                 step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                 q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
             bad |= (in_window & ~finite).to(tl.int32)
-            out_off = rows64[None, :] * out_width + pos[:, None]
+            column = step * BLOCK_KEYS + tl.arange(0, BLOCK_KEYS)
+            out_off = rows64[None, :] * out_width + column[:, None]
             tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
-                     mask=(pos < hi)[:, None] & row_ok[None, :])
+                     mask=(column < out_width)[:, None] & row_ok[None, :])
     else:
         # Inner loops of REFRESH steps hold only loads, MMAs and predicated appends (so they pipeline);
         # the threshold is raised from the histogram between them.
