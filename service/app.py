@@ -71,7 +71,7 @@ async def _warm_up(state: ServiceState) -> None:
 async def _retire_dead_owners(state: ServiceState) -> None:
     while True:
         await asyncio.sleep(state.settings.region_check_interval_s)
-        state.table.drop_dead_owners()
+        await asyncio.to_thread(state.table.drop_dead_owners)  # closing a CUDA handle may block
 
 
 def _bind_metrics(state: ServiceState) -> None:

@@ -30,6 +30,7 @@ from litetopk.kernels.status import INPUT_FAULTS, describe
 from litetopk.kernels.validation import check_topk
 
 from ..errors import PROBLEM_JSON, ServiceError
+from ..regions import owner_alive
 from ..schemas import InlineTensor, Problem, RegionSlice, TopKJsonResponse, TopKRequest
 from ..state import ServiceState, get_state
 
@@ -119,6 +120,10 @@ def execute(req: TopKRequest, state: ServiceState) -> _Outcome:
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
                                   backend=state.settings.backend, repair=req.repair)
         _raise_row_faults(result.status)
+        for region in leases:  # fail closed: memory of an owner that died mid-request may be gone
+            if not owner_alive(region.pid, region.pid_start):
+                raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
+                                   "died while the request ran; its memory cannot be trusted")
         for name, dst in outs.items():
             if dst.device != state.device:  # a host region on a GPU service: one D2H copy
                 dst.copy_(getattr(result, name).to(dst.device))
