@@ -15,7 +15,6 @@ you reuse (the cache above all) once with `register()`.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any, Generator
 

@@ -7,7 +7,6 @@ import asyncio
 
 import httpx
 import pytest
-import torch
 
 from litetopk.clients import AsyncTopKClient, RegionProblem, TimeoutProblem, TopKClient, UnavailableProblem
 from litetopk.kernels import litetopk_prefill
