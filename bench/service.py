@@ -6,8 +6,8 @@ Modes, per shape:
                  CUDA: IPC handles, no copy), the result comes back in the body (binary form)
     uds+out      the same, but every result field is written into caller regions (zero copy)
     tcp          TopKClient over TCP to 127.0.0.1, like `uds`
-Measured: latency p50/p99 of sequential calls (one in flight) and throughput with `--concurrency`
-requests in flight (AsyncTopKClient; in-process: sequential). Every service answer is checked
+Measured: latency p50/p99 of sequential calls (one in flight; the modes take turns call by call)
+and throughput with `--concurrency` requests in flight (AsyncTopKClient; in-process: sequential). Every service answer is checked
 equal (torch.equal, every field) to the in-process answer.
 
 Shapes (rows = query rows at the end of one sequence of `keys` compressed keys, K=512):
@@ -109,7 +109,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, iters: int, warmup: int, device: torch.device):
+def timed(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
     for _ in range(warmup):
         fn()
     sync(device)
@@ -151,6 +151,8 @@ async def concurrent_throughput(endpoint: dict, args, kwargs, requests: int, con
 
 
 def bench_shape(name: str, device: torch.device, backend: str, service: Service, args_ns) -> dict:
+    """Every mode timed in turn, call by call (round robin), so that drifting load on the machine
+    weighs on all modes alike; then the throughput of each service mode."""
     rows, keys = SHAPES[name][device.type]
     if name == "prefill" and args_ns.prefill_rows:
         rows, keys = args_ns.prefill_rows, args_ns.prefill_keys or keys
@@ -159,28 +161,39 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
     args, kwargs = call_args(problem)
     want = litetopk_prefill(*args, **kwargs, backend=backend)
     sync(device)
-    out = {"shape": {"rows": rows, "keys": keys, "topk": 512}, "modes": {}}
-    inproc = timed(lambda: litetopk_prefill(*args, **kwargs, backend=backend), iters, 2, device)
-    out["modes"]["in-process"] = {**summarize(inproc, rows), "req_per_s": 1 / statistics.fmean(inproc), "equal": True}
-
     endpoints = {"uds": {"uds": service.uds}, "uds+out": {"uds": service.uds}, "tcp": {"base_url": service.url}}
+    calls = {"in-process": lambda: litetopk_prefill(*args, **kwargs, backend=backend)}
+    equal = {"in-process": True}
+    clients = []
     for mode, endpoint in endpoints.items():
-        with TopKClient(**endpoint) as client:
-            meta = torch.cat([args[5], args[6], args[7]])
-            regions = {i: client.register(a) for i, a in enumerate(args) if i in (0, 1, 2, 4)}
-            meta_region = client.register(meta)
-            call = [regions.get(i, a) for i, a in enumerate(args)]
-            call[5:8] = [meta_region.tensor[k * rows:(k + 1) * rows] for k in range(3)]
-            outs = None
-            if mode.endswith("+out"):
-                outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
-            result = client.topk(*call, **kwargs, out=outs)
-            equal = same(result, want)
-            seconds = timed(lambda: client.topk(*call, **kwargs, out=outs), iters, 2, device)
-        throughput = asyncio.run(concurrent_throughput(endpoint, args, kwargs, max(iters, 8), args_ns.concurrency))
-        out["modes"][mode] = {**summarize(seconds, rows), "req_per_s": throughput, "equal": equal}
-        if not equal:
+        client = TopKClient(**endpoint)
+        clients.append(client)
+        regions = {i: client.register(a) for i, a in enumerate(args) if i in (0, 1, 2, 4)}
+        meta = client.register(torch.cat([args[5], args[6], args[7]]))
+        call = [regions.get(i, a) for i, a in enumerate(args)]
+        call[5:8] = [meta.tensor[k * rows:(k + 1) * rows] for k in range(3)]
+        outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if mode.endswith("+out") else None
+        calls[mode] = lambda client=client, call=call, outs=outs: client.topk(*call, **kwargs, out=outs)
+        equal[mode] = same(calls[mode](), want)
+        if not equal[mode]:
             print(f"!! {name}/{mode}: the service answer differs from in-process", file=sys.stderr)
+    seconds = {mode: [] for mode in calls}
+    for i in range(iters + 2):  # two warm-up rounds
+        for mode, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            if i >= 2:
+                seconds[mode].append(time.perf_counter() - start)
+    for client in clients:
+        client.close()
+    out = {"shape": {"rows": rows, "keys": keys, "topk": 512}, "modes": {}}
+    for mode, samples in seconds.items():
+        out["modes"][mode] = {**summarize(samples, rows), "equal": equal[mode]}
+    out["modes"]["in-process"]["req_per_s"] = out["modes"]["in-process"]["seq_req_per_s"]
+    for mode, endpoint in endpoints.items():
+        out["modes"][mode]["req_per_s"] = asyncio.run(
+            concurrent_throughput(endpoint, args, kwargs, max(iters, 8), args_ns.concurrency))
     base = out["modes"]["in-process"]["p50_ms"]
     for record in out["modes"].values():
         record["overhead_pct"] = 100 * (record["p50_ms"] - base) / base
@@ -247,7 +260,7 @@ def print_table(report: dict) -> None:
         for mode, r in shape["modes"].items():
             table.add_row(label, mode, f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['overhead_pct']:+.1f}%",
                           f"{r['req_per_s']:.1f}", f"{r['rows_per_s']:.0f}", "yes" if r["equal"] else "NO")
-    Console().print(table)
+    Console(width=120).print(table)
 
 
 def plot(report: dict, path: Path) -> None:
