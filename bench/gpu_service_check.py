@@ -41,7 +41,7 @@ def differs(a, b) -> list[str]:
     return [f for f in FIELDS if not torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu())]
 
 
-def worker(uds: str, url: str, rows: int, keys: int, device: torch.device) -> int:
+def worker(uds: str, url: str, rows: int, keys: int, device: torch.device, backend: str) -> int:
     """The worker process: register by IPC, compare with in-process, then wait to be killed."""
     problem = prefill_problem(rows, 4 * keys, 512, seed=11, device=str(device))
     args, kwargs = call_args(problem)
@@ -50,7 +50,7 @@ def worker(uds: str, url: str, rows: int, keys: int, device: torch.device) -> in
         cache = client.register(args[2])
         q = client.register(args[0])
         report["cache_region_kind"] = cache.kind
-        want = litetopk_prefill(*args, **kwargs, backend="auto")
+        want = litetopk_prefill(*args, **kwargs, backend=backend)
         call = (q, args[1], cache, *args[3:])
         report["uds_body_differs"] = differs(client.topk(*call, **kwargs), want)
         outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
@@ -65,7 +65,7 @@ def worker(uds: str, url: str, rows: int, keys: int, device: torch.device) -> in
         cache.tensor[: pages // 2].copy_(cache.tensor[pages - pages // 2:].clone())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        changed = litetopk_prefill(args[0], args[1], cache.tensor, *args[3:], **kwargs, backend="auto")
+        changed = litetopk_prefill(args[0], args[1], cache.tensor, *args[3:], **kwargs, backend=backend)
         report["answer_changed_in_process"] = bool(differs(changed, want))
         report["service_follows_in_place_write"] = differs(client.topk(*call, **kwargs), changed)
         report["regions"] = sorted(r["id"] for r in client.regions() if r["pid"] == os.getpid())
@@ -80,11 +80,12 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=16384)
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--device", default="cuda:0", help="cpu: a dry run of the flow (shared memory, no IPC)")
+    parser.add_argument("--backend", default="auto")
     parser.add_argument("--worker", nargs=2, metavar=("UDS", "URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.worker:
-        return worker(args.worker[0], args.worker[1], args.rows, args.keys, device)
+        return worker(args.worker[0], args.worker[1], args.rows, args.keys, device, args.backend)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this check needs one (or --device cpu for a dry run)", file=sys.stderr)
         return 2
@@ -92,13 +93,14 @@ def main() -> int:
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(device), uuid=str(torch.cuda.get_device_properties(device).uuid))
     with tempfile.TemporaryDirectory(prefix="ltk-check-", dir="/tmp") as directory:
-        service = Service(str(device), "auto", directory)
+        service = Service(str(device), args.backend, directory)
         child = None
         try:
             with TopKClient(service.url) as client:
                 summary["service"] = client.info()
             child = subprocess.Popen([sys.executable, __file__, "--rows", str(args.rows), "--keys", str(args.keys),
-                                      "--device", str(device), "--worker", service.uds, service.url],
+                                      "--device", str(device), "--backend", args.backend,
+                                      "--worker", service.uds, service.url],
                                      stdout=subprocess.PIPE, text=True)
             line = child.stdout.readline()
             if not line:

@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
+BACKEND="${BACKEND:-auto}"  # e.g. BACKEND=reference to check the service path without the Triton kernels
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 # litetopk without installing it: a folder of links under the CONTRACT.md §6 import names.
@@ -26,9 +27,9 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log to $OUT/check.lo
 # Budget: the device tool allows 600 s a command; the three steps stay under ~560 s.
 step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
 step 30 python3 -c 'import torch, triton, fastapi, uvicorn, pydantic; print("torch", torch.__version__, "triton", triton.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__)'
-step 200 python3 bench/gpu_service_check.py --out "$OUT"
+step 200 python3 bench/gpu_service_check.py --backend "$BACKEND" --out "$OUT"
 echo "== bench/service.py" | tee -a "$OUT/check.log"
-timeout 240 python3 bench/service.py --shapes decode,prefill --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+timeout 240 python3 bench/service.py --backend "$BACKEND" --shapes decode,prefill --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 step 90 python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts=""
 echo "gpu_service_check: exit $status" | tee -a "$OUT/check.log"
