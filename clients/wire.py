@@ -133,7 +133,7 @@ def decode_result_binary(data: bytes) -> tuple[dict[str, torch.Tensor], int, int
         header = json.loads(data[12:12 + header_len])
         start = 12 + header_len
         start += -start % 8
-        buffer = bytearray(data[start:])  # one copy: the tensors get writable memory of their own
+        buffer = bytearray(memoryview(data)[start:])  # one copy: the tensors get writable memory of their own
         fields = {}
         for e in header["fields"]:
             dtype = DTYPES[e["dtype"]]
