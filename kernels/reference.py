@@ -95,6 +95,8 @@ class ReferenceBackend(ScoringBackend):
 
     def _row_chunks(self, problem: PrefillProblem):
         live = torch.nonzero(problem.ends > problem.starts).flatten()
+        if live.numel() == 0:
+            return ()
         order = live[torch.argsort(problem.row_to_batch[live].long() * 2**32 + problem.starts[live].long())]
         return torch.split(order, self.row_chunk)
 
