@@ -227,3 +227,27 @@ def test_map_pages_never_wraps_a_slot(page):
         map_pages(positions, torch.tensor([0], dtype=torch.int32), table)
     # the same page outside every published position is not read
     assert map_pages(positions[:, :1], torch.tensor([0], dtype=torch.int32), table).tolist() == [[3 * 64 + 5]]
+
+
+@pytest.mark.parametrize("live_page, want_error", [(9, False), (10, True), (12, True)])
+def test_validate_checks_the_slots_of_live_pages_only(live_page, want_error, seed, monkeypatch):
+    """A cache of 2^25 pages (146 GB) cannot be built here, so the slot limit is scaled down to
+    10 pages (slots 0..639): validate_prefill must then fail a call whose windows read page 10 or
+    beyond, and ignore such a page outside every window."""
+    import litetopk.kernels.validation as validation
+
+    monkeypatch.setattr(validation, "INT32_MAX", 10 * 64 - 1)
+    args = small_args(seed)
+    assert args["kv_cache"].shape[0] == 13
+    table = args["block_table"]
+    # move the live pages onto 0..8 and page (0, 1) onto `live_page`, keeping every page distinct
+    free_low = iter(p for p in range(9) if p != live_page)
+    for b in range(2):
+        for c in range(4):
+            table[b, c] = next(free_low) if (b, c) != (0, 1) else live_page
+    table[1, 4] = 12 if live_page != 12 else 11  # outside every window: never checked
+    if want_error:
+        with pytest.raises(SlotOverflowError, match=str(live_page * 64 + 63)):
+            validate_prefill(*args.values(), topk=512)
+    else:
+        assert validate_prefill(*args.values(), topk=512).row_status.tolist() == [0, 0, 0, 0]
