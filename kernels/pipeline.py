@@ -112,7 +112,8 @@ def run_litetopk(
     underfilled = ~overflow & (kept < problem.window_lengths.clamp(max=k))
     status |= torch.where(overflow, int(RowStatus.OVERFLOW), 0).to(torch.int32)
     status |= torch.where(underfilled, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
-    top = select_topk_keys(scan.keys, k)
+    used = min(capacity, int(kept.max())) if problem.num_rows else 0  # columns any row filled
+    top = select_topk_keys(scan.keys[:, :used], k)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     capacity_only = (status & ~int(RowStatus.OVERFLOW | RowStatus.UNDERFILLED)) == 0
     failed = torch.nonzero((status != 0) & capacity_only).flatten()

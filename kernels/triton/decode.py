@@ -27,36 +27,61 @@ from ..cache_layout import PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
 FLAG_NAN_SCALE = 4
-VECTORS_PER_PROGRAM = 32
+VECTORS_PER_PROGRAM = 64
+
+
+@triton.jit
+def _e2m1_times_two(nibble):
+    """Signed integer 2 * E2M1 value (-12..12) of int32 nibbles."""
+    mag = nibble & 7
+    val = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
+    return tl.where((nibble & 8) != 0, -val, val)
 
 
 @triton.jit
 def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr, out_vec,
                     VB: tl.constexpr):
-    """Decode VB vectors whose bytes start at packed_off / scale_off (int64 [VB]) into row out_vec."""
+    """Decode VB vectors whose bytes start at packed_off / scale_off (int64 [VB]) into row out_vec.
+
+    Works on the 64 packed bytes of each vector as they are (byte b holds elements 2b and 2b+1 of
+    block b // 16) and writes each pair as one int16 (little-endian: element 2b first), so every
+    load and store is a plain contiguous row."""
     offs_b = tl.arange(0, 64)
-    offs_g = tl.arange(0, 4)
     packed = tl.load(packed_ptr + packed_off[:, None] + offs_b[None, :], mask=live[:, None], other=0).to(tl.int32)
-    scales = tl.load(scale_ptr + scale_off[:, None] + offs_g[None, :], mask=live[:, None], other=127).to(tl.int32)
-    codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), [VB, 128])  # element 2i = low nibble
-    mag = codes & 7
-    val = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
-    val = tl.where((codes & 8) != 0, -val, val)
+    even = _e2m1_times_two(packed & 0xF)
+    odd = _e2m1_times_two(packed >> 4)
+    block = offs_b // 16
+    s0 = tl.load(scale_ptr + scale_off, mask=live, other=127).to(tl.int32)
+    s1 = tl.load(scale_ptr + scale_off + 1, mask=live, other=127).to(tl.int32)
+    s2 = tl.load(scale_ptr + scale_off + 2, mask=live, other=127).to(tl.int32)
+    s3 = tl.load(scale_ptr + scale_off + 3, mask=live, other=127).to(tl.int32)
+    nonzero = ((packed & 0x77) != 0).to(tl.int32)  # a nonzero magnitude in this byte
     # Blocks that set the common exponent: nonzero ones with a finite scale (255 is NaN, flagged).
-    group_nonzero = (tl.max(tl.reshape(mag, [VB, 4, 32]), axis=2) > 0) & (scales != 255)  # [VB, 4]
-    m = tl.min(tl.where(group_nonzero, scales, 255), axis=1)  # [VB]
-    m = tl.where(tl.max(group_nonzero.to(tl.int32), axis=1) > 0, m, 127)
-    d = tl.where(group_nonzero, scales - m[:, None], 0)  # [VB, 4]
-    spread = tl.max(d, axis=1)
-    d_elem = tl.reshape(tl.broadcast_to(d[:, :, None], [VB, 4, 32]), [VB, 128])
-    lo = tl.where(d_elem <= 3, val << tl.minimum(d_elem, 3), 0)
-    hi = tl.where((d_elem >= 4) & (d_elem <= 7), val << tl.minimum(tl.maximum(d_elem - 4, 0), 3), 0)
-    nan_scale = tl.max((scales == 255).to(tl.int32), axis=1) > 0
+    z0 = (tl.max(tl.where(block == 0, nonzero, 0), axis=1) > 0) & (s0 != 255)
+    z1 = (tl.max(tl.where(block == 1, nonzero, 0), axis=1) > 0) & (s1 != 255)
+    z2 = (tl.max(tl.where(block == 2, nonzero, 0), axis=1) > 0) & (s2 != 255)
+    z3 = (tl.max(tl.where(block == 3, nonzero, 0), axis=1) > 0) & (s3 != 255)
+    m = tl.minimum(tl.minimum(tl.where(z0, s0, 255), tl.where(z1, s1, 255)),
+                   tl.minimum(tl.where(z2, s2, 255), tl.where(z3, s3, 255)))
+    m = tl.where(z0 | z1 | z2 | z3, m, 127)
+    d0 = tl.where(z0, s0 - m, 0)
+    d1 = tl.where(z1, s1 - m, 0)
+    d2 = tl.where(z2, s2 - m, 0)
+    d3 = tl.where(z3, s3 - m, 0)
+    spread = tl.maximum(tl.maximum(d0, d1), tl.maximum(d2, d3))
+    d = tl.where(block[None, :] == 0, d0[:, None], tl.where(block[None, :] == 1, d1[:, None],
+                 tl.where(block[None, :] == 2, d2[:, None], d3[:, None])))  # [VB, 64]
+    low_shift = tl.minimum(d, 3)
+    high_shift = tl.minimum(tl.maximum(d - 4, 0), 3)
+    in_lo = d <= 3
+    in_hi = (d >= 4) & (d <= 7)
+    lo = (tl.where(in_lo, even << low_shift, 0) & 0xFF) | (tl.where(in_lo, odd << low_shift, 0) << 8)
+    hi = (tl.where(in_hi, even << high_shift, 0) & 0xFF) | (tl.where(in_hi, odd << high_shift, 0) << 8)
+    nan_scale = (s0 == 255) | (s1 == 255) | (s2 == 255) | (s3 == 255)
     flags = (spread >= 4).to(tl.int32) * 1 + (spread >= 8).to(tl.int32) * 2 + nan_scale.to(tl.int32) * 4
-    offs_e = tl.arange(0, 128)
-    out_off = out_vec.to(tl.int64)[:, None] * 128 + offs_e[None, :]
-    tl.store(lo_ptr + out_off, lo.to(tl.int8))
-    tl.store(hi_ptr + out_off, hi.to(tl.int8))
+    out_off = out_vec.to(tl.int64)[:, None] * 64 + offs_b[None, :]  # int16 pairs: 64 per vector
+    tl.store(lo_ptr + out_off, lo.to(tl.int16))
+    tl.store(hi_ptr + out_off, hi.to(tl.int16))
     tl.store(exp_ptr + out_vec, m)
     tl.store(flags_ptr + out_vec, flags.to(tl.int8))
 
@@ -98,7 +123,8 @@ def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, ne
     flags = torch.empty(batch, s_pad, dtype=torch.int8, device=dev)
     grid = (triton.cdiv(s_pad, VECTORS_PER_PROGRAM), batch)
     _decode_keys_kernel[grid](
-        kv_cache, block_table, block_table.stride(0), need, kv_cache.shape[0], s_pad, lo, hi, exp, flags,
+        kv_cache, block_table, block_table.stride(0), need, kv_cache.shape[0], s_pad,
+        lo.view(torch.int16), hi.view(torch.int16), exp, flags,
         VB=VECTORS_PER_PROGRAM, PAGE=PAGE_SIZE, PAGE_BYTES_C=PAGE_BYTES, VALUE_BYTES_C=PAGE_VALUE_BYTES,
     )
     return lo, hi, exp, flags
@@ -115,6 +141,7 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor):
     exp = torch.empty(n + 1, dtype=torch.int32, device=dev)
     flags = torch.empty(n + 1, dtype=torch.int8, device=dev)
     grid = (triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM),)
-    _decode_queries_kernel[grid](q_fp4, q_scale, n, lo, hi, exp, flags, VB=VECTORS_PER_PROGRAM)
+    _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags,
+                                 VB=VECTORS_PER_PROGRAM)
     return (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
             exp[:n].view(rows, heads), flags[:n].view(rows, heads))
