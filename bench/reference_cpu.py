@@ -66,7 +66,7 @@ def peak_rss_mib() -> float:
 def build(args, topk: int):
     from problems_gpu import call_args, prefill_problem
 
-    problem = prefill_problem(args.rows, 4 * args.keys, topk, seed=args.seed, device="cpu")
+    problem = prefill_problem(args.rows, 4 * args.keys, topk, seed=args.seed, device="cpu", spread=args.spread)
     return call_args(problem)
 
 
@@ -123,6 +123,13 @@ def run_child(argv: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def code_state() -> str:
+    """HEAD plus any uncommitted change under kernels/ and bench/ (others may commit meanwhile)."""
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=HERE, capture_output=True, text=True).stdout
+    return git("rev-parse", "HEAD") + git("diff", "HEAD", "--", "../kernels", "../bench/problems_gpu.py")
+
+
 def versions() -> dict:
     import numpy
     import torch
@@ -171,6 +178,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spread", type=int, default=1, help="MXFP4 block magnitudes over 2 * spread + 1 binades")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "reference-cpu.json"))
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
@@ -182,7 +190,8 @@ def main() -> None:
         return
 
     common = ["--rows", str(args.rows), "--keys", str(args.keys), "--repeats", str(args.repeats),
-              "--threads", str(args.threads), "--seed", str(args.seed)]
+              "--threads", str(args.threads), "--seed", str(args.seed), "--spread", str(args.spread)]
+    code_before = code_state()
     load_before = os.getloadavg()
     started = time.time()
     results, checks = [], []
@@ -208,13 +217,17 @@ def main() -> None:
               f"{r['peak_rss_above_problem_mib']:14.0f} {r['candidates_mean']:15.0f} {r['repaired_rows']:9d}")
     for c in checks:
         print(f"K={c['topk']}: litetopk {'==' if c['identical'] else '!='} dense (every output)")
+    if code_state() != code_before:
+        print("warning: kernels/ or bench/problems_gpu.py changed during the run; rerun for clean numbers")
 
     record = {
         "benchmark": "reference backend on the CPU, dense vs LiteTopK",
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
+                  "spread": args.spread,
                   "workload": "bench/problems_gpu.prefill_problem on the CPU (one sequence, causal rows at its end)"},
-        "repeats": args.repeats, "seed": args.seed, "versions": versions(),
+        "repeats": args.repeats, "seed": args.seed, "spread": args.spread, "versions": versions(),
+        "code_changed_during_run": code_state() != code_before,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "elapsed_s": time.time() - started, "results": results, "identical": checks,
         "note": "wall_s / cpu_s: the fastest of `repeats` calls in a fresh process (cpu_s counts every thread); "
