@@ -304,9 +304,11 @@ def main(argv=None) -> int:
     backend = args.backend
     report = {"device": device_slug(device), "torch_device": str(device), "backend": backend,
               "versions": versions(), "command": " ".join([sys.executable, *sys.argv]),
-              "concurrency": args.concurrency, "cpu_count": os.cpu_count(), "shapes": {},
-              "note": ("CPU shapes are reduced (reference backend in plain torch); the service and the "
-                       "benchmark share the CPU cores") if device.type == "cpu" else ""}
+              "concurrency": args.concurrency, "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
+              "shapes": {},
+              "note": ("CPU shapes are reduced (reference backend in plain torch); the service, the benchmark "
+                       "and anything else running share the CPU cores (see load_average_*)")
+              if device.type == "cpu" else ""}
     with tempfile.TemporaryDirectory(prefix="ltk-bench-", dir="/tmp") as directory:
         service = Service(str(device), backend, directory)
         try:
@@ -319,6 +321,7 @@ def main(argv=None) -> int:
             service.stop()
     if "decode" in report["shapes"]:
         report["batching_probe"] = batching_probe(device, backend)
+    report["load_average_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"service-{report['device']}.json"

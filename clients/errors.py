@@ -50,7 +50,7 @@ class ServiceProblem(TopKClientError):
         self.code = str(problem.get("code", "unknown"))
         self.status = status
         self.detail = str(problem.get("detail", ""))
-        super().__init__(f"[{self.code}] {self.detail}")
+        Exception.__init__(self, f"[{self.code}] {self.detail}")  # not super(): RowFaultProblem mixes in RowFaultError
 
 
 class RegionProblem(ServiceProblem):

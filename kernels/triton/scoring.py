@@ -11,20 +11,26 @@ Because ReLU and the head sum commute with a positive power of two, this equals 
 up to the order of the float32 head sum: Triton's tree reduction over the 64 heads (inside a
 thread, then across lanes). Precision bound against exact arithmetic, per score:
     |score - exact| <= 70 * 2^-24 * |weight_scale| * sum_h |w[i,h]| relu(q.k)        (gamma_64 + 2 roundings)
-The hi terms run only in programs (query side) or key tiles (key side) that hold a wide vector.
+Where no live vector is wide (ANY_WIDE false, the common case) |int_dot| < 2^21 and float(x) is
+computed as bits(0x4B000000 | x) - 2^23, exact and cheaper than the quarter-rate I2F. The hi
+terms run only in programs (query side) or key tiles (key side) that hold a wide vector.
 
 Tiling (the fast orientation measured on the H200, H200-NOTES.md): keys on the MMA's M side
 (BLOCK_KEYS keys per step), (query row, head) on the N side (BLOCK_ROWS rows x 64 heads), head
 sum along N in the epilogue. One program owns BLOCK_ROWS rows of one sequence and walks every
-key of their windows, so the per-row threshold, histogram and candidate counter live in
-registers: no atomics, no [rows, S] tensor in scan mode.
+key of their windows (dense mode: every stride-th position from 0, one output column each).
 
-Scan epilogue: key = ordered(score) << 32 | (2^32 - 1 - position) (selection.make_keys); keys >=
-the row's threshold are appended to buf[row, count..] (int64 addressing; past `capacity` they
-are counted, not written). A per-row histogram of appended scores over NUM_BINS bins of
-ordered-float bits [hist_lo, hist_lo + NUM_BINS << hist_shift) raises the threshold to the lowest
-bin edge with at least K appended keys at or above it: a real lower bound of the K-th best key.
-Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program.
+Scan epilogue: key = ordered(score) << 32 | (2^32 - 1 - position) (selection.make_keys); a key >=
+the row's threshold takes a slot with one relaxed atomic on the row's counter and is stored at
+buf[row, slot] (int64 addressing) if slot < capacity; the counter keeps counting past it (the
+overflow certificate). Passing scores are also counted in a per-row histogram of NUM_BINS linear
+bins over [hist_lo, hist_lo + NUM_BINS * hist_width). The step loop runs in inner loops of
+REFRESH steps (loads, MMAs and predicated appends only, so they software-pipeline); between them
+the program re-reads its rows' histograms and raises each threshold to one bin below the highest
+bin edge with at least K counted keys at or above it, a real lower bound of the K-th best key
+(float32 rounding of the bin index is far below one bin; a stale count only delays the raise).
+Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program; no [rows, S] tensor in
+scan mode.
 """
 
 from __future__ import annotations
