@@ -2,9 +2,10 @@
 
 The workload of bench/operator.py (one sequence, --rows causal prefill rows ending a raw context
 of 4 * --keys tokens, random MXFP4), built on the CPU. Each (method, K) runs in a fresh process
-that builds the problem, runs the operator --repeats times, and reports the fastest call's wall
-time and CPU time (all threads), the median wall time, and the peak resident memory of a call
-above what the process held before it (Linux VmHWM, reset before each call).
+that builds the problem and runs the operator --repeats times; --rounds such processes per
+(method, K) take turns. The table reports the fastest call's wall time and CPU time (all
+threads), the median wall time, and the peak resident memory of a call above what the process
+held before it (Linux VmHWM, reset before each call).
 Each process saves its outputs; the parent checks that LiteTopK returns exactly what dense
 returns (every output tensor).
 Prints a table, writes bench/results/reference-cpu.json (command, versions, machine) and a PNG.
@@ -102,6 +103,18 @@ def worker(args) -> dict:
     } | ({"saved": _save(result, args.save)} if args.save else {})
 
 
+def merge(runs: list[dict]) -> dict:
+    """One row of the table from every process of one (K, method): fastest call, median call."""
+    walls = [w for r in runs for w in r["wall_all_s"]]
+    cpus = [c for r in runs for c in r["cpu_all_s"]]
+    best = min(range(len(walls)), key=walls.__getitem__)
+    out = dict(runs[0])
+    out.update(wall_s=walls[best], cpu_s=cpus[best], wall_median_s=statistics.median(walls),
+               cpu_median_s=statistics.median(cpus), wall_all_s=walls, cpu_all_s=cpus, processes=len(runs),
+               peak_rss_above_problem_mib=max(r["peak_rss_above_problem_mib"] for r in runs))
+    return out
+
+
 def _save(result, path: str) -> str:
     import torch
 
@@ -124,10 +137,11 @@ def run_child(argv: list[str]) -> dict:
 
 
 def code_state() -> str:
-    """HEAD plus any uncommitted change under kernels/ and bench/ (others may commit meanwhile)."""
+    """The committed and uncommitted state of the code the benchmark runs (others commit meanwhile)."""
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=HERE, capture_output=True, text=True).stdout
-    return git("rev-parse", "HEAD") + git("diff", "HEAD", "--", "../kernels", "../bench/problems_gpu.py")
+    paths = ("kernels", "bench/problems_gpu.py")
+    return "".join(git("rev-parse", f"HEAD:{p}") for p in paths) + git("diff", "HEAD", "--", *(f"../{p}" for p in paths))
 
 
 def versions() -> dict:
@@ -175,7 +189,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--keys", type=int, default=65536, help="compressed keys S (raw context 4 * S)")
     parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="calls per process")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per (K, method), taking turns")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spread", type=int, default=1, help="MXFP4 block magnitudes over 2 * spread + 1 binades")
@@ -194,19 +209,22 @@ def main() -> None:
     code_before = code_state()
     load_before = os.getloadavg()
     started = time.time()
-    results, checks = [], []
+    calls, checks = {}, []
     with tempfile.TemporaryDirectory() as tmp:
+        # rounds of every (K, method) in turn, so that drifting load on a shared machine hits all alike
+        for round_ in range(args.rounds):
+            for k in args.topk:
+                for method in METHODS:
+                    save = os.path.join(tmp, f"{method}-{k}.pt") if round_ == 0 else None
+                    r = run_child([*common, "--topk", str(k), "--worker", method, "--method", method,
+                                   *(["--save", save] if save else [])])
+                    r.pop("saved", None)
+                    calls.setdefault((k, method), []).append(r)
+                    print(f"  round {round_} K={k:5d} {method:9s} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
+                          f"peak RSS +{r['peak_rss_above_problem_mib']:.0f} MiB", file=sys.stderr)
         for k in args.topk:
-            saved = {}
-            for method in METHODS:
-                saved[method] = os.path.join(tmp, f"{method}-{k}.pt")
-                r = run_child([*common, "--topk", str(k), "--worker", method, "--method", method,
-                               "--save", saved[method]])
-                r.pop("saved")
-                results.append(r)
-                print(f"  K={k:5d} {method:9s} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
-                      f"peak RSS +{r['peak_rss_above_problem_mib']:.0f} MiB", file=sys.stderr)
-            checks.append(check_identical(k, saved["litetopk"], saved["dense"]))
+            checks.append(check_identical(k, os.path.join(tmp, f"litetopk-{k}.pt"), os.path.join(tmp, f"dense-{k}.pt")))
+    results = [merge(runs) for runs in calls.values()]
 
     header = (f"{'K':>5} {'method':9} {'wall s':>8} {'median s':>9} {'cpu s':>8} {'peak RSS +MiB':>14} "
               f"{'candidates/row':>15} {'repaired':>9}")
@@ -226,11 +244,12 @@ def main() -> None:
         "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
                   "spread": args.spread,
                   "workload": "bench/problems_gpu.prefill_problem on the CPU (one sequence, causal rows at its end)"},
-        "repeats": args.repeats, "seed": args.seed, "spread": args.spread, "versions": versions(),
+        "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed, "spread": args.spread, "versions": versions(),
         "code_changed_during_run": code_state() != code_before,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "elapsed_s": time.time() - started, "results": results, "identical": checks,
-        "note": "wall_s / cpu_s: the fastest of `repeats` calls in a fresh process (cpu_s counts every thread); "
+        "note": "wall_s / cpu_s: the fastest of rounds x repeats calls (rounds fresh processes taking turns; "
+                "cpu_s counts every thread); wall_median_s: the median call; "
                 "peak_rss_above_problem_mib: the largest per-call rise of resident memory (VmHWM after the call "
                 "minus VmRSS before it). The machine is shared: see the load averages.",
     }
