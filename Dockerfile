@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The litetopk service image. `docker compose up` (compose.yaml) builds it; README "## Deployment".
 #
 # One recipe, not a second one: the builder runs the README's `make env` (the Makefile's venv and
