@@ -122,31 +122,36 @@ class TritonBackend(ScoringBackend):
         """(rows int32 [programs, BLOCK_ROWS] with -1 padding, batch int32 [programs], span int32
         [programs, 2] = (min start, max end) of the program's rows): the rows of every program
         belong to one sequence; programs with the most keys to scan come first."""
-        rtb = problem.row_to_batch.cpu().long()
-        starts = problem.starts.cpu().long()
-        ends = problem.ends.cpu().long()
-        live = torch.nonzero(ends > starts).flatten()
-        if live.numel() == 0:
-            empty = torch.empty(0, self.block_rows, dtype=torch.int32, device=problem.device)
-            return empty, empty[:, 0], empty[:, :2]
-        order = live[torch.argsort(rtb[live] * 2**32 + starts[live], stable=True)]
+        dev = problem.device
+        rtb = problem.row_to_batch.long()
+        starts = problem.starts.long()
+        ends = problem.ends.long()
+        live = ends > starts
+        block = self.block_rows
+        order = torch.argsort(torch.where(live, rtb * 2**32 + starts, 2**62), stable=True)  # empty rows last
         batch_of = rtb[order]
-        first_of_batch = torch.searchsorted(batch_of, batch_of, side="left")
-        rank = torch.arange(order.numel()) - first_of_batch  # rank of the row inside its sequence
-        per_batch = torch.bincount(batch_of, minlength=int(rtb.max()) + 1)
-        programs_per_batch = (per_batch + self.block_rows - 1) // self.block_rows
-        program_base = torch.cumsum(programs_per_batch, 0) - programs_per_batch
-        program = program_base[batch_of] + rank // self.block_rows
-        count = int(programs_per_batch.sum())
-        prog_rows = torch.full((count, self.block_rows), -1, dtype=torch.int64)
-        prog_rows[program, rank % self.block_rows] = order
-        prog_batch = torch.zeros(count, dtype=torch.int64).scatter_reduce_(0, program, batch_of, "amax")
-        lo = torch.full((count,), 2**31 - 1, dtype=torch.int64).scatter_reduce_(0, program, starts[order], "amin")
-        hi = torch.zeros(count, dtype=torch.int64).scatter_reduce_(0, program, ends[order], "amax")
-        first = torch.argsort(hi - lo, descending=True, stable=True)
-        span = torch.stack([lo, hi], dim=1)[first].to(torch.int32).contiguous()
-        return (prog_rows[first].to(torch.int32).to(problem.device), prog_batch[first].to(torch.int32).to(problem.device),
-                span.to(problem.device))
+        live_sorted = live[order]
+        per_batch = torch.zeros(problem.block_table.shape[0], dtype=torch.int64, device=dev)
+        per_batch.scatter_add_(0, rtb, live.long())
+        rank = torch.arange(order.numel(), device=dev) - (torch.cumsum(per_batch, 0) - per_batch)[batch_of]
+        programs_per_batch = (per_batch + block - 1) // block
+        count = int(programs_per_batch.sum())  # the one host sync: the grid size
+        if count == 0:
+            empty = torch.empty(0, block, dtype=torch.int32, device=dev)
+            return empty, empty[:, 0], empty[:, :2]
+        base = torch.cumsum(programs_per_batch, 0) - programs_per_batch
+        program = torch.where(live_sorted, base[batch_of] + rank // block, count)  # row `count`: a sink for empty rows
+        lane = torch.where(live_sorted, rank % block, 0)
+        prog_rows = torch.full((count + 1, block), -1, dtype=torch.int64, device=dev)
+        prog_rows[program, lane] = order
+        prog_batch = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, batch_of, "amax")
+        lo = torch.full((count + 1,), 2**31 - 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, starts[order], "amin")
+        hi = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, ends[order], "amax")
+        first = torch.argsort((hi - lo)[:count], descending=True, stable=True)
+        span = torch.stack([lo[:count], hi[:count]], dim=1)[first]
+        prog_rows = prog_rows[:count][first]
+        return prog_rows.to(torch.int32).contiguous(), prog_batch[:count][first].to(torch.int32).contiguous(), \
+            span.to(torch.int32).contiguous()
 
     # -- launches --------------------------------------------------------------------------
     def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,

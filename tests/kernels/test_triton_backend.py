@@ -175,3 +175,21 @@ def test_scan_threshold_only_rises_and_stays_safe(seed):
     assert bool((scan.thresholds >= thresholds).all()), f"seed {seed}: a threshold went down"
     assert bool((scan.thresholds <= true_kth).all()), f"seed {seed}: a threshold passed the true K-th key"
     assert bool((scan.thresholds > thresholds).any()), f"seed {seed}: the histogram never raised a threshold"
+
+
+@pytest.mark.parametrize("block_rows", [1, 4, 8])
+def test_schedule_covers_every_live_row_once_within_one_sequence(block_rows, seed):
+    p = make_problem(seed, seq_lens=[300, 900, 200], rows_per_seq=5, causal=False, spread=1)
+    p.ends[2] = p.starts[2]  # an empty window: no program
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
+    rows, batch, span = (t.cpu() for t in TritonBackend(block_rows=block_rows).schedule(problem))
+    live = (p.ends > p.starts).nonzero().flatten().tolist()
+    listed = rows[rows >= 0].tolist()
+    where = f"block_rows {block_rows}, seed {seed}"
+    assert sorted(listed) == sorted(live), f"{where}: every live row exactly once"
+    for prog in range(rows.shape[0]):
+        members = [r for r in rows[prog].tolist() if r >= 0]
+        assert members and {int(p.row_to_batch[r]) for r in members} == {int(batch[prog])}, f"{where}: program {prog}"
+        assert span[prog].tolist() == [min(int(p.starts[r]) for r in members), max(int(p.ends[r]) for r in members)], where
+    work = (span[:, 1] - span[:, 0]).tolist()
+    assert work == sorted(work, reverse=True), f"{where}: the longest programs first"
