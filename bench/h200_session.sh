@@ -13,11 +13,11 @@ export PYTHONPATH="/tmp/ltk${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 STEPS="${STEPS:-probe check bench gputests}"
 for step in $STEPS; do
   case $step in
-    probe) OUT=$RES timeout 120 python3 bench/triton_probe.py 2>&1 | grep -v '^sweep\|^sass_mix' | tail -6 ;;
-    check) timeout 120 python3 bench/check_production.py --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
-    bench) timeout 200 python3 bench/operator.py --model all --raw-context ${RAW:-262144} --processes 3 \
+    probe) OUT=$RES timeout 90 python3 bench/triton_probe.py 2>&1 | grep -v '^sweep\|^sass_mix' | tail -6 ;;
+    check) timeout 100 python3 bench/check_production.py --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
+    bench) timeout 150 python3 bench/operator.py --model all --raw-context ${RAW:-262144} --processes 3 \
              --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;
-    service) OUT=$RES/service timeout 570 bash bench/gpu_service_check.sh 2>&1 | tail -25 ;;
+    service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/gpu_service_check.sh 2>&1 | tail -25 ;;
     gputests) timeout 120 python3 -m pytest tests/kernels/test_triton_backend.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -4 ;;
   esac
 done
