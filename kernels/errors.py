@@ -3,6 +3,8 @@
     LiteTopKError                      base of everything this package raises on purpose
     ├── InputError (ValueError)        a tensor has the wrong dtype, shape, device or layout, or an
     │   │                              argument is out of its range; raised before any device work
+    │   ├── InputDtypeError            a tensor argument has a dtype the operator does not take
+    │   ├── InputShapeError            a tensor argument has the wrong rank or extent
     │   ├── UnsupportedTopKError       `topk` is not in SUPPORTED_TOPK
     │   └── SlotOverflowError          a physical slot (page * PAGE_SIZE + offset) does not fit int32
     ├── RowFaultError                  one or more rows cannot be answered: bad batch index or window
@@ -28,6 +30,14 @@ class LiteTopKError(Exception):
 
 class InputError(LiteTopKError, ValueError):
     """An argument is malformed (dtype, shape, device, layout or range); says what to change."""
+
+
+class InputDtypeError(InputError):
+    """A tensor argument has a dtype the operator does not take (the message names the allowed ones)."""
+
+
+class InputShapeError(InputError):
+    """A tensor argument has the wrong rank or extent (the message names the expected shape)."""
 
 
 class UnsupportedTopKError(InputError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
-from .errors import InputError, SlotOverflowError, UnsupportedTopKError
+from .errors import InputDtypeError, InputError, InputShapeError, SlotOverflowError, UnsupportedTopKError
 from .status import RowStatus
 
 SUPPORTED_TOPK = (512, 1024)
@@ -81,10 +81,10 @@ def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], s
         raise InputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in dtypes:
         wanted = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise InputError(f"{name} must be {wanted}, got {str(tensor.dtype).removeprefix('torch.')}")
+        raise InputDtypeError(f"{name} must be {wanted}, got {str(tensor.dtype).removeprefix('torch.')}")
     if tensor.ndim != len(shape) or any(want is not None and got != want for got, want in zip(tensor.shape, shape)):
         wanted = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise InputError(f"{name} must have shape {wanted}, got {list(tensor.shape)}")
+        raise InputShapeError(f"{name} must have shape {wanted}, got {list(tensor.shape)}")
     if not tensor.is_contiguous():
         raise InputError(f"{name} must be contiguous (call .contiguous() first)")
 
@@ -107,10 +107,12 @@ def check_slots_fit_int32(max_page_id: int) -> None:
 
 
 def _as_page_matrix(kv_cache: torch.Tensor) -> torch.Tensor:
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.uint8:
-        raise InputError(f"kv_cache must be a uint8 tensor, got {getattr(kv_cache, 'dtype', type(kv_cache))}")
+    if not isinstance(kv_cache, torch.Tensor):
+        raise InputError(f"kv_cache must be a uint8 tensor, got {type(kv_cache)}")
+    if kv_cache.dtype != torch.uint8:
+        raise InputDtypeError(f"kv_cache must be a uint8 tensor, got {kv_cache.dtype}")
     if kv_cache.ndim < 2 or math.prod(kv_cache.shape[1:]) != PAGE_BYTES:
-        raise InputError(
+        raise InputShapeError(
             f"kv_cache must be [num_pages, {PAGE_BYTES}] (or a view such as [num_pages, 64, 1, 68]), "
             f"got {list(kv_cache.shape)}"
         )

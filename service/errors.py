@@ -4,7 +4,9 @@
     litetopk.kernels errors           translated here (kernels/errors.py draws that tree):
         UnsupportedTopKError      ->  unsupported_topk
         SlotOverflowError         ->  slot_overflow
-        InputError                ->  invalid_input
+        InputDtypeError           ->  bad_dtype
+        InputShapeError           ->  bad_shape
+        InputError                ->  invalid_input (layout, device, range)
         RowFaultError             ->  invalid_row | invalid_page | nonfinite_score | selector_failure
                                       (the worst flag of the failing rows; every row is named)
         BackendUnavailableError   ->  backend_unavailable
@@ -31,7 +33,9 @@ from starlette.routing import Match
 from litetopk.kernels import (
     BackendUnavailableError,
     DeviceError,
+    InputDtypeError,
     InputError,
+    InputShapeError,
     RowFaultError,
     RowStatus,
     SlotOverflowError,
@@ -121,6 +125,10 @@ def as_service_error(exc: BaseException) -> ServiceError:
         return ServiceError("unsupported_topk", str(exc))
     if isinstance(exc, SlotOverflowError):
         return ServiceError("slot_overflow", str(exc))
+    if isinstance(exc, InputDtypeError):
+        return ServiceError("bad_dtype", str(exc))
+    if isinstance(exc, InputShapeError):
+        return ServiceError("bad_shape", str(exc))
     if isinstance(exc, InputError):
         return ServiceError("invalid_input", str(exc))
     if isinstance(exc, RowFaultError):

@@ -1,7 +1,9 @@
 """/v1/topk: one `litetopk_prefill` call on the pinned device, inputs named by region or inline.
 
-    admit (event loop)   topk, backend, dtypes, shapes, regions, bounds: fail fast, no lease
-    execute (worker)     lease regions -> tensors on the device -> operator -> row faults ->
+    admit (event loop)   topk, backend, regions, bounds, inline lengths, output regions: fail fast,
+                         no lease
+    execute (worker)     lease regions -> tensors on the device -> operator (checks the inputs'
+                         dtypes and shapes: bad_dtype / bad_shape) -> row faults ->
                          results into output regions or to the host -> release leases
     answer (event loop)  JSON for small results, binary (litetopk.clients.wire) for large ones
 """
@@ -20,12 +22,13 @@ from litetopk.clients.wire import (
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
     RESULT_FIELDS,
+    dtype_name,
     encode_result_binary,
     encode_result_json,
     result_nbytes,
     result_shape,
 )
-from litetopk.kernels import PAGE_BYTES, RowFaultError, RowStatus, litetopk_prefill
+from litetopk.kernels import RowFaultError, RowStatus, litetopk_prefill
 from litetopk.kernels.status import INPUT_FAULTS, describe
 from litetopk.kernels.validation import check_topk
 
@@ -56,48 +59,42 @@ class _Outcome:
 # ------------------------------------------------------------------------------------- admit
 
 
-def _expected(name: str, rows: int, topk: int) -> tuple[tuple[str, ...], str, callable]:
-    """(dtypes, shape text, shape predicate) of input or output `name`."""
-    if name in RESULT_FIELDS:
-        dtype = "float32" if name == "values" else "int32"
-        want = list(result_shape(name, rows, topk))
-        return (dtype,), str(want), lambda s: s == want
-    table = {
-        "q_fp4": (("uint8",), f"[{rows}, 64, 64]", lambda s: s == [rows, 64, 64]),
-        "q_scale": (("uint8",), f"[{rows}, 64, 4]", lambda s: s == [rows, 64, 4]),
-        "kv_cache": (("uint8",), f"[num_pages, {PAGE_BYTES}] (or a view of it)",
-                     lambda s: len(s) >= 2 and math.prod(s[1:]) == PAGE_BYTES),
-        "weights": (("float32", "bfloat16"), f"[{rows}, 64]", lambda s: s == [rows, 64]),
-        "block_table": (("int32",), "[batch, max_pages]", lambda s: len(s) == 2),
-    }
-    return table.get(name, (("int32",), f"[{rows}]", lambda s: s == [rows]))
-
-
-def _check_tensor(name: str, arg, rows: int, topk: int) -> None:
-    dtypes, shape_text, shape_ok = _expected(name, rows, topk)
-    if arg.dtype not in dtypes:
-        raise ServiceError("bad_dtype", f"{name} must be {' or '.join(dtypes)}, got {arg.dtype}")
-    if not shape_ok(list(arg.shape)):
-        raise ServiceError("bad_shape", f"{name} must have shape {shape_text}, got {list(arg.shape)}")
-    if isinstance(arg, InlineTensor) and len(arg.data) != math.prod(arg.shape):
-        raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
-                           f"({math.prod(arg.shape)} values)")
+def _check_output(name: str, ref: RegionSlice, rows: int, topk: int) -> None:
+    """An output region must hold exactly the result field (the operator never sees it)."""
+    dtype, _ = RESULT_FIELDS[name]
+    want, wire = list(result_shape(name, rows, topk)), dtype_name(dtype)
+    if ref.dtype != wire:
+        raise ServiceError("bad_dtype", f"out.{name} must be {wire}, got {ref.dtype}")
+    if list(ref.shape) != want:
+        raise ServiceError("bad_shape", f"out.{name} must have shape {want}, got {list(ref.shape)}")
 
 
 def admit(req: TopKRequest, state: ServiceState) -> None:
-    """Every check that needs no device: raise the request's error before it is queued."""
+    """Every check that needs no device: raise the request's error before it is queued.
+
+    The inputs' dtypes and shapes are the operator's to check (kernels/validation.py raises
+    InputDtypeError / InputShapeError, answered `bad_dtype` / `bad_shape`); admission checks what
+    the operator cannot see: regions and their bounds, inline data against its shape, and the
+    output regions the results are written into.
+    """
     check_topk(req.topk)
     if req.backend not in ("auto", state.backend):
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
                            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
-    rows = req.q_fp4.shape[0] if req.q_fp4.shape else 0
-    named = {n: getattr(req, n) for n in INPUTS}
-    if req.out is not None:
-        named.update({n: r for n, r in req.out if r is not None})
-    for name, arg in named.items():
-        _check_tensor(name, arg, rows, req.topk)
-        if isinstance(arg, RegionSlice):
+    for name in INPUTS:
+        arg = getattr(req, name)
+        if isinstance(arg, InlineTensor):
+            if len(arg.data) != math.prod(arg.shape):
+                raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
+                                   f"({math.prod(arg.shape)} values)")
+        else:
             state.table.check(arg, name)
+    if req.out is not None:
+        rows = req.q_fp4.shape[0] if req.q_fp4.shape else 0
+        for name, ref in req.out:
+            if ref is not None:
+                _check_output(name, ref, rows, req.topk)
+                state.table.check(ref, f"out.{name}")
 
 
 # ----------------------------------------------------------------------------------- execute

@@ -19,7 +19,7 @@ CONTRACT_NAMES = {
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
     "BACKEND_NAMES", "PAGE_BYTES", "RowStatus", "LiteTopKTuning",
-    "LiteTopKError", "InputError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
+    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
     "BackendUnavailableError", "DeviceError",
 }
 
@@ -78,6 +78,8 @@ def test_status_bits_match_the_contract():
 
 def test_error_tree():
     assert issubclass(kernels.InputError, (kernels.LiteTopKError, ValueError))
+    assert issubclass(kernels.InputDtypeError, kernels.InputError)
+    assert issubclass(kernels.InputShapeError, kernels.InputError)
     assert issubclass(kernels.UnsupportedTopKError, kernels.InputError)
     assert issubclass(kernels.SlotOverflowError, kernels.InputError)
     assert issubclass(kernels.RowFaultError, kernels.LiteTopKError)

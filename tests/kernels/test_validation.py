@@ -12,7 +12,9 @@ import torch
 
 from litetopk.kernels import (
     SUPPORTED_TOPK,
+    InputDtypeError,
     InputError,
+    InputShapeError,
     RowStatus,
     SlotOverflowError,
     UnsupportedTopKError,
@@ -83,6 +85,25 @@ def test_malformed_argument_is_an_input_error(case, seed):
         validate_prefill(*args.values(), topk=512)
     assert isinstance(info.value, ValueError), case
     assert words in str(info.value), f"{case}: message {str(info.value)!r} should say {words!r}"
+
+
+def expected_error(case: str) -> type:
+    """The InputError subclass a BAD_CALLS case raises: dtype and shape faults are told apart."""
+    if "dtype" in case or "float" in case:
+        return InputDtypeError
+    if any(word in case for word in ("dim", "heads", "rows", "page bytes", "rank")):
+        return InputShapeError
+    return InputError  # layout, device, type: neither a dtype nor a shape
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_dtype_and_shape_faults_have_their_own_class(case, seed):
+    name, change, _ = BAD_CALLS[case]
+    args = small_args(seed)
+    args[name] = change(args[name])
+    with pytest.raises(InputError) as info:
+        validate_prefill(*args.values(), topk=512)
+    assert type(info.value) is expected_error(case), f"{case}: raised {type(info.value).__name__}"
 
 
 @pytest.mark.parametrize("weight_scale", [float("nan"), float("inf"), -float("inf"), True, "1.0", None])

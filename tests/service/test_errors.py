@@ -16,7 +16,9 @@ from litetopk.clients import InvalidRequestProblem, RegionProblem, RowFaultProbl
 from litetopk.kernels import (
     BackendUnavailableError,
     DeviceError,
+    InputDtypeError,
     InputError,
+    InputShapeError,
     RowFaultError,
     RowStatus,
     SlotOverflowError,
@@ -40,7 +42,7 @@ COVERED_BY = {
     "bad_shape": "test_tensor_reference_checks",
     "unsupported_topk": "test_unsupported_topk",
     "slot_overflow": "test_mapping_of_foreign_errors (needs a cache of > 2^25 pages, 146 GB)",
-    "invalid_input": "test_mapping_of_foreign_errors (admission checks dtypes and shapes first)",
+    "invalid_input": "test_mapping_of_foreign_errors (the clients send contiguous tensors on one device)",
     "validation_error": "test_validation_error_lists_pydantic_errors",
     "backend_unavailable": "test_backend_unavailable",
     "invalid_row": "test_row_faults_name_the_rows",
@@ -127,9 +129,13 @@ def test_stale_generation_after_re_registration(client, http, problem):
 @pytest.mark.parametrize("field,change,code", [
     ("kv_cache", {"offset": 4352}, "out_of_bounds"),
     ("weights", {"offset": 2}, "misaligned_offset"),
+    # dtypes and shapes of inputs: the operator's own check (InputDtypeError / InputShapeError)
     ("q_fp4", {"dtype": "int32", "shape": [8, 64, 16]}, "bad_dtype"),
+    ("kv_cache", {"dtype": "int32", "shape": [1, 1088]}, "bad_dtype"),
     ("q_scale", {"shape": [8, 64, 2]}, "bad_shape"),
     ("weights", {"shape": [7, 64]}, "bad_shape"),
+    ("kv_cache", {"shape": [2, 4351]}, "bad_shape"),
+    ("ends", {"shape": [2, 4], "data": list(range(8))}, "bad_shape"),
 ])
 def test_tensor_reference_checks(client, http, problem, field, change, code):
     body = body_for(client, problem)
@@ -257,6 +263,8 @@ def test_mixed_row_faults_pick_the_worst_and_name_all(client, problem):
 @pytest.mark.parametrize("exc,code", [
     (UnsupportedTopKError("topk=3 is not supported"), "unsupported_topk"),
     (SlotOverflowError("page 40000000 has slots beyond int32"), "slot_overflow"),
+    (InputDtypeError("q_fp4 must be uint8, got int32"), "bad_dtype"),
+    (InputShapeError("weights must have shape [8, 64], got [7, 64]"), "bad_shape"),
     (InputError("kv_cache must be contiguous"), "invalid_input"),
     (RowFaultError("row 3 failed", [3], [int(RowStatus.SELECTOR_FAILURE)]), "selector_failure"),
     (RowFaultError("rows", [1, 2], [int(RowStatus.NONFINITE), int(RowStatus.INVALID_PAGE)]), "invalid_page"),
