@@ -311,7 +311,22 @@ CASES = {
     "cache viewed as [pages, 64, 1, 68]": Case(page_view_of_cache),
     "pages shared between sequences, reversed page order": Case(shared_prefix_pages),
     "rows of several sequences interleaved": Case(rows_in_random_order, tuning=CALIBRATED),
+    "NaN key in a window that also overflows (repaired)": Case(
+        nonfinite_keys, tuning=LiteTopKTuning(candidate_capacity=16), expect_repaired=True),
 }
+
+#: Known bugs in code this suite does not own (kernels/pipeline.py), reported to the lead.
+KNOWN_BUGS = {
+    "NaN key in a window that also overflows (repaired)": (
+        "pipeline.run_litetopk: a row that is NONFINITE and also overflowed its candidate buffer keeps "
+        "the OVERFLOW bit (status 5) under repair=True, while dense reports NONFINITE (4); capacity bits "
+        "of rows failed for their input should be dropped so that LiteTopK == dense"),
+}
+
+
+def case_params(names):
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n])) if n in KNOWN_BUGS else n
+            for n in names]
 
 
 def run_both(p: Problem, case: Case) -> tuple[TopKResult, TopKResult]:
@@ -385,7 +400,7 @@ def assert_same(a: TopKResult, b: TopKResult, rows: torch.Tensor, what: str) -> 
 # ---- tests --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", case_params(CASES))
 def test_reference_operator_against_float64_oracle(name, seed):
     case = CASES[name]
     p = case.build(seed)
