@@ -140,7 +140,9 @@ def code_state() -> str:
     """The committed and uncommitted state of the code the benchmark runs (others commit meanwhile)."""
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=HERE, capture_output=True, text=True).stdout
-    paths = ("kernels", "bench/problems_gpu.py")
+    top = os.path.dirname(HERE)
+    paths = sorted(f"kernels/{f}" for f in os.listdir(os.path.join(top, "kernels")) if f.endswith(".py"))
+    paths.append("bench/problems_gpu.py")  # the reference path: kernels/*.py, not triton/ or flydsl/
     return "".join(git("rev-parse", f"HEAD:{p}") for p in paths) + git("diff", "HEAD", "--", *(f"../{p}" for p in paths))
 
 
@@ -236,7 +238,7 @@ def main() -> None:
     for c in checks:
         print(f"K={c['topk']}: litetopk {'==' if c['identical'] else '!='} dense (every output)")
     if code_state() != code_before:
-        print("warning: kernels/ or bench/problems_gpu.py changed during the run; rerun for clean numbers")
+        print("warning: kernels/*.py or bench/problems_gpu.py changed during the run; rerun for clean numbers")
 
     record = {
         "benchmark": "reference backend on the CPU, dense vs LiteTopK",
