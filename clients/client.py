@@ -24,7 +24,15 @@ import torch
 from litetopk.kernels import TopKResult
 
 from .errors import ProtocolError, RegionProblem, TopKClientError, problem_error
-from .regions import Region, RegionSlice, export, release_export
+from .regions import (
+    Region,
+    RegionSlice,
+    export,
+    owner_fields,
+    release_export,
+    resolve_owner_pid,
+    resolve_shm_mode,
+)
 from .transport import DEFAULT_TIMEOUT, Endpoint, async_http, resolve_endpoint, sync_http, transport_error
 from .wire import (
     BINARY_MEDIA_TYPE,
@@ -64,7 +72,9 @@ def _check(response: httpx.Response) -> httpx.Response:
 class _Flows:
     """Request building and response parsing shared by both clients (no I/O here)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner_pid: int | str | None = "current", shm_mode: int = 0o600) -> None:
+        self.owner_pid = owner_pid  # resolved: 'current', None or a pid
+        self.shm_mode = shm_mode
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
         self._scratch: list[Region] = []  # idle scratch regions
@@ -72,9 +82,10 @@ class _Flows:
     # -- regions ---------------------------------------------------------------------------------
 
     def register(self, tensor: torch.Tensor, *, min_size: int = 0) -> Flow:
-        exported = export(tensor, min_size=min_size)
+        exported = export(tensor, min_size=min_size, shm_mode=self.shm_mode)
+        registration = {**exported.registration, **owner_fields(self.owner_pid)}
         try:
-            info = _check((yield "POST", "/v1/regions", {"json": exported.registration})).json()
+            info = _check((yield "POST", "/v1/regions", {"json": registration})).json()
         except BaseException:
             if hasattr(exported.keepalive, "unlink"):
                 exported.keepalive.unlink()
@@ -242,9 +253,10 @@ class _Flows:
 
 
 class _ClientBase:
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
+                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
         self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
-        self._flows = _Flows()
+        self._flows = _Flows(resolve_owner_pid(owner_pid), resolve_shm_mode(shm_mode))
         self._timeout = timeout
 
     def __repr__(self) -> str:
@@ -252,10 +264,21 @@ class _ClientBase:
 
 
 class TopKClient(_ClientBase):
-    """Blocking client of the litetopk service (TCP `base_url` or Unix socket `uds`)."""
+    """Blocking client of the litetopk service (TCP `base_url` or Unix socket `uds`).
 
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
-        super().__init__(base_url, uds=uds, timeout=timeout)
+    owner_pid  the process whose death retires this client's regions in the service: 'auto'
+               (default: $LITETOPK_CLIENT_OWNER_PID when set, 'none' or a pid, else this process),
+               None (send `pid: null`: nothing is tracked; unregister explicitly) or a pid. The
+               client also sends its pid namespace, so a service in another pid namespace refuses
+               the pid (`foreign_pid_namespace`) instead of tracking an unrelated process.
+    shm_mode   permission bits of the shared-memory blocks this client creates: None (default:
+               $LITETOPK_CLIENT_SHM_MODE, octal, else 0o600) or e.g. 0o660 for a service that runs
+               under another uid in this process's primary group.
+    """
+
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
+                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, shm_mode=shm_mode)
         self._http = sync_http(self.endpoint, timeout)
 
     def _drive(self, flow: Flow):
@@ -312,10 +335,11 @@ class TopKClient(_ClientBase):
 
 
 class AsyncTopKClient(_ClientBase):
-    """asyncio client of the litetopk service; the same methods as TopKClient, awaitable."""
+    """asyncio client of the litetopk service; the same options and methods as TopKClient, awaitable."""
 
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT):
-        super().__init__(base_url, uds=uds, timeout=timeout)
+    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
+                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, shm_mode=shm_mode)
         self._http = async_http(self.endpoint, timeout)
 
     async def _drive(self, flow: Flow):

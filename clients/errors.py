@@ -9,7 +9,7 @@
         │                                 `.status`, `.detail`, `.problem` (the whole body)
         ├── RegionProblem                 unknown_region, stale_region, out_of_bounds,
         │                                 misaligned_offset, shm_unavailable, foreign_device,
-        │                                 ipc_unavailable
+        │                                 ipc_unavailable, foreign_pid_namespace
         ├── InvalidRequestProblem         bad_dtype, bad_shape, unsupported_topk, slot_overflow,
         │                                 invalid_input, validation_error, payload_too_large,
         │                                 backend_unavailable, not_found, method_not_allowed
@@ -89,7 +89,7 @@ class DeviceProblem(ServiceProblem):
 _CLASSES: dict[str, type[ServiceProblem]] = {}
 for _cls, _codes in (
     (RegionProblem, "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable foreign_device "
-                    "ipc_unavailable"),
+                    "ipc_unavailable foreign_pid_namespace"),
     (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk slot_overflow invalid_input validation_error "
                             "payload_too_large backend_unavailable not_found method_not_allowed http_error"),
     (RowFaultProblem, "invalid_row invalid_page nonfinite_score selector_failure"),

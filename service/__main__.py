@@ -4,6 +4,11 @@ Both listening sockets are bound here and handed to one uvicorn Server, so there
 loop, one lifespan (one device worker) and one graceful shutdown (SIGINT/SIGTERM: stop accepting,
 finish in-flight and queued requests, then exit). The first line on stderr after binding says
 where the service listens (`--port 0` picks a free port).
+
+`python -m litetopk.service --check livez|readyz [--flags]` is the probe (the image's HEALTHCHECK):
+it reads the same settings, asks the running service over its Unix socket (when one is
+configured, else over TCP on the configured address, loopback for 0.0.0.0 / ::) and exits 0 on
+200, 1 otherwise, saying why on stderr. It loads neither torch nor the app.
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ import socket
 import stat
 import sys
 
-import uvicorn
-
-from .app import create_app
-from .settings import ServiceSettings, parse_cli
+from .settings import ServiceSettings, cli_parser, settings_from_args
 
 log = logging.getLogger("litetopk.service")
+
+CHECK_TIMEOUT_S = 4.0  # below the HEALTHCHECK --timeout (Dockerfile)
+WILDCARD_TO_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": None}
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -52,12 +57,68 @@ def bind_unix(settings: ServiceSettings) -> socket.socket:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
-    os.chmod(path, 0o600)
+    gid = settings.socket_group_id()
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, settings.uds_mode)
     return sock
 
 
+def check_target(settings: ServiceSettings) -> tuple[str | None, str]:
+    """(Unix socket path or None, base URL) the probe asks: the socket when configured, else TCP."""
+    if settings.uds:
+        return settings.uds, "http://litetopk"
+    host = WILDCARD_TO_LOOPBACK.get(settings.host, settings.host)
+    if not host or not settings.port:
+        raise ValueError("nothing to probe: no Unix socket (--uds '') and no fixed TCP address (--host, --port)")
+    return None, f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+
+
+def check(settings: ServiceSettings, route: str) -> int:
+    """Probe `/livez` or `/readyz` of the running service: 0 when it answers 200, else 1."""
+    import httpx
+
+    try:
+        uds, base_url = check_target(settings)
+    except ValueError as exc:
+        print(f"litetopk --check {route}: {exc}", file=sys.stderr)
+        return 1
+    where = f"unix:{uds}" if uds else base_url
+    transport = httpx.HTTPTransport(uds=uds) if uds else None
+    try:
+        with httpx.Client(base_url=base_url, transport=transport, timeout=CHECK_TIMEOUT_S) as client:
+            response = client.get(f"/{route}")
+    except httpx.HTTPError as exc:
+        print(f"litetopk --check {route}: no answer from {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code == 200:
+        return 0
+    try:
+        problem = response.json()
+        why = f"{problem['code']}: {problem['detail']}"
+    except (ValueError, KeyError, TypeError):
+        why = response.text[:200]
+    print(f"litetopk --check {route}: {where} answered {response.status_code} ({why})", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    settings = parse_cli(argv)
+    parser = cli_parser()
+    parser.add_argument("--check", choices=("livez", "readyz"), default=None,
+                        help="probe the running service (same settings) instead of starting one; exit 0 or 1")
+    args = parser.parse_args(argv)
+    settings = settings_from_args(args)
+    if args.check:
+        return check(settings, args.check)
+    try:
+        device = settings.torch_device()  # a GPU named by UUID that is not visible fails here, before binding
+    except ValueError as exc:
+        print(f"litetopk: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .app import create_app
+
     sockets, where = [], []
     if settings.host:
         tcp = bind_tcp(settings.host, settings.port)
@@ -70,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sockets:
         print("litetopk: both --host and --uds are empty; nothing to listen on", file=sys.stderr)
         return 2
-    print(f"litetopk listening on {' and '.join(where)}", file=sys.stderr, flush=True)
+    print(f"litetopk listening on {' and '.join(where)} ({device})", file=sys.stderr, flush=True)
     config = uvicorn.Config(
         create_app(settings), workers=1, lifespan="on", log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s), access_log=settings.log_level == "debug",

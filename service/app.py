@@ -95,7 +95,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         device = settings.torch_device()
         backend = get_backend(settings.backend, device).name
-        table = RegionTable(device)
+        table = RegionTable(device, settings.foreign_pid_namespace)
         executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
         state = ServiceState(settings=settings, device=device, backend=backend, table=table, executor=executor,
                              metrics=metrics)

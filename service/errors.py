@@ -58,6 +58,7 @@ CODES: dict[str, tuple[int, str]] = {
     "shm_unavailable": (422, "The shared-memory block cannot be opened"),
     "foreign_device": (422, "The CUDA IPC handle belongs to a device this service does not own"),
     "ipc_unavailable": (422, "CUDA IPC handles cannot be opened by this service"),
+    "foreign_pid_namespace": (422, "The owner pid is from another pid namespace than the service's"),
     # request contents
     "bad_dtype": (422, "A tensor has the wrong dtype"),
     "bad_shape": (422, "A tensor has the wrong shape"),

@@ -16,7 +16,10 @@ requests that name it then fail with `stale_region`) and waits for running lease
 it returns the service never touches the memory again. A shm mapping survives the block's unlink
 (POSIX semantics); it is unmapped when the last tensor viewing it is gone. Regions carry their
 owner's pid: when that process has died (checked periodically and on every use) its regions are
-retired as if unregistered.
+retired as if unregistered. A pid means something only in its pid namespace: a registration that
+names a namespace (`pid_ns`) other than the service's is refused with `foreign_pid_namespace`
+(or, with LITETOPK_FOREIGN_PID_NAMESPACE=untrack, registered with no owner), never tracked
+against whichever unrelated process has that number here.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from litetopk.clients.wire import DTYPES
 
 from .errors import ServiceError
 from .schemas import CudaIpcRegistration, RegionInfo, RegionSlice, ShmRegistration
+from .settings import normalize_uuid
 
 log = logging.getLogger("litetopk.service")
 
@@ -48,17 +52,19 @@ SHM_DIR = Path("/dev/shm")
 RETIRED_MEMORY = 4096  # ids remembered after retirement, so that late requests get stale_region
 
 
-def normalize_uuid(uuid: str) -> str:
-    """'GPU-5a6b...' / '5A6B...' -> '5a6b...' (nvidia-smi and torch spell GPU UUIDs differently)."""
-    text = str(uuid).strip().lower()
-    return text[4:] if text.startswith("gpu-") else text
-
-
 def device_uuid(device: torch.device) -> str | None:
     """The normalized UUID of a CUDA device (None for the CPU)."""
     if device.type != "cuda":
         return None
     return normalize_uuid(str(torch.cuda.get_device_properties(device).uuid))
+
+
+def pid_namespace() -> int | None:
+    """This process's pid namespace id (st_ino of /proc/self/ns/pid, as the clients send it)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None  # no procfs: namespaces cannot be compared, pids are taken as they come
 
 
 def _process_start(pid: int) -> str | None:
@@ -131,9 +137,11 @@ class Region:
 class RegionTable:
     """The registered regions of one service (thread-safe: the event loop and the device worker)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse"):
         self.device = device
         self.uuid = device_uuid(device)
+        self.pid_ns = pid_namespace()
+        self.foreign_pid_namespace = foreign_pid_namespace
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._live: dict[str, Region] = {}
@@ -145,9 +153,9 @@ class RegionTable:
 
     def register_shm(self, reg: ShmRegistration) -> Region:
         name = reg.name.lstrip("/")
-        start = self._check_owner(reg.pid)
+        pid, start = self._check_owner(reg.pid, reg.pid_ns)
         base = _map_shm(name, reg.size)
-        return self._add("shm", ("shm", name), reg.size, torch.device("cpu"), reg.pid, start, name, base, lambda: None)
+        return self._add("shm", ("shm", name), reg.size, torch.device("cpu"), pid, start, name, base, lambda: None)
 
     def register_cuda_ipc(self, reg: CudaIpcRegistration) -> Region:
         """Open a CUDA IPC handle on the pinned device (blocking: call it off the event loop)."""
@@ -157,17 +165,28 @@ class RegionTable:
         if normalize_uuid(reg.device_uuid) != self.uuid:
             raise ServiceError("foreign_device", f"the handle is from GPU {reg.device_uuid}; this service owns "
                                f"GPU {self.uuid} ({self.device}); send it to the service pinned to that GPU")
-        start = self._check_owner(reg.pid)
+        pid, start = self._check_owner(reg.pid, reg.pid_ns)
         base, close = _open_cuda_ipc(reg, self.device)
         key = ("cuda_ipc", reg.handle_bytes(), reg.offset)
-        return self._add("cuda_ipc", key, reg.size, self.device, reg.pid, start, None, base, close)
+        return self._add("cuda_ipc", key, reg.size, self.device, pid, start, None, base, close)
 
-    def _check_owner(self, pid: int | None) -> str | None:
+    def _check_owner(self, pid: int | None, pid_ns: int | None) -> tuple[int | None, str | None]:
+        """(pid to track, its start time): refuse a pid of another pid namespace or of no live process."""
+        if pid is not None and pid_ns is not None and self.pid_ns is not None and pid_ns != self.pid_ns:
+            if self.foreign_pid_namespace == "refuse":
+                raise ServiceError(
+                    "foreign_pid_namespace", f"owner pid {pid} lives in pid namespace {pid_ns}, this service in "
+                    f"{self.pid_ns}: it cannot tell whether that process is alive. Share the pid namespace "
+                    "(compose `pid: service:<service>` or `pid: host`) or send pid=null "
+                    "(TopKClient(owner_pid=None), LITETOPK_CLIENT_OWNER_PID=none) and unregister explicitly")
+            log.warning("owner pid %d is from pid namespace %d (not %d): registered untracked", pid, pid_ns,
+                        self.pid_ns)
+            return None, None
         start = _process_start(pid) if pid is not None else None
         if pid is not None and not owner_alive(pid, start):
             raise ServiceError("validation_error", f"owner pid {pid} is not a running process "
                                "(send pid=null when the service does not share the owner's pid namespace)")
-        return start
+        return pid, start
 
     def _add(self, kind, key, size, device, pid, start, name, base, close) -> Region:
         with self._lock:
@@ -370,4 +389,4 @@ def _open_cuda_ipc_runtime(reg, handle: bytes, device: torch.device):
     return base, close
 
 
-__all__ = ["Region", "RegionTable", "device_uuid", "normalize_uuid", "owner_alive"]
+__all__ = ["Region", "RegionTable", "device_uuid", "normalize_uuid", "owner_alive", "pid_namespace"]

@@ -47,6 +47,8 @@ class ShmRegistration(_Strict):
     name: ShmName
     size: int = Field(ge=1, le=2**40, description="bytes of the block to map (from its start)")
     pid: int | None = Field(None, ge=1, description="owner process; its regions are dropped when it dies")
+    pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (st_ino of /proc/self/ns/pid); a "
+                               "pid from another namespace than the service's is refused (foreign_pid_namespace)")
 
 
 class TorchIpcFields(_Strict):
@@ -83,7 +85,8 @@ class CudaIpcRegistration(_Strict):
     device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
-    pid: int | None = Field(None, ge=1)
+    pid: int | None = Field(None, ge=1, description="owner process; its regions are dropped when it dies")
+    pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (as for shm)")
     torch: TorchIpcFields | None = None
 
     @field_validator("handle")

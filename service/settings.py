@@ -2,19 +2,54 @@
 
 Every field is also a command-line flag of `python -m litetopk.service` (`--queue-size 32` sets
 `queue_size`); a flag beats the environment, which beats the default. See README "## Service".
+This module does not import torch at module level: `python -m litetopk.service --check` reads the
+settings and probes the service without loading it.
 """
 
 from __future__ import annotations
 
 import argparse
+import grp
 import os
+import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICE_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?|GPU-[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12})$")
+
+
+def normalize_uuid(uuid: str) -> str:
+    """'GPU-5a6b...' / '5A6B...' -> '5a6b...' (nvidia-smi and torch spell GPU UUIDs differently)."""
+    text = str(uuid).strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def gpu_index_by_uuid(uuid: str, visible: Sequence[str]) -> int:
+    """The index N of `cuda:N` whose UUID (`visible[N]`, as torch or nvidia-smi spells it) is `uuid`."""
+    want = normalize_uuid(uuid)
+    for index, candidate in enumerate(visible):
+        if normalize_uuid(candidate) == want:
+            return index
+    listing = ", ".join(f"cuda:{i} GPU-{normalize_uuid(u)}" for i, u in enumerate(visible)) or "none"
+    raise ValueError(f"device={uuid!r}: no visible GPU has this UUID (visible: {listing}); check `nvidia-smi -L` "
+                     "and CUDA_VISIBLE_DEVICES / the container's GPU reservation")
+
+
+def visible_gpu_uuids() -> list[str]:
+    """`torch.cuda.get_device_properties(i).uuid` of every visible GPU, in index order."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
 
 
 def default_socket_path() -> str:
@@ -31,7 +66,13 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8471, ge=0, le=65535, description="TCP port (0: pick a free one, printed at start)")
     uds: str = Field(default_factory=default_socket_path,
                      description="Unix socket path; its directory is created 0700 ('' disables)")
-    device: str = Field("auto", description="'auto' (cuda:0 when CUDA is available, else cpu), 'cpu' or 'cuda:N'")
+    uds_mode: int = Field(0o600, ge=0, le=0o777,
+                          description="permissions of the Unix socket, octal (0660: its group may connect too; "
+                                      "the directory then gets the matching search bit)")
+    uds_group: str = Field("", description="group (name or gid) of the Unix socket and its directory ('' keeps "
+                                           "the service's own)")
+    device: str = Field("auto", description="'auto' (cuda:0 when CUDA is available, else cpu), 'cpu', 'cuda:N' or "
+                                            "'GPU-<uuid>' (the visible GPU with that UUID, nvidia-smi -L)")
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
         "auto", description="operator backend; 'auto' picks by device (kernels.operator)")
     queue_size: int = Field(64, ge=1, description="requests waiting for the device worker before 429")
@@ -42,6 +83,9 @@ class ServiceSettings(BaseSettings):
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503")
     region_check_interval_s: float = Field(2.0, gt=0, description="how often regions of dead owners are dropped")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="grace period for in-flight requests at shutdown")
+    foreign_pid_namespace: Literal["refuse", "untrack"] = Field(
+        "refuse", description="a region whose owner pid is from another pid namespace: 'refuse' "
+                              "(foreign_pid_namespace) or 'untrack' (register it with pid null)")
     warmup: bool = Field(True, description="run a tiny warm-up problem before /readyz turns ready")
     fault_delay_s: float = Field(0.0, ge=0, description="fault injection for tests: the worker sleeps this long "
                                  "before each job (0 in production)")
@@ -50,39 +94,69 @@ class ServiceSettings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
-        if value == "auto":
-            return value
-        try:
-            device = torch.device(value)
-        except RuntimeError as exc:
-            raise ValueError(f"device={value!r} is not a device name; use 'auto', 'cpu' or 'cuda:N'") from exc
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={value!r}: only 'cpu' and 'cuda:N' are served")
+        if not DEVICE_NAME.match(value):
+            raise ValueError(f"device={value!r} is not served; use 'auto', 'cpu', 'cuda:N' or 'GPU-<uuid>'")
         return value
 
-    def torch_device(self) -> torch.device:
-        """The pinned device: 'auto' resolves to cuda:0 when CUDA is available, else cpu."""
+    @field_validator("uds_mode", mode="before")
+    @classmethod
+    def _octal_mode(cls, value):
+        if isinstance(value, str):  # the environment and flags spell modes in octal: 0660, 660, 0o660
+            try:
+                value = int(value.strip().lower().removeprefix("0o"), 8)
+            except ValueError as exc:
+                raise ValueError(f"uds_mode={value!r} is not an octal mode such as 0600 or 0660") from exc
+        if isinstance(value, int) and value & 0o600 != 0o600:
+            raise ValueError(f"uds_mode={value:04o} must let the service's own user read and write (0600 at least)")
+        return value
+
+    def torch_device(self, visible_uuids: Sequence[str] | None = None) -> torch.device:
+        """The pinned device: 'auto' resolves to cuda:0 when CUDA is available, else cpu; 'GPU-<uuid>' to
+        the visible GPU with that UUID (ValueError naming the visible ones when none has it)."""
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.startswith("GPU-"):
+            uuids = visible_gpu_uuids() if visible_uuids is None else visible_uuids
+            return torch.device("cuda", gpu_index_by_uuid(self.device, uuids))
         device = torch.device(self.device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", 0)
         return device
 
+    def socket_group_id(self) -> int | None:
+        """The gid `uds_group` names (None when empty); ValueError for a group this host does not know."""
+        if not self.uds_group:
+            return None
+        if self.uds_group.isdigit():
+            return int(self.uds_group)
+        try:
+            return grp.getgrnam(self.uds_group).gr_gid
+        except KeyError:
+            raise ValueError(f"uds_group={self.uds_group!r}: no such group here; give a group name or a gid") from None
+
+    def socket_dir_mode(self) -> int:
+        """0700, plus the search bit for the group / others when the socket lets them connect."""
+        return 0o700 | (0o010 if self.uds_mode & 0o070 else 0) | (0o001 if self.uds_mode & 0o007 else 0)
+
     def socket_dir(self) -> Path:
-        """Create the Unix socket's directory 0700 (refusing one that another user owns)."""
+        """Create the Unix socket's directory (`socket_dir_mode`, `uds_group`); refuse one another user owns."""
         directory = Path(self.uds).parent
+        mode, gid = self.socket_dir_mode(), self.socket_group_id()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = directory.stat()
         if info.st_uid != os.getuid():
             raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user; choose --uds elsewhere")
-        if stat.S_IMODE(info.st_mode) != 0o700:
-            directory.chmod(0o700)
+        if gid is not None and info.st_gid != gid:
+            os.chown(directory, -1, gid)  # PermissionError unless this user is a member of the group
+        if stat.S_IMODE(info.st_mode) != mode:
+            directory.chmod(mode)
         return directory
 
 
-def parse_cli(argv: list[str] | None = None) -> ServiceSettings:
-    """Settings from flags (one per field, `--queue-size` for `queue_size`), then env, then defaults."""
+def cli_parser() -> argparse.ArgumentParser:
+    """One flag per field (`--queue-size` for `queue_size`); `settings_from_args` reads them back."""
     parser = argparse.ArgumentParser(prog="python -m litetopk.service",
                                      description="GPU-pinned top-k index selection service (litetopk)")
     for name, field in ServiceSettings.model_fields.items():
@@ -92,8 +166,19 @@ def parse_cli(argv: list[str] | None = None) -> ServiceSettings:
                                 help=field.description)
         else:
             parser.add_argument(flag, dest=name, default=None, help=f"{field.description} (env LITETOPK_{name.upper()})")
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
+    """Settings from parsed flags, then env, then defaults (other attributes of `args` are ignored)."""
+    given = {k: v for k, v in vars(args).items() if k in ServiceSettings.model_fields and v is not None}
     return ServiceSettings(**given)
 
 
-__all__ = ["ServiceSettings", "default_socket_path", "parse_cli"]
+def parse_cli(argv: list[str] | None = None) -> ServiceSettings:
+    """Settings from flags (one per field, `--queue-size` for `queue_size`), then env, then defaults."""
+    return settings_from_args(cli_parser().parse_args(argv))
+
+
+__all__ = ["ServiceSettings", "cli_parser", "default_socket_path", "gpu_index_by_uuid", "normalize_uuid",
+           "parse_cli", "settings_from_args", "visible_gpu_uuids"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import stat
 
 import httpx
 import pytest
@@ -65,8 +67,8 @@ class Recorder:
         return json.loads(next(r for r in self.requests if r.url.path == "/v1/topk").content)
 
 
-def recording_client() -> tuple[TopKClient, Recorder]:
-    client = TopKClient("http://recorded")
+def recording_client(**options) -> tuple[TopKClient, Recorder]:
+    client = TopKClient("http://recorded", **options)
     recorder = Recorder()
     client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(recorder))
     return client, recorder
@@ -107,6 +109,65 @@ def test_close_unregisters_everything(problem):
     deleted = {r.url.path for r in recorder.requests if r.method == "DELETE"}
     assert deleted == {f"/v1/regions/{a.id}", f"/v1/regions/{b.id}"}
     assert not a.registered and not b.registered
+
+
+def registration(recorder: Recorder) -> dict:
+    return json.loads(next(r for r in recorder.requests if r.url.path == "/v1/regions").content)
+
+
+PID_NS = os.stat("/proc/self/ns/pid").st_ino
+
+# owner_pid argument, LITETOPK_CLIENT_OWNER_PID, what the registration says (pid, pid_ns)
+OWNER_CASES = {
+    "default: this process": ("auto", None, (os.getpid(), PID_NS)),
+    "None: pid null": (None, None, (None, None)),
+    "a given pid": (4321, None, (4321, PID_NS)),
+    "env none": ("auto", "none", (None, None)),
+    "env pid": ("auto", "4321", (4321, PID_NS)),
+    "argument beats env": (None, "4321", (None, None)),
+}
+
+
+@pytest.mark.parametrize("case", OWNER_CASES)
+def test_registration_names_its_owner_and_pid_namespace(case, monkeypatch):
+    owner_pid, variable, (pid, pid_ns) = OWNER_CASES[case]
+    if variable is not None:
+        monkeypatch.setenv("LITETOPK_CLIENT_OWNER_PID", variable)
+    else:
+        monkeypatch.delenv("LITETOPK_CLIENT_OWNER_PID", raising=False)
+    client, recorder = recording_client(owner_pid=owner_pid)
+    client.register(torch.zeros(4))
+    body = registration(recorder)
+    assert (body["pid"], body.get("pid_ns")) == (pid, pid_ns), f"{case}: {body}"
+    client.close()
+
+
+@pytest.mark.parametrize("owner_pid,variable", [(0, None), ("me", None), (True, None), ("auto", "self"),
+                                                ("auto", "-3")])
+def test_bad_owner_pid_is_refused_at_construction(owner_pid, variable, monkeypatch):
+    monkeypatch.setenv("LITETOPK_CLIENT_OWNER_PID", variable or "")
+    for cls in (TopKClient, AsyncTopKClient):
+        with pytest.raises(ValueError, match="owner_pid|LITETOPK_CLIENT_OWNER_PID"):
+            cls("http://x", owner_pid=owner_pid)
+
+
+@pytest.mark.parametrize("shm_mode,variable,mode", [(None, None, 0o600), (0o660, None, 0o660),
+                                                   (None, "0640", 0o640), (0o600, "0660", 0o600)])
+def test_shared_memory_blocks_get_the_requested_mode(shm_mode, variable, mode, monkeypatch):
+    if variable is None:
+        monkeypatch.delenv("LITETOPK_CLIENT_SHM_MODE", raising=False)
+    else:
+        monkeypatch.setenv("LITETOPK_CLIENT_SHM_MODE", variable)
+    client, recorder = recording_client(shm_mode=shm_mode)
+    region = client.register(torch.zeros(4))
+    assert stat.S_IMODE(os.stat(f"/dev/shm/{registration(recorder)['name']}").st_mode) == mode, (shm_mode, variable)
+    client.unregister(region)
+
+
+@pytest.mark.parametrize("shm_mode", [0o400, 0o1600, -1])
+def test_shm_mode_must_keep_owner_read_write(shm_mode):
+    with pytest.raises(ValueError, match="shm_mode"):
+        AsyncTopKClient("http://x", shm_mode=shm_mode)
 
 
 # ------------------------------------------------------------------------------ typed errors

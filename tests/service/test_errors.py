@@ -38,6 +38,7 @@ COVERED_BY = {
     "shm_unavailable": "test_shm_unavailable",
     "foreign_device": "test_foreign_device",
     "ipc_unavailable": "tests/service/test_gpu.py::test_raw_handle_that_does_not_open (GPU only)",
+    "foreign_pid_namespace": "test_owner_pid_from_another_pid_namespace_is_refused",
     "bad_dtype": "test_tensor_reference_checks",
     "bad_shape": "test_tensor_reference_checks",
     "unsupported_topk": "test_unsupported_topk",
@@ -205,6 +206,18 @@ def test_registration_with_dead_owner_is_refused(client, http):
     dead_pid = 2**22 + 12345  # above pid_max's default: no such process
     registration = {"kind": "shm", "name": region.keepalive.name, "size": 64, "pid": dead_pid}
     assert str(dead_pid) in assert_problem(http.post("/v1/regions", json=registration), "validation_error")["detail"]
+
+
+def test_owner_pid_from_another_pid_namespace_is_refused(client, http):
+    region = client.register(torch.zeros(64, dtype=torch.uint8))
+    here = os.stat("/proc/self/ns/pid").st_ino  # the test and the service share a pid namespace
+    registration = {"kind": "shm", "name": region.keepalive.name, "size": 64, "pid": os.getpid()}
+    doc = assert_problem(http.post("/v1/regions", json={**registration, "pid_ns": here + 1}), "foreign_pid_namespace")
+    assert str(os.getpid()) in doc["detail"] and "pid=null" in doc["detail"], doc
+    same = http.post("/v1/regions", json={**registration, "pid_ns": here})
+    assert same.status_code == 201 and same.json()["pid"] == os.getpid(), same.text
+    untracked = http.post("/v1/regions", json={**registration, "pid": None, "pid_ns": here + 1})
+    assert untracked.status_code == 201 and untracked.json()["pid"] is None, untracked.text
 
 
 def test_payload_too_large(http):

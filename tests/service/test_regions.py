@@ -102,6 +102,24 @@ def test_dead_owner_regions_are_dropped(block):
     assert err.value.code == "stale_region" and "died" in err.value.detail
 
 
+@pytest.mark.parametrize("policy", ["refuse", "untrack"])
+def test_owner_from_another_pid_namespace_is_never_tracked(block, policy):
+    table = RegionTable(torch.device("cpu"), foreign_pid_namespace=policy)
+    assert table.pid_ns == os.stat("/proc/self/ns/pid").st_ino
+    foreign = ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid(), pid_ns=table.pid_ns + 1)
+    if policy == "refuse":
+        with pytest.raises(ServiceError) as err:
+            table.register_shm(foreign)
+        assert err.value.code == "foreign_pid_namespace", err.value.detail
+        assert table.list() == []
+    else:
+        region = table.register_shm(foreign)
+        assert (region.pid, region.pid_start) == (None, None), "a pid of another namespace names nobody here"
+    mine = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid(),
+                                              pid_ns=table.pid_ns))
+    assert mine.pid == os.getpid() and mine.pid_start is not None
+
+
 def test_uuid_spellings():
     assert normalize_uuid("GPU-5A6B7C8D-0000") == normalize_uuid("5a6b7c8d-0000") == "5a6b7c8d-0000"
 

@@ -1,7 +1,9 @@
-"""Settings: one class, LITETOPK_* variables, flags beating variables, the Unix socket directory."""
+"""Settings: one class, LITETOPK_* variables, flags beating variables, the Unix socket directory,
+its permissions and group, and devices named by GPU UUID."""
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -9,7 +11,10 @@ import torch
 from pydantic import ValidationError
 
 from litetopk.clients.transport import default_socket_path as client_default_socket_path
-from litetopk.service.settings import ServiceSettings, default_socket_path, parse_cli
+from litetopk.service.__main__ import bind_unix, main
+from litetopk.service.settings import ServiceSettings, default_socket_path, gpu_index_by_uuid, parse_cli
+
+UUIDS = ["5a6b7c8d-1111-2222-3333-444455556666", "GPU-0F1E2D3C-aaaa-bbbb-cccc-ddddeeeeffff"]
 
 
 def test_defaults(monkeypatch):
@@ -39,7 +44,7 @@ def test_every_field_has_a_flag():
         assert "--" + name.replace("_", "-") in out.getvalue(), name
 
 
-@pytest.mark.parametrize("device", ["tpu", "cuda:x", "mps"])
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "mps", "GPU-1234", "gpu-5a6b7c8d-1111-2222-3333-444455556666"])
 def test_bad_device_is_refused(device):
     with pytest.raises(ValidationError):
         ServiceSettings(device=device)
@@ -56,3 +61,86 @@ def test_socket_directory_is_private(tmp_path):
     s = ServiceSettings(uds=str(tmp_path / "run" / "litetopk.sock"))
     directory = s.socket_dir()
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+# ------------------------------------------------------------------------- devices by GPU UUID
+
+
+@pytest.mark.parametrize("name,index", [
+    ("GPU-5a6b7c8d-1111-2222-3333-444455556666", 0),   # torch spells it without GPU-
+    ("GPU-5A6B7C8D-1111-2222-3333-444455556666", 0),   # case does not matter
+    ("GPU-0f1e2d3c-aaaa-bbbb-cccc-ddddeeeeffff", 1),   # nvidia-smi -L spelling in the list
+])
+def test_gpu_uuid_resolves_to_its_index(name, index):
+    assert gpu_index_by_uuid(name, UUIDS) == index
+    assert ServiceSettings(device=name).torch_device(visible_uuids=UUIDS) == torch.device("cuda", index)
+
+
+def test_unknown_gpu_uuid_names_the_visible_ones():
+    with pytest.raises(ValueError) as err:
+        ServiceSettings(device="GPU-99999999-1111-2222-3333-444455556666").torch_device(visible_uuids=UUIDS)
+    message = str(err.value)
+    assert "no visible GPU has this UUID" in message and "cuda:1 GPU-0f1e2d3c" in message, message
+
+
+def test_unknown_gpu_uuid_fails_the_start_clearly(capsys, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where the made-up UUID cannot be visible (no CUDA)")
+    code = main(["--device", "GPU-99999999-1111-2222-3333-444455556666", "--uds", str(tmp_path / "s.sock"),
+                 "--host", ""])
+    assert code == 2
+    assert "no visible GPU has this UUID (visible: none)" in capsys.readouterr().err
+    assert not (tmp_path / "s.sock").exists(), "nothing is bound before the device resolves"
+
+
+# ------------------------------------------------------------------ Unix socket mode and group
+
+
+@pytest.mark.parametrize("given,mode", [("0660", 0o660), ("660", 0o660), ("0o640", 0o640), (0o600, 0o600)])
+def test_socket_mode_is_octal(given, mode, monkeypatch):
+    monkeypatch.setenv("LITETOPK_UDS_MODE", str(given) if isinstance(given, str) else oct(given))
+    assert ServiceSettings().uds_mode == mode
+    assert parse_cli(["--uds-mode", given if isinstance(given, str) else oct(given)]).uds_mode == mode
+
+
+@pytest.mark.parametrize("given", ["0400", "9", "rw", "01600"])
+def test_socket_mode_must_be_octal_and_keep_owner_access(given):
+    with pytest.raises(ValidationError):
+        ServiceSettings(uds_mode=given)
+
+
+@pytest.mark.parametrize("mode,directory", [(0o600, 0o700), (0o660, 0o710), (0o666, 0o711), (0o606, 0o701)])
+def test_directory_gets_search_permission_where_the_socket_lets_others_in(mode, directory, tmp_path):
+    s = ServiceSettings(uds=str(tmp_path / "run" / "litetopk.sock"), uds_mode=mode)
+    assert s.socket_dir_mode() == directory
+    assert stat.S_IMODE(s.socket_dir().stat().st_mode) == directory
+
+
+def test_socket_gets_its_mode_and_group(tmp_path):
+    group = str(os.getgroups()[-1] if os.getgroups() else os.getgid())  # a group this user is in
+    s = ServiceSettings(uds=str(tmp_path / "run" / "litetopk.sock"), uds_mode="0660", uds_group=group)
+    sock = bind_unix(s)
+    try:
+        info = os.stat(s.uds)
+        assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o660, oct(info.st_mode)
+        assert info.st_gid == int(group)
+        parent = os.stat(tmp_path / "run")
+        assert stat.S_IMODE(parent.st_mode) == 0o710 and parent.st_gid == int(group)
+    finally:
+        sock.close()
+
+
+def test_default_socket_is_private(tmp_path):
+    s = ServiceSettings(uds=str(tmp_path / "run" / "litetopk.sock"))
+    sock = bind_unix(s)
+    try:
+        assert stat.S_IMODE(os.stat(s.uds).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+    finally:
+        sock.close()
+
+
+def test_unknown_socket_group_is_refused(tmp_path):
+    s = ServiceSettings(uds=str(tmp_path / "litetopk.sock"), uds_group="litetopk-no-such-group")
+    with pytest.raises(ValueError, match="no such group"):
+        s.socket_group_id()
