@@ -1,14 +1,17 @@
 # The litetopk service image. `docker compose up` (compose.yaml) builds it; README "## Deployment".
 #
 # One recipe, not a second one: the builder runs the README's `make env` (the Makefile's venv and
-# pip install line) and the image's CMD is what `make run` runs (tests/deploy checks both). Only
-# the base image and the torch build differ by target, through build arguments:
+# pip install line, with the runtime-only EXTRAS instead of the default `dev`) and the image's CMD
+# is what `make run` runs (tests/deploy checks both). Only the base image, the torch build and the
+# extras differ by target, through build arguments:
 #
-#   target  BASE                                  TORCH_INDEX_URL                            RUNTIME_PACKAGES
-#   cpu     python:3.12-slim                      https://download.pytorch.org/whl/cpu       (none)
-#   cuda    nvidia/cuda:13.0.1-base-ubuntu24.04   https://download.pytorch.org/whl/cu130     gcc libc6-dev python3-dev
-#   rocm    rocm/dev-ubuntu-24.04:7.0             https://download.pytorch.org/whl/rocm7.0   gcc libc6-dev python3-dev
+#   target  BASE                                  TORCH_INDEX_URL                            EXTRAS          RUNTIME_PACKAGES
+#   cpu     python:3.12-slim                      https://download.pytorch.org/whl/cpu       service         (none)
+#   cuda    nvidia/cuda:13.0.1-base-ubuntu24.04   https://download.pytorch.org/whl/cu130     service,triton  gcc libc6-dev python3-dev
+#   rocm    rocm/dev-ubuntu-24.04:7.0             https://download.pytorch.org/whl/rocm7.0   service,flydsl  gcc libc6-dev python3-dev
 #
+# EXTRAS are pyproject.toml extras: `service` is the service alone (no test tools, no GPU
+# packages); a GPU target adds its backend's extra (Triton on NVIDIA, FlyDSL on AMD gfx950).
 # TORCH_INDEX_URL is given to pip as an extra index, so the pinned `torch==X` of pyproject.toml
 # resolves to that index's build (X+cpu, X+cu130, X+rocm7.0); pick the index of the CUDA / ROCm
 # release the pinned torch is built for and a base (and host driver) no older than it. The cuda
@@ -23,6 +26,7 @@ ARG BASE=python:3.12-slim
 # ---------------------------------------------------------------------------------------- builder
 FROM ${BASE} AS builder
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=service
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_EXTRA_INDEX_URL=${TORCH_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
@@ -34,7 +38,7 @@ RUN packages="make" \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/litetopk
 COPY . .
-RUN make env
+RUN make env EXTRAS=${EXTRAS}
 
 # ---------------------------------------------------------------------------------------- runtime
 FROM ${BASE} AS runtime
@@ -62,7 +66,9 @@ ENV LITETOPK_UDS=/run/litetopk/litetopk.sock \
     PYTHONDONTWRITEBYTECODE=1
 USER litetopk
 EXPOSE 8471
-# Liveness over the Unix socket when there is one (the path workers use), else TCP on loopback.
+# The service's own probe: it reads the service's settings (LITETOPK_UDS, LITETOPK_HOST,
+# LITETOPK_PORT, flags) and asks /livez over the Unix socket when there is one (the path workers
+# use), else over TCP on loopback; exit 0 or 1, without loading torch (README "### Settings").
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["/opt/litetopk/.venv/bin/python", "-c", "import os, httpx; uds = os.environ.get('LITETOPK_UDS'); port = os.environ.get('LITETOPK_PORT') or '8471'; client = httpx.Client(transport=httpx.HTTPTransport(uds=uds) if uds else None, timeout=4); client.get(f'http://127.0.0.1:{port}/livez').raise_for_status()"]
+  CMD ["/opt/litetopk/.venv/bin/python", "-m", "litetopk.service", "--check", "livez"]
 CMD ["/opt/litetopk/.venv/bin/python", "-m", "litetopk.service"]

@@ -5,13 +5,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
+# pyproject extras `make env` installs (the Docker image: `make env EXTRAS=service[,triton|,flydsl]`).
+EXTRAS ?= dev
 
 .PHONY: env run test test-gpu bench clean toolchain
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 env: $(STAMP)

@@ -151,6 +151,16 @@ def make_recipes(text: str) -> dict[str, tuple[list[str], list[str]]]:
             for target, (prereqs, recipe) in rules.items()}
 
 
+def make_assignments(run: str) -> list[str]:
+    """Names of the variables a RUN line assigns on a `make` command line (`make env EXTRAS=x`)."""
+    names = []
+    for command in re.split(r"&&|;", run):
+        words = shlex.split(command)
+        if words and words[0] == "make":
+            names += [word.split("=", 1)[0] for word in words[1:] if VARIABLE.match(word.replace("=", " = ", 1))]
+    return names
+
+
 # ------------------------------------------------------------------------------------ comparisons
 
 README_RUN = re.compile(r"^\s*make run\s+#\s*=\s*(.+?)\s*$", re.MULTILINE)
@@ -160,7 +170,8 @@ def entry_mismatches(dockerfile: str, makefile: str, readme: str) -> list[str]:
     """What differs between the image's install / entry commands and the README's and Makefile's.
 
     - the builder installs by running `make env` (the Makefile target that `make run` and
-      `make test` depend on), and installs nothing with pip on its own;
+      `make test` depend on), and installs nothing with pip on its own; a variable it passes
+      (`make env EXTRAS=...`) is one a Makefile recipe reads;
     - the image's CMD is the Makefile's `run` recipe, with relative paths taken from WORKDIR;
     - the README's `make run  # = ...` line names that same command.
     """
@@ -172,6 +183,11 @@ def entry_mismatches(dockerfile: str, makefile: str, readme: str) -> list[str]:
         problems.append("the Dockerfile does not run `make env`")
     if any("pip install" in run or "pip3 install" in run for run in runs):
         problems.append("the Dockerfile runs pip install itself: a second recipe beside `make env`")
+    recipe_lines = [line for line in makefile.splitlines() if line.startswith("\t")]
+    for run in runs:
+        for variable in make_assignments(run):
+            if not any(f"$({variable})" in line for line in recipe_lines):
+                problems.append(f"the Dockerfile passes {variable}= to make, which no Makefile recipe reads")
     if "env" not in rules:
         problems.append("the Makefile has no `env` target")
     elif not any("pip install" in line for prereq in rules["env"][0] for line in rules.get(prereq, ([], []))[1]):

@@ -9,6 +9,7 @@ import posixpath
 import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 import yaml
@@ -20,6 +21,7 @@ from .files import ROOT, parse_dockerfile
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 IMAGE = parse_dockerfile((ROOT / "Dockerfile").read_text())
+OPTIONAL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 SOCKET_VOLUME = "litetopk-socket"
 # The service variants (one per device kind) and the profile that enables each.
 VARIANTS = {"litetopk": None, "litetopk-cuda": "cuda", "litetopk-rocm": "rocm"}
@@ -110,6 +112,24 @@ def test_variant_base_and_torch_build(name, base):
     assert args["BASE"].startswith(base), args
     flavour = {"litetopk": "/cpu", "litetopk-cuda": "/cu", "litetopk-rocm": "/rocm"}[name]
     assert flavour in args["TORCH_INDEX_URL"], args
+
+
+# The GPU packages each variant's image installs (its EXTRAS), and none of the test tools.
+VARIANT_GPU_PACKAGES = {"litetopk": set(), "litetopk-cuda": {"triton"}, "litetopk-rocm": {"flydsl"}}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variant_installs_runtime_extras_only(name):
+    extras = SERVICES[name]["build"]["args"]["EXTRAS"].split(",")
+    assert set(extras) <= set(OPTIONAL), f"{name}: {set(extras) - set(OPTIONAL)} are not extras of pyproject.toml"
+    packages = {requirement.split("=")[0] for extra in extras for requirement in OPTIONAL[extra]}
+    assert packages & {"triton", "flydsl"} == VARIANT_GPU_PACKAGES[name], f"{name}: {packages}"
+    assert not packages & {"pytest", "schemathesis", "matplotlib"}, f"{name} installs test or bench tools: {packages}"
+
+
+def test_cpu_variant_builds_the_dockerfile_defaults():
+    builder_args = dict(arg.split("=", 1) for arg in IMAGE.stages[0].all("ARG") if "=" in arg)
+    assert SERVICES["litetopk"]["build"]["args"]["EXTRAS"] == builder_args["EXTRAS"]
 
 
 def test_cuda_profile_reserves_one_nvidia_gpu_and_shares_ipc():

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
+import tomllib
 
 import pytest
 
-from .files import ROOT, entry_mismatches, env_pairs, exec_form, healthcheck_command, parse_dockerfile
+from .files import ROOT, entry_mismatches, env_pairs, exec_form, healthcheck_command, make_recipes, parse_dockerfile
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 MAKEFILE = (ROOT / "Makefile").read_text()
 README = (ROOT / "README.md").read_text()
 IMAGE = parse_dockerfile(DOCKERFILE)
+EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
 
 def test_stages_build_on_the_base_argument():
@@ -24,7 +27,7 @@ def test_stages_build_on_the_base_argument():
         "the runtime stage copies the built tree from the builder"
 
 
-@pytest.mark.parametrize("arg", ["BASE", "TORCH_INDEX_URL", "RUNTIME_PACKAGES"])
+@pytest.mark.parametrize("arg", ["BASE", "TORCH_INDEX_URL", "EXTRAS", "RUNTIME_PACKAGES"])
 def test_build_argument_declared_and_documented(arg):
     assert arg in IMAGE.args(), f"ARG {arg} is not declared"
     header = DOCKERFILE.split("\nARG ", 1)[0]
@@ -51,12 +54,38 @@ def test_runtime_runs_as_a_non_root_user():
     assert keys.index("USER") < keys.index("CMD"), "USER must come before CMD"
 
 
-def test_healthcheck_probes_livez():
+def test_healthcheck_is_the_services_own_livez_probe():
     check = IMAGE.runtime.last("HEALTHCHECK")
     assert check is not None, "no HEALTHCHECK in the runtime stage"
     command = healthcheck_command(check)
-    assert command[0] == exec_form(IMAGE.runtime.last("CMD"))[0], "the check uses the image's venv python"
-    assert "/livez" in " ".join(command), command
+    # the CMD plus `--check livez`: the same program reads the same settings (socket or TCP)
+    assert command == [*exec_form(IMAGE.runtime.last("CMD")), "--check", "livez"], command
+
+
+def test_makefile_installs_the_extras_variable_with_dev_by_default():
+    assert re.search(r"^EXTRAS \?= dev$", MAKEFILE, re.MULTILINE), "the Makefile must declare `EXTRAS ?= dev`"
+    rules = make_recipes(MAKEFILE)
+    installs = [line for prereq in rules["env"][0] for line in rules[prereq][1] if "pip install" in line]
+    assert any(line.endswith("-e '.[dev]'") for line in installs), f"make env/test/run install dev: {installs}"
+    raw = [line for line in MAKEFILE.splitlines() if "pip install" in line and "-e '." in line]
+    assert raw and all("'.[$(EXTRAS)]'" in line for line in raw), raw
+
+
+def image_extras() -> tuple[str, str]:
+    """(the builder's EXTRAS default, what its `make env` is given)."""
+    builder = IMAGE.stages[0]
+    default = next(arg.split("=", 1)[1] for arg in builder.all("ARG") if arg.startswith("EXTRAS="))
+    (run,) = [run for run in builder.all("RUN") if "make" in shlex.split(run)[:1]]
+    return default, run
+
+
+def test_image_installs_runtime_extras_only():
+    default, run = image_extras()
+    assert shlex.split(run) == ["make", "env", "EXTRAS=${EXTRAS}"], run
+    names = default.split(",")
+    assert set(names) <= set(EXTRAS) and "dev" not in names, f"EXTRAS={default}: extras of pyproject.toml: {set(EXTRAS)}"
+    packages = {requirement.split("=")[0] for name in names for requirement in EXTRAS[name]}
+    assert not packages & {"pytest", "schemathesis", "triton", "flydsl"}, f"the cpu image would install {packages}"
 
 
 def test_image_listens_on_its_own_loopback_unless_told():
@@ -90,7 +119,8 @@ MUTATIONS = {
     "readme run line": ("README.md", "# = .venv/bin/python -m litetopk.service", "# = python -m litetopk.service"),
     "dockerfile cmd": ("Dockerfile", '"-m", "litetopk.service"]', '"-m", "litetopk.service", "--warmup"]'),
     "dockerfile workdir": ("Dockerfile", "/opt/litetopk\nWORKDIR /opt/litetopk", "/opt/litetopk\nWORKDIR /srv"),
-    "dockerfile install": ("Dockerfile", "RUN make env", "RUN python3 -m pip install ."),
+    "dockerfile install": ("Dockerfile", "RUN make env EXTRAS=${EXTRAS}", "RUN python3 -m pip install ."),
+    "makefile extras": ("Makefile", "'.[$(EXTRAS)]'", "'.[dev]'"),
 }
 
 
