@@ -11,7 +11,7 @@ import base64
 import binascii
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.clients.wire.DTYPES (tested)
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -81,7 +81,8 @@ class CudaIpcRegistration(_Strict):
     """
 
     kind: Literal["cuda_ipc"]
-    handle: str = Field(min_length=88, max_length=88, description="base64 of the 64-byte cudaIpcMemHandle_t")
+    handle: str = Field(min_length=88, max_length=96, description="base64 of the 64-byte cudaIpcMemHandle_t, or of "
+                        "torch's own handle bytes (`_share_cuda_`, 66 bytes in torch 2.11) when `torch` is set")
     device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
@@ -89,14 +90,17 @@ class CudaIpcRegistration(_Strict):
     pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (as for shm)")
     torch: TorchIpcFields | None = None
 
-    @field_validator("handle")
-    @classmethod
-    def _check_handle(cls, v: str) -> str:
-        _b64(v, "handle", 64)
-        return v
+    @model_validator(mode="after")
+    def _check_handle(self) -> "CudaIpcRegistration":
+        raw = _b64(self.handle, "handle")
+        if self.torch is None and len(raw) != 64:
+            raise ValueError(f"handle must encode the 64-byte cudaIpcMemHandle_t, got {len(raw)} bytes")
+        if self.torch is not None and not 64 <= len(raw) <= 72:
+            raise ValueError(f"handle must encode torch's 64-72 byte IPC handle, got {len(raw)} bytes")
+        return self
 
     def handle_bytes(self) -> bytes:
-        return _b64(self.handle, "handle", 64)
+        return _b64(self.handle, "handle")
 
 
 RegionRegistration = Annotated[Union[ShmRegistration, CudaIpcRegistration], Field(discriminator="kind")]
