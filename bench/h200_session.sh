@@ -18,6 +18,14 @@ for step in $STEPS; do
     bench) timeout 150 python3 bench/operator.py --model all --raw-context ${RAW:-262144} --processes 3 \
              --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;
     service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/gpu_service_check.sh 2>&1 | tail -25 ;;
+    servicediag)  # the service alone on cuda:0: its own log up to readiness
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      export PYTHONPATH="$PYTHONPATH:/tmp/site"
+      (timeout 75 python3 -m litetopk.service --device cuda:0 --port 0 --uds /tmp/diag.sock --log-level info \
+        > "$RES/service-diag.log" 2>&1 &)
+      for i in $(seq 1 70); do sleep 1; python3 -m litetopk.service --check readyz --uds /tmp/diag.sock >/dev/null 2>&1 && break; done
+      echo "ready after ${i}s"; tail -40 "$RES/service-diag.log" ;;
+    servicecheck) timeout 150 python3 bench/gpu_service_check.py --backend auto --out "$RES/service" 2>&1 | tail -15 ;;
     gputests) timeout 120 python3 -m pytest tests/kernels/test_triton_backend.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -4 ;;
   esac
 done
