@@ -40,7 +40,8 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 
 def bind_unix(settings: ServiceSettings) -> socket.socket:
-    """Bind the Unix socket inside its 0700 directory, replacing a stale socket file only."""
+    """Bind the Unix socket (mode `uds_mode`, group `uds_group`) inside its private directory
+    (`ServiceSettings.socket_dir`), replacing a stale socket file only."""
     settings.socket_dir()
     path = settings.uds
     if os.path.lexists(path):

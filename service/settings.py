@@ -149,7 +149,11 @@ class ServiceSettings(BaseSettings):
         if info.st_uid != os.getuid():
             raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user; choose --uds elsewhere")
         if gid is not None and info.st_gid != gid:
-            os.chown(directory, -1, gid)  # PermissionError unless this user is a member of the group
+            try:
+                os.chown(directory, -1, gid)
+            except PermissionError as exc:
+                raise PermissionError(f"uds_group={self.uds_group!r}: this user is not a member of gid {gid} "
+                                      "(add it: compose `group_add`), so the socket cannot be given to it") from exc
         if stat.S_IMODE(info.st_mode) != mode:
             directory.chmod(mode)
         return directory
