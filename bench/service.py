@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 from problems_gpu import call_args, prefill_problem  # noqa: E402
 
-from litetopk.clients import AsyncTopKClient, TopKClient  # noqa: E402
+from litetopk.clients import TransportError, AsyncTopKClient, TopKClient  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
 
 SHAPES = {  # name -> {device type -> (rows, keys)}
@@ -71,7 +71,12 @@ class Service:
         self.url = self._wait_url()
         with TopKClient(self.url) as client:
             deadline = time.monotonic() + 900  # the warm-up compiles the kernels on a GPU
-            while not client.ready():
+            while True:
+                try:
+                    if client.ready():
+                        break
+                except TransportError:  # not accepting (yet, or any more): the log says which
+                    pass
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the service did not become ready:\n{self.text()}")
                 time.sleep(0.1)
