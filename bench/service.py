@@ -170,14 +170,18 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
     calls = {"in-process": lambda: litetopk_prefill(*args, **kwargs, backend=backend)}
     equal = {"in-process": True}
     clients = []
+    # Regions belong to the service, not to a transport: register once, name them from every mode
+    # (registering the same CUDA allocation again would supersede the earlier registration).
+    owner = TopKClient(uds=service.uds)
+    clients.append(owner)
+    regions = {i: owner.register(a) for i, a in enumerate(args) if i in (0, 1, 2, 4)}
+    meta = owner.register(torch.cat([args[5], args[6], args[7]]))
+    call = [regions.get(i, a) for i, a in enumerate(args)]
+    call[5:8] = [meta.tensor[k * rows:(k + 1) * rows] for k in range(3)]
     for mode, endpoint in endpoints.items():
         client = TopKClient(**endpoint)
         clients.append(client)
-        regions = {i: client.register(a) for i, a in enumerate(args) if i in (0, 1, 2, 4)}
-        meta = client.register(torch.cat([args[5], args[6], args[7]]))
-        call = [regions.get(i, a) for i, a in enumerate(args)]
-        call[5:8] = [meta.tensor[k * rows:(k + 1) * rows] for k in range(3)]
-        outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if mode.endswith("+out") else None
+        outs = {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if mode.endswith("+out") else None
         calls[mode] = lambda client=client, call=call, outs=outs: client.topk(*call, **kwargs, out=outs)
         equal[mode] = same(calls[mode](), want)
         if not equal[mode]:
