@@ -110,8 +110,11 @@ def run_litetopk(
     kept = scan.appended.clamp(max=capacity)
     overflow = scan.appended > capacity
     underfilled = ~overflow & (kept < problem.window_lengths.clamp(max=k))
-    status |= torch.where(overflow, int(RowStatus.OVERFLOW), 0).to(torch.int32)
-    status |= torch.where(underfilled, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
+    # Capacity events only matter for rows that could be answered: a row failed for its input
+    # (e.g. NONFINITE) reports that fault alone, as the dense path does.
+    answerable = status == 0
+    status |= torch.where(overflow & answerable, int(RowStatus.OVERFLOW), 0).to(torch.int32)
+    status |= torch.where(underfilled & answerable, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
     used = min(capacity, int(kept.max())) if problem.num_rows else 0  # columns any row filled
     top = select_topk_keys(scan.keys[:, :used], k)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)

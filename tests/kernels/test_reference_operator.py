@@ -316,12 +316,7 @@ CASES = {
 }
 
 #: Known bugs in code this suite does not own (kernels/pipeline.py), reported to the lead.
-KNOWN_BUGS = {
-    "NaN key in a window that also overflows (repaired)": (
-        "pipeline.run_litetopk: a row that is NONFINITE and also overflowed its candidate buffer keeps "
-        "the OVERFLOW bit (status 5) under repair=True, while dense reports NONFINITE (4); capacity bits "
-        "of rows failed for their input should be dropped so that LiteTopK == dense"),
-}
+KNOWN_BUGS: dict[str, str] = {}  # case name -> reason, for a strict xfail while a bug is open
 
 
 def case_params(names):
