@@ -60,7 +60,7 @@ class TritonBackend(ScoringBackend):
 
     name = "triton"
 
-    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 8, num_stages: int = 3):
+    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 4, num_stages: int = 3):
         self.block_rows = block_rows
         self.block_keys = block_keys
         self.num_warps = num_warps
