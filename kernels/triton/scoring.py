@@ -62,8 +62,8 @@ def score_fp4_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
     tile_wide_ptr, tile_cols,                        # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
     q_lo_ptr, q_hi_ptr, wq_ptr,                      # [rows, 64, 128] int8 x2, [rows, 64] float32
-    prog_rows_ptr, prog_batch_ptr, prog_span_ptr,    # [programs, BLOCK_ROWS] int32 (-1 pad), [programs] int32,
-    prog_q_wide_ptr,                                 # [programs, 2] int32: min start, max end of its rows;
+    prog_rows_ptr, prog_batch_ptr,                   # [programs, BLOCK_ROWS] int32 (-1 pad); [programs] int32
+    prog_span_ptr, prog_q_wide_ptr,                  # [programs, 2] int32: min start, max end of its rows;
                                                      # [programs] int8: a row of the program needs q_hi
     starts_ptr, ends_ptr,                            # [rows] int32 windows
     s_pad, weight_scale,
