@@ -161,3 +161,18 @@ def test_assemble_result_publishes_nothing_for_rows_with_status(seed):
     for name in ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates"):
         tensor = getattr(result, name)
         assert tensor.dtype == (torch.float32 if name == "values" else torch.int32), name
+
+
+def test_flashinfer_selector_without_the_package_is_a_clear_error():
+    """Where flashinfer is absent (CI), asking for it fails with BackendUnavailableError, never a
+    silent switch to torch.topk."""
+    import importlib.util
+
+    from litetopk.kernels import BackendUnavailableError
+    from litetopk.kernels.selection import select_topk_dense
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        pytest.skip("flashinfer is installed here: the GPU benchmark exercises it")
+    scores = torch.randn(2, 600)
+    with pytest.raises(BackendUnavailableError, match="flashinfer"):
+        select_topk_dense(scores, 512, selector="flashinfer")
