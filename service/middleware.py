@@ -38,6 +38,7 @@ class RequestGuard:
         started = time.perf_counter()
         status = {"code": 500}
         state = scope.setdefault("state", {})
+        state["started"] = started  # the routes' Server-Timing counts from here (body read + parsing)
 
         async def send_tracking(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -100,9 +101,14 @@ def admit(req: TopKRequest, state: ServiceState) -> None:
 # ----------------------------------------------------------------------------------- execute
 
 
-def execute(req: TopKRequest, state: ServiceState) -> _Outcome:
-    """The worker's part (runs on the device thread, inside the device and stream context)."""
+def execute(req: TopKRequest, state: ServiceState, marks: list | None = None) -> _Outcome:
+    """The worker's part (runs on the device thread, inside the device and stream context).
+
+    `marks` (optional) gets `(phase, perf_counter())` at the end of each phase (Server-Timing).
+    """
     leases = []
+    mark = marks.append if marks is not None else lambda _: None
+    mark(("queue", time.perf_counter()))
 
     def tensor(name, arg):
         if isinstance(arg, InlineTensor):
@@ -114,21 +120,29 @@ def execute(req: TopKRequest, state: ServiceState) -> _Outcome:
     try:
         inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
         outs = {n: tensor(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
+        mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
                                   backend=state.settings.backend, repair=req.repair)
+        if state.device.type == "cuda" and marks is not None:
+            torch.cuda.current_stream(state.device).synchronize()  # the fault scan below waits anyway
+        mark(("op", time.perf_counter()))
         _raise_row_faults(result.status)
         for region in leases:  # fail closed: memory of an owner that died mid-request may be gone
             if not owner_alive(region.pid, region.pid_start):
                 raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
                                    "died while the request ran; its memory cannot be trusted")
+        mark(("checks", time.perf_counter()))
         for name, dst in outs.items():
             if dst.device != state.device:  # a host region on a GPU service: one D2H copy
                 dst.copy_(getattr(result, name).to(dst.device))
             else:
                 dst.copy_(getattr(result, name))
         fields = {n: getattr(result, n).cpu() for n in RESULT_FIELDS if n not in outs}
-        return _Outcome(fields=fields, written=list(outs), rows=int(result.status.shape[0]), topk=req.topk,
-                        repaired=int(result.repaired.sum()), candidates=int(result.candidates.long().sum()))
+        mark(("write", time.perf_counter()))
+        outcome = _Outcome(fields=fields, written=list(outs), rows=int(result.status.shape[0]), topk=req.topk,
+                           repaired=int(result.repaired.sum()), candidates=int(result.candidates.long().sum()))
+        mark(("counts", time.perf_counter()))
+        return outcome
     finally:
         for region in leases:
             state.table.release(region)
@@ -172,13 +186,40 @@ async def topk(req: TopKRequest, request: Request, state: ServiceState = Depends
     it and the result is large. Rows at fault fail the request (`invalid_row`, `invalid_page`,
     `nonfinite_score`), naming the rows; capacity events are repaired unless `repair` is false.
     """
+    marks: list[tuple[str, float]] = [("parse", time.perf_counter())]
     admit(req, state)
-    outcome: _Outcome = await state.executor.run(lambda: execute(req, state), state.settings.request_timeout_s)
+    marks.append(("admit", time.perf_counter()))
+    outcome: _Outcome = await state.executor.run(lambda: execute(req, state, marks),
+                                                 state.settings.request_timeout_s)
+    marks.append(("settle", time.perf_counter()))
     state.metrics.rows.inc(outcome.rows)
     state.metrics.candidates.inc(outcome.candidates)
     state.metrics.repairs.inc(outcome.repaired)
     nbytes = result_nbytes(outcome.rows, outcome.topk, outcome.fields)
     binary = _wants_binary(request, nbytes, state.settings.json_result_max_bytes)
     if nbytes > 2**20:  # large bodies are encoded off the event loop
-        return await asyncio.to_thread(_encode, outcome, binary)
-    return _encode(outcome, binary)
+        response = await asyncio.to_thread(_encode, outcome, binary)
+    else:
+        response = _encode(outcome, binary)
+    marks.append(("encode", time.perf_counter()))
+    response.headers["server-timing"] = server_timing(request.scope.get("state", {}).get("started"), marks)
+    return response
+
+
+def server_timing(started: float | None, marks: list[tuple[str, float]]) -> str:
+    """`Server-Timing` of the phases in `marks` (each ends at its time; `parse` starts at `started`,
+    when the first byte of the request reached the app), plus `total`; durations in ms.
+
+    parse   body read, JSON parse and pydantic validation    admit   region and bound checks
+    queue   waiting for the device worker                    views   leases, tensors, inline metadata
+    op      the operator (on a GPU: until its stream is idle) checks  row faults, owners alive
+    write   results into `out` regions, the rest to the host counts  repaired/candidates sums
+    settle  worker -> event loop hand-off (+ stream sync)    encode  the response body
+    """
+    items, last = [], started if started is not None else marks[0][1]
+    for name, at in marks:
+        items.append(f"{name};dur={1e3 * (at - last):.3f}")
+        last = at
+    first = started if started is not None else marks[0][1]
+    items.append(f"total;dur={1e3 * (last - first):.3f}")
+    return ", ".join(items)

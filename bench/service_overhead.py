@@ -1,0 +1,209 @@
+"""The service's own cost per /v1/topk request, phase by phase, with the operator mocked out.
+
+The service runs in a subprocess of this script (`--serve`) whose `litetopk_prefill`, as the
+/v1/topk route sees it, is replaced by a mock that returns a precomputed TopKResult of the
+requested shape at once (this file only; production code has no mock). Everything else is the
+real service: HTTP parsing, pydantic, region checks and leases, the device worker hand-off, row
+fault scan, result writing and encoding, the transport and the client's decoding. Each request's
+`Server-Timing` header (service/routes/topk.py) splits the service's part into phases; the
+client's total minus the service's total is transport + client.
+
+    python bench/service_overhead.py                      # 8192 rows, K=512 (the H200 prefill shape)
+    python bench/service_overhead.py --rows 64 --iters 50 --device cpu
+    python bench/service_overhead.py --real               # the real operator (reference on the CPU)
+
+Modes: uds / tcp (result in the body, binary), uds+out (every field into shm regions), and
+uds+inline (as uds+out, but block_table/row_to_batch/starts/ends travel inline as JSON lists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+
+
+# ---------------------------------------------------------------------------------- the service
+
+
+def serve(argv: list[str]) -> int:
+    """`python -m litetopk.service argv` with the route's operator mocked (unless LTK_BENCH_REAL=1)."""
+    if os.environ.get("LTK_BENCH_REAL") != "1":
+        import litetopk.service.routes.topk as route
+        from litetopk.kernels import TopKResult
+
+        cache: dict = {}
+
+        def mock_prefill(q_fp4, *args, topk: int, **kwargs) -> TopKResult:
+            rows, device = q_fp4.shape[0], q_fp4.device
+            key = (rows, topk, str(device))
+            if key not in cache:
+                g = torch.Generator(device="cpu").manual_seed(0)
+                values = torch.randn(rows, topk, generator=g)
+                idx = torch.randint(0, 2**20, (rows, topk), generator=g, dtype=torch.int32)
+                small = torch.zeros(rows, dtype=torch.int32)
+                cache[key] = TopKResult(values=values.to(device), raw_indices=idx.to(device),
+                                        physical_indices=(idx + 7).to(device), counts=(small + topk).to(device),
+                                        status=small.to(device), repaired=small.to(device),
+                                        candidates=(small + 2 * topk).to(device))
+            return cache[key]
+
+        route.litetopk_prefill = mock_prefill
+    from litetopk.service.__main__ import main
+
+    profile = os.environ.get("LTK_BENCH_PROFILE")  # cProfile of the event loop thread, written at exit
+    if not profile:
+        return main(argv)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    # uvicorn re-raises SIGTERM once it has shut down: exit through Python so that `finally` runs
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        return profiler.runcall(main, argv)
+    finally:
+        profiler.dump_stats(profile)
+
+
+class Service:
+    def __init__(self, device: str, backend: str, directory: str, real: bool):
+        self.uds = os.path.join(directory, "litetopk.sock")
+        self.log = open(os.path.join(directory, "service.log"), "w+")
+        argv = [sys.executable, __file__, "--serve", "--device", device, "--backend", backend, "--port", "0",
+                "--uds", self.uds, "--log-level", "warning", "--queue-size", "256", "--request-timeout-s", "900",
+                "--max-request-bytes", str(256 * 2**20)]
+        env = {**os.environ, "LTK_BENCH_REAL": "1" if real else "0"}
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
+        while True:
+            self.log.flush()
+            self.log.seek(0)
+            match = re.search(r"litetopk listening on (http://\S+)", self.log.read())
+            if match:
+                self.url = match.group(1)
+                break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                raise RuntimeError(f"the service did not start:\n{self.log.read()}")
+            time.sleep(0.05)
+        from litetopk.clients import TopKClient, TransportError
+
+        with TopKClient(self.url) as client:
+            while True:
+                try:
+                    if client.ready():
+                        return
+                except TransportError:
+                    pass
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the service did not become ready")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# ---------------------------------------------------------------------------------- measuring
+
+
+def parse_timing(header: str) -> dict[str, float]:
+    out = {}
+    for item in header.split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--serve"]:
+        return serve(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--rows", type=int, default=8192)
+    parser.add_argument("--keys", type=int, default=2048, help="compressed keys (the mock ignores them)")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--modes", default="uds,uds+out,uds+inline,tcp")
+    parser.add_argument("--real", action="store_true", help="run the real operator, not the mock")
+    args = parser.parse_args(argv)
+
+    from problems_gpu import call_args, prefill_problem
+
+    from litetopk.clients import TopKClient
+
+    problem = prefill_problem(args.rows, 4 * args.keys, 512, seed=7, device=args.device)
+    call, kwargs = call_args(problem)
+    rows, topk = args.rows, 512
+    with tempfile.TemporaryDirectory(prefix="ltk-overhead-", dir="/tmp") as directory:
+        service = Service(args.device, args.backend, directory, args.real)
+        try:
+            owner = TopKClient(uds=service.uds)
+            regions = {i: owner.register(a) for i, a in enumerate(call) if i in (0, 1, 2, 4)}
+            meta = owner.register(torch.cat([call[3].flatten(), call[5], call[6], call[7]]))
+            bt = call[3].numel()
+            by_ref = [regions.get(i, a) for i, a in enumerate(call)]
+            by_ref[3] = meta.tensor[:bt].view(call[3].shape)
+            by_ref[5:8] = [meta.tensor[bt + k * rows:bt + (k + 1) * rows] for k in range(3)]
+            inline = list(by_ref)
+            inline[3], inline[5:8] = call[3], list(call[5:8])
+            shapes = {"values": (rows, topk), "raw_indices": (rows, topk), "physical_indices": (rows, topk)}
+            outs = {f: owner.register(torch.empty(shapes.get(f, (rows,)),
+                                                  dtype=torch.float32 if f == "values" else torch.int32,
+                                                  device=args.device)) for f in FIELDS}
+            plans = {
+                "uds": (dict(uds=service.uds), by_ref, None),
+                "uds+out": (dict(uds=service.uds), by_ref, outs),
+                "uds+inline": (dict(uds=service.uds), inline, outs),
+                "tcp": (dict(base_url=service.url), by_ref, None),
+            }
+            results = {}
+            for mode in args.modes.split(","):
+                endpoint, tensors, out = plans[mode]
+                timings: list[dict] = []
+                client = TopKClient(**endpoint)
+                client._http.event_hooks["response"].append(
+                    lambda r: timings.append(parse_timing(r.headers.get("server-timing", ""))))
+                totals = []
+                for i in range(args.iters + 2):
+                    start = time.perf_counter()
+                    client.topk(*tensors, **kwargs, out=out)
+                    if i >= 2:
+                        totals.append(1e3 * (time.perf_counter() - start))
+                client.close()
+                timings = timings[2:]
+                phases = {k: statistics.median(t.get(k, 0.0) for t in timings) for k in timings[0]}
+                phases["client+transport"] = statistics.median(c - t["total"] for c, t in zip(totals, timings))
+                results[mode] = (statistics.median(totals), phases)
+            owner.close()
+        finally:
+            service.stop()
+    names = list(next(iter(results.values()))[1])
+    print(f"{'op ' + ('real' if args.real else 'mocked'):>12} {rows} rows K={topk} on {args.device}; p50 ms")
+    print(f"{'mode':<12}{'client':>9}" + "".join(f"{n[:10]:>11}" for n in names))
+    for mode, (total, phases) in results.items():
+        print(f"{mode:<12}{total:>9.2f}" + "".join(f"{phases[n]:>11.2f}" for n in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
