@@ -27,8 +27,9 @@ class ServiceState:
     draining: bool = False
 
 
-def get_state(request: Request) -> ServiceState:
-    """FastAPI dependency: the app's ServiceState."""
+async def get_state(request: Request) -> ServiceState:
+    """FastAPI dependency: the app's ServiceState (async: FastAPI runs a plain `def` dependency in
+    its thread pool, a thread hop of ~1-3 ms per request on a busy host)."""
     return request.app.state.service
 
 
