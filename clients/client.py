@@ -15,6 +15,7 @@ you reuse (the cache above all) once with `register()`.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Generator
 
@@ -42,6 +43,8 @@ from .wire import (
     assemble_result,
     decode_result_binary,
     decode_result_json,
+    result_nbytes,
+    result_shape,
 )
 
 Call = tuple[str, str, dict]
@@ -52,6 +55,11 @@ SMALL_INPUTS = ("block_table", "row_to_batch", "starts", "ends")
 INPUT_ORDER = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 ACCEPT = {"auto": f"{JSON_MEDIA_TYPE}, {BINARY_MEDIA_TYPE}", "json": JSON_MEDIA_TYPE, "binary": BINARY_MEDIA_TYPE}
 SCRATCH_MIN_BYTES = 1 << 20
+# With result_format="auto", result fields of at least this many bytes in all (8192 rows x K=512:
+# 50 MB) are written by the service into a pooled scratch shared-memory region and copied out here,
+# instead of travelling in the response body: bench/NOTES-service.md measured the body at
+# ~170 ms for 50 MB over the Unix socket (h11 + asyncio, 64 KiB reads), the region at ~10 ms.
+RESULT_SCRATCH_MIN_BYTES = 1 << 20
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -169,6 +177,8 @@ class _Flows:
         staged: list[tuple[str, torch.Tensor]] = []  # large CPU tensors to copy into scratch
         temporary: list[Region] = []
         scratch: Region | None = None
+        results: Region | None = None  # scratch the service writes large results into
+        collect: dict[str, RegionSlice] = {}
         try:
             for name in INPUT_ORDER:
                 value = named[name]
@@ -197,23 +207,52 @@ class _Flows:
                         raise ValueError(f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a "
                                          "registered region")
                     body["out"][name] = ref.to_wire()
+            if result_format == "auto":
+                results, collect = yield from self._result_scratch(named["q_fp4"], topk, out or {})
+                if collect:
+                    body.setdefault("out", {}).update({n: ref.to_wire() for n, ref in collect.items()})
             body.update(topk=topk, weight_scale=float(weight_scale), repair=bool(repair), backend=backend)
             for value in named.values():  # the exporter's duty: contents complete before the call
                 if isinstance(value, torch.Tensor) and value.device.type == "cuda":
                     torch.cuda.current_stream(value.device).synchronize()
             response = yield "POST", "/v1/topk", {"json": body, "headers": {"accept": ACCEPT[result_format]}}
-            return self._parse_result(_check(response), out or {})
+            return self._parse_result(_check(response), out or {}, collect)
         except RegionProblem as problem:
-            if scratch is not None and problem.code in ("unknown_region", "stale_region"):
-                release_export(scratch)  # the service forgot it (restart, eviction): never reuse it
-                scratch = None
+            if problem.code in ("unknown_region", "stale_region"):
+                for region in (scratch, results):  # the service forgot it (restart, eviction): never reuse it
+                    if region is not None:
+                        release_export(region)
+                scratch = results = None
             raise
         finally:
-            if scratch is not None:
-                with self._lock:
-                    self._scratch.append(scratch)
+            for region in (scratch, results):
+                if region is not None:
+                    with self._lock:
+                        self._scratch.append(region)
             for region in temporary:
                 yield from self.unregister(region)
+
+    def _result_scratch(self, q_fp4, topk: int, out: dict) -> Flow:
+        """(scratch region, {field: slice}) for the result fields not in `out` when they are large
+        (RESULT_SCRATCH_MIN_BYTES); (None, {}) otherwise (they come back in the body)."""
+        shape = q_fp4.shape if isinstance(q_fp4, (torch.Tensor, RegionSlice)) else \
+            q_fp4.tensor.shape if isinstance(q_fp4, Region) else None
+        if shape is None or len(shape) != 3 or not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+            return None, {}  # malformed: the service says what is wrong
+        names = [n for n in RESULT_FIELDS if n not in out]
+        rows = int(shape[0])
+        if not names or result_nbytes(rows, topk, names) < RESULT_SCRATCH_MIN_BYTES:
+            return None, {}
+        layout, total = [], 0
+        for name in names:
+            dims = result_shape(name, rows, topk)
+            layout.append((name, total, dims))
+            total += -(-math.prod(dims) * 4 // 64) * 64
+        region = self._take_scratch(total)
+        if region is None:
+            size = max(SCRATCH_MIN_BYTES, 1 << max(total - 1, 1).bit_length())
+            region = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
+        return region, {n: RegionSlice(region, offset, RESULT_FIELDS[n][0], dims) for n, offset, dims in layout}
 
     def _stage(self, staged: list[tuple[str, torch.Tensor]]) -> Flow:
         """Copy large CPU tensors into one idle scratch region (registering a bigger one if needed)."""
@@ -232,7 +271,7 @@ class _Flows:
             layout[name] = ref.to_wire()
         return scratch, layout
 
-    def _parse_result(self, response: httpx.Response, out: dict) -> TopKResult:
+    def _parse_result(self, response: httpx.Response, out: dict, collect: dict | None = None) -> TopKResult:
         ctype = response.headers.get("content-type", "")
         try:
             if ctype.startswith(BINARY_MEDIA_TYPE):
@@ -244,6 +283,9 @@ class _Flows:
         except WireFormatError as exc:
             raise ProtocolError(str(exc)) from exc
         for name in written:
+            if collect and name in collect:  # pooled scratch: copied out before the region is reused
+                fields[name] = collect[name].tensor().clone()
+                continue
             value = out[name]
             fields[name] = value if isinstance(value, torch.Tensor) else self._reference(value).tensor()
         try:

@@ -132,11 +132,8 @@ def execute(req: TopKRequest, state: ServiceState, marks: list | None = None) ->
                 raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
                                    "died while the request ran; its memory cannot be trusted")
         mark(("checks", time.perf_counter()))
-        for name, dst in outs.items():
-            if dst.device != state.device:  # a host region on a GPU service: one D2H copy
-                dst.copy_(getattr(result, name).to(dst.device))
-            else:
-                dst.copy_(getattr(result, name))
+        for name, dst in outs.items():  # a host region on a GPU service: one D2H copy, straight into it
+            dst.copy_(getattr(result, name))
         fields = {n: getattr(result, n).cpu() for n in RESULT_FIELDS if n not in outs}
         mark(("write", time.perf_counter()))
         outcome = _Outcome(fields=fields, written=list(outs), rows=int(result.status.shape[0]), topk=req.topk,

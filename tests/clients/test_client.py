@@ -251,3 +251,26 @@ def test_row_fault_is_the_kernels_row_fault_error(service, problem):
     with TopKClient(service.url) as client, pytest.raises(RowFaultError) as err:
         client.topk(*p.args(), topk=512)
     assert err.value.rows == [3]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "uds"])
+def test_large_results_come_back_through_a_pooled_scratch_region(service, problem, transport, monkeypatch):
+    """result_format='auto' with a large result: the service writes it into a scratch shm region
+    (named in `out`) instead of the body; the client copies it out, reuses the region next call."""
+    import litetopk.clients.client as client_module
+
+    monkeypatch.setattr(client_module, "RESULT_SCRATCH_MIN_BYTES", 0)
+    want = reference(problem)
+    client = TopKClient(service.url) if transport == "tcp" else TopKClient(uds=service.uds)
+    bodies = []
+    with client:
+        client._http.event_hooks["request"].append(
+            lambda r: bodies.append(json.loads(r.read())) if r.url.path == "/v1/topk" else None)
+        first = client.topk(*problem.args(), topk=512)
+        second = client.topk(*problem.args(), topk=512, out={"counts": client.register(torch.empty(8, dtype=torch.int32))})
+        assert results_equal(first, want) == [] and results_equal(second, want) == []
+        assert set(bodies[0]["out"]) == set(client_module.RESULT_FIELDS)
+        assert bodies[0]["out"]["values"]["region"] == bodies[1]["out"]["values"]["region"], "the scratch is pooled"
+        assert first.values.data_ptr() != second.values.data_ptr(), "each result owns its memory"
+        json_only = client.topk(*problem.args(), topk=512, result_format="json")
+        assert results_equal(json_only, want) == [] and "out" not in bodies[2]
