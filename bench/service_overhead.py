@@ -176,24 +176,27 @@ def main(argv=None) -> int:
                 "uds+inline": (dict(uds=service.uds), inline, outs),
                 "tcp": (dict(base_url=service.url), by_ref, None),
             }
-            results = {}
-            for mode in args.modes.split(","):
-                endpoint, tensors, out = plans[mode]
-                timings: list[dict] = []
-                client = TopKClient(**endpoint)
+            clients, timings, totals = {}, {}, {}
+            for mode in args.modes.split(","):  # the modes take turns call by call (drifting load hits all alike)
+                endpoint, _, _ = plans[mode]
+                clients[mode] = client = TopKClient(**endpoint)
+                timings[mode], totals[mode] = [], []
                 client._http.event_hooks["response"].append(
-                    lambda r: timings.append(parse_timing(r.headers.get("server-timing", ""))))
-                totals = []
-                for i in range(args.iters + 2):
+                    lambda r, mode=mode: timings[mode].append(parse_timing(r.headers.get("server-timing", ""))))
+            for i in range(args.iters + 2):
+                for mode, client in clients.items():
+                    _, tensors, out = plans[mode]
                     start = time.perf_counter()
                     client.topk(*tensors, **kwargs, out=out)
                     if i >= 2:
-                        totals.append(1e3 * (time.perf_counter() - start))
+                        totals[mode].append(1e3 * (time.perf_counter() - start))
+            results = {}
+            for mode, client in clients.items():
                 client.close()
-                timings = timings[2:]
-                phases = {k: statistics.median(t.get(k, 0.0) for t in timings) for k in timings[0]}
-                phases["client+transport"] = statistics.median(c - t["total"] for c, t in zip(totals, timings))
-                results[mode] = (statistics.median(totals), phases)
+                got = timings[mode][2:]
+                phases = {k: statistics.median(t.get(k, 0.0) for t in got) for k in got[0]}
+                phases["client+transport"] = statistics.median(c - t["total"] for c, t in zip(totals[mode], got))
+                results[mode] = (statistics.median(totals[mode]), phases)
             owner.close()
         finally:
             service.stop()
