@@ -88,12 +88,27 @@ def owner_alive(pid: int | None, start: str | None) -> bool:
     except PermissionError:
         pass  # alive, owned by another user
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            state = stat_file.read().decode(errors="replace").rsplit(")", 1)[-1].split()
     except OSError:
         return True  # no procfs: the kill probe is all we have
     if state and state[0] in ("Z", "X"):
         return False
     return start is None or (len(state) > 19 and state[19] == start)
+
+
+def _owner_alive(region: "Region", alive: dict | None) -> bool:
+    """owner_alive for `region`, remembered in `alive` (when given) while it says yes."""
+    if region.pid is None:
+        return True
+    key = (region.pid, region.pid_start)
+    if alive is not None and key in alive:
+        return True
+    if not owner_alive(region.pid, region.pid_start):
+        return False
+    if alive is not None:
+        alive[key] = True
+    return True
 
 
 @dataclass(eq=False)
@@ -121,6 +136,13 @@ class Region:
 
     def view(self, ref: RegionSlice, what: str) -> torch.Tensor:
         """The tensor `ref` names inside this region (bounds and alignment checked)."""
+        nbytes = self.check_bounds(ref, what)
+        if self.base is None:
+            raise ServiceError("stale_region", f"{what}: region {self.id} was released")
+        return self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+
+    def check_bounds(self, ref: RegionSlice, what: str) -> int:
+        """Raise `misaligned_offset` / `out_of_bounds` for `ref`; its size in bytes otherwise."""
         dtype = DTYPES[ref.dtype]
         nbytes = math.prod(ref.shape) * dtype.itemsize
         if ref.offset % dtype.itemsize:
@@ -129,9 +151,7 @@ class Region:
         if ref.offset + nbytes > self.size:
             raise ServiceError("out_of_bounds", f"{what}: {nbytes} bytes at offset {ref.offset} overrun "
                                f"region {self.id} ({self.size} bytes)")
-        if self.base is None:
-            raise ServiceError("stale_region", f"{what}: region {self.id} was released")
-        return self.base[ref.offset:ref.offset + nbytes].view(dtype).view(ref.shape)
+        return nbytes
 
 
 class RegionTable:
@@ -210,13 +230,16 @@ class RegionTable:
         with self._lock:
             return list(self._live.values())
 
-    def get(self, region_id: str, generation: int | None = None) -> Region:
+    def get(self, region_id: str, generation: int | None = None, alive: dict | None = None) -> Region:
         with self._lock:
-            return self._find_locked(region_id, generation)
+            return self._find_locked(region_id, generation, alive)
 
-    def _find_locked(self, region_id: str, generation: int | None) -> Region:
+    def _find_locked(self, region_id: str, generation: int | None, alive: dict | None = None) -> Region:
+        """The live region (its owner checked alive; `alive`, a dict kept for one request phase,
+        remembers owners already found alive so that a request naming 15 regions of one owner
+        reads /proc once, not 15 times)."""
         region = self._live.get(region_id)
-        if region is not None and not owner_alive(region.pid, region.pid_start):
+        if region is not None and not _owner_alive(region, alive):
             self._retire_locked(region, f"its owner process {region.pid} died")
             region = None
         if region is None:
@@ -229,18 +252,18 @@ class RegionTable:
                                f"the request names generation {generation}")
         return region
 
-    def check(self, ref: RegionSlice, what: str) -> Region:
+    def check(self, ref: RegionSlice, what: str, alive: dict | None = None) -> Region:
         """Raise the error `ref` would meet (no lease taken): admission-time checking."""
-        region = self.get(ref.region, ref.generation)
-        region.view(ref, what)
+        region = self.get(ref.region, ref.generation, alive)
+        region.check_bounds(ref, what)
         return region
 
     # -- leases (device worker) ---------------------------------------------------------------
 
-    def acquire(self, ref: RegionSlice, what: str) -> tuple[Region, torch.Tensor]:
+    def acquire(self, ref: RegionSlice, what: str, alive: dict | None = None) -> tuple[Region, torch.Tensor]:
         """Lease the region `ref` names and return (region, tensor); pair with `release`."""
         with self._lock:
-            region = self._find_locked(ref.region, ref.generation)
+            region = self._find_locked(ref.region, ref.generation, alive)
             tensor = region.view(ref, what)
             region.leases += 1
         return region, tensor
