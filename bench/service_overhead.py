@@ -83,7 +83,7 @@ class Service:
     def __init__(self, device: str, backend: str, directory: str, real: bool):
         self.uds = os.path.join(directory, "litetopk.sock")
         self.log = open(os.path.join(directory, "service.log"), "w+")
-        argv = [sys.executable, __file__, "--serve", "--device", device, "--backend", backend, "--port", "0",
+        argv = [sys.executable, os.environ.get("LTK_BENCH_SERVE", __file__), "--serve", "--device", device, "--backend", backend, "--port", "0",
                 "--uds", self.uds, "--log-level", "warning", "--queue-size", "256", "--request-timeout-s", "900",
                 "--max-request-bytes", str(256 * 2**20)]
         env = {**os.environ, "LTK_BENCH_REAL": "1" if real else "0"}
