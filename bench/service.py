@@ -175,9 +175,14 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
     owner = TopKClient(uds=service.uds)
     clients.append(owner)
     regions = {i: owner.register(a) for i, a in enumerate(args) if i in (0, 1, 2, 4)}
-    meta = owner.register(torch.cat([args[5], args[6], args[7]]))
+    meta = owner.register(torch.cat([args[3].flatten(), args[5], args[6], args[7]]))
     call = [regions.get(i, a) for i, a in enumerate(args)]
-    call[5:8] = [meta.tensor[k * rows:(k + 1) * rows] for k in range(3)]
+    # RegionSlices, not tensors inside `meta` (a client finds tensors only in regions it registered
+    # itself: the mode clients below did not, so until 2026-12 the metadata travelled inline as
+    # JSON lists, .tolist() of CUDA tensors included)
+    bt = args[3].numel()
+    call[3] = meta.slice(0, torch.int32, tuple(args[3].shape))
+    call[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
     for mode, endpoint in endpoints.items():
         client = TopKClient(**endpoint)
         clients.append(client)

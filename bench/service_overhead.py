@@ -12,8 +12,10 @@ client's total minus the service's total is transport + client.
     python bench/service_overhead.py --rows 64 --iters 50 --device cpu
     python bench/service_overhead.py --real               # the real operator (reference on the CPU)
 
-Modes: uds / tcp (result in the body, binary), uds+out (every field into shm regions), and
-uds+inline (as uds+out, but block_table/row_to_batch/starts/ends travel inline as JSON lists).
+Modes: uds / tcp (the client picks how the result comes back: a pooled scratch region for large
+results), uds+out (every field into the caller's shm regions), and uds+plain (as uds+out, but
+block_table/row_to_batch/starts/ends are plain tensors: inline JSON lists up to
+INLINE_MAX_VALUES values, else staged in the client's scratch region).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--keys", type=int, default=2048, help="compressed keys (the mock ignores them)")
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--modes", default="uds,uds+out,uds+inline,tcp")
+    parser.add_argument("--modes", default="uds,uds+out,uds+plain,tcp")
     parser.add_argument("--real", action="store_true", help="run the real operator, not the mock")
     args = parser.parse_args(argv)
 
@@ -162,10 +164,12 @@ def main(argv=None) -> int:
             meta = owner.register(torch.cat([call[3].flatten(), call[5], call[6], call[7]]))
             bt = call[3].numel()
             by_ref = [regions.get(i, a) for i, a in enumerate(call)]
-            by_ref[3] = meta.tensor[:bt].view(call[3].shape)
-            by_ref[5:8] = [meta.tensor[bt + k * rows:bt + (k + 1) * rows] for k in range(3)]
-            inline = list(by_ref)
-            inline[3], inline[5:8] = call[3], list(call[5:8])
+            # RegionSlices, not tensors inside `meta`: a client finds tensors only in regions it
+            # registered itself, and these clients did not (tensors would travel inline)
+            by_ref[3] = meta.slice(0, torch.int32, call[3].shape)
+            by_ref[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
+            plain = list(by_ref)
+            plain[3], plain[5:8] = call[3], list(call[5:8])
             shapes = {"values": (rows, topk), "raw_indices": (rows, topk), "physical_indices": (rows, topk)}
             outs = {f: owner.register(torch.empty(shapes.get(f, (rows,)),
                                                   dtype=torch.float32 if f == "values" else torch.int32,
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
             plans = {
                 "uds": (dict(uds=service.uds), by_ref, None),
                 "uds+out": (dict(uds=service.uds), by_ref, outs),
-                "uds+inline": (dict(uds=service.uds), inline, outs),
+                "uds+plain": (dict(uds=service.uds), plain, outs),
                 "tcp": (dict(base_url=service.url), by_ref, None),
             }
             clients, timings, totals = {}, {}, {}

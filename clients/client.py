@@ -6,10 +6,11 @@ value. `TopKClient` drives flows with httpx.Client, `AsyncTopKClient` with httpx
 nothing else differs between them.
 
 `topk(...)` takes the arguments of `litetopk.kernels.litetopk_prefill`. Each tensor argument may
-be a Region, a RegionSlice, a tensor inside a registered region (sent as a reference), or a plain
-tensor: small row metadata (block_table, row_to_batch, starts, ends) then travels inline as JSON;
-a large CPU tensor (q_fp4, q_scale, kv_cache, weights) is copied into a pooled scratch
-shared-memory region; a large CUDA tensor is registered by IPC handle for the call. Register what
+be a Region, a RegionSlice, a tensor inside a region this client registered (sent as a reference),
+or a plain tensor: small row metadata (block_table, row_to_batch, starts, ends; at most
+INLINE_MAX_VALUES values) then travels inline as JSON; larger metadata (as int32) and a large
+CPU tensor (q_fp4, q_scale, kv_cache, weights) are copied into a pooled scratch shared-memory
+region; a large CUDA tensor is registered by IPC handle for the call. Register what
 you reuse (the cache above all) once with `register()`.
 """
 
@@ -55,11 +56,19 @@ SMALL_INPUTS = ("block_table", "row_to_batch", "starts", "ends")
 INPUT_ORDER = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 ACCEPT = {"auto": f"{JSON_MEDIA_TYPE}, {BINARY_MEDIA_TYPE}", "json": JSON_MEDIA_TYPE, "binary": BINARY_MEDIA_TYPE}
 SCRATCH_MIN_BYTES = 1 << 20
+# Row metadata (block_table, row_to_batch, starts, ends) of more values than this travels in the
+# scratch region, not inline: 3 x 8192 values as JSON lists cost ~2.5 ms of parsing in the service
+# and ~2 ms of .tolist()/encoding here (bench/NOTES-service.md).
+INLINE_MAX_VALUES = 1024
 # With result_format="auto", result fields of at least this many bytes in all (8192 rows x K=512:
 # 50 MB) are written by the service into a pooled scratch shared-memory region and copied out here,
 # instead of travelling in the response body: bench/NOTES-service.md measured the body at
 # ~170 ms for 50 MB over the Unix socket (h11 + asyncio, 64 KiB reads), the region at ~10 ms.
 RESULT_SCRATCH_MIN_BYTES = 1 << 20
+# Row metadata (block_table, row_to_batch, starts, ends) of more values than this travels in the
+# scratch region, not inline: 3 x 8192 values as JSON lists cost ~2.5 ms of parsing in the service
+# and ~2 ms of .tolist()/encoding here (bench/NOTES-service.md).
+INLINE_MAX_VALUES = 1024
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -185,9 +194,11 @@ class _Flows:
                 ref = self._reference(value)
                 if ref is not None:
                     body[name] = ref.to_wire()
-                elif name in SMALL_INPUTS:
+                elif name in SMALL_INPUTS and value.numel() <= INLINE_MAX_VALUES:
                     body[name] = {"dtype": "int32", "shape": list(value.shape),
                                   "data": value.to(torch.int32).flatten().tolist()}
+                elif name in SMALL_INPUTS:  # large metadata: staged like large CPU inputs (no JSON list)
+                    staged.append((name, value.to(torch.int32)))
                 elif value.device.type == "cuda":
                     region = yield from self.register(value.contiguous())
                     temporary.append(region)

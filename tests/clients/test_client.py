@@ -274,3 +274,19 @@ def test_large_results_come_back_through_a_pooled_scratch_region(service, proble
         assert first.values.data_ptr() != second.values.data_ptr(), "each result owns its memory"
         json_only = client.topk(*problem.args(), topk=512, result_format="json")
         assert results_equal(json_only, want) == [] and "out" not in bodies[2]
+
+
+def test_large_plain_metadata_is_staged_not_inline(problem, monkeypatch):
+    """Metadata of more than INLINE_MAX_VALUES values goes into the scratch region (as int32)."""
+    import litetopk.clients.client as client_module
+
+    monkeypatch.setattr(client_module, "INLINE_MAX_VALUES", 4)
+    client, recorder = recording_client()
+    args = list(problem.args())
+    args[6] = problem.starts.long()  # converted to int32, as the inline path does
+    with pytest.raises(ServiceProblem):
+        client.topk(*args, topk=512)
+    body = recorder.topk_body()
+    for name in ("row_to_batch", "starts", "ends"):
+        assert body[name]["region"] == "r1" and body[name]["dtype"] == "int32" and body[name]["shape"] == [8], name
+    assert body["block_table"]["region"] == "r1" or "data" in body["block_table"]
