@@ -134,6 +134,16 @@ def summarize(seconds: list[float], rows: int) -> dict:
             "iters": len(ordered), "seq_req_per_s": 1 / statistics.fmean(ordered)}
 
 
+def server_timing(header: str) -> dict[str, float]:
+    """{phase: ms} of a Server-Timing header (`name;dur=ms, ...`)."""
+    out = {}
+    for item in header.split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
 def same(a, b) -> bool:
     return all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in FIELDS)
 
@@ -183,9 +193,14 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
     bt = args[3].numel()
     call[3] = meta.slice(0, torch.int32, tuple(args[3].shape))
     call[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
+    phases: dict[str, list[dict]] = {}  # Server-Timing of every answer, per mode (service/routes/topk.py)
     for mode, endpoint in endpoints.items():
         client = TopKClient(**endpoint)
         clients.append(client)
+        phases[mode] = []
+        client._http.event_hooks["response"].append(
+            lambda r, got=phases[mode]: got.append(server_timing(r.headers.get("server-timing", "")))
+            if r.url.path == "/v1/topk" else None)
         outs = {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if mode.endswith("+out") else None
         calls[mode] = lambda client=client, call=call, outs=outs: client.topk(*call, **kwargs, out=outs)
         equal[mode] = same(calls[mode](), want)
@@ -204,6 +219,10 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
     out = {"shape": {"rows": rows, "keys": keys, "topk": 512}, "modes": {}}
     for mode, samples in seconds.items():
         out["modes"][mode] = {**summarize(samples, rows), "equal": equal[mode]}
+        timed_calls = phases.get(mode, [])[-len(samples):]
+        if timed_calls and timed_calls[0]:
+            out["modes"][mode]["server_timing_p50_ms"] = {
+                k: statistics.median(t.get(k, 0.0) for t in timed_calls) for k in timed_calls[0]}
     out["modes"]["in-process"]["req_per_s"] = out["modes"]["in-process"]["seq_req_per_s"]
     for mode, endpoint in endpoints.items():
         out["modes"][mode]["req_per_s"] = asyncio.run(
