@@ -15,7 +15,8 @@ client's total minus the service's total is transport + client.
 Modes: uds / tcp (the client picks how the result comes back: a pooled scratch region for large
 results), uds+out (every field into the caller's shm regions), and uds+plain (as uds+out, but
 block_table/row_to_batch/starts/ends are plain tensors: inline JSON lists up to
-INLINE_MAX_VALUES values, else staged in the client's scratch region).
+INLINE_MAX_VALUES values, else staged in the client's scratch region); uds+body asks for the
+binary body (result_format="binary"), the path every large result took before the scratch.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
                 "uds+out": (dict(uds=service.uds), by_ref, outs),
                 "uds+plain": (dict(uds=service.uds), plain, outs),
                 "tcp": (dict(base_url=service.url), by_ref, None),
+                "uds+body": (dict(uds=service.uds), by_ref, None),  # result_format="binary": in the body
             }
             clients, timings, totals = {}, {}, {}
             for mode in args.modes.split(","):  # the modes take turns call by call (drifting load hits all alike)
@@ -191,7 +193,7 @@ def main(argv=None) -> int:
                 for mode, client in clients.items():
                     _, tensors, out = plans[mode]
                     start = time.perf_counter()
-                    client.topk(*tensors, **kwargs, out=out)
+                    client.topk(*tensors, **kwargs, out=out, result_format="binary" if mode.endswith("body") else "auto")
                     if i >= 2:
                         totals[mode].append(1e3 * (time.perf_counter() - start))
             results = {}

@@ -109,13 +109,15 @@ def encode_result_binary(fields: dict[str, torch.Tensor], rows: int, topk: int, 
     """The binary body for the CPU tensors `fields` (module docstring)."""
     entries, chunks, offset = [], [], 0
     for name, tensor in fields.items():
-        data = tensor.contiguous().numpy().tobytes()
+        # a view of the tensor's memory, not .tobytes(): the join below is the only copy
+        data = memoryview(tensor.contiguous().numpy()).cast("B")
+        nbytes = data.nbytes
         entries.append({"name": name, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                        "offset": offset, "nbytes": len(data)})
+                        "offset": offset, "nbytes": nbytes})
         chunks.append(data)
-        pad = -len(data) % 8
+        pad = -nbytes % 8
         chunks.append(b"\0" * pad)
-        offset += len(data) + pad
+        offset += nbytes + pad
     header = json.dumps({"rows": rows, "topk": topk, "written": list(written), "fields": entries}).encode()
     prefix = MAGIC + struct.pack("<II", VERSION, len(header)) + header
     prefix += b"\0" * (-len(prefix) % 8)
