@@ -110,7 +110,7 @@ def encode_result_binary(fields: dict[str, torch.Tensor], rows: int, topk: int, 
     entries, chunks, offset = [], [], 0
     for name, tensor in fields.items():
         # a view of the tensor's memory, not .tobytes(): the join below is the only copy
-        data = memoryview(tensor.contiguous().numpy()).cast("B")
+        data = memoryview(tensor.contiguous().numpy().reshape(-1)).cast("B")
         nbytes = data.nbytes
         entries.append({"name": name, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
                         "offset": offset, "nbytes": nbytes})
