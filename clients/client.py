@@ -95,6 +95,7 @@ class _Flows:
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
         self._scratch: list[Region] = []  # idle scratch regions
+        self._result_scratch_ok = True  # False once the service could not map a result scratch
 
     # -- regions ---------------------------------------------------------------------------------
 
@@ -261,8 +262,18 @@ class _Flows:
             total += -(-math.prod(dims) * 4 // 64) * 64
         region = self._take_scratch(total)
         if region is None:
+            if not self._result_scratch_ok:
+                return None, {}
             size = max(SCRATCH_MIN_BYTES, 1 << max(total - 1, 1).bit_length())
-            region = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
+            try:
+                region = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
+            except RegionProblem as problem:
+                if problem.code != "shm_unavailable":
+                    raise
+                # the service cannot map our shared memory (no shared /dev/shm, e.g. a worker whose
+                # inputs are all CUDA IPC regions): results come back in the body, as before
+                self._result_scratch_ok = False
+                return None, {}
         return region, {n: RegionSlice(region, offset, RESULT_FIELDS[n][0], dims) for n, offset, dims in layout}
 
     def _stage(self, staged: list[tuple[str, torch.Tensor]]) -> Flow:

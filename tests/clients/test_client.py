@@ -290,3 +290,32 @@ def test_large_plain_metadata_is_staged_not_inline(problem, monkeypatch):
     for name in ("row_to_batch", "starts", "ends"):
         assert body[name]["region"] == "r1" and body[name]["dtype"] == "int32" and body[name]["shape"] == [8], name
     assert body["block_table"]["region"] == "r1" or "data" in body["block_table"]
+
+
+def test_result_scratch_falls_back_to_the_body_when_the_service_cannot_map_it(problem, monkeypatch):
+    """A service without access to our /dev/shm refuses the scratch (shm_unavailable): the
+    result is asked for in the body instead, and the client stops trying."""
+    import litetopk.clients.client as client_module
+
+    monkeypatch.setattr(client_module, "RESULT_SCRATCH_MIN_BYTES", 0)
+    client = TopKClient("http://recorded")
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/v1/regions":
+            return httpx.Response(422, json={"code": "shm_unavailable", "detail": "no such block"},
+                                  headers={"content-type": "application/problem+json"})
+        body = json.loads(request.content)
+        assert "out" not in body
+        return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
+                              headers={"content-type": "application/problem+json"})
+
+    client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(handler))
+    q = client_module.RegionSlice(client_module.Region("r9", 1, "shm", 1 << 20, torch.zeros(1 << 20, dtype=torch.uint8),
+                                                       torch.zeros(1, dtype=torch.uint8)), 0, torch.uint8, (8, 64, 64))
+    args = (q, q, q, problem.block_table, q, problem.row_to_batch, problem.starts, problem.ends)
+    for _ in range(2):
+        with pytest.raises(ServiceProblem):
+            client.topk(*args, topk=512)
+    assert calls == ["/v1/regions", "/v1/topk", "/v1/topk"]
