@@ -148,20 +148,33 @@ def same(a, b) -> bool:
     return all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in FIELDS)
 
 
-async def concurrent_throughput(endpoint: dict, args, kwargs, requests: int, concurrency: int) -> float:
-    """Requests per second with `concurrency` in flight (regions registered by a fresh async client)."""
+async def concurrent_throughput(endpoint: dict, args, kwargs, requests: int, concurrency: int,
+                                want=None) -> float:
+    """Requests per second with `concurrency` in flight (regions registered by a fresh async client;
+    metadata by RegionSlice; with `want`, each worker has output regions shaped like it: `+out`)."""
     async with AsyncTopKClient(**endpoint) as client:
         regions = [await client.register(a) if i in (0, 1, 2, 4) else a for i, a in enumerate(args)]
-        await client.topk(*regions, **kwargs)
+        rows, bt = args[5].shape[0], args[3].numel()
+        meta = await client.register(torch.cat([args[3].flatten(), args[5], args[6], args[7]]))
+        regions[3] = meta.slice(0, torch.int32, tuple(args[3].shape))
+        regions[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
+
+        async def outputs():
+            if want is None:
+                return None
+            return {f: await client.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
+
+        await client.topk(*regions, **kwargs, out=await outputs())
         queue = list(range(requests))
 
-        async def worker():
+        async def worker(out):
             while queue:
                 queue.pop()
-                await client.topk(*regions, **kwargs)
+                await client.topk(*regions, **kwargs, out=out)
 
+        outs = [await outputs() for _ in range(concurrency)]
         start = time.perf_counter()
-        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        await asyncio.gather(*[worker(out) for out in outs])
         return requests / (time.perf_counter() - start)
 
 
@@ -225,8 +238,8 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
                 k: statistics.median(t.get(k, 0.0) for t in timed_calls) for k in timed_calls[0]}
     out["modes"]["in-process"]["req_per_s"] = out["modes"]["in-process"]["seq_req_per_s"]
     for mode, endpoint in endpoints.items():
-        out["modes"][mode]["req_per_s"] = asyncio.run(
-            concurrent_throughput(endpoint, args, kwargs, max(iters, 8), args_ns.concurrency))
+        out["modes"][mode]["req_per_s"] = asyncio.run(concurrent_throughput(
+            endpoint, args, kwargs, max(iters, 8), args_ns.concurrency, want if mode.endswith("+out") else None))
     base = out["modes"]["in-process"]["p50_ms"]
     for record in out["modes"].values():
         record["overhead_pct"] = 100 * (record["p50_ms"] - base) / base
