@@ -37,7 +37,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+from service import FIELDS, server_timing  # noqa: E402  (bench/service.py)
 
 
 # ---------------------------------------------------------------------------------- the service
@@ -128,15 +128,6 @@ class Service:
 # ---------------------------------------------------------------------------------- measuring
 
 
-def parse_timing(header: str) -> dict[str, float]:
-    out = {}
-    for item in header.split(","):
-        name, _, dur = item.strip().partition(";dur=")
-        if dur:
-            out[name] = float(dur)
-    return out
-
-
 def main(argv=None) -> int:
     if argv is None and sys.argv[1:2] == ["--serve"]:
         return serve(sys.argv[2:])
@@ -188,7 +179,7 @@ def main(argv=None) -> int:
                 clients[mode] = client = TopKClient(**endpoint)
                 timings[mode], totals[mode] = [], []
                 client._http.event_hooks["response"].append(
-                    lambda r, mode=mode: timings[mode].append(parse_timing(r.headers.get("server-timing", ""))))
+                    lambda r, mode=mode: timings[mode].append(server_timing(r.headers.get("server-timing", ""))))
             for i in range(args.iters + 2):
                 for mode, client in clients.items():
                     _, tensors, out = plans[mode]
