@@ -59,15 +59,19 @@ FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repa
 
 
 class Service:
-    """`python -m litetopk.service` pinned to `device`, on a free TCP port and a private socket."""
+    """`python -m litetopk.service` pinned to `device`, on a free TCP port and a private socket.
 
-    def __init__(self, device: str, backend: str, directory: str):
+    `entry` replaces `-m litetopk.service` (e.g. a script that serves the same app with the
+    operator mocked), `env` the child's environment."""
+
+    def __init__(self, device: str, backend: str, directory: str, *,
+                 entry: tuple[str, ...] = ("-m", "litetopk.service"), env: dict | None = None):
         self.uds = os.path.join(directory, "litetopk.sock")
         self.log = open(os.path.join(directory, "service.log"), "w+")
-        argv = [sys.executable, "-m", "litetopk.service", "--device", device, "--backend", backend, "--port", "0",
+        argv = [sys.executable, *entry, "--device", device, "--backend", backend, "--port", "0",
                 "--uds", self.uds, "--log-level", "warning", "--queue-size", "256", "--request-timeout-s", "900",
                 "--max-request-bytes", str(256 * 2**20)]
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait_url()
         with TopKClient(self.url) as client:
             deadline = time.monotonic() + 900  # the warm-up compiles the kernels on a GPU

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +35,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from service import FIELDS, server_timing  # noqa: E402  (bench/service.py)
+from service import FIELDS, Service, server_timing  # noqa: E402  (bench/service.py)
 
 
 # ---------------------------------------------------------------------------------- the service
@@ -82,49 +80,6 @@ def serve(argv: list[str]) -> int:
         profiler.dump_stats(profile)
 
 
-class Service:
-    def __init__(self, device: str, backend: str, directory: str, real: bool):
-        self.uds = os.path.join(directory, "litetopk.sock")
-        self.log = open(os.path.join(directory, "service.log"), "w+")
-        argv = [sys.executable, os.environ.get("LTK_BENCH_SERVE", __file__), "--serve", "--device", device, "--backend", backend, "--port", "0",
-                "--uds", self.uds, "--log-level", "warning", "--queue-size", "256", "--request-timeout-s", "900",
-                "--max-request-bytes", str(256 * 2**20)]
-        env = {**os.environ, "LTK_BENCH_REAL": "1" if real else "0"}
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 600
-        while True:
-            self.log.flush()
-            self.log.seek(0)
-            match = re.search(r"litetopk listening on (http://\S+)", self.log.read())
-            if match:
-                self.url = match.group(1)
-                break
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.log.seek(0)
-                raise RuntimeError(f"the service did not start:\n{self.log.read()}")
-            time.sleep(0.05)
-        from litetopk.clients import TopKClient, TransportError
-
-        with TopKClient(self.url) as client:
-            while True:
-                try:
-                    if client.ready():
-                        return
-                except TransportError:
-                    pass
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the service did not become ready")
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 # ---------------------------------------------------------------------------------- measuring
 
 
@@ -149,7 +104,9 @@ def main(argv=None) -> int:
     call, kwargs = call_args(problem)
     rows, topk = args.rows, 512
     with tempfile.TemporaryDirectory(prefix="ltk-overhead-", dir="/tmp") as directory:
-        service = Service(args.device, args.backend, directory, args.real)
+        service = Service(args.device, args.backend, directory,
+                          entry=(os.environ.get("LTK_BENCH_SERVE", __file__), "--serve"),
+                          env={**os.environ, "LTK_BENCH_REAL": "1" if args.real else "0"})
         try:
             owner = TopKClient(uds=service.uds)
             regions = {i: owner.register(a) for i, a in enumerate(call) if i in (0, 1, 2, 4)}
