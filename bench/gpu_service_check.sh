@@ -11,12 +11,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
 BACKEND="${BACKEND:-auto}"  # e.g. BACKEND=reference to check the service path without the Triton kernels
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-# litetopk without installing it: a folder of links under the CONTRACT.md §6 import names.
-mkdir -p /tmp/ltk/litetopk
-for part in kernels service clients; do ln -sfn "$PWD/$part" "/tmp/ltk/litetopk/$part"; done
-export PYTHONPATH="/tmp/ltk:/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
+source bench/gpu_env.sh || exit 1
+require_wheels
 status=0
 step() {  # step SECONDS COMMAND...: run with a time limit, log to $OUT/check.log, remember failures
   local limit=$1; shift

@@ -11,11 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-mkdir -p /tmp/ltk/litetopk
-for part in kernels service clients; do ln -sfn "$PWD/$part" "/tmp/ltk/litetopk/$part"; done
-export PYTHONPATH="/tmp/ltk:/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
+source bench/gpu_env.sh || exit 1
+require_wheels
 status=0
 step() {  # step SECONDS COMMAND...: run with a time limit, log to $OUT/overhead.log
   local limit=$1; shift

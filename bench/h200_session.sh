@@ -7,9 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 RES=/tmp/h200-results
 mkdir -p "$RES"
-mkdir -p /tmp/ltk/litetopk
-for part in kernels service clients; do ln -sfn "$PWD/$part" "/tmp/ltk/litetopk/$part"; done
-export PYTHONPATH="/tmp/ltk${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source bench/gpu_env.sh || exit 1
 STEPS="${STEPS:-probe check bench gputests}"
 for step in $STEPS; do
   case $step in
@@ -19,8 +17,7 @@ for step in $STEPS; do
              --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;
     service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/gpu_service_check.sh 2>&1 | tail -25 ;;
     servicediag)  # the service alone on cuda:0: its own log up to readiness
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-      export PYTHONPATH="$PYTHONPATH:/tmp/site"
+      require_wheels
       (timeout 75 python3 -m litetopk.service --device cuda:0 --port 0 --uds /tmp/diag.sock --log-level info \
         > "$RES/service-diag.log" 2>&1 &)
       for i in $(seq 1 70); do sleep 1; python3 -m litetopk.service --check readyz --uds /tmp/diag.sock >/dev/null 2>&1 && break; done
