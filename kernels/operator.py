@@ -17,7 +17,7 @@ import contextlib
 import torch
 
 from .backend import ScoringBackend
-from .errors import BackendUnavailableError, DeviceError, InputError, LiteTopKError
+from .errors import DeviceError, InputError, LiteTopKError
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
 from .result import TopKResult
 from .validation import validate_prefill

@@ -126,7 +126,7 @@ def score_fp4_kernel(
                 step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                 q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
             bad |= (in_window & ~finite).to(tl.int32)
-            column = step * BLOCK_KEYS + tl.arange(0, BLOCK_KEYS)
+            column = step * BLOCK_KEYS + offs_k
             out_off = rows64[None, :] * out_width + column[:, None]
             tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
                      mask=(column < out_width)[:, None] & row_ok[None, :])
