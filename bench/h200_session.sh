@@ -11,7 +11,7 @@ source bench/gpu_env.sh || exit 1
 STEPS="${STEPS:-probe check bench gputests}"
 for step in $STEPS; do
   case $step in
-    probe) OUT=$RES timeout 90 python3 bench/triton_probe.py 2>&1 | grep -v '^sweep\|^sass_mix' | tail -6 ;;
+    probe) OUT=$RES timeout ${PROBE_TIMEOUT:-200} python3 bench/triton_probe.py 2>&1 | grep -v '^sweep\|^sass_mix' | tail -6 ;;
     check) timeout 100 python3 bench/check_production.py --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
     bench) timeout ${BENCH_TIMEOUT:-150} python3 bench/operator.py --model all --raw-context ${RAW:-262144} --processes ${PROCS:-3} \
              --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;

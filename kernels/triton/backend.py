@@ -16,7 +16,7 @@ import torch
 
 from ..backend import CandidateScan, ScoringBackend
 from ..errors import BackendUnavailableError, InputError
-from ..selection import NO_KEY, split_keys
+from ..selection import NO_KEY, score_floor_keys, split_keys
 from ..validation import PrefillProblem
 from .decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
 from .scoring import NUM_BINS, score_fp4_kernel
@@ -37,6 +37,35 @@ def pow2_float32(exponent: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
+#: Head-weight range of the integer epilogue (subnormal_head_weights): every nonzero scaled weight
+#: is >= 2^MIN_SCALED_EXPONENT, and w' = w * 2^(q_exp - 129) stays below 2^MAX_WEIGHT_EXPONENT.
+MIN_SCALED_EXPONENT = 23
+MAX_WEIGHT_EXPONENT = 100
+
+
+def subnormal_head_weights(weights: torch.Tensor, q_exp: torch.Tensor, live_rows: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wq float32 [rows, 64], rowfac float32 [rows], out_of_range bool [rows]) for scoring.py's epilogue.
+
+    The kernel multiplies relu(int_dot) * 2^-149 (the accumulator's bits read as a float32) by
+    wq = w' * 2^shift, w' = w * 2^(q_exp - 129), with a per-row shift that puts the row's largest
+    |w'| in [2^126, 2^127), and multiplies the head sum by rowfac = 2^(149 - shift). Every scaling
+    is an exact power of two and every product relu * wq lands in float32's normal range while
+    each nonzero |wq| >= 2^23, so the result is the one of w' * relu(int_dot) in plain float32.
+    out_of_range marks the live rows outside that range (finite nonzero head weights spanning more
+    than ~100 binades, or |w'| >= 2^100): the backend refuses them."""
+    w = weights.float()
+    mantissa, exponent = torch.frexp(w)  # w = mantissa * 2^exponent, |mantissa| in [0.5, 1)
+    exponent = exponent.to(torch.int64) + q_exp.to(torch.int64) - 129  # |w'| < 2^exponent
+    counted = torch.isfinite(w) & (w != 0)
+    top = torch.where(counted, exponent, -(2**40)).amax(dim=1, keepdim=True)
+    shift = torch.where(top > -(2**40), 127 - top, 0)
+    scaled_exponent = exponent + shift
+    out_of_range = (counted & (scaled_exponent < MIN_SCALED_EXPONENT + 1)).any(dim=1) | (top[:, 0] > MAX_WEIGHT_EXPONENT)
+    wq = torch.where(counted, mantissa * pow2_float32(scaled_exponent.clamp(-200, 200)), w)
+    return wq, pow2_float32(149 - shift[:, 0]), out_of_range & live_rows
+
+
 @dataclass(frozen=True)
 class Operands:
     """Decoded, exact int8 operands of one problem (decode.py)."""
@@ -46,7 +75,8 @@ class Operands:
     kfac: torch.Tensor
     q_lo: torch.Tensor
     q_hi: torch.Tensor
-    wq: torch.Tensor
+    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (subnormal_head_weights)
+    rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift)
     s_pad: int
     any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
@@ -94,7 +124,16 @@ class TritonBackend(ScoringBackend):
         bad_q = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
         bad_k = (k_flags & FLAG_UNSUPPORTED) != 0
         wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
-        summary = torch.stack([bad_q.any(), bad_k.any(), wide_q.any(), ((k_flags & FLAG_WIDE) != 0).any()]).tolist()
+        wq, rowfac, out_of_range = subnormal_head_weights(problem.weights, q_exp, live_rows)
+        summary = torch.stack([bad_q.any(), bad_k.any(), wide_q.any(), ((k_flags & FLAG_WIDE) != 0).any(),
+                               out_of_range.any()]).tolist()
+        if summary[4]:
+            rows = torch.nonzero(out_of_range).flatten()[:8].tolist()
+            raise InputError(
+                f"the triton backend needs each row's nonzero head weights times query scales below "
+                f"2^{MAX_WEIGHT_EXPONENT} and within 2^{127 - MIN_SCALED_EXPONENT - 1} of each other; query rows "
+                f"{rows} are not. Use backend='reference' for such data."
+            )
         if summary[0] or summary[1]:
             rows = torch.nonzero(bad_q).flatten()[:8].tolist()
             keys = torch.nonzero(bad_k)[:8].tolist()
@@ -105,13 +144,13 @@ class TritonBackend(ScoringBackend):
             )
         nan = float("nan")
         kfac = torch.where((k_flags & FLAG_NAN_SCALE) != 0, nan, pow2_float32(k_exp - 127))
-        wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, nan, problem.weights * pow2_float32(q_exp - 129))
+        wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, nan, wq)
         schedule = self.schedule(problem)
         key_wide = (k_flags & FLAG_WIDE) != 0
         tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
         prog_rows = schedule[0].long()
         prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
-        ops = Operands(k_lo, k_hi, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), s_pad,
+        ops = Operands(k_lo, k_hi, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
                        any_wide=bool(summary[2] or summary[3]), tile_wide=tile_wide.to(torch.int8).contiguous(),
                        batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
                        prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
@@ -164,21 +203,22 @@ class TritonBackend(ScoringBackend):
         unused64 = torch.empty(1, dtype=torch.int64, device=dev)
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
         tile_wide = ops.tile_wide if stride == 1 else ops.batch_wide
+        rowfac = ops.rowfac * problem.weight_scale  # exact: rowfac is a power of two
         score_fp4_kernel[(prog_rows.shape[0],)](
-            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
+            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq, rowfac,
             prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
-            ops.s_pad, problem.weight_scale,
+            ops.s_pad,
             out if out is not None else unused32, out_width, problem.max_end, stride,
-            thresholds if thresholds is not None else unused64,
+            thresholds if thresholds is not None else unused32,
             hist_lo if hist_lo is not None else unused32,
             hist_width if hist_width is not None else unused32,
             hist if hist is not None else unused64,
             buffer if buffer is not None else unused64, capacity,
             appended if appended is not None else unused64,
-            thr_out if thr_out is not None else unused64,
+            thr_out if thr_out is not None else unused32,
             nonfinite,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
-            ANY_WIDE=ops.any_wide,
+            STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
             num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
@@ -200,12 +240,15 @@ class TritonBackend(ScoringBackend):
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
         appended = torch.zeros(rows, dtype=torch.int64, device=dev)
         hist = torch.zeros(rows, NUM_BINS, dtype=torch.int32, device=dev)
-        thr_out = thresholds.clone()
+        # The kernel compares scores with the threshold's score (a superset of the keys >= it).
+        threshold_scores = split_keys(thresholds)[0].contiguous()
+        raised = threshold_scores.clone()
         nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
-        self._launch(problem, ops, dense=False, thresholds=thresholds.contiguous(), hist_lo=hist_lo,
+        self._launch(problem, ops, dense=False, thresholds=threshold_scores, hist_lo=hist_lo,
                      hist_width=hist_width, hist=hist, buffer=buffer, capacity=capacity, appended=appended,
-                     thr_out=thr_out, nonfinite=nonfinite)
-        return CandidateScan(keys=buffer, appended=appended, thresholds=thr_out, nonfinite=nonfinite.bool())
+                     thr_out=raised, nonfinite=nonfinite)
+        final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
+        return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite.bool())
 
 
 def histogram_ranges(thresholds: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

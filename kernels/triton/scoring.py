@@ -2,33 +2,44 @@
 
 Math (CONTRACT.md §1) with the exact integer scheme of decode.py:
     int_dot[j, (i, h)] = k_lo[j].q_lo[i,h] + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi   (int8 MMA -> int32)
-    r                  = relu(float32(int_dot))           the exact dot, rounded once (RNE)
-    score[i, j]        = fl32( fl32( sum_h fl32(w'[i,h] * r) ) * kfac[j] * weight_scale )
-with w'[i,h] = w[i,h] * 2^(mq[i,h] - 129) and kfac[j] = 2^(mk[j] - 127), both exact powers of two
-applied to float32 (exact while they stay in float32's normal range, i.e. for ordinary data).
-Because ReLU and the head sum commute with a positive power of two, this equals the contract's
+    r                  = relu(int_dot) * 2^-149                 exact (see below)
+    score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * r) ) * rowfac[i] * kfac[j] )
+with wq[i,h] = w[i,h] * 2^(mq[i,h] - 129 + shift_i), rowfac[i] = 2^(149 - shift_i) * weight_scale and
+kfac[j] = 2^(mk[j] - 127) (backend.subnormal_head_weights: shift_i puts the row's largest |wq| in
+[2^126, 2^127) and the launcher refuses rows whose nonzero |wq| fall below 2^23, so every product
+wq * r with r != 0 is a normal float32). Every factor but w and weight_scale is an exact power of
+two, and ReLU and the head sum commute with a positive power of two, so this is the contract's
     weight_scale * sum_h w[i,h] * relu(q[i,h].k[j])
-up to the order of the float32 head sum: Triton's tree reduction over the 64 heads (inside a
-thread, then across lanes). Precision bound against exact arithmetic, per score:
+computed in float32 with one rounding per product (or none where the compiler fuses a product
+into the running sum), the head sum in the reduction's fixed order (16 heads per thread in
+sequence, then one lane exchange), and one rounding of the product with weight_scale. Bound
+against exact arithmetic, per score:
     |score - exact| <= 70 * 2^-24 * |weight_scale| * sum_h |w[i,h]| relu(q.k)        (gamma_64 + 2 roundings)
-Where no live vector is wide (ANY_WIDE false, the common case) |int_dot| < 2^21 and float(x) is
-computed as bits(0x4B000000 | x) - 2^23, exact and cheaper than the quarter-rate I2F. The hi
-terms run only in programs (query side) or key tiles (key side) that hold a wide vector.
+Where no live vector is wide (ANY_WIDE false, the common case) 0 <= relu(int_dot) < 2^21, and its
+int32 bits read as a float32 are exactly relu(int_dot) * 2^-149 (a subnormal): one integer max
+per product, no conversion. In the wide branches int_dot (< 2^29) is converted once (RNE) and
+scaled by 2^-149 exactly. The hi terms run only in programs (query side) or key tiles (key side)
+that hold a wide vector.
 
 Tiling (the fast orientation measured on the H200, H200-NOTES.md): keys on the MMA's M side
-(BLOCK_KEYS keys per step), (query row, head) on the N side (BLOCK_ROWS rows x 64 heads), head
-sum along N in the epilogue. One program owns BLOCK_ROWS rows of one sequence and walks every
-key of their windows (dense mode: every stride-th position from 0, one output column each).
+(BLOCK_KEYS keys per step), (head, query row) on the N side, column n = head * BLOCK_ROWS + row,
+so that each thread's accumulator columns hold two rows x 32 heads and the head sum needs one
+lane exchange. One program owns BLOCK_ROWS rows of one sequence and walks every key of their
+windows (dense mode: every stride-th position from 0, one output column each; STRIDED false
+means stride 1, whose key tiles are contiguous and need no bounds mask: s_pad covers them).
 
-Scan epilogue: key = ordered(score) << 32 | (2^32 - 1 - position) (selection.make_keys); a key >=
-the row's threshold takes a slot with one relaxed atomic on the row's counter and is stored at
-buf[row, slot] (int64 addressing) if slot < capacity; the counter keeps counting past it (the
-overflow certificate). Passing scores are also counted in a per-row histogram of NUM_BINS linear
-bins over [hist_lo, hist_lo + NUM_BINS * hist_width). The step loop runs in inner loops of
-REFRESH steps (loads, MMAs and predicated appends only, so they software-pipeline); between them
-the program re-reads its rows' histograms and raises each threshold to one bin below the highest
-bin edge with at least K counted keys at or above it, a real lower bound of the K-th best key
-(float32 rounding of the bin index is far below one bin; a stale count only delays the raise).
+Scan epilogue: a score >= the row's threshold score (float32; thresholds are score floors, so
+this admits every key at or above the threshold key, and possibly more keys of the same score)
+takes a slot with one relaxed atomic on the row's counter; its key ordered(score) << 32 |
+(2^32 - 1 - position) (selection.make_keys) is stored at buf[row, slot] (int64 addressing) if slot
+< capacity; the counter keeps counting past it (the overflow certificate). Passing scores are also
+counted in a per-row histogram of NUM_BINS linear bins over [hist_lo, hist_lo + NUM_BINS *
+hist_width). The step loop runs in inner loops of REFRESH steps (loads, MMAs and predicated
+appends only, so they software-pipeline); between them the program re-reads its rows'
+histograms and raises each threshold to one bin below the highest bin edge with at least K
+counted keys at or above it, a real lower bound of the K-th best score (float32 rounding of the
+bin index is far below one bin; a stale count only delays the raise). A NaN or inf score inside
+a window turns the row's probe (a running sum of in-window score * 0) into NaN: the row is flagged.
 Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program; no [rows, S] tensor in
 scan mode.
 """
@@ -41,6 +52,7 @@ import triton.language as tl
 HEADS = 64
 HEAD_DIM = 128
 NUM_BINS = 32
+SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
 
 
 @triton.jit
@@ -61,19 +73,19 @@ def _ordering_keys(scores, positions):
 def score_fp4_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
     tile_wide_ptr, tile_cols,                        # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
-    q_lo_ptr, q_hi_ptr, wq_ptr,                      # [rows, 64, 128] int8 x2, [rows, 64] float32
+    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr,          # [rows, 64, 128] int8 x2, [rows, 64] float32, [rows] float32
     prog_rows_ptr, prog_batch_ptr,                   # [programs, BLOCK_ROWS] int32 (-1 pad); [programs] int32
     prog_span_ptr, prog_q_wide_ptr,                  # [programs, 2] int32: min start, max end of its rows;
                                                      # [programs] int8: a row of the program needs q_hi
     starts_ptr, ends_ptr,                            # [rows] int32 windows
-    s_pad, weight_scale,
+    s_pad,
     out_ptr, out_width, max_pos, position_stride,    # dense: float32 [rows, out_width], column c = position
                                                      # c * position_stride (< max_pos)
-    thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: int64 [rows], float32 [rows] x2 (width <= 0: off)
+    thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: float32 [rows] x3 (threshold score; width <= 0: off)
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
-    thr_out_ptr, nonfinite_ptr,                      # scan: int64 [rows]; int8 [rows]
+    thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
+    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -89,43 +101,43 @@ def score_fp4_kernel(
     batch = tl.load(prog_batch_ptr + pid).to(tl.int64)
     starts = tl.where(row_ok, tl.load(starts_ptr + rows), 0)
     ends = tl.where(row_ok, tl.load(ends_ptr + rows), 0)
+    rowfac = tl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
 
-    # Query operand [D, N], column n = (row n // H, head n % H); loaded once per program.
-    n_rows = tl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n // H)
+    # Query operand [D, N], column n = (head n // BLOCK_ROWS, row n % BLOCK_ROWS); loaded once per program.
+    n_rows = tl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n % BLOCK_ROWS)
     n_ok = n_rows >= 0
-    q_off = (tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H) * D
-    q_lo = tl.load(q_lo_ptr + q_off[None, :] + offs_d[:, None])
+    n_vec = tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n // BLOCK_ROWS
+    q_lo = tl.load(q_lo_ptr + n_vec[None, :] * D + offs_d[:, None])
     q_wide = tl.load(prog_q_wide_ptr + pid) != 0
     if ANY_WIDE:
-        q_hi = tl.load(q_hi_ptr + q_off[None, :] + offs_d[:, None], mask=q_wide, other=0)
+        q_hi = tl.load(q_hi_ptr + n_vec[None, :] * D + offs_d[:, None], mask=q_wide, other=0)
     else:
         q_hi = q_lo  # unused
-    wq = tl.load(wq_ptr + tl.where(n_ok, n_rows, 0).to(tl.int64) * H + offs_n % H, mask=n_ok, other=0.0)
+    wq = tl.load(wq_ptr + n_vec, mask=n_ok, other=0.0)
 
     if DENSE:
         lo = 0
         hi = max_pos
-        stride = position_stride
         n_steps = tl.cdiv(out_width, BLOCK_KEYS)
     else:
-        stride = 1
         lo = (tl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
         n_steps = tl.cdiv(hi - lo, BLOCK_KEYS)
-        thr = tl.load(thr_ptr + rows, mask=row_ok, other=0)
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=0.0)
         hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
         hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
         hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         offs_bin = tl.arange(0, NB)
         hist_rows = hist_ptr + rows64[:, None] * NB + offs_bin[None, :]
-    bad = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
+    probe = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.float32)
     k_base = batch * s_pad
     if DENSE:
         for step in range(0, n_steps):
-            pos, scores, in_window, finite = _score_tile(
-                step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
-            bad |= (in_window & ~finite).to(tl.int32)
+            pos, scores, in_window = _score_tile(
+                step, lo, hi, position_stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
+                tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
+                BLOCK_KEYS, BLOCK_ROWS, STRIDED, ANY_WIDE, H, D)
+            probe += tl.where(in_window, scores, 0.0) * 0.0
             column = step * BLOCK_KEYS + offs_k
             out_off = rows64[None, :] * out_width + column[:, None]
             tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
@@ -135,15 +147,16 @@ def score_fp4_kernel(
         # the threshold is raised from the histogram between them.
         for chunk_start in range(0, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
-                pos, scores, in_window, finite = _score_tile(
-                    step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                    q_lo, q_hi, q_wide, wq, starts, ends, weight_scale, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D)
-                bad |= (in_window & ~finite).to(tl.int32)
-                keys = _ordering_keys(scores, pos[:, None])
-                passing = in_window & finite & (keys >= thr[None, :])
+                pos, scores, in_window = _score_tile(
+                    step, lo, hi, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
+                    tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
+                    BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
+                probe += tl.where(in_window, scores, 0.0) * 0.0
+                passing = in_window & (scores >= thr[None, :])
                 # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
                 slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed")
-                tl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+                tl.store(buf_ptr + rows64[None, :] * capacity + slot, _ordering_keys(scores, pos[:, None]),
+                         mask=passing & (slot < capacity))
                 bin_of = ((scores - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
                 bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
                 tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
@@ -156,46 +169,54 @@ def score_fp4_kernel(
             at_or_above = tl.cumsum(hist, axis=1, reverse=True)
             best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
             edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
-            edge_key = _ordered_bits(edge) << 32  # passes exactly the scores >= edge
             raise_ok = (best_bin >= 1) & (hist_width > 0)
-            thr = tl.where(raise_ok, tl.maximum(thr, edge_key), thr)
-    tl.store(nonfinite_ptr + rows, (tl.max(bad, axis=0) > 0).to(tl.int8), mask=row_ok)
+            thr = tl.where(raise_ok, tl.maximum(thr, edge), thr)
+    nonfinite = tl.sum(probe, axis=0)
+    tl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int8), mask=row_ok)
     if not DENSE:
         tl.store(thr_out_ptr + rows, thr, mask=row_ok)
 
 
 @triton.jit
 def _score_tile(step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                q_lo, q_hi, q_wide, wq, starts, ends, weight_scale,
-                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, ANY_WIDE: tl.constexpr,
+                q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
+                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr,
                 H: tl.constexpr, D: tl.constexpr):
     """Scores float32 [BLOCK_KEYS, BLOCK_ROWS] of key step `step` (module docstring), with the
-    positions, the in-window mask and the finite mask."""
+    positions and the in-window mask."""
     offs_k = tl.arange(0, BLOCK_KEYS)
     offs_d = tl.arange(0, D)
-    pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-    k_live = pos < hi
-    k_off = (k_base + pos).to(tl.int64) * D
-    k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+    if STRIDED:
+        pos = lo + (step * BLOCK_KEYS + offs_k) * stride
+        k_live = pos < hi
+        k_off = (k_base + pos).to(tl.int64) * D
+        k_lo = tl.load(k_lo_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+        kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)
+    else:  # contiguous and inside [0, s_pad): no mask
+        pos = lo + step * BLOCK_KEYS + offs_k
+        k_off = (k_base + lo + step * BLOCK_KEYS) * D
+        k_lo = tl.load(k_lo_ptr + k_off + offs_k[:, None] * D + offs_d[None, :])
+        kfac = tl.load(kfac_ptr + k_base + pos)
     acc = tl.dot(k_lo, q_lo, out_dtype=tl.int32)
     if ANY_WIDE:  # rare: run-time branches, taken only by programs / key tiles that hold wide vectors
         if q_wide:
             acc += 16 * tl.dot(k_lo, q_hi, out_dtype=tl.int32)
-        tile = tl.where(stride == 1, lo // BLOCK_KEYS + step, 0)
+        tile = tl.where(STRIDED, 0, lo // BLOCK_KEYS + step)
         if tl.load(tile_wide_ptr + batch * tile_cols + tile) != 0:
-            k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+            if STRIDED:
+                k_hi = tl.load(k_hi_ptr + k_off[:, None] + offs_d[None, :], mask=k_live[:, None], other=0)
+            else:
+                k_hi = tl.load(k_hi_ptr + k_off + offs_k[:, None] * D + offs_d[None, :])
             acc += 16 * tl.dot(k_hi, q_lo, out_dtype=tl.int32)
             if q_wide:
                 acc += 256 * tl.dot(k_hi, q_hi, out_dtype=tl.int32)
-        relu = tl.maximum(acc.to(tl.float32), 0.0)
+        relu_sub = tl.maximum(acc.to(tl.float32), 0.0) * SUBNORMAL_UNIT
     else:
-        # 0 <= x < 2^21 (one int8 dot): 2^23 + x is exact in float32, so this is float(x) without
-        # the quarter-rate integer conversion.
-        relu = (tl.maximum(acc, 0) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    relu = relu * wq[None, :]
-    scores = tl.sum(tl.reshape(relu, [BLOCK_KEYS, BLOCK_ROWS, H]), axis=2)
-    kfac = tl.load(kfac_ptr + k_base + pos, mask=k_live, other=0.0)
-    scores = scores * kfac[:, None] * weight_scale
+        # 0 <= relu(x) < 2^21 (one int8 dot): its bits read as float32 are relu(x) * 2^-149 exactly,
+        # with no conversion instruction.
+        relu_sub = tl.maximum(acc, 0).to(tl.float32, bitcast=True)
+    terms = relu_sub * wq[None, :]  # = w' * relu(x) * 2^(shift - 149), normal (launcher's range check)
+    scores = tl.sum(tl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
+    scores = scores * rowfac[None, :] * kfac[:, None]
     in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
-    finite = (scores == scores) & (tl.abs(scores) != float("inf"))
-    return pos, scores, in_window, finite
+    return pos, scores, in_window
