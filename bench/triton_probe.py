@@ -140,3 +140,23 @@ try:
     log("sass_mix", mix)
 except Exception as exc:
     log("sass_error", repr(exc))
+
+# 5. where the LiteTopK call's time goes: torch profiler over one warm call (CPU ops and CUDA kernels)
+try:
+    from torch.profiler import ProfilerActivity, profile
+    p = prefill_problem(8192, 262144, 512, seed=7)
+    args, kw = call_args(p)
+    for _ in range(2):
+        litetopk_prefill(*args, **kw, backend="triton")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        litetopk_prefill(*args, **kw, backend="triton")
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+    with open(os.path.join(OUT, "profile_lite.txt"), "w") as f:
+        f.write(table)
+        f.write("\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=60))
+    prof.export_chrome_trace(os.path.join(OUT, "trace_lite.json"))
+    log("profile", "profile_lite.txt, trace_lite.json")
+except Exception as exc:
+    log("profile_error", repr(exc))

@@ -238,7 +238,7 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         hist_lo, hist_width = histogram_ranges(thresholds, ceilings)
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
-        appended = torch.zeros(rows, dtype=torch.int64, device=dev)
+        appended = torch.zeros(rows, dtype=torch.int32, device=dev)
         hist = torch.zeros(rows, NUM_BINS, dtype=torch.int32, device=dev)
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         threshold_scores = split_keys(thresholds)[0].contiguous()
@@ -248,7 +248,7 @@ class TritonBackend(ScoringBackend):
                      hist_width=hist_width, hist=hist, buffer=buffer, capacity=capacity, appended=appended,
                      thr_out=raised, nonfinite=nonfinite)
         final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
-        return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite.bool())
+        return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
 
 
 def histogram_ranges(thresholds: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

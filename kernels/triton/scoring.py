@@ -82,7 +82,7 @@ def score_fp4_kernel(
     out_ptr, out_width, max_pos, position_stride,    # dense: float32 [rows, out_width], column c = position
                                                      # c * position_stride (< max_pos)
     thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: float32 [rows] x3 (threshold score; width <= 0: off)
-    hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int64 [rows]
+    hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
     STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
@@ -144,7 +144,11 @@ def score_fp4_kernel(
                      mask=(column < out_width)[:, None] & row_ok[None, :])
     else:
         # Inner loops of REFRESH steps hold only loads, MMAs and predicated appends (so they pipeline);
-        # the threshold is raised from the histogram between them.
+        # the threshold is raised from the histogram between them. A step's appended keys are stored
+        # one step later, so that the slot atomics' round trip overlaps the next step's MMAs.
+        pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
+        pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
+        pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
         for chunk_start in range(0, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
                 pos, scores, in_window = _score_tile(
@@ -152,12 +156,18 @@ def score_fp4_kernel(
                     tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
                     BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
                 probe += tl.where(in_window, scores, 0.0) * 0.0
-                passing = in_window & (scores >= thr[None, :])
+                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                         mask=pending & (pending_slot < capacity))
+                # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
+                # window never passes), so the compiler moves one tile to the atomics' layout.
+                windowed = tl.where(in_window, scores, float("nan"))
+                passing = windowed >= thr[None, :]
                 # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
-                slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed")
-                tl.store(buf_ptr + rows64[None, :] * capacity + slot, _ordering_keys(scores, pos[:, None]),
-                         mask=passing & (slot < capacity))
-                bin_of = ((scores - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
+                pending_slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
+                                             sem="relaxed")
+                pending_key = _ordering_keys(windowed, pos[:, None])
+                pending = passing
+                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
                 bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
                 tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
                               mask=passing & (hist_width[None, :] > 0), sem="relaxed")
@@ -171,6 +181,9 @@ def score_fp4_kernel(
             edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
             raise_ok = (best_bin >= 1) & (hist_width > 0)
             thr = tl.where(raise_ok, tl.maximum(thr, edge), thr)
+    if not DENSE:
+        tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                 mask=pending & (pending_slot < capacity))
     nonfinite = tl.sum(probe, axis=0)
     tl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int8), mask=row_ok)
     if not DENSE:
