@@ -174,7 +174,9 @@ class TritonBackend(ScoringBackend):
         per_batch.scatter_add_(0, rtb, live.long())
         rank = torch.arange(order.numel(), device=dev) - (torch.cumsum(per_batch, 0) - per_batch)[batch_of]
         programs_per_batch = (per_batch + block - 1) // block
-        count = int(programs_per_batch.sum())  # the one host sync: the grid size
+        # The grid size without a host sync: an upper bound of sum_b ceil(rows_b / block); the
+        # programs past the real ones get no rows and an empty span, and return at once.
+        count = -(-problem.num_rows // block) + min(problem.block_table.shape[0], problem.num_rows)
         if count == 0:
             empty = torch.empty(0, block, dtype=torch.int32, device=dev)
             return empty, empty[:, 0], empty[:, :2]
