@@ -24,7 +24,9 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
+from .selection import (
+    NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_candidates, select_topk_dense, select_topk_keys,
+)
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -116,7 +118,7 @@ def run_litetopk(
     status |= torch.where(overflow & answerable, int(RowStatus.OVERFLOW), 0).to(torch.int32)
     status |= torch.where(underfilled & answerable, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
     used = min(capacity, int(kept.max())) if problem.num_rows else 0  # columns any row filled
-    top = select_topk_keys(scan.keys[:, :used], k)
+    top = select_topk_candidates(scan.keys[:, :used], k)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     capacity_only = (status & ~int(RowStatus.OVERFLOW | RowStatus.UNDERFILLED)) == 0
     failed = torch.nonzero((status != 0) & capacity_only).flatten()
