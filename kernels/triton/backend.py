@@ -113,45 +113,56 @@ class TritonBackend(ScoringBackend):
         if self._prepared is not None and self._prepared[0] is problem:
             return self._prepared[1]
         batch = problem.block_table.shape[0]
-        need = torch.zeros(batch, dtype=torch.int32, device=problem.device)
+        dev = problem.device
+        need = torch.zeros(batch, dtype=torch.int32, device=dev)
         need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        k_lo, k_hi, k_exp, k_flags = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad)
-        q_lo, q_hi, q_exp, q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale)
+        # summary: [0] = OR of the key flags, [1] = OR of the query flags (every row), [2] = a live
+        # row's head weights out of range. One host sync reads it; the exact per-row and per-key
+        # checks below run only when it shows a wide or unsupported vector.
+        summary = torch.zeros(3, dtype=torch.int32, device=dev)
+        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad,
+                                                              summary[0:1])
+        q_lo, q_hi, q_exp, q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale, summary[1:2])
         live_rows = problem.ends > problem.starts
-        q_flags = q_flags.to(torch.int32)
-        k_flags = k_flags.to(torch.int32)
-        bad_q = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
-        bad_k = (k_flags & FLAG_UNSUPPORTED) != 0
-        wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
         wq, rowfac, out_of_range = subnormal_head_weights(problem.weights, q_exp, live_rows)
-        summary = torch.stack([bad_q.any(), bad_k.any(), wide_q.any(), ((k_flags & FLAG_WIDE) != 0).any(),
-                               out_of_range.any()]).tolist()
-        if summary[4]:
+        summary[2] = out_of_range.any()
+        key_summary, query_summary, weights_out_of_range = summary.tolist()
+        if weights_out_of_range:
             rows = torch.nonzero(out_of_range).flatten()[:8].tolist()
             raise InputError(
                 f"the triton backend needs each row's nonzero head weights times query scales below "
                 f"2^{MAX_WEIGHT_EXPONENT} and within 2^{127 - MIN_SCALED_EXPONENT - 1} of each other; query rows "
                 f"{rows} are not. Use backend='reference' for such data."
             )
-        if summary[0] or summary[1]:
-            rows = torch.nonzero(bad_q).flatten()[:8].tolist()
-            keys = torch.nonzero(bad_k)[:8].tolist()
-            raise InputError(
-                "the triton backend scores MXFP4 vectors whose nonzero 32-element blocks span at most 7 "
-                f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
-                "Use backend='reference' for such data."
-            )
-        nan = float("nan")
-        kfac = torch.where((k_flags & FLAG_NAN_SCALE) != 0, nan, pow2_float32(k_exp - 127))
-        wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, nan, wq)
+        q_flags = q_flags.to(torch.int32)
+        if (key_summary | query_summary) & FLAG_UNSUPPORTED:
+            bad_q = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
+            bad_k = (k_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0
+            if bool(bad_q.any()) or bool(bad_k.any()):
+                rows = torch.nonzero(bad_q).flatten()[:8].tolist()
+                keys = torch.nonzero(bad_k)[:8].tolist()
+                raise InputError(
+                    "the triton backend scores MXFP4 vectors whose nonzero 32-element blocks span at most 7 "
+                    f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
+                    "Use backend='reference' for such data."
+                )
+        if query_summary & FLAG_NAN_SCALE:
+            wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, float("nan"), wq)
         schedule = self.schedule(problem)
-        key_wide = (k_flags & FLAG_WIDE) != 0
-        tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
-        prog_rows = schedule[0].long()
-        prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
-        ops = Operands(k_lo, k_hi, kfac.contiguous(), q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
-                       any_wide=bool(summary[2] or summary[3]), tile_wide=tile_wide.to(torch.int8).contiguous(),
+        programs = schedule[0].shape[0]
+        any_wide = bool((key_summary | query_summary) & FLAG_WIDE)
+        if any_wide:
+            key_wide = (k_flags.to(torch.int32) & FLAG_WIDE) != 0
+            tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
+            wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
+            prog_rows = schedule[0].long()
+            prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
+        else:  # read by no kernel variant (ANY_WIDE false)
+            tile_wide = torch.zeros(batch, s_pad // self.block_keys, dtype=torch.bool, device=dev)
+            prog_q_wide = torch.zeros(programs, dtype=torch.bool, device=dev)
+        ops = Operands(k_lo, k_hi, kfac, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
+                       any_wide=any_wide, tile_wide=tile_wide.to(torch.int8).contiguous(),
                        batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
                        prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
         self._prepared = (problem, ops)

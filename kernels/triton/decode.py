@@ -27,6 +27,7 @@ from ..cache_layout import PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
 FLAG_NAN_SCALE = 4
+FLAG_NAN_SCALE_C = tl.constexpr(FLAG_NAN_SCALE)
 VECTORS_PER_PROGRAM = 64
 
 
@@ -84,11 +85,23 @@ def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, 
     tl.store(hi_ptr + out_off, hi.to(tl.int16))
     tl.store(exp_ptr + out_vec, m)
     tl.store(flags_ptr + out_vec, flags.to(tl.int8))
+    return m, flags
+
+
+@triton.jit
+def _bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def _summarize_flags(summary_ptr, flags, live):
+    """OR the flags of the live vectors into the int32 word at summary_ptr (one atomic per program)."""
+    tl.atomic_or(summary_ptr, tl.reduce(tl.where(live, flags, 0), 0, _bit_or), sem="relaxed")
 
 
 @triton.jit
 def _decode_keys_kernel(cache_ptr, block_table_ptr, bt_stride, need_ptr, num_pages, s_pad,
-                        lo_ptr, hi_ptr, exp_ptr, flags_ptr,
+                        lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
                         VB: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES_C: tl.constexpr, VALUE_BYTES_C: tl.constexpr):
     b = tl.program_id(1)
     pos = tl.program_id(0) * VB + tl.arange(0, VB)
@@ -100,39 +113,53 @@ def _decode_keys_kernel(cache_ptr, block_table_ptr, bt_stride, need_ptr, num_pag
     packed_off = base + (pos % PAGE).to(tl.int64) * 64
     scale_off = base + VALUE_BYTES_C + (pos % PAGE).to(tl.int64) * 4
     out_vec = b.to(tl.int64) * s_pad + pos
-    _decode_vectors(cache_ptr, cache_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr, out_vec, VB)
+    m, flags = _decode_vectors(cache_ptr, cache_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr,
+                               out_vec, VB)
+    # The key's factor 2^(m - 127) as float32 bits (2^-127 is the subnormal 2^22 * 2^-149), NaN for a NaN scale.
+    kfac_bits = tl.where(m >= 1, m << 23, 4194304)
+    kfac_bits = tl.where((flags & FLAG_NAN_SCALE_C) != 0, 0x7FC00000, kfac_bits)
+    tl.store(kfac_ptr + out_vec, kfac_bits.to(tl.float32, bitcast=True))
+    _summarize_flags(summary_ptr, flags, live)
 
 
 @triton.jit
-def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, VB: tl.constexpr):
+def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
+                           VB: tl.constexpr):
     vec = tl.program_id(0) * VB + tl.arange(0, VB)
     live = vec < num_vectors
     vec = tl.where(live, vec, num_vectors)  # the output has one spare row for masked lanes
-    _decode_vectors(q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live,
-                    lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB)
+    m, flags = _decode_vectors(q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live,
+                               lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB)
+    _summarize_flags(summary_ptr, flags, live)
 
 
-def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, need: torch.Tensor, s_pad: int):
+def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
+                           summary: torch.Tensor | None = None):
     """Decode positions [0, need[b]) of every sequence b into (lo, hi int8 [B, s_pad, 128],
-    exponent int32 [B, s_pad], flags int8 [B, s_pad]); see the module docstring."""
+    exponent int32 [B, s_pad], flags int8 [B, s_pad], kfac float32 [B, s_pad] = 2^(exponent - 127)
+    or NaN for a NaN scale); see the module docstring. The flags of the decoded vectors are ORed
+    into the int32 `summary[0]` when given."""
     batch = block_table.shape[0]
     dev = kv_cache.device
     lo = torch.empty(batch, s_pad, 128, dtype=torch.int8, device=dev)
     hi = torch.empty_like(lo)
     exp = torch.empty(batch, s_pad, dtype=torch.int32, device=dev)
     flags = torch.empty(batch, s_pad, dtype=torch.int8, device=dev)
+    kfac = torch.empty(batch, s_pad, dtype=torch.float32, device=dev)
+    summary = summary if summary is not None else torch.zeros(1, dtype=torch.int32, device=dev)
     grid = (triton.cdiv(s_pad, VECTORS_PER_PROGRAM), batch)
     _decode_keys_kernel[grid](
         kv_cache, block_table, block_table.stride(0), need, kv_cache.shape[0], s_pad,
-        lo.view(torch.int16), hi.view(torch.int16), exp, flags,
+        lo.view(torch.int16), hi.view(torch.int16), exp, flags, kfac, summary,
         VB=VECTORS_PER_PROGRAM, PAGE=PAGE_SIZE, PAGE_BYTES_C=PAGE_BYTES, VALUE_BYTES_C=PAGE_VALUE_BYTES,
     )
-    return lo, hi, exp, flags
+    return lo, hi, exp, flags, kfac
 
 
-def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor):
+def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summary: torch.Tensor | None = None):
     """Decode q [rows, 64 heads] into (lo, hi int8 [rows, 64, 128], exponent int32 [rows, 64],
-    flags int8 [rows, 64]); see the module docstring."""
+    flags int8 [rows, 64]); see the module docstring. The flags of every vector are ORed into the
+    int32 `summary[0]` when given."""
     rows, heads = q_fp4.shape[:2]
     n = rows * heads
     dev = q_fp4.device
@@ -141,7 +168,8 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor):
     exp = torch.empty(n + 1, dtype=torch.int32, device=dev)
     flags = torch.empty(n + 1, dtype=torch.int8, device=dev)
     grid = (triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM),)
-    _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags,
+    summary = summary if summary is not None else torch.zeros(1, dtype=torch.int32, device=dev)
+    _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
                                  VB=VECTORS_PER_PROGRAM)
     return (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
             exp[:n].view(rows, heads), flags[:n].view(rows, heads))

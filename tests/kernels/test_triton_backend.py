@@ -47,8 +47,13 @@ def test_decode_queries_is_exact_and_flags_wide_vectors(spread, seed):
     rng = np.random.default_rng(seed)
     q, qs = random_fp4((3, 64, 128), rng, spread)
     qs[0, 0, 1] = 255  # a NaN scale byte
-    lo, hi, exp, flags = decode_queries_fp4_triton(q.to(DEVICE), qs.to(DEVICE))
+    summary = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    lo, hi, exp, flags = decode_queries_fp4_triton(q.to(DEVICE), qs.to(DEVICE), summary)
     lo, hi, exp, flags = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int()
+    every_or = 0
+    for f in flags.unique().tolist():
+        every_or |= f
+    assert int(summary) == every_or, f"summary {int(summary)} != OR of the flags {every_or}, spread {spread}"
     want = dequantize_mxfp4(q, qs, torch.float64)
     got = (lo.double() + 16 * hi.double()) * torch.exp2(exp.double() - 128)[..., None]
     widths = spread_of(qs, q)
@@ -64,8 +69,18 @@ def test_decode_queries_is_exact_and_flags_wide_vectors(spread, seed):
 def test_decode_keys_reads_through_the_block_table(seed):
     p = make_problem(seed, seq_lens=[300, 170], rows_per_seq=1, spread=2)
     need = torch.tensor([300, 170], dtype=torch.int32)
-    lo, hi, exp, flags = decode_keys_fp4_triton(p.kv_cache.to(DEVICE), p.block_table.to(DEVICE), need.to(DEVICE), 320)
-    lo, hi, exp, flags = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int()
+    summary = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    lo, hi, exp, flags, kfac = decode_keys_fp4_triton(p.kv_cache.to(DEVICE), p.block_table.to(DEVICE), need.to(DEVICE),
+                                                      320, summary)
+    lo, hi, exp, flags, kfac = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int(), kfac.cpu()
+    nan_scale = (flags & FLAG_NAN_SCALE) != 0
+    assert torch.equal(kfac.double()[~nan_scale], torch.exp2(exp.double() - 127)[~nan_scale]), f"kfac, seed {seed}"
+    assert bool(kfac[nan_scale].isnan().all()), f"kfac of a NaN scale, seed {seed}"
+    live_or = 0
+    for b, n in enumerate(need.tolist()):
+        for f in flags[b, :n].unique().tolist():
+            live_or |= f
+    assert int(summary) == live_or, f"summary {int(summary)} != OR of the live keys' flags {live_or}, seed {seed}"
     values, scales = unpack_kv_cache(p.kv_cache, p.block_table, 300)
     want = dequantize_mxfp4(values, scales, torch.float64)
     got = (lo.double() + 16 * hi.double()) * torch.exp2(exp.double() - 128)[..., None]
