@@ -117,12 +117,14 @@ def run_litetopk(
     answerable = status == 0
     status |= torch.where(overflow & answerable, int(RowStatus.OVERFLOW), 0).to(torch.int32)
     status |= torch.where(underfilled & answerable, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
-    used = min(capacity, int(kept.max())) if problem.num_rows else 0  # columns any row filled
-    top = select_topk_candidates(scan.keys[:, :used], k)
-    repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     capacity_only = (status & ~int(RowStatus.OVERFLOW | RowStatus.UNDERFILLED)) == 0
-    failed = torch.nonzero((status != 0) & capacity_only).flatten()
-    if repair and failed.numel():
+    failing = (status != 0) & capacity_only
+    # One host sync: the columns any row filled, and whether a row needs repair.
+    used, any_failed = torch.stack([kept.max(), failing.any().long()]).tolist() if problem.num_rows else (0, 0)
+    top = select_topk_candidates(scan.keys[:, :min(capacity, used)], k)
+    repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
+    if repair and any_failed:
+        failed = torch.nonzero(failing).flatten()
         safe = torch.where(overflow[failed], kth_key(scan.keys[failed], k), NO_KEY)
         fixed, certified = _rescan_exact(problem.subset(failed), backend, safe)
         top[failed] = fixed

@@ -46,6 +46,7 @@ class PrefillProblem:
     topk: int
     weight_scale: float
     max_end: int  # largest effective window end (0 when every window is empty)
+    empty_rows: int = 0  # rows whose effective window is empty
 
     @property
     def num_rows(self) -> int:
@@ -72,8 +73,16 @@ class PrefillProblem:
             starts=self.starts[rows],
             ends=ends,
             row_status=self.row_status[rows],
-            max_end=int(ends.max()) if rows.numel() else 0,
+            **_window_summary(self.starts[rows], ends),
         )
+
+
+def _window_summary(starts: torch.Tensor, ends: torch.Tensor) -> dict:
+    """max_end and empty_rows of effective windows, read with one host sync."""
+    if ends.numel() == 0:
+        return dict(max_end=0, empty_rows=0)
+    max_end, empty_rows = torch.stack([ends.max().long(), (ends <= starts).sum()]).tolist()
+    return dict(max_end=max_end, empty_rows=empty_rows)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -197,5 +206,5 @@ def validate_prefill(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
         row_to_batch=torch.where(ok, row_to_batch, 0).to(torch.int32), starts=eff_starts, ends=eff_ends,
         row_status=status, topk=topk, weight_scale=float(weight_scale),
-        max_end=int(eff_ends.max()) if rows else 0,
+        **_window_summary(eff_starts, eff_ends),
     )

@@ -239,7 +239,8 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
-        out[problem.ends <= problem.starts] = float("-inf")
+        if problem.empty_rows:  # rows of no program: their columns are all outside the window
+            out.masked_fill_((problem.ends <= problem.starts)[:, None], float("-inf"))
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.bool()
@@ -249,12 +250,12 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
-        hist_lo, hist_width = histogram_ranges(thresholds, ceilings)
+        # The kernel compares scores with the threshold's score (a superset of the keys >= it).
+        threshold_scores = split_keys(thresholds)[0].contiguous()
+        hist_lo, hist_width = histogram_ranges(threshold_scores, ceilings)
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
         appended = torch.zeros(rows, dtype=torch.int32, device=dev)
         hist = torch.zeros(rows, NUM_BINS, dtype=torch.int32, device=dev)
-        # The kernel compares scores with the threshold's score (a superset of the keys >= it).
-        threshold_scores = split_keys(thresholds)[0].contiguous()
         raised = threshold_scores.clone()
         nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
         self._launch(problem, ops, dense=False, thresholds=threshold_scores, hist_lo=hist_lo,
@@ -264,15 +265,15 @@ class TritonBackend(ScoringBackend):
         return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
 
 
-def histogram_ranges(thresholds: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row histogram origin (the threshold's score) and bin width float32, so that NUM_BINS
-    bins reach the ceiling's score. Width 0 (no histogram) without both bounds, or where the bins
-    would be too narrow for float32 to place a score in its bin reliably (< 2^-16 of the scores)."""
-    lo, _ = split_keys(thresholds)
+def histogram_ranges(threshold_scores: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row histogram origin (the threshold's score, float32; -inf for no threshold) and bin
+    width float32, so that NUM_BINS bins reach the ceiling's score. Width 0 (no histogram) without
+    both bounds, or where the bins would be too narrow for float32 to place a score in its bin
+    reliably (< 2^-16 of the scores)."""
+    lo = threshold_scores
     if ceilings is None:
         return lo.nan_to_num(neginf=0.0).contiguous(), torch.zeros_like(lo)
-    hi, _ = split_keys(ceilings)
+    hi, _ = split_keys(ceilings)  # NO_KEY: -inf, so the width is not finite
     width = (hi - lo) / NUM_BINS
-    usable = (thresholds != NO_KEY) & (ceilings != NO_KEY) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
-    usable &= torch.isfinite(width)
+    usable = torch.isfinite(width) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
     return torch.where(usable, lo, 0.0).contiguous(), torch.where(usable, width, 0.0).contiguous()
