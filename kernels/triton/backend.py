@@ -18,52 +18,16 @@ from ..backend import CandidateScan, ScoringBackend
 from ..errors import BackendUnavailableError, InputError
 from ..selection import NO_KEY, score_floor_keys, split_keys
 from ..validation import PrefillProblem
-from .decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
+from .decode import (
+    FLAG_UNSUPPORTED, FLAG_WIDE, MAX_WEIGHT_EXPONENT, MIN_SCALED_EXPONENT, decode_keys_fp4_triton,
+    prepare_queries_fp4_triton,
+)
 from .scoring import NUM_BINS, score_fp4_kernel
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def pow2_float32(exponent: torch.Tensor) -> torch.Tensor:
-    """Exactly 2^exponent as float32 (int tensor in; subnormal below 2^-126, 0 below 2^-149, inf above 2^127)."""
-    e = exponent.to(torch.int64)
-    normal_bits = (e + 127).clamp(1, 254) << 23
-    subnormal_bits = torch.where(e >= -149, torch.ones_like(e) << (e + 149).clamp(0, 22), 0)
-    bits = torch.where(e >= -126, normal_bits, subnormal_bits)
-    bits = torch.where(e > 127, 0x7F800000, bits)
-    return bits.to(torch.int32).view(torch.float32)
-
-
-#: Head-weight range of the integer epilogue (subnormal_head_weights): every nonzero scaled weight
-#: is >= 2^MIN_SCALED_EXPONENT, and w' = w * 2^(q_exp - 129) stays below 2^MAX_WEIGHT_EXPONENT.
-MIN_SCALED_EXPONENT = 23
-MAX_WEIGHT_EXPONENT = 100
-
-
-def subnormal_head_weights(weights: torch.Tensor, q_exp: torch.Tensor, live_rows: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(wq float32 [rows, 64], rowfac float32 [rows], out_of_range bool [rows]) for scoring.py's epilogue.
-
-    The kernel multiplies relu(int_dot) * 2^-149 (the accumulator's bits read as a float32) by
-    wq = w' * 2^shift, w' = w * 2^(q_exp - 129), with a per-row shift that puts the row's largest
-    |w'| in [2^126, 2^127), and multiplies the head sum by rowfac = 2^(149 - shift). Every scaling
-    is an exact power of two and every product relu * wq lands in float32's normal range while
-    each nonzero |wq| >= 2^23, so the result is the one of w' * relu(int_dot) in plain float32.
-    out_of_range marks the live rows outside that range (finite nonzero head weights spanning more
-    than ~100 binades, or |w'| >= 2^100): the backend refuses them."""
-    w = weights.float()
-    mantissa, exponent = torch.frexp(w)  # w = mantissa * 2^exponent, |mantissa| in [0.5, 1)
-    exponent = exponent.to(torch.int64) + q_exp.to(torch.int64) - 129  # |w'| < 2^exponent
-    counted = torch.isfinite(w) & (w != 0)
-    top = torch.where(counted, exponent, -(2**40)).amax(dim=1, keepdim=True)
-    shift = torch.where(top > -(2**40), 127 - top, 0)
-    scaled_exponent = exponent + shift
-    out_of_range = (counted & (scaled_exponent < MIN_SCALED_EXPONENT + 1)).any(dim=1) | (top[:, 0] > MAX_WEIGHT_EXPONENT)
-    wq = torch.where(counted, mantissa * pow2_float32(scaled_exponent.clamp(-200, 200)), w)
-    return wq, pow2_float32(149 - shift[:, 0]), out_of_range & live_rows
 
 
 @dataclass(frozen=True)
@@ -75,7 +39,7 @@ class Operands:
     kfac: torch.Tensor
     q_lo: torch.Tensor
     q_hi: torch.Tensor
-    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (subnormal_head_weights)
+    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift)
     s_pad: int
     any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
@@ -123,13 +87,12 @@ class TritonBackend(ScoringBackend):
         summary = torch.zeros(3, dtype=torch.int32, device=dev)
         k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad,
                                                               summary[0:1])
-        q_lo, q_hi, q_exp, q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale, summary[1:2])
         live_rows = problem.ends > problem.starts
-        wq, rowfac, out_of_range = subnormal_head_weights(problem.weights, q_exp, live_rows)
-        summary[2] = out_of_range.any()
+        q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
+            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3])
         key_summary, query_summary, weights_out_of_range = summary.tolist()
         if weights_out_of_range:
-            rows = torch.nonzero(out_of_range).flatten()[:8].tolist()
+            rows = torch.nonzero(refused).flatten()[:8].tolist()
             raise InputError(
                 f"the triton backend needs each row's nonzero head weights times query scales below "
                 f"2^{MAX_WEIGHT_EXPONENT} and within 2^{127 - MIN_SCALED_EXPONENT - 1} of each other; query rows "
@@ -147,8 +110,6 @@ class TritonBackend(ScoringBackend):
                     f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
                     "Use backend='reference' for such data."
                 )
-        if query_summary & FLAG_NAN_SCALE:
-            wq = torch.where((q_flags & FLAG_NAN_SCALE) != 0, float("nan"), wq)
         schedule = self.schedule(problem)
         programs = schedule[0].shape[0]
         any_wide = bool((key_summary | query_summary) & FLAG_WIDE)

@@ -28,6 +28,12 @@ FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
 FLAG_NAN_SCALE = 4
 FLAG_NAN_SCALE_C = tl.constexpr(FLAG_NAN_SCALE)
+#: Head-weight range of the scoring epilogue (scoring.py): every nonzero scaled weight |wq| is
+#: >= 2^MIN_SCALED_EXPONENT, and |w * 2^(q_exp - 129)| stays below 2^MAX_WEIGHT_EXPONENT.
+MIN_SCALED_EXPONENT = 23
+MAX_WEIGHT_EXPONENT = 100
+MIN_SCALED_EXPONENT_C = tl.constexpr(MIN_SCALED_EXPONENT)
+MAX_WEIGHT_EXPONENT_C = tl.constexpr(MAX_WEIGHT_EXPONENT)
 VECTORS_PER_PROGRAM = 64
 
 
@@ -123,14 +129,55 @@ def _decode_keys_kernel(cache_ptr, block_table_ptr, bt_stride, need_ptr, num_pag
 
 
 @triton.jit
+def _pow2(e):
+    """2^e as float32 for int32 e in [-126, 127] (exact; built from the exponent bits)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale_head_weights(w, m, HEADS: tl.constexpr):
+    """(wq [HEADS], rowfac, out_of_range) of one query row: module docstring of scoring.py."""
+    bits = w.to(tl.int32, bitcast=True)
+    field = (bits >> 23) & 0xFF
+    counted = (field != 255) & (w != 0.0)  # finite and nonzero
+    subnormal = (field == 0) & (w != 0.0)
+    normalized = (tl.where(subnormal, w * 18446744073709551616.0, w).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    exponent = normalized - 126 - tl.where(subnormal, 64, 0) + m - 129  # |w * 2^(m - 129)| < 2^exponent
+    top = tl.max(tl.where(counted, exponent, -(2**30)), axis=0)
+    any_counted = top > -(2**30)
+    shift = tl.where(any_counted, 127 - top, 149)  # a row of zero weights: rowfac 1
+    scaled = exponent + shift
+    out_of_range = (tl.max((counted & (scaled < MIN_SCALED_EXPONENT_C + 1)).to(tl.int32), axis=0) > 0) \
+        | (top > MAX_WEIGHT_EXPONENT_C)
+    total = m - 129 + shift  # wq = w * 2^total, applied in three exact steps of at most 2^127
+    first = tl.minimum(tl.maximum(total, -126), 127)
+    second = tl.minimum(tl.maximum(total - first, -126), 127)
+    wq = w * _pow2(first) * _pow2(second) * _pow2(tl.minimum(tl.maximum(total - first - second, -126), 127))
+    rowfac = _pow2(tl.minimum(tl.maximum(149 - shift, -126), 127))
+    return wq, rowfac, out_of_range
+
+
+@triton.jit
 def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
-                           VB: tl.constexpr):
+                           w_ptr, live_ptr, wq_ptr, rowfac_ptr, range_ptr, VB: tl.constexpr, WEIGHTS: tl.constexpr):
     vec = tl.program_id(0) * VB + tl.arange(0, VB)
     live = vec < num_vectors
     vec = tl.where(live, vec, num_vectors)  # the output has one spare row for masked lanes
     m, flags = _decode_vectors(q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live,
                                lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB)
     _summarize_flags(summary_ptr, flags, live)
+    if WEIGHTS:  # VB = 64 heads: this program decoded exactly one query row
+        row = tl.program_id(0)
+        row_ok = row * VB < num_vectors  # false only in the one program of an empty batch
+        offs_h = tl.arange(0, VB)
+        w = tl.load(w_ptr + row.to(tl.int64) * VB + offs_h, mask=row_ok, other=0.0)
+        wq, rowfac, out_of_range = _scale_head_weights(w, m, VB)
+        wq = tl.where((flags & FLAG_NAN_SCALE_C) != 0, float("nan"), wq)
+        tl.store(wq_ptr + row.to(tl.int64) * VB + offs_h, wq, mask=row_ok)
+        tl.store(rowfac_ptr + row, rowfac, mask=row_ok)
+        refused = out_of_range & (tl.load(live_ptr + row, mask=row_ok, other=0) != 0)
+        tl.store(range_ptr + row, refused.to(tl.int8), mask=row_ok)
+        tl.atomic_or(summary_ptr + 1, refused.to(tl.int32), sem="relaxed")
 
 
 def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
@@ -160,6 +207,16 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summar
     """Decode q [rows, 64 heads] into (lo, hi int8 [rows, 64, 128], exponent int32 [rows, 64],
     flags int8 [rows, 64]); see the module docstring. The flags of every vector are ORed into the
     int32 `summary[0]` when given."""
+    return prepare_queries_fp4_triton(q_fp4, q_scale, summary=summary)[:4]
+
+
+def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None = None,
+                               live_rows: torch.Tensor | None = None, summary: torch.Tensor | None = None):
+    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and bool
+    `live_rows [rows]` also the scoring kernel's head weights: (wq float32 [rows, 64], rowfac
+    float32 [rows], refused int8 [rows]) as scoring.py's docstring defines them (NaN where a scale
+    byte is NaN); refused marks the live rows outside the supported weight range, and `summary[1]`
+    (int32, when given) gets 1 when there is one."""
     rows, heads = q_fp4.shape[:2]
     n = rows * heads
     dev = q_fp4.device
@@ -168,8 +225,14 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summar
     exp = torch.empty(n + 1, dtype=torch.int32, device=dev)
     flags = torch.empty(n + 1, dtype=torch.int8, device=dev)
     grid = (triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM),)
-    summary = summary if summary is not None else torch.zeros(1, dtype=torch.int32, device=dev)
+    summary = summary if summary is not None else torch.zeros(2, dtype=torch.int32, device=dev)
+    with_weights = weights is not None
+    wq = torch.empty(rows, heads, dtype=torch.float32, device=dev) if with_weights else exp
+    rowfac = torch.empty(rows, dtype=torch.float32, device=dev) if with_weights else exp
+    refused = torch.empty(rows, dtype=torch.int8, device=dev) if with_weights else flags
     _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
-                                 VB=VECTORS_PER_PROGRAM)
-    return (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
-            exp[:n].view(rows, heads), flags[:n].view(rows, heads))
+                                 weights if with_weights else exp, live_rows if with_weights else flags,
+                                 wq, rowfac, refused, VB=VECTORS_PER_PROGRAM, WEIGHTS=with_weights)
+    decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
+               exp[:n].view(rows, heads), flags[:n].view(rows, heads))
+    return decoded + ((wq, rowfac, refused) if with_weights else ())

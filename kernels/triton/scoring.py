@@ -5,7 +5,7 @@ Math (CONTRACT.md §1) with the exact integer scheme of decode.py:
     r                  = relu(int_dot) * 2^-149                 exact (see below)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * r) ) * rowfac[i] * kfac[j] )
 with wq[i,h] = w[i,h] * 2^(mq[i,h] - 129 + shift_i), rowfac[i] = 2^(149 - shift_i) * weight_scale and
-kfac[j] = 2^(mk[j] - 127) (backend.subnormal_head_weights: shift_i puts the row's largest |wq| in
+kfac[j] = 2^(mk[j] - 127) (decode.prepare_queries_fp4_triton: shift_i puts the row's largest |wq| in
 [2^126, 2^127) and the launcher refuses rows whose nonzero |wq| fall below 2^23, so every product
 wq * r with r != 0 is a normal float32). Every factor but w and weight_scale is an exact power of
 two, and ReLU and the head sum commute with a positive power of two, so this is the contract's

@@ -22,7 +22,10 @@ from litetopk.kernels.mxfp4 import dequantize_mxfp4
 from litetopk.kernels.pipeline import calibrate
 from litetopk.kernels.selection import NO_KEY, make_keys
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.decode import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton
+from litetopk.kernels.triton.decode import (
+    FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton,
+    prepare_queries_fp4_triton,
+)
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
 from tests.problems import make_problem, oracle_scores, random_fp4
@@ -64,6 +67,54 @@ def test_decode_queries_is_exact_and_flags_wide_vectors(spread, seed):
     assert torch.equal((flags & FLAG_UNSUPPORTED) != 0, widths >= 8), f"{where}: UNSUPPORTED flag"
     assert int(flags[0, 0]) & FLAG_NAN_SCALE and int((flags & FLAG_NAN_SCALE).sum()) == FLAG_NAN_SCALE, where
     assert int(lo.abs().max()) <= 96 and int(hi.abs().max()) <= 96, where
+
+
+def ref_head_weight_scaling(w: np.ndarray, q_exp: np.ndarray):
+    """float64 definition of the scoring epilogue's head weights (scoring.py docstring): per row the
+    shift puts max |w * 2^(q_exp - 129) * 2^shift| in [2^126, 2^127); a row is out of range when a
+    finite nonzero scaled weight is below 2^23 or max |w * 2^(q_exp - 129)| >= 2^100."""
+    scaled_true = w.astype(np.float64) * np.exp2(q_exp.astype(np.float64) - 129)
+    counted = np.isfinite(w) & (w != 0)
+    top = np.where(counted, np.floor(np.log2(np.abs(np.where(counted, scaled_true, 1.0)))) + 1, -np.inf).max(axis=1)
+    shift = np.where(np.isfinite(top), 127 - top, 149)
+    small = counted & (np.abs(scaled_true) * np.exp2(shift)[:, None] < 2.0**23)
+    out_of_range = small.any(axis=1) | (top > 100)
+    return scaled_true, shift, out_of_range
+
+
+def test_prepare_queries_scales_head_weights_exactly(seed):
+    rng = np.random.default_rng(seed)
+    rows = 10
+    q, qs = random_fp4((rows, 64, 128), rng, 1)
+    w = rng.standard_normal((rows, 64)).astype(np.float32)
+    w[1] = 0.0  # all-zero weights: zero scores, rowfac 1
+    w[2, 5] = 1e-42  # a subnormal weight beside ordinary ones: out of range (2^-139 vs ~1)
+    w[3, :] = np.float32(2.0**-120) * rng.standard_normal(64).astype(np.float32)  # tiny, in range
+    w[4, 0] = 2.0**100  # w * 2^(q_exp - 129) far above 2^100: out of range
+    w[5, 7] = np.inf  # not counted (validation flags the row); the others scale as usual
+    w[6, :32] = 0.0
+    w[7, 3] = 2.0**-110  # 2^-110 beside ~1: out of range ...
+    live = np.ones(rows, dtype=bool)
+    live[7] = False  # ... but not refused: the row has no window
+    qs[8, 2, 0] = 255  # a NaN scale byte: that head's weight is NaN
+    summary = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    _, _, exp, flags, wq, rowfac, refused = prepare_queries_fp4_triton(
+        q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), torch.from_numpy(live).to(DEVICE), summary)
+    exp, flags, wq, rowfac, refused = exp.cpu().numpy(), flags.cpu().numpy(), wq.cpu().numpy(), rowfac.cpu().numpy(), refused.cpu().numpy()
+    scaled_true, shift, out_of_range = ref_head_weight_scaling(w, exp)
+    assert refused.astype(bool).tolist() == (out_of_range & live).tolist(), f"seed {seed}"
+    assert int(summary[1]) == int((out_of_range & live).any()), f"seed {seed}"
+    nan_scale = (flags & FLAG_NAN_SCALE) != 0
+    assert np.isnan(wq[nan_scale]).all() and nan_scale[8, 2], f"seed {seed}"
+    for r in np.flatnonzero(~out_of_range):
+        counted = np.isfinite(w[r]) & (w[r] != 0) & ~nan_scale[r]
+        assert rowfac[r] == np.exp2(149 - shift[r]), f"row {r}: rowfac, seed {seed}"
+        assert np.array_equal(wq[r, counted].astype(np.float64), scaled_true[r, counted] * np.exp2(shift[r])), f"row {r}, seed {seed}"
+        assert (wq[r, (w[r] == 0) & ~nan_scale[r]] == 0).all(), f"row {r}: zero weights stay zero, seed {seed}"
+        if counted.any():
+            assert 2.0**126 <= np.abs(wq[r, counted]).max() < 2.0**127, f"row {r}, seed {seed}"
+    assert rowfac[1] == 1.0 and (wq[1] == 0).all(), f"zero weights, seed {seed}"
+    assert np.isinf(wq[5, 7]), f"an infinite weight stays infinite, seed {seed}"
 
 
 def test_decode_keys_reads_through_the_block_table(seed):
@@ -173,6 +224,13 @@ def test_unsupported_scale_spread_is_refused(seed):
     p.q_scale[0, 7] = torch.tensor([120, 121, 130, 122], dtype=torch.uint8)  # 10 binades in one head vector
     p.q_fp4[0, 7] |= 0x11  # every block nonzero
     with pytest.raises(InputError, match="7 binades"):
+        litetopk_prefill(*[t.to(DEVICE) for t in p.args()], topk=512, backend="triton")
+
+
+def test_head_weights_beyond_the_epilogue_range_are_refused(seed):
+    p = make_problem(seed, seq_lens=[200], rows_per_seq=2, spread=1)
+    p.weights[1, 9] = 2.0**-120  # 2^-120 beside weights of ~1 in a live row
+    with pytest.raises(InputError, match=r"query rows \[1\]"):
         litetopk_prefill(*[t.to(DEVICE) for t in p.args()], topk=512, backend="triton")
 
 
