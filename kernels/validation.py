@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from .cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
@@ -46,7 +47,8 @@ class PrefillProblem:
     topk: int
     weight_scale: float
     max_end: int  # largest effective window end (0 when every window is empty)
-    empty_rows: int = 0  # rows whose effective window is empty
+    empty_rows: int  # rows whose effective window is empty
+    host_rows: np.ndarray  # int32 [3, rows]: row_to_batch, starts, ends on the host (backends' schedules)
 
     @property
     def num_rows(self) -> int:
@@ -73,16 +75,18 @@ class PrefillProblem:
             starts=self.starts[rows],
             ends=ends,
             row_status=self.row_status[rows],
-            **_window_summary(self.starts[rows], ends),
+            **_window_summary(self.row_to_batch[rows], self.starts[rows], ends),
         )
 
 
-def _window_summary(starts: torch.Tensor, ends: torch.Tensor) -> dict:
-    """max_end and empty_rows of effective windows, read with one host sync."""
+def _window_summary(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> dict:
+    """max_end, empty_rows and host_rows of effective windows: one copy of the row metadata to the
+    host (the one host sync of validation)."""
+    host_rows = torch.stack([row_to_batch, starts, ends]).to(torch.int32).cpu().numpy()
     if ends.numel() == 0:
-        return dict(max_end=0, empty_rows=0)
-    max_end, empty_rows = torch.stack([ends.max().long(), (ends <= starts).sum()]).tolist()
-    return dict(max_end=max_end, empty_rows=empty_rows)
+        return dict(max_end=0, empty_rows=0, host_rows=host_rows)
+    return dict(max_end=int(host_rows[2].max()), empty_rows=int((host_rows[2] <= host_rows[1]).sum()),
+                host_rows=host_rows)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -202,9 +206,10 @@ def validate_prefill(
     ok = status == 0
     eff_starts = torch.where(ok, starts, 0).to(torch.int32)
     eff_ends = torch.where(ok, ends, 0).to(torch.int32)
+    eff_rtb = torch.where(ok, row_to_batch, 0).to(torch.int32)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
-        row_to_batch=torch.where(ok, row_to_batch, 0).to(torch.int32), starts=eff_starts, ends=eff_ends,
+        row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
         row_status=status, topk=topk, weight_scale=float(weight_scale),
-        **_window_summary(eff_starts, eff_ends),
+        **_window_summary(eff_rtb, eff_starts, eff_ends),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..backend import CandidateScan, ScoringBackend
@@ -132,39 +133,35 @@ class TritonBackend(ScoringBackend):
     def schedule(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(rows int32 [programs, BLOCK_ROWS] with -1 padding, batch int32 [programs], span int32
         [programs, 2] = (min start, max end) of the program's rows): the rows of every program
-        belong to one sequence; programs with the most keys to scan come first."""
-        dev = problem.device
-        rtb = problem.row_to_batch.long()
-        starts = problem.starts.long()
-        ends = problem.ends.long()
-        live = ends > starts
+        belong to one sequence, lanes fill from the first; programs with the most keys to scan
+        come first. Built on the host from the validated row metadata (problem.host_rows), then
+        copied to the device at once."""
         block = self.block_rows
-        order = torch.argsort(torch.where(live, rtb * 2**32 + starts, 2**62), stable=True)  # empty rows last
+        rtb, starts, ends = problem.host_rows.astype(np.int64)
+        live = np.flatnonzero(ends > starts)
+        order = live[np.lexsort((starts[live], rtb[live]))]  # by sequence, then start
         batch_of = rtb[order]
-        live_sorted = live[order]
-        per_batch = torch.zeros(problem.block_table.shape[0], dtype=torch.int64, device=dev)
-        per_batch.scatter_add_(0, rtb, live.long())
-        rank = torch.arange(order.numel(), device=dev) - (torch.cumsum(per_batch, 0) - per_batch)[batch_of]
-        programs_per_batch = (per_batch + block - 1) // block
-        # The grid size without a host sync: an upper bound of sum_b ceil(rows_b / block); the
-        # programs past the real ones get no rows and an empty span, and return at once.
-        count = -(-problem.num_rows // block) + min(problem.block_table.shape[0], problem.num_rows)
-        if count == 0:
-            empty = torch.empty(0, block, dtype=torch.int32, device=dev)
-            return empty, empty[:, 0], empty[:, :2]
-        base = torch.cumsum(programs_per_batch, 0) - programs_per_batch
-        program = torch.where(live_sorted, base[batch_of] + rank // block, count)  # row `count`: a sink for empty rows
-        lane = torch.where(live_sorted, rank % block, 0)
-        prog_rows = torch.full((count + 1, block), -1, dtype=torch.int64, device=dev)
-        prog_rows[program, lane] = order
-        prog_batch = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, batch_of, "amax")
-        lo = torch.full((count + 1,), 2**31 - 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, starts[order], "amin")
-        hi = torch.zeros(count + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, program, ends[order], "amax")
-        first = torch.argsort((hi - lo)[:count], descending=True, stable=True)
-        span = torch.stack([lo[:count], hi[:count]], dim=1)[first]
-        prog_rows = prog_rows[:count][first]
-        return prog_rows.to(torch.int32).contiguous(), prog_batch[:count][first].to(torch.int32).contiguous(), \
-            span.to(torch.int32).contiguous()
+        run_start = np.flatnonzero(np.r_[True, batch_of[1:] != batch_of[:-1]])  # first row of each sequence
+        run_length = np.diff(np.r_[run_start, order.size])
+        run_programs = -(-run_length // block)
+        run_of = np.repeat(np.arange(run_start.size), run_length)
+        rank = np.arange(order.size) - run_start[run_of]
+        program = (np.cumsum(run_programs) - run_programs)[run_of] + rank // block
+        count = int(run_programs.sum())
+        prog_rows = np.full((count, block), -1, dtype=np.int64)
+        prog_rows[program, rank % block] = order
+        prog_batch = np.zeros(count, dtype=np.int64)
+        prog_batch[program] = batch_of
+        span = np.empty((count, 2), dtype=np.int64)
+        span[:, 0] = np.iinfo(np.int32).max
+        span[:, 1] = 0
+        np.minimum.at(span[:, 0], program, starts[order])
+        np.maximum.at(span[:, 1], program, ends[order])
+        first = np.argsort(span[:, 0] - span[:, 1], kind="stable")  # the longest span first
+        flat = np.concatenate([prog_rows[first].ravel(), prog_batch[first], span[first].ravel()]).astype(np.int32)
+        packed = torch.from_numpy(flat).to(problem.device)
+        return (packed[:count * block].view(count, block), packed[count * block:count * (block + 1)],
+                packed[count * (block + 1):].view(count, 2))
 
     # -- launches --------------------------------------------------------------------------
     def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,

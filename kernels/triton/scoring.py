@@ -118,8 +118,7 @@ def score_fp4_kernel(
     if DENSE:
         lo = 0
         hi = max_pos
-        # A program of the schedule's spare tail has no rows (lane 0 empty): no steps.
-        n_steps = tl.where(tl.load(prog_rows_ptr + pid * BLOCK_ROWS) >= 0, tl.cdiv(out_width, BLOCK_KEYS), 0)
+        n_steps = tl.cdiv(out_width, BLOCK_KEYS)
     else:
         lo = (tl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
