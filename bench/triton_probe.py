@@ -14,7 +14,7 @@ import torch
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import calibrate, run_litetopk
-from litetopk.kernels.selection import select_topk_candidates, select_topk_dense
+from litetopk.kernels.selection import select_topk_dense, select_topk_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
@@ -85,7 +85,7 @@ for topk in (512, 1024):
     cap = tuning.capacity(topk)
     res["scan"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
     scan = backend.scan_candidates(problem, thr, cap, ceilings=ceil)
-    res["select_candidates"] = cuda_ms(lambda: select_topk_candidates(scan.keys[:, :int(scan.appended.max())], topk))
+    res["select_candidates"] = cuda_ms(lambda: select_topk_keys(scan.keys[:, :int(scan.appended.max())], topk))
     res["cand_mean"] = float(scan.appended.float().mean())
     res["cand_quantiles"] = torch.quantile(scan.appended.double(), torch.tensor([0.5, 0.9, 0.99, 1.0], device=scan.appended.device, dtype=torch.float64)).tolist()
     res["cand_max"] = int(scan.appended.max())

@@ -24,9 +24,7 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import (
-    NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_candidates, select_topk_dense, select_topk_keys,
-)
+from .selection import NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -121,7 +119,7 @@ def run_litetopk(
     failing = (status != 0) & capacity_only
     # One host sync: the columns any row filled, and whether a row needs repair.
     used, any_failed = torch.stack([kept.max(), failing.any().long()]).tolist() if problem.num_rows else (0, 0)
-    top = select_topk_candidates(scan.keys[:, :min(capacity, used)], k)
+    top = select_topk_keys(scan.keys[:, :min(capacity, used)], k)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     if repair and any_failed:
         failed = torch.nonzero(failing).flatten()

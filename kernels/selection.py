@@ -55,29 +55,6 @@ def select_topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(keys, k, dim=1, largest=True, sorted=True).values
 
 
-def select_topk_candidates(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """select_topk_keys for wide candidate buffers, with the same answer and less work.
-
-    A top-(k+1) of the keys' upper 32 bits (the ordered score, int32: half the radix passes of
-    int64) picks k+1 keys per row, and the picked keys are ordered exactly. Every key whose score
-    beats the lowest picked score was picked, so the answer is exact unless the k-th best picked
-    key has that lowest score: then an unpicked key of the same score may beat it by position, and
-    such rows are selected again from all their keys.
-    """
-    rows, n = keys.shape
-    if n <= k + 1:
-        return select_topk_keys(keys, k)
-    scores = (keys >> 32).to(torch.int32)  # NO_KEY gives the smallest int32, below any real key
-    picked_scores, picked_at = torch.topk(scores, k + 1, dim=1, largest=True, sorted=False)
-    top = select_topk_keys(torch.gather(keys, 1, picked_at), k)
-    kth = top[:, k - 1]
-    tied = ((kth >> 32).to(torch.int32) == picked_scores.min(dim=1).values) & (kth != NO_KEY)
-    if bool(tied.any()):
-        again = torch.nonzero(tied).flatten()
-        top[again] = select_topk_keys(keys[again], k)
-    return top
-
-
 def kth_key(keys: torch.Tensor, k: int) -> torch.Tensor:
     """The k-th largest key of each row (NO_KEY where a row holds fewer than k real keys)."""
     return select_topk_keys(keys, k)[:, k - 1]

@@ -16,7 +16,6 @@ from litetopk.kernels.selection import (
     assemble_result,
     kth_key,
     make_keys,
-    select_topk_candidates,
     select_topk_dense,
     select_topk_keys,
     split_keys,
@@ -98,30 +97,6 @@ def test_select_topk_keys_is_sorted_and_padded(n, k, seed):
         want = [int(keys[r, i]) for i in order] + [NO_KEY] * (k - min(n, k))
         assert top[r].tolist() == want, f"row {r}, n={n}, k={k}, seed {seed}"
     assert torch.equal(kth_key(keys, k), top[:, k - 1])
-
-
-@pytest.mark.parametrize("n, k, distinct", [(5000, 512, None), (2415, 512, 40), (3000, 1024, 3), (700, 512, 1),
-                                            (514, 512, None), (400, 512, None)])
-def test_select_topk_candidates_equals_the_order(n, k, distinct, seed):
-    """Candidate buffers: real keys in random slots, NO_KEY padding, ties of score across the k-th
-    place (few distinct scores) that only the position decides."""
-    gen = np.random.default_rng(seed)
-    rows = 6
-    scores = awkward_scores(gen, rows * n).reshape(rows, n)
-    if distinct is not None:
-        scores = gen.choice(awkward_scores(gen, distinct), size=(rows, n)).astype(np.float32)
-    positions = np.stack([gen.permutation(10 * n)[:n] for _ in range(rows)])
-    keys = make_keys(torch.from_numpy(scores), torch.from_numpy(positions))
-    filled = gen.integers(0, n + 1, size=rows)
-    filled[0] = n
-    for r in range(rows):
-        keys[r, filled[r]:] = NO_KEY
-    top = select_topk_candidates(keys, k)
-    for r in range(rows):
-        live = int(filled[r])
-        order = ref_order(scores[r, :live].tolist(), positions[r, :live].tolist())[:k]
-        want = [int(keys[r, i]) for i in order] + [NO_KEY] * (k - min(live, k))
-        assert top[r].tolist() == want, f"row {r} ({live} keys), n={n}, k={k}, distinct={distinct}, seed {seed}"
 
 
 DENSE_CASES = {
