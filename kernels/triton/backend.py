@@ -55,11 +55,14 @@ class TritonBackend(ScoringBackend):
 
     name = "triton"
 
-    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 4, num_stages: int = 3):
+    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 4, num_stages: int = 3,
+                 refresh: int = 16, num_bins: int = NUM_BINS):
         self.block_rows = block_rows
         self.block_keys = block_keys
         self.num_warps = num_warps
         self.num_stages = num_stages
+        self.refresh = refresh  # key steps between threshold raises in the scan
+        self.num_bins = num_bins  # bins of the scan's threshold histogram (a power of two)
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:
@@ -190,7 +193,7 @@ class TritonBackend(ScoringBackend):
             nonfinite,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
             STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
-            num_warps=self.num_warps, num_stages=self.num_stages,
+            REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,10 +213,10 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         threshold_scores = split_keys(thresholds)[0].contiguous()
-        hist_lo, hist_width = histogram_ranges(threshold_scores, ceilings)
+        hist_lo, hist_width = histogram_ranges(threshold_scores, ceilings, self.num_bins)
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
         appended = torch.zeros(rows, dtype=torch.int32, device=dev)
-        hist = torch.zeros(rows, NUM_BINS, dtype=torch.int32, device=dev)
+        hist = torch.zeros(rows, self.num_bins, dtype=torch.int32, device=dev)
         raised = threshold_scores.clone()
         nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
         self._launch(problem, ops, dense=False, thresholds=threshold_scores, hist_lo=hist_lo,
@@ -223,15 +226,16 @@ class TritonBackend(ScoringBackend):
         return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
 
 
-def histogram_ranges(threshold_scores: torch.Tensor, ceilings: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def histogram_ranges(threshold_scores: torch.Tensor, ceilings: torch.Tensor | None,
+                     num_bins: int = NUM_BINS) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row histogram origin (the threshold's score, float32; -inf for no threshold) and bin
-    width float32, so that NUM_BINS bins reach the ceiling's score. Width 0 (no histogram) without
+    width float32, so that num_bins bins reach the ceiling's score. Width 0 (no histogram) without
     both bounds, or where the bins would be too narrow for float32 to place a score in its bin
     reliably (< 2^-16 of the scores)."""
     lo = threshold_scores
     if ceilings is None:
         return lo.nan_to_num(neginf=0.0).contiguous(), torch.zeros_like(lo)
     hi, _ = split_keys(ceilings)  # NO_KEY: -inf, so the width is not finite
-    width = (hi - lo) / NUM_BINS
+    width = (hi - lo) / num_bins
     usable = torch.isfinite(width) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
     return torch.where(usable, lo, 0.0).contiguous(), torch.where(usable, width, 0.0).contiguous()
