@@ -113,16 +113,20 @@ def execute(req: TopKRequest, state: ServiceState, marks: list | None = None) ->
     mark(("queue", time.perf_counter()))
     alive: dict = {}  # owners found alive when leasing (each read once per request)
 
+    def region_view(name, arg):
+        region, view = state.table.acquire(arg, name, alive)
+        leases.append(region)
+        return view
+
     def tensor(name, arg):
         if isinstance(arg, InlineTensor):
             return _inline_tensor(arg).to(state.device)
-        region, view = state.table.acquire(arg, name, alive)
-        leases.append(region)
-        return view.to(state.device, non_blocking=True)
+        return region_view(name, arg).to(state.device, non_blocking=True)
 
     try:
         inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
-        outs = {n: tensor(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
+        # Output regions stay where they live (host or device): the results are copied into them.
+        outs = {n: region_view(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
         mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
                                   backend=state.settings.backend, repair=req.repair)

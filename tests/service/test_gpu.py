@@ -51,6 +51,26 @@ def test_cuda_ipc_regions_equal_in_process(gpu_service):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
+def test_results_into_host_memory_equal_in_process(gpu_service):
+    """A GPU service writing into host regions: the client's pooled result scratch (results over
+    1 MiB) and an explicit host `out` region get the device's answer, copied straight into them."""
+    p = make_problem(32, seq_lens=[700, 690], rows_per_seq=100).to("cuda:0")
+    want = litetopk_prefill(*p.args(), topk=p.topk, backend="auto")
+    with TopKClient(uds=gpu_service.uds) as client:
+        cache = client.register(p.kv_cache)
+        for _ in range(2):  # the second call reuses the pooled scratch region
+            got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk)
+            assert results_equal(got, want) == []
+        values = client.register(torch.full((p.q_fp4.shape[0], p.topk), float("nan")))
+        assert values.kind != "cuda_ipc"
+        got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, out={"values": values})
+        assert results_equal(got, want) == []
+        assert torch.equal(values.tensor, want.values.cpu()), "the host region holds the answer"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
 def test_raw_handle_that_does_not_open(gpu_service):
     registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
                     "device_uuid": uuid_of(0), "size": 4096, "pid": os.getpid()}
