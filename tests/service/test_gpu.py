@@ -54,7 +54,7 @@ def test_cuda_ipc_regions_equal_in_process(gpu_service):
 def test_results_into_host_memory_equal_in_process(gpu_service):
     """A GPU service writing into host regions: the client's pooled result scratch (results over
     1 MiB) and an explicit host `out` region get the device's answer, copied straight into them."""
-    p = make_problem(32, seq_lens=[700, 690], rows_per_seq=100).to("cuda:0")
+    p = make_problem(32, seq_lens=[700, 690], rows_per_seq=100, spread=1).to("cuda:0")  # Triton-supported scales
     want = litetopk_prefill(*p.args(), topk=p.topk, backend="auto")
     with TopKClient(uds=gpu_service.uds) as client:
         cache = client.register(p.kv_cache)
