@@ -44,3 +44,19 @@ def call_args(problem: dict):
     """(positional args, keyword args) of litetopk_prefill for a problem dict."""
     names = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
     return tuple(problem[n] for n in names), {"topk": problem["topk"]}
+
+
+def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
+    """Median milliseconds of `reps` calls of fn timed with CUDA events, after `warm` calls."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]

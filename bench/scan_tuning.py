@@ -20,25 +20,10 @@ from litetopk.kernels.selection import select_topk_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, prefill_problem
+from problems_gpu import call_args, cuda_ms, prefill_problem
 
 VARIANTS = ((16, 32), (8, 32), (16, 64), (8, 64), (4, 64))
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
-
-
-def cuda_ms(fn, reps=7, warm=2):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -57,11 +42,12 @@ def main():
             used = int(scan.appended.max())
             lite = run_litetopk(validate_prefill(*args, **kw), backend, repair=True, tuning=tuning)
             row = dict(topk=topk, refresh=refresh, bins=bins,
-                       scan_ms=cuda_ms(lambda: backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)),
+                       scan_ms=cuda_ms(lambda: backend.scan_candidates(problem, thresholds, capacity,
+                                                                       ceilings=ceilings), reps=7),
                        candidates_mean=float(scan.appended.float().mean()), candidates_max=used,
-                       select_ms=cuda_ms(lambda: select_topk_keys(scan.keys[:, :min(used, capacity)], topk)),
+                       select_ms=cuda_ms(lambda: select_topk_keys(scan.keys[:, :min(used, capacity)], topk), reps=7),
                        lite_ms=cuda_ms(lambda: run_litetopk(validate_prefill(*args, **kw), backend, repair=True,
-                                                            tuning=tuning)),
+                                                            tuning=tuning), reps=7),
                        repaired=int(lite.repaired.sum()),
                        equals_dense=all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS))
             results.append(row)

@@ -18,27 +18,10 @@ from litetopk.kernels.selection import select_topk_dense, select_topk_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, prefill_problem
+from problems_gpu import call_args, cuda_ms, prefill_problem
 
 OUT = os.environ.get("OUT", "/tmp")
 report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-
-
-def cuda_ms(fn, reps=5, warm=2):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def log(key, value):
