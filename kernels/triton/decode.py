@@ -135,7 +135,7 @@ def _pow2(e):
 
 
 @triton.jit
-def _scale_head_weights(w, m, HEADS: tl.constexpr):
+def _scale_head_weights(w, m):
     """(wq [HEADS], rowfac, out_of_range) of one query row: module docstring of scoring.py."""
     bits = w.to(tl.int32, bitcast=True)
     field = (bits >> 23) & 0xFF
@@ -171,7 +171,7 @@ def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, 
         row_ok = row * VB < num_vectors  # false only in the one program of an empty batch
         offs_h = tl.arange(0, VB)
         w = tl.load(w_ptr + row.to(tl.int64) * VB + offs_h, mask=row_ok, other=0.0)
-        wq, rowfac, out_of_range = _scale_head_weights(w, m, VB)
+        wq, rowfac, out_of_range = _scale_head_weights(w, m)
         wq = tl.where((flags & FLAG_NAN_SCALE_C) != 0, float("nan"), wq)
         tl.store(wq_ptr + row.to(tl.int64) * VB + offs_h, wq, mask=row_ok)
         tl.store(rowfac_ptr + row, rowfac, mask=row_ok)
