@@ -47,7 +47,6 @@ class PrefillProblem:
     topk: int
     weight_scale: float
     max_end: int  # largest effective window end (0 when every window is empty)
-    empty_rows: int  # rows whose effective window is empty
     host_rows: np.ndarray  # int32 [3, rows]: row_to_batch, starts, ends on the host (backends' schedules)
 
     @property
@@ -57,6 +56,11 @@ class PrefillProblem:
     @property
     def device(self) -> torch.device:
         return self.q_fp4.device
+
+    @property
+    def empty_rows(self) -> int:
+        """Rows whose effective window is empty (from the host copy: no device work)."""
+        return int((self.host_rows[2] <= self.host_rows[1]).sum())
 
     @property
     def window_lengths(self) -> torch.Tensor:
@@ -80,13 +84,10 @@ class PrefillProblem:
 
 
 def _window_summary(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> dict:
-    """max_end, empty_rows and host_rows of effective windows: one copy of the row metadata to the
-    host (the one host sync of validation)."""
+    """max_end and host_rows of effective windows: one copy of the row metadata to the host (the
+    one host sync of validation)."""
     host_rows = torch.stack([row_to_batch, starts, ends]).to(torch.int32).cpu().numpy()
-    if ends.numel() == 0:
-        return dict(max_end=0, empty_rows=0, host_rows=host_rows)
-    return dict(max_end=int(host_rows[2].max()), empty_rows=int((host_rows[2] <= host_rows[1]).sum()),
-                host_rows=host_rows)
+    return dict(max_end=int(host_rows[2].max()) if ends.numel() else 0, host_rows=host_rows)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
