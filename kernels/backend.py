@@ -7,7 +7,9 @@ the head sum, and offers two ways to consume the scores:
   row's window) for the dense baseline, or every stride-th column of it for calibration;
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
-  ever raised to a value no larger than the row's true K-th best key.
+  ever raised to a value no larger than the row's true K-th best key;
+- `select_candidates`: the exact top-K of a scan's buffer (shared torch selection unless the
+  backend has a faster kernel for it; every implementation returns the same keys).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .selection import select_topk_keys
 from .validation import PrefillProblem
 
 
@@ -61,3 +64,10 @@ class ScoringBackend(abc.ABC):
         `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
         backend may use it to range its threshold histogram. It never affects which keys are
         exact, only how fast the threshold rises."""
+
+    def select_candidates(self, scan: CandidateScan, k: int) -> torch.Tensor:
+        """int64 [rows, k]: the k largest keys of each row of scan.keys (its first min(appended,
+        capacity) entries; NO_KEY after them), sorted descending, NO_KEY padded. A backend may
+        use scan.thresholds, which are at or below the k-th best key of every row whose scan
+        certifies (other rows are repaired or publish nothing)."""
+        return select_topk_keys(scan.keys, k)

@@ -117,9 +117,8 @@ def run_litetopk(
     status |= torch.where(underfilled & answerable, int(RowStatus.UNDERFILLED), 0).to(torch.int32)
     capacity_only = (status & ~int(RowStatus.OVERFLOW | RowStatus.UNDERFILLED)) == 0
     failing = (status != 0) & capacity_only
-    # One host sync: the columns any row filled, and whether a row needs repair.
-    used, any_failed = torch.stack([kept.max(), failing.any().long()]).tolist() if problem.num_rows else (0, 0)
-    top = select_topk_keys(scan.keys[:, :min(capacity, used)], k)
+    top = backend.select_candidates(scan, k)  # launched before the host sync below, which it overlaps
+    any_failed = bool(failing.any()) if problem.num_rows else False  # the one host sync after the scan
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     if repair and any_failed:
         failed = torch.nonzero(failing).flatten()

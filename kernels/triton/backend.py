@@ -24,6 +24,7 @@ from .decode import (
     prepare_queries_fp4_triton,
 )
 from .scoring import NUM_BINS, score_fp4_kernel
+from .selection import select_topk_candidates_triton
 
 
 def interpreting() -> bool:
@@ -224,6 +225,11 @@ class TritonBackend(ScoringBackend):
                      thr_out=raised, nonfinite=nonfinite)
         final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
         return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
+
+    def select_candidates(self, scan: CandidateScan, k: int) -> torch.Tensor:
+        """The buffer's top-k by selection.py's kernel (compacted above the scan's final threshold)."""
+        kept = scan.appended.clamp(max=scan.keys.shape[1])
+        return select_topk_candidates_triton(scan.keys, kept, scan.thresholds, k)
 
 
 def histogram_ranges(threshold_scores: torch.Tensor, ceilings: torch.Tensor | None,
