@@ -95,6 +95,7 @@ class TritonBackend(ScoringBackend):
         live_rows = problem.ends > problem.starts
         q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
             problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3])
+        schedule = self.schedule(problem)  # host work while the decode kernels run
         key_summary, query_summary, weights_out_of_range = summary.tolist()
         if weights_out_of_range:
             rows = torch.nonzero(refused).flatten()[:8].tolist()
@@ -115,7 +116,6 @@ class TritonBackend(ScoringBackend):
                     f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
                     "Use backend='reference' for such data."
                 )
-        schedule = self.schedule(problem)
         programs = schedule[0].shape[0]
         any_wide = bool((key_summary | query_summary) & FLAG_WIDE)
         if any_wide:
@@ -139,7 +139,7 @@ class TritonBackend(ScoringBackend):
         [programs, 2] = (min start, max end) of the program's rows): the rows of every program
         belong to one sequence, lanes fill from the first; programs with the most keys to scan
         come first. Built on the host from the validated row metadata (problem.host_rows), then
-        copied to the device at once."""
+        copied to the device at once (from pinned memory, asynchronously, on a CUDA device)."""
         block = self.block_rows
         rtb, starts, ends = problem.host_rows.astype(np.int64)
         live = np.flatnonzero(ends > starts)
@@ -163,7 +163,9 @@ class TritonBackend(ScoringBackend):
         np.maximum.at(span[:, 1], program, ends[order])
         first = np.argsort(span[:, 0] - span[:, 1], kind="stable")  # the longest span first
         flat = np.concatenate([prog_rows[first].ravel(), prog_batch[first], span[first].ravel()]).astype(np.int32)
-        packed = torch.from_numpy(flat).to(problem.device)
+        packed = torch.from_numpy(flat)
+        if problem.device.type == "cuda":  # pinned: the copy neither waits for the stream nor blocks the host
+            packed = packed.pin_memory().to(problem.device, non_blocking=True)
         return (packed[:count * block].view(count, block), packed[count * block:count * (block + 1)],
                 packed[count * (block + 1):].view(count, 2))
 
