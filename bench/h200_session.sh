@@ -24,7 +24,7 @@ for step in $STEPS; do
       for i in $(seq 1 70); do sleep 1; python3 -m litetopk.service --check readyz --uds /tmp/diag.sock >/dev/null 2>&1 && break; done
       echo "ready after ${i}s"; tail -40 "$RES/service-diag.log" ;;
     servicecheck) timeout 150 python3 bench/gpu_service_check.py --backend auto --out "$RES/service" 2>&1 | tail -15 ;;
-    gputests) timeout 120 python3 -m pytest tests/kernels/test_triton_backend.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -4 ;;
+    gputests) timeout 120 python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -4 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .

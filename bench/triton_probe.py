@@ -10,12 +10,14 @@ import sys
 import time
 
 import torch
+import triton
 
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import calibrate, run_litetopk
-from litetopk.kernels.selection import select_topk_dense, select_topk_keys
+from litetopk.kernels.selection import NO_KEY, select_topk_dense, select_topk_keys
 from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.selection import select_topk_candidates_kernel
 from litetopk.kernels.validation import validate_prefill
 
 from problems_gpu import call_args, cuda_ms, prefill_problem
@@ -68,7 +70,19 @@ for topk in (512, 1024):
     cap = tuning.capacity(topk)
     res["scan"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
     scan = backend.scan_candidates(problem, thr, cap, ceilings=ceil)
-    res["select_candidates"] = cuda_ms(lambda: select_topk_keys(scan.keys[:, :int(scan.appended.max())], topk))
+    res["select_candidates"] = cuda_ms(lambda: backend.select_candidates(scan, topk))
+    res["select_candidates_torch_topk"] = cuda_ms(lambda: select_topk_keys(scan.keys[:, :int(scan.appended.max())], topk))
+    kept = scan.appended.clamp(max=cap)
+    full = triton.next_power_of_2(cap)
+    whole_row = torch.empty(problem.num_rows, topk, dtype=torch.int64, device="cuda")
+    res["select_candidates_whole_row"] = cuda_ms(lambda: select_topk_candidates_kernel[(problem.num_rows,)](
+        scan.keys, cap, kept, scan.thresholds, whole_row, whole_row, TOPK=topk, FULL=full, SMALL=full,
+        num_warps=max(4, min(16, full // 512))))
+    res["select_equal_torch_topk"] = bool(torch.equal(backend.select_candidates(scan, topk), select_topk_keys(scan.keys, topk))
+                                          and torch.equal(whole_row, select_topk_keys(scan.keys, topk)))
+    res["passing_final_threshold"] = torch.quantile(
+        ((scan.keys >= scan.thresholds[:, None]) & (scan.keys != NO_KEY)).sum(dim=1).double(),
+        torch.tensor([0.5, 0.99, 1.0], device="cuda", dtype=torch.float64)).tolist()
     res["cand_mean"] = float(scan.appended.float().mean())
     res["cand_quantiles"] = torch.quantile(scan.appended.double(), torch.tensor([0.5, 0.9, 0.99, 1.0], device=scan.appended.device, dtype=torch.float64)).tolist()
     res["cand_max"] = int(scan.appended.max())
