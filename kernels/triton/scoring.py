@@ -146,10 +146,9 @@ def score_fp4_kernel(
         # Inner loops of REFRESH steps hold only loads, MMAs and predicated appends (so they pipeline);
         # the threshold is raised from the histogram between them. A step's appended keys are stored
         # one step later, so that the slot atomics' round trip overlaps the next step's MMAs.
-        # pending_*: the previous step's slots (capacity where its key did not pass) and scores. The
-        # loop carries one float tile instead of keys and masks: 2 layout conversions fewer per step.
-        pending_slot = tl.full([BLOCK_KEYS, BLOCK_ROWS], capacity, dtype=tl.int32)
-        pending_scores = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.float32)
+        pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
+        pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
+        pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
         for chunk_start in range(0, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
                 pos, scores, in_window = _score_tile(
@@ -157,16 +156,17 @@ def score_fp4_kernel(
                     tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
                     BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
                 probe += tl.where(in_window, scores, 0.0) * 0.0
-                pending_pos = lo + (step - 1) * BLOCK_KEYS + offs_k
-                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot,
-                         _ordering_keys(pending_scores, pending_pos[:, None]), mask=pending_slot < capacity)
-                windowed = tl.where(in_window, scores, float("nan"))  # NaN never passes
+                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                         mask=pending & (pending_slot < capacity))
+                # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
+                # window never passes), so the compiler moves one tile to the atomics' layout.
+                windowed = tl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
-                # One relaxed atomic per passing key: no block-wide sync.
-                slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
-                                     sem="relaxed")
-                pending_slot = tl.where(passing, slot, capacity)
-                pending_scores = windowed
+                # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
+                pending_slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
+                                             sem="relaxed")
+                pending_key = _ordering_keys(windowed, pos[:, None])
+                pending = passing
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
                 bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
                 tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
@@ -182,9 +182,8 @@ def score_fp4_kernel(
             raise_ok = (best_bin >= 1) & (hist_width > 0)
             thr = tl.where(raise_ok, tl.maximum(thr, edge), thr)
     if not DENSE:
-        pending_pos = lo + (n_steps - 1) * BLOCK_KEYS + offs_k
-        tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot,
-                 _ordering_keys(pending_scores, pending_pos[:, None]), mask=pending_slot < capacity)
+        tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                 mask=pending & (pending_slot < capacity))
     nonfinite = tl.sum(probe, axis=0)
     tl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int8), mask=row_ok)
     if not DENSE:
