@@ -196,7 +196,8 @@ class TritonBackend(ScoringBackend):
             nonfinite,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
             STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
-            REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
+            REFRESH=self.refresh, NB=self.num_bins, APPEND_PTX=not interpreting(),
+            num_warps=self.num_warps, num_stages=self.num_stages,
         )
 
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

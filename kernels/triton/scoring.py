@@ -70,6 +70,59 @@ def _ordering_keys(scores, positions):
 
 
 @triton.jit
+def _lowest_lane_ptx(element):
+    """int32 1 where this thread is the lowest lane of its warp that holds `element` (an int32 id
+    of a tensor element), else 0: a layout that replicates an element over lanes lets exactly one
+    lane do its atomics."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 same, lower;
+        .reg .pred p;
+        match.any.sync.b32 same, $1, 0xffffffff;
+        mov.u32 lower, %lanemask_lt;
+        and.b32 same, same, lower;
+        setp.eq.u32 p, same, 0;
+        selp.u32 $0, 1, 0, p;
+        }""", "=r,r", [element], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _atomic_inc_ptx(ptrs, mask):
+    """int32 old values of a relaxed gpu-scope atomic increment of *ptrs where mask (-1 elsewhere)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.ne.u32 p, $2, 0;
+        mov.u32 $0, 0xffffffff;
+        @p atom.global.relaxed.gpu.add.u32 $0, [$1], 1;
+        }""", "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _reduce_inc_ptx(ptrs, mask):
+    """Relaxed gpu-scope increment of *ptrs where mask (no value returned)."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.ne.u32 p, $2, 0;
+        @p red.global.relaxed.gpu.add.u32 [$1], 1;
+        mov.u32 $0, 0;
+        }""", "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_b64_ptx(ptrs, values, mask):
+    """*ptrs = values (int64) where mask."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.ne.u32 p, $2, 0;
+        @p st.global.b64 [$1], $3;
+        mov.u32 $0, 0;
+        }""", "=r,l,r,l", [ptrs, mask.to(tl.int32), values], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def score_fp4_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
     tile_wide_ptr, tile_cols,                        # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
@@ -85,7 +138,7 @@ def score_fp4_kernel(
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
+    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16, APPEND_PTX: tl.constexpr = False,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -156,21 +209,31 @@ def score_fp4_kernel(
                     tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
                     BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
                 probe += tl.where(in_window, scores, 0.0) * 0.0
-                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                         mask=pending & (pending_slot < capacity))
                 # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
-                # window never passes), so the compiler moves one tile to the atomics' layout.
+                # window never passes).
                 windowed = tl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
-                # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
-                pending_slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
-                                             sem="relaxed")
-                pending_key = _ordering_keys(windowed, pos[:, None])
-                pending = passing
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
                 bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-                tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
-                              mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+                counted = passing & (hist_width[None, :] > 0)
+                slot_ptrs = appended_ptr + rows64[None, :] + 0 * pos[:, None]
+                if APPEND_PTX:
+                    # The same appends in the scores' own register layout (PTX, so that the compiler
+                    # moves no tile through shared memory); one lane per replicated element.
+                    _store_b64_ptx(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                                   pending & (pending_slot < capacity))
+                    owner = _lowest_lane_ptx(offs_k[:, None] * BLOCK_ROWS + offs_r[None, :]) != 0
+                    pending_slot = _atomic_inc_ptx(slot_ptrs, passing & owner)
+                    _reduce_inc_ptx(hist_ptr + rows64[None, :] * NB + bin_of, counted & owner)
+                    pending = passing & owner
+                else:
+                    tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                             mask=pending & (pending_slot < capacity))
+                    # One relaxed atomic per passing key: no block-wide sync.
+                    pending_slot = tl.atomic_add(slot_ptrs, 1, mask=passing, sem="relaxed")
+                    tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1, mask=counted, sem="relaxed")
+                    pending = passing
+                pending_key = _ordering_keys(windowed, pos[:, None])
             # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
             # every counted score lies >= that edge minus float rounding, far less than a bin. A count
             # read before some atomics land is only smaller: the threshold stays safe.
