@@ -8,8 +8,9 @@ the head sum, and offers two ways to consume the scores:
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
-- `select_candidates`: the exact top-K of a scan's buffer (shared torch selection unless the
-  backend has a faster kernel for it; every implementation returns the same keys).
+- `select_candidates` and `kth_largest_scores`: the exact selections of the pipeline (shared
+  torch code unless the backend has a faster kernel for them; every implementation returns the
+  same answer).
 """
 
 from __future__ import annotations
@@ -71,3 +72,10 @@ class ScoringBackend(abc.ABC):
         use scan.thresholds, which are at or below the k-th best key of every row whose scan
         certifies (other rows are repaired or publish nothing)."""
         return select_topk_keys(scan.keys, k)
+
+    def kth_largest_scores(self, scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
+        """float32 [rows, 2]: the ranks[i]-th largest (1-based) value of each row of float32
+        `scores` [rows, n >= max(ranks)] (calibration: the sample's K-th best and its ceiling).
+        Exact for rows without NaN (callers check NaN themselves); -0.0 may come back as +0.0."""
+        best = torch.topk(scores, max(ranks), dim=1, largest=True, sorted=True).values
+        return best[:, [rank - 1 for rank in ranks]]

@@ -71,10 +71,9 @@ def calibrate(
     if stride < 2 or -(-problem.max_end // stride) < k:
         return no_threshold, None  # the sample would be (nearly) the whole window, or too small
     sample, _ = backend.score_dense(problem, stride)
-    best = torch.topk(sample, k, dim=1, largest=True, sorted=True).values
-    kth = best[:, k - 1] + tuning.calibration_offset
-    ceiling = best[:, max(1, k // (2 * stride)) - 1]
-    usable = torch.isfinite(kth) & ~torch.isnan(best).any(dim=1)
+    kth, ceiling = backend.kth_largest_scores(sample, (k, max(1, k // (2 * stride)))).unbind(dim=1)
+    kth = kth + tuning.calibration_offset
+    usable = torch.isfinite(kth) & ~torch.isnan(sample).any(dim=1)
     return (
         torch.where(usable, score_floor_keys(kth), NO_KEY),
         torch.where(usable & torch.isfinite(ceiling), score_floor_keys(ceiling), NO_KEY),

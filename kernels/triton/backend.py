@@ -24,7 +24,7 @@ from .decode import (
     prepare_queries_fp4_triton,
 )
 from .scoring import NUM_BINS, score_fp4_kernel
-from .selection import select_topk_candidates_triton
+from .selection import kth_largest_scores_triton, select_topk_candidates_triton
 
 
 def interpreting() -> bool:
@@ -228,6 +228,10 @@ class TritonBackend(ScoringBackend):
                      thr_out=raised, nonfinite=nonfinite)
         final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
         return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
+
+    def kth_largest_scores(self, scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
+        """By selection.py's bisection kernel (no sort)."""
+        return kth_largest_scores_triton(scores, ranks)
 
     def select_candidates(self, scan: CandidateScan, k: int) -> torch.Tensor:
         """The buffer's top-k by selection.py's kernel (compacted above the scan's final threshold)."""

@@ -1,4 +1,7 @@
-"""Exact top-K of the LiteTopK candidate buffer, one program per row (Triton; sm_90 and the interpreter).
+"""Exact selections of the LiteTopK pipeline, one program per row (Triton; sm_90 and the interpreter).
+
+1. select_topk_candidates_triton: the top-K of the scan's candidate buffer.
+2. kth_largest_scores_triton: order statistics of the calibration sample (below).
 
 Math. The buffer row holds `kept` ordering keys (selection.make_keys: integer order = the
 contract's total order, all distinct) followed by NO_KEY; the answer is its K largest keys, sorted
@@ -69,4 +72,47 @@ def select_topk_candidates_triton(keys: torch.Tensor, kept: torch.Tensor, thresh
         keys.contiguous(), capacity, kept.to(torch.int64).contiguous(), thresholds.contiguous(), scratch, out,
         TOPK=k, FULL=full, SMALL=small, num_warps=max(4, min(16, full // 512)),
     )
+    return out
+
+
+@triton.jit
+def kth_largest_scores_kernel(
+    scores_ptr, width, out_ptr,                     # float32 [rows, width]; float32 [rows, 2]
+    RANK_A: tl.constexpr, RANK_B: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    scores = tl.load(scores_ptr + row * width + offs, mask=offs < width, other=0.0)
+    bits = scores.to(tl.int32, bitcast=True)
+    bits = tl.where(scores == 0.0, 0, bits)  # -0.0 ties +0.0
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    ordered = tl.where(offs < width, ordered, -2147483648)  # padding: below every float
+    rank = tl.where(tl.arange(0, 2) == 0, RANK_A, RANK_B)
+    # Bisection for the largest t with count(ordered >= t) >= rank: 32 halvings of the int32 range.
+    lo = tl.full([2], -2147483648, dtype=tl.int64)
+    hi = tl.full([2], 2147483647, dtype=tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        count = tl.sum((ordered[None, :] >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)  # mid fits int32
+        lo = tl.where(count >= rank, mid, lo)
+        hi = tl.where(count >= rank, hi, mid - 1)
+    found = lo.to(tl.int32)
+    value = tl.where(found >= 0, found, found ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    tl.store(out_ptr + row * 2 + tl.arange(0, 2), value)
+
+
+def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
+    """float32 [rows, 2]: the ranks[i]-th largest value of each row of float32 `scores` [rows, n]
+    (1-based, n >= max(ranks)), exactly, as torch.topk orders finite values and infinities (-0.0
+    and +0.0 tie and come back as +0.0). NaN orders above +inf (positive sign bit) or below -inf:
+    callers that care check for NaN themselves. A bisection over the float32 bits mapped to an
+    order-preserving int32 (32 counting passes over the row held in registers)."""
+    rows, width = scores.shape
+    if width < max(ranks):
+        raise ValueError(f"rank {max(ranks)} of rows of {width} values")
+    out = torch.empty(rows, 2, dtype=torch.float32, device=scores.device)
+    if rows:
+        block = triton.next_power_of_2(width)
+        kth_largest_scores_kernel[(rows,)](scores.contiguous(), width, out, RANK_A=ranks[0], RANK_B=ranks[1],
+                                           BLOCK=block, num_warps=max(4, min(16, block // 1024)))
     return out

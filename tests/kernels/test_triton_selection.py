@@ -1,9 +1,10 @@
-"""The Triton candidate selection (kernels/triton/selection.py) against a plain sort of each row.
+"""The Triton selections (kernels/triton/selection.py) against a plain sort of each row.
 
-Runs the real kernel in Triton's CPU interpreter without a GPU (tests/conftest.py), compiled with
-one. Cases cover both of its paths: the compacted one (at most 2 K keys at or above the row's
-threshold) and the whole-row one (no threshold, or too many keys above it), rows with fewer than
-K kept keys, an empty row, and stale keys past `kept` that must be ignored.
+Runs the real kernels in Triton's CPU interpreter without a GPU (tests/conftest.py), compiled with
+one. The candidate top-K: both of its paths, the compacted one (at most 2 K keys at or above the
+row's threshold) and the whole-row one (no threshold, or too many keys above it), rows with fewer
+than K kept keys, an empty row, and stale keys past `kept` that must be ignored. The calibration's
+order statistics: ties, signed zeros, infinities and a width that is not a power of two.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from litetopk.kernels.selection import NO_KEY, make_keys
-from litetopk.kernels.triton.selection import select_topk_candidates_triton
+from litetopk.kernels.triton.selection import kth_largest_scores_triton, select_topk_candidates_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512
@@ -59,3 +60,28 @@ def test_select_topk_candidates_equals_a_sort(name, seed):
     for r in range(len(kept)):
         want = ref_top_keys(live_rows[r], K)
         assert got[r].tolist() == want, f"{name}: row {r} (kept {kept[r]}, threshold rank {ranks[r]})"
+
+
+def sample_rows(rng: np.random.Generator, width: int) -> torch.Tensor:
+    """Calibration-like samples: random scores; a row mostly outside its window (-inf); one of
+    few distinct values (ties); signed zeros; a row with a few +inf."""
+    rows = torch.from_numpy(rng.standard_normal((5, width)).astype(np.float32))
+    rows[1, : width - 600] = float("-inf")
+    rows[2] = rows[2].mul(3).round()
+    rows[3, ::2] = -0.0
+    rows[3, 1::2] = 0.0
+    rows[3, :100] = torch.from_numpy(rng.standard_normal(100).astype(np.float32))
+    rows[4, :20] = float("inf")
+    return rows
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("width", [3000, 4096])
+def test_kth_largest_scores_equals_a_sort(width, seed):
+    scores = sample_rows(np.random.default_rng(seed), width)
+    ranks = (K, 16)
+    got = kth_largest_scores_triton(scores.to(DEVICE), ranks).cpu()
+    for r in range(scores.shape[0]):
+        ordered = sorted(scores[r].tolist(), reverse=True)
+        want = [ordered[rank - 1] + 0.0 for rank in ranks]  # -0.0 comes back as +0.0
+        assert got[r].tolist() == want, f"width {width}, row {r}: got {got[r].tolist()}, want {want}"
