@@ -69,6 +69,13 @@ for topk in (512, 1024):
     thr, ceil = calibrate(problem, backend, tuning)
     cap = tuning.capacity(topk)
     res["scan"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
+    ptx = TritonBackend(append_ptx=True)
+    ptx.operands(problem)
+    res["scan_append_ptx"] = cuda_ms(lambda: ptx.scan_candidates(problem, thr, cap, ceilings=ceil))
+    res["scan_append_ptx_same_top"] = bool(torch.equal(
+        ptx.select_candidates(ptx.scan_candidates(problem, thr, cap, ceilings=ceil), topk),
+        backend.select_candidates(backend.scan_candidates(problem, thr, cap, ceilings=ceil), topk)))
+    res["scan_again"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
     scan = backend.scan_candidates(problem, thr, cap, ceilings=ceil)
     res["select_candidates"] = cuda_ms(lambda: backend.select_candidates(scan, topk))
     res["select_candidates_torch_topk"] = cuda_ms(lambda: select_topk_keys(scan.keys[:, :int(scan.appended.max())], topk))
