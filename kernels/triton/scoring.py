@@ -64,6 +64,13 @@ def _ordered_bits(scores):
 
 
 @triton.jit
+def _bins(scores, hist_lo, hist_inv, NB: tl.constexpr):
+    """int32 histogram bin of float32 scores: floor((score - lo) / width), clamped to [0, NB)."""
+    bin_of = ((scores - hist_lo) * hist_inv).to(tl.int32)
+    return tl.minimum(tl.maximum(bin_of, 0), NB - 1)
+
+
+@triton.jit
 def _ordering_keys(scores, positions):
     """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
     return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))
@@ -139,6 +146,7 @@ def score_fp4_kernel(
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
     STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16, APPEND_PTX: tl.constexpr = False,
+    HIST_AT_REFRESH: tl.constexpr = False, HIST_CHUNK: tl.constexpr = 128,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -202,6 +210,8 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
+        hist_done = tl.zeros([BLOCK_ROWS], dtype=tl.int32)  # HIST_AT_REFRESH: slots counted so far
+        offs_chunk = tl.arange(0, HIST_CHUNK)
         for chunk_start in range(0, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
                 pos, scores, in_window = _score_tile(
@@ -213,9 +223,6 @@ def score_fp4_kernel(
                 # window never passes).
                 windowed = tl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
-                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
-                bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-                counted = passing & (hist_width[None, :] > 0)
                 slot_ptrs = appended_ptr + rows64[None, :] + 0 * pos[:, None]
                 if APPEND_PTX:
                     # The same appends in the scores' own register layout (PTX, so that the compiler
@@ -224,16 +231,41 @@ def score_fp4_kernel(
                                    pending & (pending_slot < capacity))
                     owner = _lowest_lane_ptx(offs_k[:, None] * BLOCK_ROWS + offs_r[None, :]) != 0
                     pending_slot = _atomic_inc_ptx(slot_ptrs, passing & owner)
-                    _reduce_inc_ptx(hist_ptr + rows64[None, :] * NB + bin_of, counted & owner)
+                    if not HIST_AT_REFRESH:
+                        bin_of = _bins(windowed, hist_lo[None, :], hist_inv[None, :], NB)
+                        _reduce_inc_ptx(hist_ptr + rows64[None, :] * NB + bin_of,
+                                        passing & (hist_width[None, :] > 0) & owner)
                     pending = passing & owner
                 else:
                     tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
                              mask=pending & (pending_slot < capacity))
                     # One relaxed atomic per passing key: no block-wide sync.
                     pending_slot = tl.atomic_add(slot_ptrs, 1, mask=passing, sem="relaxed")
-                    tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1, mask=counted, sem="relaxed")
+                    if not HIST_AT_REFRESH:
+                        bin_of = _bins(windowed, hist_lo[None, :], hist_inv[None, :], NB)
+                        tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
+                                      mask=passing & (hist_width[None, :] > 0), sem="relaxed")
                     pending = passing
                 pending_key = _ordering_keys(windowed, pos[:, None])
+            if HIST_AT_REFRESH:
+                # Count this chunk's appended keys from the buffer instead of in every step: store the
+                # pending keys, then histogram the rows' slots [hist_done, filled) (only this program
+                # appends to its rows, so after the barrier they hold every key kept so far).
+                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                         mask=pending & (pending_slot < capacity))
+                pending = pending & False
+                tl.debug_barrier()
+                filled = tl.minimum(tl.load(appended_ptr + rows, mask=row_ok, other=0, volatile=True), capacity)
+                filled = tl.where(row_ok & (hist_width > 0), filled, hist_done)
+                for chunk in range(0, tl.max(filled - hist_done, axis=0), HIST_CHUNK):
+                    slots = hist_done[:, None] + chunk + offs_chunk[None, :]
+                    new = slots < filled[:, None]
+                    keys = tl.load(buf_ptr + rows64[:, None] * capacity + slots, mask=new, other=0)
+                    ordered = (keys >> 32).to(tl.int32)
+                    kept_scores = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+                    kept_bins = _bins(kept_scores, hist_lo[:, None], hist_inv[:, None], NB)
+                    tl.atomic_add(hist_ptr + rows64[:, None] * NB + kept_bins, 1, mask=new, sem="relaxed")
+                hist_done = filled
             # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
             # every counted score lies >= that edge minus float rounding, far less than a bin. A count
             # read before some atomics land is only smaller: the threshold stays safe.
