@@ -64,69 +64,9 @@ def _ordered_bits(scores):
 
 
 @triton.jit
-def _bins(scores, hist_lo, hist_inv, NB: tl.constexpr):
-    """int32 histogram bin of float32 scores: floor((score - lo) / width), clamped to [0, NB)."""
-    bin_of = ((scores - hist_lo) * hist_inv).to(tl.int32)
-    return tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-
-
-@triton.jit
 def _ordering_keys(scores, positions):
     """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
     return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))
-
-
-@triton.jit
-def _lowest_lane_ptx(element):
-    """int32 1 where this thread is the lowest lane of its warp that holds `element` (an int32 id
-    of a tensor element), else 0: a layout that replicates an element over lanes lets exactly one
-    lane do its atomics."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 same, lower;
-        .reg .pred p;
-        match.any.sync.b32 same, $1, 0xffffffff;
-        mov.u32 lower, %lanemask_lt;
-        and.b32 same, same, lower;
-        setp.eq.u32 p, same, 0;
-        selp.u32 $0, 1, 0, p;
-        }""", "=r,r", [element], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _atomic_inc_ptx(ptrs, mask):
-    """int32 old values of a relaxed gpu-scope atomic increment of *ptrs where mask (-1 elsewhere)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        setp.ne.u32 p, $2, 0;
-        mov.u32 $0, 0xffffffff;
-        @p atom.global.relaxed.gpu.add.u32 $0, [$1], 1;
-        }""", "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _reduce_inc_ptx(ptrs, mask):
-    """Relaxed gpu-scope increment of *ptrs where mask (no value returned)."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        setp.ne.u32 p, $2, 0;
-        @p red.global.relaxed.gpu.add.u32 [$1], 1;
-        mov.u32 $0, 0;
-        }""", "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _store_b64_ptx(ptrs, values, mask):
-    """*ptrs = values (int64) where mask."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        setp.ne.u32 p, $2, 0;
-        @p st.global.b64 [$1], $3;
-        mov.u32 $0, 0;
-        }""", "=r,l,r,l", [ptrs, mask.to(tl.int32), values], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -145,8 +85,7 @@ def score_fp4_kernel(
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16, APPEND_PTX: tl.constexpr = False,
-    HIST_AT_REFRESH: tl.constexpr = False, HIST_CHUNK: tl.constexpr = 128,
+    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -210,8 +149,6 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-        hist_done = tl.zeros([BLOCK_ROWS], dtype=tl.int32)  # HIST_AT_REFRESH: slots counted so far
-        offs_chunk = tl.arange(0, HIST_CHUNK)
         for chunk_start in range(0, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
                 pos, scores, in_window = _score_tile(
@@ -219,53 +156,21 @@ def score_fp4_kernel(
                     tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
                     BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
                 probe += tl.where(in_window, scores, 0.0) * 0.0
-                # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
-                # window never passes).
-                windowed = tl.where(in_window, scores, float("nan"))
-                passing = windowed >= thr[None, :]
-                slot_ptrs = appended_ptr + rows64[None, :] + 0 * pos[:, None]
-                if APPEND_PTX:
-                    # The same appends in the scores' own register layout (PTX, so that the compiler
-                    # moves no tile through shared memory); one lane per replicated element.
-                    _store_b64_ptx(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                                   pending & (pending_slot < capacity))
-                    owner = _lowest_lane_ptx(offs_k[:, None] * BLOCK_ROWS + offs_r[None, :]) != 0
-                    pending_slot = _atomic_inc_ptx(slot_ptrs, passing & owner)
-                    if not HIST_AT_REFRESH:
-                        bin_of = _bins(windowed, hist_lo[None, :], hist_inv[None, :], NB)
-                        _reduce_inc_ptx(hist_ptr + rows64[None, :] * NB + bin_of,
-                                        passing & (hist_width[None, :] > 0) & owner)
-                    pending = passing & owner
-                else:
-                    tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                             mask=pending & (pending_slot < capacity))
-                    # One relaxed atomic per passing key: no block-wide sync.
-                    pending_slot = tl.atomic_add(slot_ptrs, 1, mask=passing, sem="relaxed")
-                    if not HIST_AT_REFRESH:
-                        bin_of = _bins(windowed, hist_lo[None, :], hist_inv[None, :], NB)
-                        tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
-                                      mask=passing & (hist_width[None, :] > 0), sem="relaxed")
-                    pending = passing
-                pending_key = _ordering_keys(windowed, pos[:, None])
-            if HIST_AT_REFRESH:
-                # Count this chunk's appended keys from the buffer instead of in every step: store the
-                # pending keys, then histogram the rows' slots [hist_done, filled) (only this program
-                # appends to its rows, so after the barrier they hold every key kept so far).
                 tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
                          mask=pending & (pending_slot < capacity))
-                pending = pending & False
-                tl.debug_barrier()
-                filled = tl.minimum(tl.load(appended_ptr + rows, mask=row_ok, other=0, volatile=True), capacity)
-                filled = tl.where(row_ok & (hist_width > 0), filled, hist_done)
-                for chunk in range(0, tl.max(filled - hist_done, axis=0), HIST_CHUNK):
-                    slots = hist_done[:, None] + chunk + offs_chunk[None, :]
-                    new = slots < filled[:, None]
-                    keys = tl.load(buf_ptr + rows64[:, None] * capacity + slots, mask=new, other=0)
-                    ordered = (keys >> 32).to(tl.int32)
-                    kept_scores = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-                    kept_bins = _bins(kept_scores, hist_lo[:, None], hist_inv[:, None], NB)
-                    tl.atomic_add(hist_ptr + rows64[:, None] * NB + kept_bins, 1, mask=new, sem="relaxed")
-                hist_done = filled
+                # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
+                # window never passes), so the compiler moves one tile to the atomics' layout.
+                windowed = tl.where(in_window, scores, float("nan"))
+                passing = windowed >= thr[None, :]
+                # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
+                pending_slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
+                                             sem="relaxed")
+                pending_key = _ordering_keys(windowed, pos[:, None])
+                pending = passing
+                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
+                bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
+                tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
+                              mask=passing & (hist_width[None, :] > 0), sem="relaxed")
             # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
             # every counted score lies >= that edge minus float rounding, far less than a bin. A count
             # read before some atomics land is only smaller: the threshold stays safe.

@@ -235,12 +235,11 @@ def test_head_weights_beyond_the_epilogue_range_are_refused(seed):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("refresh, num_bins, histogram_at_refresh", [(16, 32, False), (4, 64, False), (16, 32, True),
-                                                                    (4, 64, True)])
-def test_scan_threshold_only_rises_and_stays_safe(refresh, num_bins, histogram_at_refresh, seed):
+@pytest.mark.parametrize("refresh, num_bins", [(16, 32), (4, 64)])
+def test_scan_threshold_only_rises_and_stays_safe(refresh, num_bins, seed):
     p = make_problem(seed, seq_lens=[2400], rows_per_seq=3, spread=1)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
-    backend = TritonBackend(refresh=refresh, num_bins=num_bins, histogram_at_refresh=histogram_at_refresh)
+    backend = TritonBackend(refresh=refresh, num_bins=num_bins)
     thresholds, ceilings = calibrate(problem, backend, LiteTopKTuning(sample_size=600))
     assert ceilings is not None and bool((thresholds != NO_KEY).all()), "the case needs a calibrated threshold"
     scan = backend.scan_candidates(problem, thresholds, 4096, ceilings=ceilings)
