@@ -8,9 +8,9 @@ the head sum, and offers two ways to consume the scores:
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
-- `select_candidates` and `kth_largest_scores`: the exact selections of the pipeline (shared
-  torch code unless the backend has a faster kernel for them; every implementation returns the
-  same answer).
+- `select_candidates`, `kth_largest_scores` and `assemble_result`: the exact selections and the
+  page mapping of the pipeline (shared torch code in selection.py unless the backend has a
+  faster kernel for them; every implementation returns the same answer, bit for bit).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .selection import select_topk_keys
+from .result import TopKResult
+from .selection import assemble_result, select_topk_keys
 from .validation import PrefillProblem
 
 
@@ -79,3 +80,9 @@ class ScoringBackend(abc.ABC):
         Exact for rows without NaN (callers check NaN themselves); -0.0 may come back as +0.0."""
         best = torch.topk(scores, max(ranks), dim=1, largest=True, sorted=True).values
         return best[:, [rank - 1 for rank in ranks]]
+
+    def assemble_result(self, top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
+                        status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor) -> TopKResult:
+        """selection.assemble_result: sorted keys [rows, K] -> TopKResult (split, page mapping,
+        counts; rows with a status bit publish nothing)."""
+        return assemble_result(top_keys, row_to_batch, block_table, status, repaired, candidates)

@@ -24,7 +24,7 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import NO_KEY, assemble_result, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
+from .selection import NO_KEY, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -126,7 +126,7 @@ def run_litetopk(
         top[failed] = fixed
         status[failed] = torch.where(certified, 0, int(RowStatus.SELECTOR_FAILURE)).to(torch.int32)
         repaired[failed] = 1
-    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired, scan.appended)
+    return backend.assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired, scan.appended)
 
 
 def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str) -> TopKResult:
@@ -135,4 +135,5 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
     top = select_topk_dense(scores, problem.topk, selector)
     status = problem.row_status | torch.where(nonfinite, int(RowStatus.NONFINITE), 0).to(torch.int32)
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
-    return assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired, problem.window_lengths)
+    return backend.assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired,
+                                   problem.window_lengths)

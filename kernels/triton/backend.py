@@ -24,7 +24,7 @@ from .decode import (
     prepare_queries_fp4_triton,
 )
 from .scoring import NUM_BINS, score_fp4_kernel
-from .selection import kth_largest_scores_triton, select_topk_candidates_triton
+from .selection import assemble_result_triton, kth_largest_scores_triton, select_topk_candidates_triton
 
 
 def interpreting() -> bool:
@@ -227,6 +227,10 @@ class TritonBackend(ScoringBackend):
                      thr_out=raised, nonfinite=nonfinite)
         final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
         return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
+
+    def assemble_result(self, top_keys, row_to_batch, block_table, status, repaired, candidates):
+        """By selection.py's one-kernel assembly."""
+        return assemble_result_triton(top_keys, row_to_batch, block_table, status, repaired, candidates)
 
     def kth_largest_scores(self, scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
         """By selection.py's bisection kernel (no sort)."""

@@ -2,6 +2,7 @@
 
 1. select_topk_candidates_triton: the top-K of the scan's candidate buffer.
 2. kth_largest_scores_triton: order statistics of the calibration sample (below).
+3. assemble_result_triton: selection.assemble_result (split keys, page mapping, counts) in one kernel.
 
 Math. The buffer row holds `kept` ordering keys (selection.make_keys: integer order = the
 contract's total order, all distinct) followed by NO_KEY; the answer is its K largest keys, sorted
@@ -23,6 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..cache_layout import PAGE_SIZE
+from ..errors import InputError, SlotOverflowError
+from ..result import TopKResult
 from ..selection import NO_KEY
 
 NO_KEY_C = tl.constexpr(NO_KEY)
@@ -116,3 +120,59 @@ def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int]) -> t
         kth_largest_scores_kernel[(rows,)](scores.contiguous(), width, out, RANK_A=ranks[0], RANK_B=ranks[1],
                                            BLOCK=block, num_warps=max(4, min(16, block // 1024)))
     return out
+
+
+FLAG_NEGATIVE_PAGE = 1
+FLAG_SLOT_BEYOND_INT32 = 2
+
+
+@triton.jit
+def assemble_result_kernel(
+    keys_ptr, status_ptr, row_to_batch_ptr, block_table_ptr, max_pages,   # int64 [rows, K]; int32 ...
+    values_ptr, raw_ptr, physical_ptr, counts_ptr, flags_ptr,            # outputs; int32 [1] OR of faults
+    TOPK: tl.constexpr, PAGE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, TOPK)
+    keys = tl.load(keys_ptr + row * TOPK + offs)
+    live = (keys != NO_KEY_C) & (tl.load(status_ptr + row) == 0)
+    ordered = (keys >> 32).to(tl.int32)
+    scores = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    positions = 4294967295 - (keys & 4294967295)  # int64, < 2^31 for a live key
+    batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
+    pages = tl.load(block_table_ptr + batch * max_pages + positions // PAGE, mask=live, other=0).to(tl.int64)
+    slots = pages * PAGE + positions % PAGE  # int64: never wraps
+    faults = tl.where(live & (pages < 0), 1, 0) | tl.where(live & (slots > 2147483647), 2, 0)
+    tl.atomic_or(flags_ptr, tl.max(faults, axis=0), sem="relaxed")
+    tl.store(values_ptr + row * TOPK + offs, tl.where(live, scores, float("-inf")))
+    tl.store(raw_ptr + row * TOPK + offs, tl.where(live, positions, -1).to(tl.int32))
+    tl.store(physical_ptr + row * TOPK + offs, tl.where(live & (faults == 0), slots, -1).to(tl.int32))
+    tl.store(counts_ptr + row, tl.sum(live.to(tl.int32), axis=0))
+
+
+def assemble_result_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
+                           status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor) -> TopKResult:
+    """selection.assemble_result in one kernel (the same fields, bit for bit), then one host sync
+    on the fault flags: a published position on a negative page raises InputError, a slot beyond
+    int32 SlotOverflowError (validation already fails such rows; this is the last guard)."""
+    rows, k = top_keys.shape
+    dev = top_keys.device
+    values = torch.empty(rows, k, dtype=torch.float32, device=dev)
+    raw = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    physical = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    counts = torch.empty(rows, dtype=torch.int32, device=dev)
+    flags = torch.zeros(1, dtype=torch.int32, device=dev)
+    status = status.to(torch.int32).contiguous()
+    if rows:
+        assemble_result_kernel[(rows,)](
+            top_keys.contiguous(), status, row_to_batch.contiguous(), block_table.contiguous(), block_table.shape[1],
+            values, raw, physical, counts, flags, TOPK=k, PAGE=PAGE_SIZE, num_warps=4)
+    fault = int(flags)
+    if fault & FLAG_SLOT_BEYOND_INT32:
+        raise SlotOverflowError(
+            f"a published position maps to a physical slot beyond int32 (2147483647); page ids must stay below "
+            f"{2**31 // PAGE_SIZE}")
+    if fault & FLAG_NEGATIVE_PAGE:
+        raise InputError("a published position maps to a negative page id in block_table")
+    return TopKResult(values=values, raw_indices=raw, physical_indices=physical, counts=counts, status=status,
+                      repaired=repaired.to(torch.int32), candidates=candidates.clamp(max=2**31 - 1).to(torch.int32))

@@ -4,7 +4,8 @@ Runs the real kernels in Triton's CPU interpreter without a GPU (tests/conftest.
 one. The candidate top-K: both of its paths, the compacted one (at most 2 K keys at or above the
 row's threshold) and the whole-row one (no threshold, or too many keys above it), rows with fewer
 than K kept keys, an empty row, and stale keys past `kept` that must be ignored. The calibration's
-order statistics: ties, signed zeros, infinities and a width that is not a power of two.
+order statistics: ties, signed zeros, infinities and a width that is not a power of two. The
+one-kernel assembly: every field equal to selection.assemble_result's, and the same refusals.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels.selection import NO_KEY, make_keys
-from litetopk.kernels.triton.selection import kth_largest_scores_triton, select_topk_candidates_triton
+from litetopk.kernels import InputError, SlotOverflowError
+from litetopk.kernels.selection import NO_KEY, assemble_result, make_keys
+from litetopk.kernels.triton.selection import (
+    assemble_result_triton, kth_largest_scores_triton, select_topk_candidates_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512
@@ -85,3 +89,47 @@ def test_kth_largest_scores_equals_a_sort(width, seed):
         ordered = sorted(scores[r].tolist(), reverse=True)
         want = [ordered[rank - 1] + 0.0 for rank in ranks]  # -0.0 comes back as +0.0
         assert got[r].tolist() == want, f"width {width}, row {r}: got {got[r].tolist()}, want {want}"
+
+
+def sorted_top_keys(rng: np.random.Generator, rows: int, window: int, published: list[int]) -> torch.Tensor:
+    """Keys [rows, K] as the selection stage hands them over: published[r] distinct positions of
+    [0, window) with random scores, sorted descending, NO_KEY after them."""
+    keys = torch.full((rows, K), NO_KEY, dtype=torch.int64)
+    for r, n in enumerate(published):
+        scores = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+        positions = torch.from_numpy(rng.permutation(window)[:n])
+        keys[r, :n] = make_keys(scores, positions).sort(descending=True).values
+    return keys
+
+
+@pytest.mark.interpret
+def test_assemble_result_triton_equals_the_shared_assembly(seed):
+    rng = np.random.default_rng(seed)
+    batch, max_pages, window = 3, 40, 40 * 64
+    block_table = torch.from_numpy(rng.permutation(1000)[:batch * max_pages].reshape(batch, max_pages)).int()
+    row_to_batch = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
+    status = torch.tensor([0, 0, 4, 0, 0], dtype=torch.int32)  # row 2 failed: publishes nothing
+    keys = sorted_top_keys(rng, 5, window, [K, 300, K, 0, K])
+    repaired = torch.tensor([0, 1, 0, 0, 0], dtype=torch.int32)
+    candidates = torch.tensor([900, 300, 5, 0, 2**40])
+    want = assemble_result(keys, row_to_batch, block_table, status, repaired, candidates)
+    got = assemble_result_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status, repaired,
+                                                          candidates)))
+    for field in ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates"):
+        a, b = getattr(got, field).cpu(), getattr(want, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), f"seed {seed}: field {field} differs"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("page, error", [(-3, InputError), (2**25, SlotOverflowError)])
+def test_assemble_result_triton_refuses_a_slot_it_cannot_publish(page, error, seed):
+    rng = np.random.default_rng(seed)
+    block_table = torch.arange(8, dtype=torch.int32)[None, :].clone()
+    keys = sorted_top_keys(rng, 1, 8 * 64, [K])
+    block_table[0, 5] = page  # some published position lies on page 5 (K of 512 positions are published)
+    args = (keys, torch.zeros(1, dtype=torch.int32), block_table, torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(error):
+        assemble_result(*args)
+    with pytest.raises(error):
+        assemble_result_triton(*(t.to(DEVICE) for t in args))
