@@ -93,7 +93,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     for mode in ("dense", "scan"):
         constants = dict(TOPK=512, BLOCK_KEYS=args.keys, BLOCK_ROWS=args.rows, DENSE=mode == "dense", STRIDED=False,
-                         ANY_WIDE=False, REFRESH=16, H=64, D=128, NB=32, LAGGED_RAISE=os.environ.get("LAGGED", "0") == "1")
+                         ANY_WIDE=False, REFRESH=16, H=64, D=128, NB=32)
         path = os.path.join(out, f"score_{mode}_r{args.rows}_k{args.keys}_w{args.warps}_s{args.stages}")
         loop = innermost_mma_loop(compile_sm90(score_fp4_kernel, SCORE_TYPES, constants, args.warps, args.stages, path))
         mix = opcode_mix(loop)

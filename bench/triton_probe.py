@@ -69,18 +69,6 @@ for topk in (512, 1024):
     thr, ceil = calibrate(problem, backend, tuning)
     cap = tuning.capacity(topk)
     res["scan"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
-    # Scan variants timed in the same process (A/B), each checked to give the same top-K.
-    reference_top = backend.select_candidates(backend.scan_candidates(problem, thr, cap, ceilings=ceil), topk)
-    for name, knobs in (("lagged_raise", dict(lagged_raise=True)), ("refresh32", dict(refresh=32)),
-                        ("lagged_raise_refresh32", dict(lagged_raise=True, refresh=32)),
-                        ("lagged_raise_refresh8", dict(lagged_raise=True, refresh=8))):
-        variant = TritonBackend(**knobs)
-        variant.operands(problem)
-        res[f"scan_{name}"] = cuda_ms(lambda: variant.scan_candidates(problem, thr, cap, ceilings=ceil))
-        variant_scan = variant.scan_candidates(problem, thr, cap, ceilings=ceil)
-        res[f"scan_{name}_cand_mean"] = float(variant_scan.appended.float().mean())
-        res[f"scan_{name}_same_top"] = bool(torch.equal(variant.select_candidates(variant_scan, topk), reference_top))
-        res[f"scan_{name}_select"] = cuda_ms(lambda: variant.select_candidates(variant_scan, topk))
     res["scan_again"] = cuda_ms(lambda: backend.scan_candidates(problem, thr, cap, ceilings=ceil))
     scan = backend.scan_candidates(problem, thr, cap, ceilings=ceil)
     res["select_candidates"] = cuda_ms(lambda: backend.select_candidates(scan, topk))

@@ -85,7 +85,7 @@ def score_fp4_kernel(
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16, LAGGED_RAISE: tl.constexpr = False,
+    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
 ):
     pid = tl.program_id(0)
@@ -150,8 +150,6 @@ def score_fp4_kernel(
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
         for chunk_start in range(0, n_steps, REFRESH):
-            if LAGGED_RAISE:  # counts up to the previous chunk, read while this chunk runs
-                hist = tl.load(hist_rows, volatile=True)
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
                 pos, scores, in_window = _score_tile(
                     step, lo, hi, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
@@ -176,9 +174,8 @@ def score_fp4_kernel(
             # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
             # every counted score lies >= that edge minus float rounding, far less than a bin. A count
             # read before some atomics land is only smaller: the threshold stays safe.
-            if not LAGGED_RAISE:
-                tl.debug_barrier()
-                hist = tl.load(hist_rows, volatile=True)
+            tl.debug_barrier()
+            hist = tl.load(hist_rows, volatile=True)
             at_or_above = tl.cumsum(hist, axis=1, reverse=True)
             best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
             edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
