@@ -57,13 +57,15 @@ class TritonBackend(ScoringBackend):
     name = "triton"
 
     def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 4, num_stages: int = 3,
-                 refresh: int = 16, num_bins: int = NUM_BINS):
+                 refresh: int = 16, num_bins: int = NUM_BINS,
+                 max_registers: int | None = None):
         self.block_rows = block_rows
         self.block_keys = block_keys
         self.num_warps = num_warps
         self.num_stages = num_stages
         self.refresh = refresh  # key steps between threshold raises in the scan
         self.num_bins = num_bins  # bins of the scan's threshold histogram (a power of two)
+        self.max_registers = max_registers  # ptxas register cap per thread (None: the compiler's choice)
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:
@@ -197,6 +199,7 @@ class TritonBackend(ScoringBackend):
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
             STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
             REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
+            **({} if self.max_registers is None else {"maxnreg": self.max_registers}),
         )
 
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
