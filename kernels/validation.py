@@ -69,7 +69,7 @@ class PrefillProblem:
 
     def subset(self, rows: torch.Tensor) -> "PrefillProblem":
         """The same problem restricted to `rows` (int64 indices), in that order."""
-        host_rows = self.host_rows[:, rows.cpu().numpy()]
+        ends = self.ends[rows]
         return replace(
             self,
             q_fp4=self.q_fp4[rows],
@@ -77,20 +77,17 @@ class PrefillProblem:
             weights=self.weights[rows],
             row_to_batch=self.row_to_batch[rows],
             starts=self.starts[rows],
-            ends=self.ends[rows],
+            ends=ends,
             row_status=self.row_status[rows],
-            max_end=int(host_rows[2].max()) if host_rows.shape[1] else 0,
-            host_rows=host_rows,
+            **_window_summary(self.row_to_batch[rows], self.starts[rows], ends),
         )
 
 
-def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """`array` as a tensor on `device`; from pinned memory and asynchronously on a CUDA device (the
-    copy neither waits for the stream nor blocks the host)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+def _window_summary(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> dict:
+    """max_end and host_rows of effective windows: one copy of the row metadata to the host (the
+    one host sync of validation)."""
+    host_rows = torch.stack([row_to_batch, starts, ends]).to(torch.int32).cpu().numpy()
+    return dict(max_end=int(host_rows[2].max()) if ends.numel() else 0, host_rows=host_rows)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -139,35 +136,40 @@ def _as_page_matrix(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 def _row_status(
-    block_table: np.ndarray, num_pages: int, finite_weights: np.ndarray,
-    row_to_batch: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-) -> np.ndarray:
-    """int32 [rows] status bits of the row faults (module docstring), on the host (int64 inputs)."""
+    block_table: torch.Tensor, num_pages: int, weights: torch.Tensor,
+    row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+) -> torch.Tensor:
     batch, max_pages = block_table.shape
-    bad_row = (row_to_batch < 0) | (row_to_batch >= batch) | (starts < 0) | (starts > ends) | (ends > max_pages * PAGE_SIZE)
-    status = np.where(bad_row, int(RowStatus.INVALID_ROW), 0)
+    b = row_to_batch.long()
+    s = starts.long()
+    e = ends.long()
+    bad_row = (b < 0) | (b >= batch) | (s < 0) | (s > e) | (e > max_pages * PAGE_SIZE)
+    status = torch.where(bad_row, int(RowStatus.INVALID_ROW), 0).to(torch.int32)
     # Pages a row reads: [first, last) with first = s // 64, last = ceil(e / 64); empty when s == e.
-    bad_page = (block_table < 0) | (block_table >= num_pages)
-    bad_prefix = np.pad(bad_page.cumsum(axis=1), ((0, 0), (1, 0)))  # [batch, max_pages + 1]
-    safe_b = np.where(bad_row, 0, row_to_batch)
-    first = np.where(bad_row, 0, starts // PAGE_SIZE)
-    last = np.maximum(np.where(bad_row, 0, (ends + PAGE_SIZE - 1) // PAGE_SIZE), first)
+    bad_page = ((block_table < 0) | (block_table >= num_pages)).to(torch.int32)
+    bad_prefix = torch.nn.functional.pad(bad_page.cumsum(dim=1), (1, 0))  # [batch, max_pages + 1]
+    safe_b = torch.where(bad_row, 0, b)
+    first = torch.where(bad_row, 0, s // PAGE_SIZE)
+    last = torch.where(bad_row, 0, (e + PAGE_SIZE - 1) // PAGE_SIZE).clamp_min(first)
     bad_in_window = bad_prefix[safe_b, last] - bad_prefix[safe_b, first] > 0 if batch else bad_row
-    status |= np.where(bad_in_window & ~bad_row, int(RowStatus.INVALID_PAGE), 0)
-    status |= np.where(finite_weights, 0, int(RowStatus.NONFINITE))
-    return status.astype(np.int32)
+    status |= torch.where(bad_in_window & ~bad_row, int(RowStatus.INVALID_PAGE), 0).to(torch.int32)
+    status |= torch.where(~torch.isfinite(weights).all(dim=1), int(RowStatus.NONFINITE), 0).to(torch.int32)
+    return status
 
 
-def _max_live_page(block_table: np.ndarray, row_to_batch, starts, ends, status) -> int:
-    """Largest page id that some answerable row reads (0 when none), on the host."""
+def _max_live_page(block_table: torch.Tensor, row_to_batch, starts, ends, status) -> int:
+    """Largest page id that some answerable row reads (0 when none)."""
     live = status == 0
-    if not live.any():
+    if not bool(live.any()):
         return 0
-    logical = np.arange(block_table.shape[1])
-    first = (starts[live] // PAGE_SIZE)[:, None]
-    last = ((ends[live] + PAGE_SIZE - 1) // PAGE_SIZE)[:, None]
+    batch, max_pages = block_table.shape
+    logical = torch.arange(max_pages, device=block_table.device)
+    b = row_to_batch.long()[live]
+    first = (starts.long()[live] // PAGE_SIZE)[:, None]
+    last = ((ends.long()[live] + PAGE_SIZE - 1) // PAGE_SIZE)[:, None]
     read = (logical[None, :] >= first) & (logical[None, :] < last)
-    return int(np.where(read, block_table[row_to_batch[live]], 0).max())
+    pages = torch.where(read, block_table[b].long(), 0)
+    return int(pages.max())
 
 
 def validate_prefill(
@@ -199,21 +201,16 @@ def validate_prefill(
         raise InputError(f"all tensors must be on one device; got {listing}")
     weights = weights.float().contiguous()
     num_pages = kv_cache.shape[0]
-    # One device -> host copy (the one host sync of validation): the row metadata, which rows have
-    # finite weights, and the block table; the row checks run there on a few thousand integers.
-    finite = torch.isfinite(weights).all(dim=1).to(torch.int32)
-    host = torch.cat([torch.stack([row_to_batch, starts, ends, finite]).flatten(), block_table.flatten()]).cpu().numpy()
-    rtb, s, e, fin = host[:4 * rows].reshape(4, rows).astype(np.int64)
-    table = host[4 * rows:].reshape(block_table.shape).astype(np.int64)
-    status = _row_status(table, num_pages, fin != 0, rtb, s, e)
+    status = _row_status(block_table, num_pages, weights, row_to_batch, starts, ends)
     if num_pages * PAGE_SIZE - 1 > INT32_MAX:
-        check_slots_fit_int32(_max_live_page(table, rtb, s, e, status))
+        check_slots_fit_int32(_max_live_page(block_table, row_to_batch, starts, ends, status))
     ok = status == 0
-    host_rows = np.stack([np.where(ok, rtb, 0), np.where(ok, s, 0), np.where(ok, e, 0)]).astype(np.int32)
-    on_device = host_to_device(np.concatenate([host_rows, status[None, :]]), q_fp4.device)
+    eff_starts = torch.where(ok, starts, 0).to(torch.int32)
+    eff_ends = torch.where(ok, ends, 0).to(torch.int32)
+    eff_rtb = torch.where(ok, row_to_batch, 0).to(torch.int32)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
-        row_to_batch=on_device[0], starts=on_device[1], ends=on_device[2], row_status=on_device[3],
-        topk=topk, weight_scale=float(weight_scale),
-        max_end=int(host_rows[2].max()) if rows else 0, host_rows=host_rows,
+        row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
+        row_status=status, topk=topk, weight_scale=float(weight_scale),
+        **_window_summary(eff_rtb, eff_starts, eff_ends),
     )

@@ -18,7 +18,7 @@ import torch
 from ..backend import CandidateScan, ScoringBackend
 from ..errors import BackendUnavailableError, InputError
 from ..selection import NO_KEY, score_floor_keys, split_keys
-from ..validation import PrefillProblem, host_to_device
+from ..validation import PrefillProblem
 from .decode import (
     FLAG_UNSUPPORTED, FLAG_WIDE, MAX_WEIGHT_EXPONENT, MIN_SCALED_EXPONENT, decode_keys_fp4_triton,
     prepare_queries_fp4_triton,
@@ -165,7 +165,9 @@ class TritonBackend(ScoringBackend):
         np.maximum.at(span[:, 1], program, ends[order])
         first = np.argsort(span[:, 0] - span[:, 1], kind="stable")  # the longest span first
         flat = np.concatenate([prog_rows[first].ravel(), prog_batch[first], span[first].ravel()]).astype(np.int32)
-        packed = host_to_device(flat, problem.device)
+        packed = torch.from_numpy(flat)
+        if problem.device.type == "cuda":  # pinned: the copy neither waits for the stream nor blocks the host
+            packed = packed.pin_memory().to(problem.device, non_blocking=True)
         return (packed[:count * block].view(count, block), packed[count * block:count * (block + 1)],
                 packed[count * (block + 1):].view(count, 2))
 
