@@ -1,0 +1,82 @@
+"""Offline experiment (no device): the dense scoring loop of kernels/triton/scoring.py written in Gluon
+with BLOCK_ROWS = 2 (N = 128 (head, row) columns), shaped like the loop of bench/gluon_ws_sass.py that
+reached 1,169 int8 TOP/s at 122 registers on the H200 (bench/NOTES.md, session 3). It adds what that
+loop lacked: the head sum per (key, row), the row and key power-of-two factors, the window mask and
+the store of the [64 keys, 2 rows] score tile, all in the layouts the MMA and the reduction give
+(no conversion). Prints registers (the goal: <= 128, so 4 CTAs fit an SM) and the loop's mix.
+Not run, not checked for exactness: a starting point for the Gluon scoring kernel (next step 0).
+    python bench/gluon_scoring_sass.py
+"""
+
+from __future__ import annotations
+
+import os
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from sass_offline import compile_sm90, innermost_mma_loop, opcode_mix, resources
+
+BK, BR, H, D = 64, 2, 64, 128
+
+
+@gluon.jit
+def dense_scoring_kernel(k_ptr, kfac_ptr, q_ptr, wq_ptr, rowfac_ptr, starts_ptr, ends_ptr, out_ptr, out_width,
+                         n_steps, BK: gl.constexpr, BR: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
+                         num_warps: gl.constexpr):
+    N: gl.constexpr = BR * H
+    pid = gl.program_id(0)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                        order=[1, 0])
+    a_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, D], gl.int8)
+    b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D], gl.int8)
+    a_smem = gl.allocate_shared_memory(gl.int8, [BK, D], a_sl)
+    b_smem = gl.allocate_shared_memory(gl.int8, [N, D], b_sl)
+    # Query operand: column n = (head n // BR, row n % BR) of rows pid * BR + (0, 1), K-major.
+    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
+    offs_qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    q_vec = (pid * BR + offs_qn % BR).to(gl.int64) * H + offs_qn // BR
+    b_smem.store(gl.load(q_ptr + q_vec[:, None] * D + offs_qd[None, :]))
+    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
+    wq = gl.load(wq_ptr + (pid * BR + offs_n % BR).to(gl.int64) * H + offs_n // BR)
+    offs_k = gl.arange(0, BK, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    zero = gl.zeros([BK, N], gl.int32, mma)
+    for step in range(n_steps):
+        tile = gl.load(k_ptr + (step * BK + offs_k[:, None]).to(gl.int64) * D + offs_d[None, :])
+        gl.thread_barrier()
+        a_smem.store(tile)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
+        scores = gl.sum(gl.reshape(terms, [BK, H, BR]), axis=1)  # [BK keys, BR rows]
+        tile_layout: gl.constexpr = scores.type.layout
+        pos = step * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, tile_layout))
+        rows = pid * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, tile_layout))
+        scores = scores * gl.load(rowfac_ptr + rows)[None, :] * gl.load(kfac_ptr + pos)[:, None]
+        in_window = (pos[:, None] >= gl.load(starts_ptr + rows)[None, :]) & (pos[:, None] < gl.load(ends_ptr + rows)[None, :])
+        gl.store(out_ptr + rows.to(gl.int64)[None, :] * out_width + pos[:, None],
+                 gl.where(in_window, scores, float("-inf")))
+
+
+def main():
+    out = os.environ.get("OUT", "/tmp/litetopk-sass")
+    os.makedirs(out, exist_ok=True)
+    types = dict(k_ptr="*i8", kfac_ptr="*fp32", q_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32", starts_ptr="*i32",
+                 ends_ptr="*i32", out_ptr="*fp32", out_width="i32", n_steps="i32")
+    path = os.path.join(out, "gluon_dense_scoring")
+    sass = compile_sm90(dense_scoring_kernel, types, dict(BK=BK, BR=BR, H=H, D=D, num_warps=4), 4, 1, path,
+                        source=GluonASTSource)
+    loop = innermost_mma_loop(sass)
+    mix = opcode_mix(loop)
+    print(f"gluon dense scoring (BLOCK_ROWS {BR}): {resources(path)}; loop {len(loop)} instructions per warp and "
+          f"step, {mix['BAR']} BAR; {dict(mix.most_common(12))}")
+
+
+if __name__ == "__main__":
+    main()
