@@ -117,7 +117,7 @@ def run_litetopk(
     capacity_only = (status & ~int(RowStatus.OVERFLOW | RowStatus.UNDERFILLED)) == 0
     failing = (status != 0) & capacity_only
     top = backend.select_candidates(scan, k)  # launched before the host sync below, which it overlaps
-    any_failed = bool(failing.any()) if problem.num_rows else False  # the one host sync after the scan
+    any_failed = bool(failing.any())  # the one host sync after the scan
     repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
     if repair and any_failed:
         failed = torch.nonzero(failing).flatten()

@@ -114,13 +114,20 @@ def map_pages(
     bad = live & ((pages < 0) | (slots > _INT32_MAX))
     if bool(bad.any()):
         worst = int(torch.where(bad, slots, 0).max())
-        if worst > _INT32_MAX:
-            raise SlotOverflowError(
-                f"a published position maps to physical slot {worst}, beyond int32 ({_INT32_MAX}); "
-                f"page ids must stay below {(_INT32_MAX + 1) // PAGE_SIZE}"
-            )
-        raise InputError("a published position maps to a negative page id in block_table")
+        refuse_unmappable_slot(worst > _INT32_MAX, worst)
     return torch.where(live, slots, -1).to(torch.int32)
+
+
+def refuse_unmappable_slot(beyond_int32: bool, worst_slot: int | None = None) -> None:
+    """Raise for a published position that has no physical slot to publish: SlotOverflowError when
+    its slot (worst_slot, where known) is beyond int32, else InputError (a negative page id)."""
+    if beyond_int32:
+        slot = f"physical slot {worst_slot}" if worst_slot is not None else "a physical slot"
+        raise SlotOverflowError(
+            f"a published position maps to {slot}, beyond int32 ({_INT32_MAX}); "
+            f"page ids must stay below {(_INT32_MAX + 1) // PAGE_SIZE}"
+        )
+    raise InputError("a published position maps to a negative page id in block_table")
 
 
 def assemble_result(

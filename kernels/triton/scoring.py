@@ -64,6 +64,12 @@ def _ordered_bits(scores):
 
 
 @triton.jit
+def _scores_of_ordered(ordered):
+    """float32 scores of int32 ordered bits: the inverse of _ordered_bits (+0.0 for both zeros)."""
+    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _ordering_keys(scores, positions):
     """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
     return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))

@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE
-from ..errors import InputError, SlotOverflowError
 from ..result import TopKResult
-from ..selection import NO_KEY
+from ..selection import NO_KEY, refuse_unmappable_slot
+from .scoring import _ordered_bits, _scores_of_ordered
 
 NO_KEY_C = tl.constexpr(NO_KEY)
 
@@ -87,10 +87,7 @@ def kth_largest_scores_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     scores = tl.load(scores_ptr + row * width + offs, mask=offs < width, other=0.0)
-    bits = scores.to(tl.int32, bitcast=True)
-    bits = tl.where(scores == 0.0, 0, bits)  # -0.0 ties +0.0
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    ordered = tl.where(offs < width, ordered, -2147483648)  # padding: below every float
+    ordered = tl.where(offs < width, _ordered_bits(scores).to(tl.int32), -2147483648)  # padding: below every float
     rank = tl.where(tl.arange(0, 2) == 0, RANK_A, RANK_B)
     # Bisection for the largest t with count(ordered >= t) >= rank: 32 halvings of the int32 range.
     lo = tl.full([2], -2147483648, dtype=tl.int64)
@@ -100,9 +97,7 @@ def kth_largest_scores_kernel(
         count = tl.sum((ordered[None, :] >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)  # mid fits int32
         lo = tl.where(count >= rank, mid, lo)
         hi = tl.where(count >= rank, hi, mid - 1)
-    found = lo.to(tl.int32)
-    value = tl.where(found >= 0, found, found ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    tl.store(out_ptr + row * 2 + tl.arange(0, 2), value)
+    tl.store(out_ptr + row * 2 + tl.arange(0, 2), _scores_of_ordered(lo.to(tl.int32)))
 
 
 def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
@@ -136,8 +131,7 @@ def assemble_result_kernel(
     offs = tl.arange(0, TOPK)
     keys = tl.load(keys_ptr + row * TOPK + offs)
     live = (keys != NO_KEY_C) & (tl.load(status_ptr + row) == 0)
-    ordered = (keys >> 32).to(tl.int32)
-    scores = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    scores = _scores_of_ordered((keys >> 32).to(tl.int32))
     positions = 4294967295 - (keys & 4294967295)  # int64, < 2^31 for a live key
     batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
     pages = tl.load(block_table_ptr + batch * max_pages + positions // PAGE, mask=live, other=0).to(tl.int64)
@@ -168,11 +162,7 @@ def assemble_result_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, b
             top_keys.contiguous(), status, row_to_batch.contiguous(), block_table.contiguous(), block_table.shape[1],
             values, raw, physical, counts, flags, TOPK=k, PAGE=PAGE_SIZE, num_warps=4)
     fault = int(flags)
-    if fault & FLAG_SLOT_BEYOND_INT32:
-        raise SlotOverflowError(
-            f"a published position maps to a physical slot beyond int32 (2147483647); page ids must stay below "
-            f"{2**31 // PAGE_SIZE}")
-    if fault & FLAG_NEGATIVE_PAGE:
-        raise InputError("a published position maps to a negative page id in block_table")
+    if fault:
+        refuse_unmappable_slot(bool(fault & FLAG_SLOT_BEYOND_INT32))
     return TopKResult(values=values, raw_indices=raw, physical_indices=physical, counts=counts, status=status,
                       repaired=repaired.to(torch.int32), candidates=candidates.clamp(max=2**31 - 1).to(torch.int32))
