@@ -28,44 +28,62 @@ def _add(a, b):
     return a + b
 
 
+LD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                   order=[1, 0]))  # global loads of [*, 128] int8 tiles
+
+
+@gluon.jit
+def _stage_queries(q_ptr, wq_ptr, b_smem, pid, MMA: gl.constexpr, BR: gl.constexpr, H: gl.constexpr,
+                   D: gl.constexpr):
+    """The query operand into b_smem (column n = (head n // BR, row n % BR) of rows pid * BR + (0, 1),
+    K-major) and the scaled head weights of those columns, in the MMA's column layout."""
+    N: gl.constexpr = BR * H
+    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, LD))
+    offs_qd = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    q_vec = (pid * BR + offs_qn % BR).to(gl.int64) * H + offs_qn // BR
+    b_smem.store(gl.load(q_ptr + q_vec[:, None] * D + offs_qd[None, :]))
+    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, MMA))
+    return gl.load(wq_ptr + (pid * BR + offs_n % BR).to(gl.int64) * H + offs_n // BR)
+
+
+@gluon.jit
+def _score_step(step, pid, k_ptr, kfac_ptr, rowfac_ptr, starts_ptr, ends_ptr, a_smem, b_smem, wq, MMA: gl.constexpr,
+                BK: gl.constexpr, BR: gl.constexpr, H: gl.constexpr, D: gl.constexpr):
+    """(positions, rows, float32 scores [BK keys, BR rows], in-window mask) of key step `step`, in
+    the layout the head sum gives (scoring.py's _score_tile)."""
+    N: gl.constexpr = BR * H
+    offs_k = gl.arange(0, BK, layout=gl.SliceLayout(1, LD))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    tile = gl.load(k_ptr + (step * BK + offs_k[:, None]).to(gl.int64) * D + offs_d[None, :])
+    gl.thread_barrier()
+    a_smem.store(tile)
+    fence_async_shared()
+    gl.thread_barrier()
+    acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), gl.zeros([BK, N], gl.int32, MMA), use_acc=False,
+                        is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
+    scores = gl.sum(gl.reshape(terms, [BK, H, BR]), axis=1)
+    tile_layout: gl.constexpr = scores.type.layout
+    pos = step * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, tile_layout))
+    rows = pid * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, tile_layout))
+    scores = scores * gl.load(rowfac_ptr + rows)[None, :] * gl.load(kfac_ptr + pos)[:, None]
+    in_window = (pos[:, None] >= gl.load(starts_ptr + rows)[None, :]) & (pos[:, None] < gl.load(ends_ptr + rows)[None, :])
+    return pos, rows, scores, in_window
+
+
 @gluon.jit
 def dense_scoring_kernel(k_ptr, kfac_ptr, q_ptr, wq_ptr, rowfac_ptr, starts_ptr, ends_ptr, out_ptr, out_width,
                          n_steps, BK: gl.constexpr, BR: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
                          num_warps: gl.constexpr):
-    N: gl.constexpr = BR * H
     pid = gl.program_id(0)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                        order=[1, 0])
-    a_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, D], gl.int8)
-    b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D], gl.int8)
-    a_smem = gl.allocate_shared_memory(gl.int8, [BK, D], a_sl)
-    b_smem = gl.allocate_shared_memory(gl.int8, [N, D], b_sl)
-    # Query operand: column n = (head n // BR, row n % BR) of rows pid * BR + (0, 1), K-major.
-    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
-    offs_qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    q_vec = (pid * BR + offs_qn % BR).to(gl.int64) * H + offs_qn // BR
-    b_smem.store(gl.load(q_ptr + q_vec[:, None] * D + offs_qd[None, :]))
-    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
-    wq = gl.load(wq_ptr + (pid * BR + offs_n % BR).to(gl.int64) * H + offs_n // BR)
-    offs_k = gl.arange(0, BK, layout=gl.SliceLayout(1, ld))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    zero = gl.zeros([BK, N], gl.int32, mma)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BR * H, 32])
+    a_smem = gl.allocate_shared_memory(gl.int8, [BK, D], gl.NVMMASharedLayout.get_default_for([BK, D], gl.int8))
+    b_smem = gl.allocate_shared_memory(gl.int8, [BR * H, D], gl.NVMMASharedLayout.get_default_for([BR * H, D], gl.int8))
+    wq = _stage_queries(q_ptr, wq_ptr, b_smem, pid, mma, BR, H, D)
     for step in range(n_steps):
-        tile = gl.load(k_ptr + (step * BK + offs_k[:, None]).to(gl.int64) * D + offs_d[None, :])
-        gl.thread_barrier()
-        a_smem.store(tile)
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
-        scores = gl.sum(gl.reshape(terms, [BK, H, BR]), axis=1)  # [BK keys, BR rows]
-        tile_layout: gl.constexpr = scores.type.layout
-        pos = step * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, tile_layout))
-        rows = pid * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, tile_layout))
-        scores = scores * gl.load(rowfac_ptr + rows)[None, :] * gl.load(kfac_ptr + pos)[:, None]
-        in_window = (pos[:, None] >= gl.load(starts_ptr + rows)[None, :]) & (pos[:, None] < gl.load(ends_ptr + rows)[None, :])
+        pos, rows, scores, in_window = _score_step(step, pid, k_ptr, kfac_ptr, rowfac_ptr, starts_ptr, ends_ptr,
+                                                   a_smem, b_smem, wq, mma, BK, BR, H, D)
         gl.store(out_ptr + rows.to(gl.int64)[None, :] * out_width + pos[:, None],
                  gl.where(in_window, scores, float("-inf")))
 
@@ -81,44 +99,22 @@ def scan_scoring_kernel(k_ptr, kfac_ptr, q_ptr, wq_ptr, rowfac_ptr, starts_ptr, 
     N: gl.constexpr = BR * H
     pid = gl.program_id(0)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                        order=[1, 0])
     hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
                                                  warps_per_cta=[4, 1], order=[1, 0])
-    a_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, D], gl.int8)
-    b_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, D], gl.int8)
-    a_smem = gl.allocate_shared_memory(gl.int8, [BK, D], a_sl)
-    b_smem = gl.allocate_shared_memory(gl.int8, [N, D], b_sl)
-    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
-    offs_qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    q_vec = (pid * BR + offs_qn % BR).to(gl.int64) * H + offs_qn // BR
-    b_smem.store(gl.load(q_ptr + q_vec[:, None] * D + offs_qd[None, :]))
-    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
-    wq = gl.load(wq_ptr + (pid * BR + offs_n % BR).to(gl.int64) * H + offs_n // BR)
-    offs_k = gl.arange(0, BK, layout=gl.SliceLayout(1, ld))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    zero = gl.zeros([BK, N], gl.int32, mma)
+    a_smem = gl.allocate_shared_memory(gl.int8, [BK, D], gl.NVMMASharedLayout.get_default_for([BK, D], gl.int8))
+    b_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
+    wq = _stage_queries(q_ptr, wq_ptr, b_smem, pid, mma, BR, H, D)
     hist_rows = pid * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, hist_layout))
     offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
     thr_h = gl.load(thr_ptr + hist_rows)
     # The layout the head sum gives (a dummy reduction, removed by the compiler), for the threshold.
-    tile_layout: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BK, N], gl.float32, mma), [BK, H, BR]), axis=1).type.layout
+    tile_layout: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BK, N], gl.float32, mma), [BK, H, BR]),
+                                       axis=1).type.layout
     for chunk in range(0, n_steps, REFRESH):
         thr = gl.convert_layout(thr_h, gl.SliceLayout(0, tile_layout))  # once per REFRESH steps
         for step in range(chunk, gl.minimum(chunk + REFRESH, n_steps)):
-            tile = gl.load(k_ptr + (step * BK + offs_k[:, None]).to(gl.int64) * D + offs_d[None, :])
-            gl.thread_barrier()
-            a_smem.store(tile)
-            fence_async_shared()
-            gl.thread_barrier()
-            acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
-            scores = gl.sum(gl.reshape(terms, [BK, H, BR]), axis=1)
-            pos = step * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, tile_layout))
-            rows = pid * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, tile_layout))
-            scores = scores * gl.load(rowfac_ptr + rows)[None, :] * gl.load(kfac_ptr + pos)[:, None]
-            in_window = (pos[:, None] >= gl.load(starts_ptr + rows)[None, :]) & (pos[:, None] < gl.load(ends_ptr + rows)[None, :])
+            pos, rows, scores, in_window = _score_step(step, pid, k_ptr, kfac_ptr, rowfac_ptr, starts_ptr, ends_ptr,
+                                                       a_smem, b_smem, wq, mma, BK, BR, H, D)
             passing = in_window & (scores >= thr[None, :])
             rows64 = rows.to(gl.int64)
             one = gl.full([BK, BR], 1, gl.int32, tile_layout)
