@@ -3,8 +3,16 @@
 Per call the backend decodes the live keys and the queries once into exact int8 operands
 (decode.py; cached for the calls of one problem: calibration, scan and repair), builds a
 schedule of programs (BLOCK_ROWS rows of one sequence each, the longest windows first), and
-launches score_fp4_kernel in dense or scan mode on the current stream. Runs on an NVIDIA CUDA
+launches a scoring kernel in dense or scan mode on the current stream. Runs on an NVIDIA CUDA
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
+
+Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
+score_fp4_gluon_kernel (scoring_gluon.py: sm_90 only, <= 128 registers so 4 programs share an SM,
+no wide-vector branches) and score_fp4_kernel (scoring.py: any CUDA GPU and the interpreter, wide
+vectors too). `scoring_kernel="auto"` takes the Gluon kernel for a problem on an sm_90 device with
+no wide vector and the default tile (BLOCK_ROWS 2, 64 keys, 4 warps), the Triton kernel otherwise;
+the choice is made once per problem, so calibration, scan, repair and dense scores of one problem
+come from one kernel. Asking for "gluon" where it cannot run raises; nothing falls back.
 """
 
 from __future__ import annotations
@@ -23,13 +31,35 @@ from .decode import (
     FLAG_UNSUPPORTED, FLAG_WIDE, MAX_WEIGHT_EXPONENT, MIN_SCALED_EXPONENT, decode_keys_fp4_triton,
     prepare_queries_fp4_triton,
 )
-from .scoring import NUM_BINS, score_fp4_kernel
+from .scoring import HEAD_DIM, HEADS, NUM_BINS, score_fp4_kernel
+from .scoring_gluon import (
+    GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
+)
 from .selection import assemble_result_triton, kth_largest_scores_triton, select_topk_candidates_triton
+
+
+SCORING_KERNELS = ("auto", "gluon", "triton")
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def is_sm90(device: torch.device) -> bool:
+    """True for a compiled (not interpreted) CUDA device of compute capability 9.0 (H100, H200)."""
+    return (device.type == "cuda" and torch.version.hip is None and not interpreting()
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, refresh: int = 16,
+                         num_bins: int = NUM_BINS) -> tuple[dict, dict]:
+    """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
+    (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
+    constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
+                     STRIDED=STRIDED, ANY_WIDE=False, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
+                     NUM_BUFFERS=NUM_BUFFERS)
+    return constants, dict(num_warps=GLUON_NUM_WARPS, maxnreg=GLUON_MAX_REGISTERS)
 
 
 @dataclass(frozen=True)
@@ -45,6 +75,7 @@ class Operands:
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift)
     s_pad: int
     any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
+    gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
     batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
     prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
@@ -56,16 +87,24 @@ class TritonBackend(ScoringBackend):
 
     name = "triton"
 
-    def __init__(self, block_rows: int = 4, block_keys: int = 64, num_warps: int = 4, num_stages: int = 3,
-                 refresh: int = 16, num_bins: int = NUM_BINS,
-                 max_registers: int | None = None):
+    def __init__(self, block_rows: int = GLUON_BLOCK_ROWS, block_keys: int = GLUON_BLOCK_KEYS,
+                 num_warps: int = GLUON_NUM_WARPS, num_stages: int = 3, refresh: int = 16, num_bins: int = NUM_BINS,
+                 max_registers: int | None = None, scoring_kernel: str = "auto"):
+        if scoring_kernel not in SCORING_KERNELS:
+            raise ValueError(f"scoring_kernel={scoring_kernel!r} is not one of {SCORING_KERNELS}")
+        gluon_tile = (block_rows, block_keys, num_warps) == (GLUON_BLOCK_ROWS, GLUON_BLOCK_KEYS, GLUON_NUM_WARPS)
+        if scoring_kernel == "gluon" and not gluon_tile:
+            raise ValueError(f"the gluon scoring kernel has one tile: block_rows={GLUON_BLOCK_ROWS}, "
+                             f"block_keys={GLUON_BLOCK_KEYS}, num_warps={GLUON_NUM_WARPS}")
+        self.scoring_kernel = scoring_kernel
+        self._gluon_tile = gluon_tile
         self.block_rows = block_rows
         self.block_keys = block_keys
         self.num_warps = num_warps
         self.num_stages = num_stages
         self.refresh = refresh  # key steps between threshold raises in the scan
         self.num_bins = num_bins  # bins of the scan's threshold histogram (a power of two)
-        self.max_registers = max_registers  # ptxas register cap per thread (None: the compiler's choice)
+        self.max_registers = max_registers  # the Triton kernel's ptxas register cap (None: the compiler's choice)
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:
@@ -130,11 +169,26 @@ class TritonBackend(ScoringBackend):
             tile_wide = torch.zeros(batch, s_pad // self.block_keys, dtype=torch.bool, device=dev)
             prog_q_wide = torch.zeros(programs, dtype=torch.bool, device=dev)
         ops = Operands(k_lo, k_hi, kfac, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
-                       any_wide=any_wide, tile_wide=tile_wide.to(torch.int8).contiguous(),
+                       any_wide=any_wide, gluon=self._use_gluon(dev, any_wide), tile_wide=tile_wide.to(torch.int8).contiguous(),
                        batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
                        prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
         self._prepared = (problem, ops)
         return ops
+
+    def _use_gluon(self, device: torch.device, any_wide: bool) -> bool:
+        """Whether this problem's scores come from the Gluon kernel (module docstring)."""
+        if self.scoring_kernel == "triton":
+            return False
+        if self.scoring_kernel == "auto":
+            return self._gluon_tile and not any_wide and is_sm90(device)
+        if not is_sm90(device):
+            raise BackendUnavailableError(
+                f"scoring_kernel='gluon' runs on a compiled sm_90 CUDA device (got {device}"
+                f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'")
+        if any_wide:
+            raise InputError("scoring_kernel='gluon' has no branch for MXFP4 vectors whose blocks span 4-7 binades "
+                             "and this problem holds some; use scoring_kernel='auto' or 'triton'")
+        return True
 
     def schedule(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(rows int32 [programs, BLOCK_ROWS] with -1 padding, batch int32 [programs], span int32
@@ -183,7 +237,7 @@ class TritonBackend(ScoringBackend):
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
         tile_wide = ops.tile_wide if stride == 1 else ops.batch_wide
         rowfac = ops.rowfac * problem.weight_scale  # exact: rowfac is a power of two
-        score_fp4_kernel[(prog_rows.shape[0],)](
+        args = (
             ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq, rowfac,
             prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
             ops.s_pad,
@@ -196,6 +250,15 @@ class TritonBackend(ScoringBackend):
             appended if appended is not None else unused64,
             thr_out if thr_out is not None else unused32,
             nonfinite,
+        )
+        grid = (prog_rows.shape[0],)
+        if ops.gluon:
+            constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
+                                                      refresh=self.refresh, num_bins=self.num_bins)
+            score_fp4_gluon_kernel[grid](*args, **constants, **options)
+            return
+        score_fp4_kernel[grid](
+            *args,
             TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
             STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
             REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import InputError, LiteTopKTuning, RowStatus, dense_topk_prefill, litetopk_prefill, unpack_kv_cache
+from litetopk.kernels import BackendUnavailableError, InputError, LiteTopKTuning, RowStatus, dense_topk_prefill, litetopk_prefill, unpack_kv_cache
 from litetopk.kernels.mxfp4 import dequantize_mxfp4
 from litetopk.kernels.pipeline import calibrate
 from litetopk.kernels.selection import NO_KEY, make_keys
@@ -298,3 +298,62 @@ def test_litetopk_allocates_no_score_matrix(seed):
     assert_same(lite.__class__(**{f: getattr(lite, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
                 dense.__class__(**{f: getattr(dense, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
                 torch.ones(rows, dtype=torch.bool), f"seed {seed}: litetopk vs dense")
+
+
+GLUON_CASES = {
+    "three sequences, causal": dict(seq_lens=[700, 1500, 300], rows_per_seq=5),
+    "non-causal sub-windows, odd rows": dict(seq_lens=[2000, 900], rows_per_seq=3, causal=False),
+    "K=1024, one long sequence": dict(seq_lens=[3000], rows_per_seq=7, topk=1024),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GLUON_CASES))
+def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
+    """The Gluon scoring kernel (sm_90) and its CI-tested Triton twin at the same tile: dense and
+    strided score matrices bit for bit, and the same LiteTopK and dense results."""
+    from litetopk.kernels.pipeline import run_dense, run_litetopk
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon scoring kernel runs on sm_90 only")
+    p = make_problem(seed, **GLUON_CASES[name], spread=1, note=name)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
+    gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
+    where = f"[{name}] seed {seed}"
+    assert gluon.operands(problem).gluon and not twin.operands(problem).gluon, f"{where}: the kernels asked for"
+    for stride in (1, 5):
+        g_scores, g_flags = gluon.score_dense(problem, stride=stride)
+        t_scores, t_flags = twin.score_dense(problem, stride=stride)
+        differ = (g_scores != t_scores) & ~(g_scores.isnan() & t_scores.isnan())
+        assert not bool(differ.any()), f"{where}: stride {stride}: {int(differ.sum())} scores differ"
+        assert torch.equal(g_flags, t_flags), where
+    tuning = LiteTopKTuning(sample_size=600)
+    g_lite, t_lite = (run_litetopk(problem, b, repair=True, tuning=tuning) for b in (gluon, twin))
+    g_dense = run_dense(problem, gluon, selector="torch")
+    for field in FIELDS:
+        assert torch.equal(getattr(g_lite, field), getattr(t_lite, field)), f"{where}: lite {field}, gluon vs triton"
+        assert torch.equal(getattr(g_lite, field), getattr(g_dense, field)), f"{where}: gluon lite vs dense {field}"
+
+
+def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
+    with pytest.raises(ValueError, match="one tile"):
+        TritonBackend(block_rows=4, scoring_kernel="gluon")
+    with pytest.raises(ValueError, match="scoring_kernel='fast'"):
+        TritonBackend(scoring_kernel="fast")
+    p = make_problem(seed, seq_lens=[300], rows_per_seq=2, spread=1)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
+    if DEVICE == "cpu":
+        with pytest.raises(BackendUnavailableError, match="sm_90"):
+            TritonBackend(scoring_kernel="gluon").operands(problem)
+    assert not TritonBackend(scoring_kernel="triton").operands(problem).gluon
+
+
+@pytest.mark.gpu
+def test_auto_scores_wide_vectors_with_the_triton_kernel(seed):
+    p = make_problem(seed, seq_lens=[900], rows_per_seq=3, spread=3)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
+    assert TritonBackend().operands(problem).any_wide, f"seed {seed}: the case needs a wide vector"
+    assert not TritonBackend().operands(problem).gluon, f"seed {seed}: auto took the Gluon kernel for wide vectors"
+    if torch.cuda.get_device_capability() == (9, 0):
+        with pytest.raises(InputError, match="4-7 binades"):
+            TritonBackend(scoring_kernel="gluon").operands(problem)

@@ -1,0 +1,120 @@
+"""Compile the scoring kernels for sm_90 without a GPU and read back what ptxas made of them.
+
+Triton's wheel carries ptxas and cuobjdump, so any machine can build the H200's cubin: CI uses this
+to check the Gluon scoring kernel (which has no interpreter) compiles for sm_90 as the backend
+launches it, within its register budget and with the tensor-core instructions it is written for;
+bench/sass_offline.py uses it to read instruction mixes.
+
+    python -m litetopk.kernels.triton.compile_sm90 OUT_DIR
+writes OUT_DIR/<variant>.{cubin,ptx,ttgir,sass} for the Gluon kernel's dense, strided and scan
+variants and OUT_DIR/summary.json: per variant its registers, stack bytes, shared bytes and the
+opcode counts of its innermost wgmma loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+# Argument types of score_fp4_kernel and score_fp4_gluon_kernel (the same signature).
+SCORE_TYPES = dict(
+    k_lo_ptr="*i8", k_hi_ptr="*i8", kfac_ptr="*fp32", tile_wide_ptr="*i8", tile_cols="i32", q_lo_ptr="*i8",
+    q_hi_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32", prog_rows_ptr="*i32", prog_batch_ptr="*i32",
+    prog_span_ptr="*i32", prog_q_wide_ptr="*i8", starts_ptr="*i32", ends_ptr="*i32", s_pad="i32",
+    out_ptr="*fp32", out_width="i32", max_pos="i32", position_stride="i32", thr_ptr="*fp32",
+    hist_lo_ptr="*fp32", hist_width_ptr="*fp32", hist_ptr="*i32", buf_ptr="*i64", capacity="i32",
+    appended_ptr="*i32", thr_out_ptr="*fp32", nonfinite_ptr="*i8",
+)
+
+
+def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
+    """Compile `kernel` for sm_90 with `constants` and compiler `options` (num_warps, maxnreg, ...);
+    pointer arguments are declared 16-byte aligned, as the launcher's tensors are. Writes
+    path.{cubin,ptx,ttgir,sass} and returns the SASS text."""
+    if "num_warps" in kernel.arg_names:  # a Gluon kernel's layouts read it as a constexpr argument
+        constants = dict(constants, num_warps=options["num_warps"])
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")}
+    compiled = triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    with open(path + ".cubin", "wb") as f:
+        f.write(compiled.asm["cubin"])
+    for ext in ("ptx", "ttgir"):
+        with open(f"{path}.{ext}", "w") as f:
+            f.write(compiled.asm[ext])
+    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-sass", path + ".cubin"],
+                          capture_output=True, text=True, check=True).stdout
+    with open(path + ".sass", "w") as f:
+        f.write(sass)
+    return sass
+
+
+def resource_usage(path: str) -> dict[str, int]:
+    """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them."""
+    usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path + ".cubin"],
+                           capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+
+
+def innermost_mma_loop(sass: str) -> list[str]:
+    """The instructions ("address opcode operands") of the smallest backward-branch loop that holds a GMMA."""
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    address = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
+    best: list[str] = []
+    for line, at in zip(lines, address):
+        target = re.search(r"BRA (0x[0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < at:
+            body = [x for x, a in zip(lines, address) if int(target.group(1), 16) <= a <= at]
+            if any("GMMA" in x for x in body) and (not best or len(body) < len(best)):
+                best = body
+    return [re.sub(r"^\s+/\*([0-9a-f]+)\*/\s+", r"\1 ", x).split(";")[0] for x in best]
+
+
+def opcode_mix(loop: list[str]) -> collections.Counter:
+    """Opcode counts (without modifiers or predicates) of `loop`."""
+    mix = collections.Counter()
+    for line in loop:
+        words = line.split()[1:]
+        op = words[1] if words and words[0].startswith("@") else (words[0] if words else "")
+        mix[op.split(".")[0]] += 1
+    return mix
+
+
+GLUON_VARIANTS = {"dense": dict(DENSE=True, STRIDED=False), "strided": dict(DENSE=True, STRIDED=True),
+                  "scan": dict(DENSE=False, STRIDED=False)}
+
+
+def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
+    """Compile every variant of the Gluon scoring kernel as TritonBackend launches it; return (and
+    write to out_dir/summary.json) each variant's resources and loop opcode counts."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .backend import gluon_launch_options
+    from .scoring_gluon import score_fp4_gluon_kernel
+
+    os.makedirs(out_dir, exist_ok=True)
+    summary = {}
+    for name, mode in GLUON_VARIANTS.items():
+        constants, options = gluon_launch_options(topk=topk, **mode)
+        path = os.path.join(out_dir, name)
+        sass = compile_sm90(score_fp4_gluon_kernel, SCORE_TYPES, constants, options, path, source=GluonASTSource)
+        loop = innermost_mma_loop(sass)
+        summary[name] = dict(resource_usage(path), loop_instructions=len(loop), loop_opcodes=opcode_mix(loop),
+                             wgmma=sorted({w for line in loop for w in line.split() if w.startswith("IGMMA")}))
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+if __name__ == "__main__":
+    for variant, info in compile_gluon_scoring(sys.argv[1] if len(sys.argv) > 1 else "/tmp/litetopk-sm90").items():
+        print(variant, {k: v for k, v in info.items() if k != "loop_opcodes"})

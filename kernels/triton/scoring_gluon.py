@@ -1,0 +1,235 @@
+"""Fused FP4 scoring + LiteTopK filter in Gluon (sm_90 only): scoring.py's kernel with explicit layouts.
+
+The math, the exact integer scheme, the float32 order and its bound are scoring.py's, for the
+common case where no live vector is wide (ANY_WIDE false): per key step
+    int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
+    score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
+and the head sum is reduced in the layout the Triton kernel gets for the same tile at BLOCK_ROWS = 2
+(gl.sum over the same NVMMA layout), so the two kernels return the same bits (checked on the H200
+by tests/kernels/test_gpu.py). Problems with a wide vector run scoring.py's kernel (its hi-operand
+branches); the backend picks per problem, for every scoring call of it (calibration, scan, repair,
+dense), so one problem's scores always come from one kernel.
+
+What Gluon buys over the Triton kernel (bench/NOTES.md, session 4): the register budget. One
+warpgroup (4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEYS = 64 keys per
+wgmma (m64n128k32, 4 k-steps): 64 int32 accumulators and 32 head weights per thread, so the kernel
+fits <= 128 registers (ptxas cap, `maxnreg`) and 4 programs share an SM, where the Triton kernel
+needs ~250 registers and gets 2 (Nsight: latency-bound at 2 warps per scheduler). Key tiles are
+copied global -> shared with cp.async into a ring of NUM_BUFFERS tiles (no registers, one CTA
+barrier per step, the copy of step s + NUM_BUFFERS - 1 in flight during step s's MMA and epilogue).
+
+Tiling: keys on the MMA's M side, column n = head * BLOCK_ROWS + row on the N side (scoring.py).
+After the head sum each (key, row) score sits in 4 lanes (the reduction's replication); stores and
+atomics are issued once per element (Triton's lowering masks the replicas).
+
+Scan epilogue as scoring.py: a score >= the row's threshold (float32 floor) takes a slot with one
+relaxed atomic on the row's counter, its key ordered(score) << 32 | (2^32 - 1 - position) is stored
+at buf[row, slot] if slot < capacity, the counter keeps counting (overflow certificate); passing
+scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is raised to one bin
+below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
+A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
+Limits: D = 128, 64 heads, BLOCK_ROWS = 2, no wide vectors, sm_90 (wgmma); no interpreter (the
+Triton kernel is the CI-tested twin).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+)
+
+GLUON_BLOCK_ROWS = 2
+GLUON_BLOCK_KEYS = 64
+GLUON_NUM_WARPS = 4
+GLUON_MAX_REGISTERS = 128  # 4 programs x 128 threads per SM
+NUM_BUFFERS = 3  # key tiles in the cp.async ring
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _issue_key_tile(step, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
+                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+    """Start the cp.async of key step `step` into its ring slot (nothing past the last step), then
+    close the copy group (an empty group keeps the wait counts uniform)."""
+    live = step < n_steps
+    if STRIDED:
+        pos = lo + (step * BLOCK_KEYS + offs_k) * stride
+        ptrs = k_lo_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
+        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
+                                               mask=((pos < hi) & live)[:, None])
+    else:  # contiguous and inside [0, s_pad)
+        row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
+        ptrs = k_lo_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :]
+        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
+                                               mask=gl.full([BLOCK_KEYS, 1], 1, gl.int1, ptrs.type.layout) & live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def score_fp4_gluon_kernel(
+    k_lo_ptr, k_hi_ptr, kfac_ptr,
+    tile_wide_ptr, tile_cols,
+    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr,
+    prog_rows_ptr, prog_batch_ptr,
+    prog_span_ptr, prog_q_wide_ptr,
+    starts_ptr, ends_ptr,
+    s_pad,
+    out_ptr, out_width, max_pos, position_stride,
+    thr_ptr, hist_lo_ptr, hist_width_ptr,
+    hist_ptr, buf_ptr, capacity, appended_ptr,
+    thr_out_ptr, nonfinite_ptr,
+    TOPK: gl.constexpr, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr,
+    STRIDED: gl.constexpr, ANY_WIDE: gl.constexpr, REFRESH: gl.constexpr,
+    H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """scoring.score_fp4_kernel's arguments and outputs (the k_hi / q_hi / wide arguments unused)."""
+    gl.static_assert(not ANY_WIDE, "wide vectors run scoring.score_fp4_kernel")
+    gl.static_assert((BLOCK_KEYS == 64) & (BLOCK_ROWS == 2) & (num_warps == 4), "the layouts below are for 64 x 2 x 4")
+    N: gl.constexpr = BLOCK_ROWS * H
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, N, 32])
+    # global -> shared copies of [*, 128] int8 tiles: 16 bytes per thread and row segment
+    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
+                                        warps_per_cta=[num_warps, 1], order=[1, 0])
+    # the layout of a [BLOCK_KEYS, BLOCK_ROWS] tile after the head sum (a reduction the compiler drops)
+    tile: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BLOCK_KEYS, N], gl.float32, mma), [BLOCK_KEYS, H, BLOCK_ROWS]),
+                                axis=1).type.layout
+    # the same tile with each element in one lane only (lane bit 0: the row, lane bit 1: key + 8)
+    flat: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[], lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+        block_bases=[], shape=[BLOCK_KEYS, BLOCK_ROWS])
+    key_of_tile: gl.constexpr = gl.SliceLayout(1, tile)
+    row_of_tile: gl.constexpr = gl.SliceLayout(0, tile)
+    pid = gl.program_id(0)
+
+    ring = gl.allocate_shared_memory(gl.int8, [NUM_BUFFERS, BLOCK_KEYS, D],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
+    q_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
+
+    # This program's rows (-1 pads a short program: its columns score but stay outside every window).
+    offs_r = gl.arange(0, BLOCK_ROWS, layout=row_of_tile)
+    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_r)
+    row_ok = rows >= 0
+    rows = gl.where(row_ok, rows, 0)
+    rows64 = rows.to(gl.int64)
+    starts = gl.where(row_ok, gl.load(starts_ptr + rows), 0)
+    ends = gl.where(row_ok, gl.load(ends_ptr + rows), 0)
+    rowfac = gl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
+    batch = gl.load(prog_batch_ptr + pid).to(gl.int64)
+    k_base = batch * s_pad
+
+    # Query operand [N, D] (column n = head n // BLOCK_ROWS, row n % BLOCK_ROWS), staged once.
+    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    q_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_qn % BLOCK_ROWS)
+    q_vec = gl.where(q_rows >= 0, q_rows, 0).to(gl.int64) * H + offs_qn // BLOCK_ROWS
+    q_smem.store(gl.load(q_lo_ptr + q_vec[:, None] * D + offs_d[None, :]))
+    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
+    n_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n % BLOCK_ROWS)
+    wq = gl.load(wq_ptr + gl.where(n_rows >= 0, n_rows, 0).to(gl.int64) * H + offs_n // BLOCK_ROWS,
+                 mask=n_rows >= 0, other=0.0)
+
+    if DENSE:
+        lo = 0
+        hi = max_pos
+        stride = position_stride
+        n_steps = gl.cdiv(out_width, BLOCK_KEYS)
+    else:
+        lo = (gl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
+        hi = gl.load(prog_span_ptr + 2 * pid + 1)
+        stride = 1
+        n_steps = gl.cdiv(hi - lo, BLOCK_KEYS)
+        hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
+                                                     warps_per_cta=[num_warps, 1], order=[1, 0])
+        h_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=gl.SliceLayout(1, hist_layout)))
+        h_ok = h_rows >= 0
+        h_rows64 = gl.where(h_ok, h_rows, 0).to(gl.int64)
+        offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
+        thr_h = gl.load(thr_ptr + h_rows64, mask=h_ok, other=0.0)
+        hist_lo_h = gl.load(hist_lo_ptr + h_rows64, mask=h_ok, other=0.0)
+        hist_width_h = gl.load(hist_width_ptr + h_rows64, mask=h_ok, other=0.0)
+        row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
+        rows_f = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=row_of_flat))
+        rows64_f = gl.where(rows_f >= 0, rows_f, 0).to(gl.int64)
+        hist_lo = gl.load(hist_lo_ptr + rows64_f, mask=rows_f >= 0, other=0.0)
+        hist_width = gl.load(hist_width_ptr + rows64_f, mask=rows_f >= 0, other=0.0)
+        offs_fk = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, flat))
+        hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
+
+    offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
+    for s in gl.static_range(NUM_BUFFERS - 1):
+        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
+                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
+    gl.thread_barrier()
+    fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
+
+    probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, tile)
+    offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
+    if not DENSE:
+        thr = gl.convert_layout(thr_h, row_of_flat)
+    for step in range(n_steps):
+        # The copy of this step's tile is the oldest of NUM_BUFFERS - 1 in flight; every thread's part
+        # of it has landed after the wait, every thread's after the barrier. The barrier also orders
+        # the previous step's wgmma (waited for by all four warps) before the overwrite issued next.
+        async_copy.wait_group(NUM_BUFFERS - 2)
+        fence_async_shared()
+        _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
+                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
+        gl.thread_barrier()
+        acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
+                            gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        # 0 <= relu(x) < 2^21: its bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)
+        terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
+        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
+        pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
+        if STRIDED:
+            kfac = gl.load(kfac_ptr + k_base + pos, mask=pos < hi, other=0.0)
+        else:
+            kfac = gl.load(kfac_ptr + k_base + pos)
+        scores = scores * rowfac[None, :] * kfac[:, None]
+        in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
+        probe += gl.where(in_window, scores, 0.0) * 0.0
+        if DENSE:
+            column = step * BLOCK_KEYS + offs_tk
+            gl.store(out_ptr + rows64[None, :] * out_width + column[:, None],
+                     gl.where(in_window, scores, float("-inf")),
+                     mask=(column < out_width)[:, None] & row_ok[None, :])
+        else:
+            # One element per thread (the flat layout picks, in each lane, one of the four elements the
+            # lane already holds): no replicated atomics, so no shared-memory broadcast of their results.
+            windowed = gl.convert_layout(gl.where(in_window, scores, float("nan")), flat)
+            pos_f = lo + step * BLOCK_KEYS + offs_fk
+            passing = windowed >= thr[None, :]
+            one = gl.full([BLOCK_KEYS, BLOCK_ROWS], 1, gl.int32, flat)
+            slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
+                                 sem="relaxed")
+            bits = windowed.to(gl.int32, bitcast=True)
+            bits = gl.where(windowed == 0.0, 0, bits)
+            ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(gl.int64)
+            keys = (ordered << 32) + (4294967295 - pos_f.to(gl.int64)[:, None])
+            gl.store(buf_ptr + rows64_f[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+            bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
+            bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
+            gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
+                          mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+            if ((step + 1) % REFRESH == 0) | (step + 1 == n_steps):
+                # Raise (scoring.py): one bin below the highest edge with >= TOPK counted keys at or above.
+                gl.thread_barrier()
+                hist = gl.load(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], volatile=True)
+                at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
+                best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+                edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
+                thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
+                thr = gl.convert_layout(thr_h, row_of_flat)
+    async_copy.wait_group(0)
+    nonfinite = gl.sum(probe, axis=0)
+    gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)
+    if not DENSE:
+        gl.store(thr_out_ptr + h_rows64, thr_h, mask=h_ok)

@@ -1,0 +1,51 @@
+"""The Gluon scoring kernel where no sm_90 device exists (it has no interpreter): every variant the
+backend launches compiles for sm_90 with the backend's options, fits the register budget that lets
+4 programs share an SM, spills nothing, and its step loop holds the int8 wgmma it is written for,
+two CTA barriers, and in the scan one slot atomic and one histogram reduction per thread.
+Its results are checked against the Triton twin on the H200 (test_triton_backend.py, gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
+from litetopk.kernels.triton.scoring_gluon import GLUON_MAX_REGISTERS
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory) -> dict:
+    """compile_sm90's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
+    out = tmp_path_factory.mktemp("gluon_sm90")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "litetopk.kernels.triton.compile_sm90", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"sm_90 compile failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
+def test_registers_fit_four_programs_per_sm_without_spills(summary, variant):
+    info = summary[variant]
+    assert info["REG"] <= GLUON_MAX_REGISTERS, f"{variant}: {info['REG']} registers"
+    assert info["STACK"] == 0, f"{variant}: {info['STACK']} bytes of stack (spills)"
+
+
+@pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
+def test_step_loop_is_int8_wgmma_with_two_barriers(summary, variant):
+    info = summary[variant]
+    assert info["wgmma"] == ["IGMMA.64x128x32.S8.S8"], f"{variant}: {info['wgmma']}"
+    assert info["loop_opcodes"].get("IGMMA") == 4, f"{variant}: {info['loop_opcodes']}"
+    barriers = info["loop_opcodes"].get("BAR", 0)
+    want = 4 if variant == "scan" else 2  # the scan's two extra sit in its every-REFRESH-steps branch
+    assert barriers == want, f"{variant}: {barriers} BAR in the step loop"
+
+
+def test_scan_appends_with_one_atomic_per_thread(summary):
+    ops = summary["scan"]["loop_opcodes"]
+    assert ops.get("ATOMG") == 1 and ops.get("REDG") == 1, f"scan loop atomics: {ops}"
+    assert "ATOMG" not in summary["dense"]["loop_opcodes"], "the dense loop holds an atomic"
