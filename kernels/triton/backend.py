@@ -53,12 +53,12 @@ def is_sm90(device: torch.device) -> bool:
 
 
 def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, refresh: int = 16,
-                         num_bins: int = NUM_BINS) -> tuple[dict, dict]:
+                         num_bins: int = NUM_BINS, defer_appends: bool = True) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
     (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
     constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
                      STRIDED=STRIDED, ANY_WIDE=False, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
-                     NUM_BUFFERS=NUM_BUFFERS)
+                     NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends)
     return constants, dict(num_warps=GLUON_NUM_WARPS, maxnreg=GLUON_MAX_REGISTERS)
 
 

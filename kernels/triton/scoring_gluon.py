@@ -72,6 +72,16 @@ def _issue_key_tile(step, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_
 
 
 @gluon.jit
+def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions):
+    """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where slot < capacity."""
+    bits = scores.to(gl.int32, bitcast=True)
+    bits = gl.where(scores == 0.0, 0, bits)
+    ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(gl.int64)
+    keys = (ordered << 32) + (4294967295 - positions.to(gl.int64)[:, None])
+    gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=slot < capacity)
+
+
+@gluon.jit
 def score_fp4_gluon_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,
     tile_wide_ptr, tile_cols,
@@ -86,7 +96,8 @@ def score_fp4_gluon_kernel(
     thr_out_ptr, nonfinite_ptr,
     TOPK: gl.constexpr, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr,
     STRIDED: gl.constexpr, ANY_WIDE: gl.constexpr, REFRESH: gl.constexpr,
-    H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, num_warps: gl.constexpr,
+    H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, DEFER_APPENDS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """scoring.score_fp4_kernel's arguments and outputs (the k_hi / q_hi / wide arguments unused)."""
     gl.static_assert(not ANY_WIDE, "wide vectors run scoring.score_fp4_kernel")
@@ -173,6 +184,8 @@ def score_fp4_gluon_kernel(
     offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
     if not DENSE:
         thr = gl.convert_layout(thr_h, row_of_flat)
+        pending_slot = gl.full([BLOCK_KEYS, BLOCK_ROWS], 0, gl.int32, flat) + capacity  # capacity: nothing pending
+        pending_score = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
     for step in range(n_steps):
         # The copy of this step's tile is the oldest of NUM_BUFFERS - 1 in flight; every thread's part
         # of it has landed after the wait, every thread's after the barrier. The barrier also orders
@@ -210,11 +223,12 @@ def score_fp4_gluon_kernel(
             one = gl.full([BLOCK_KEYS, BLOCK_ROWS], 1, gl.int32, flat)
             slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
                                  sem="relaxed")
-            bits = windowed.to(gl.int32, bitcast=True)
-            bits = gl.where(windowed == 0.0, 0, bits)
-            ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(gl.int64)
-            keys = (ordered << 32) + (4294967295 - pos_f.to(gl.int64)[:, None])
-            gl.store(buf_ptr + rows64_f[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+            if DEFER_APPENDS:  # store the previous step's keys: the slot's round trip overlaps a step
+                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS)
+                pending_slot = gl.where(passing, slot, capacity)
+                pending_score = windowed
+            else:
+                _store_keys(buf_ptr, rows64_f, capacity, gl.where(passing, slot, capacity), windowed, pos_f)
             bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
             bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
             gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
@@ -229,6 +243,9 @@ def score_fp4_gluon_kernel(
                 thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
                 thr = gl.convert_layout(thr_h, row_of_flat)
     async_copy.wait_group(0)
+    if not DENSE:
+        if DEFER_APPENDS:
+            _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, lo + n_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS)
     nonfinite = gl.sum(probe, axis=0)
     gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)
     if not DENSE:

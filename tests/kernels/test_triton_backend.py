@@ -316,7 +316,7 @@ def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon scoring kernel runs on sm_90 only")
-    p = make_problem(seed, **GLUON_CASES[name], spread=1, note=name)
+    p = make_problem(seed, **GLUON_CASES[name], spread=0, note=name)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
     gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
     where = f"[{name}] seed {seed}"
@@ -350,7 +350,11 @@ def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
 
 @pytest.mark.gpu
 def test_auto_scores_wide_vectors_with_the_triton_kernel(seed):
-    p = make_problem(seed, seq_lens=[900], rows_per_seq=3, spread=3)
+    p = make_problem(seed, seq_lens=[900], rows_per_seq=3, spread=0)
+    cache = p.kv_cache.view(-1, 4352)
+    page = int(p.block_table[0, 0])
+    cache[page, 5 * 64:6 * 64] |= 0x11  # key 5: every block nonzero ...
+    cache[page, 4096 + 5 * 4:4096 + 6 * 4] = torch.tensor([120, 125, 122, 121], dtype=torch.uint8)  # ... over 5 binades
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
     assert TritonBackend().operands(problem).any_wide, f"seed {seed}: the case needs a wide vector"
     assert not TritonBackend().operands(problem).gluon, f"seed {seed}: auto took the Gluon kernel for wide vectors"
