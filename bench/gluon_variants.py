@@ -25,7 +25,6 @@ VARIANTS = {  # constexpr overrides of gluon_launch_options
     "default": {},
     "no_defer": {"DEFER_APPENDS": False},
     "buffers2": {"NUM_BUFFERS": 2},
-    "buffers4": {"NUM_BUFFERS": 4},
 }
 launch_options = triton_backend.gluon_launch_options
 
@@ -61,5 +60,41 @@ for _ in range(3):
     print(times, flush=True)
 report["median"] = {k: sorted(r[k] for r in report["rounds"])[1] for k in report["rounds"][0]}
 print(report["median"], {k: v for k, v in report.items() if k.endswith("equal_default")})
+triton_backend.gluon_launch_options = launch_options
+
+# The whole LiteTopK call (validation, operands, calibration, scan, selection, assembly) per scoring
+# kernel, and its stages, in the same process: where the time outside the scan goes.
+stages = {}
+for name, make in (("gluon", lambda: TritonBackend(scoring_kernel="gluon")),
+                   ("triton_br4", lambda: TritonBackend(block_rows=4, scoring_kernel="triton")),
+                   ("triton_br2", lambda: TritonBackend(scoring_kernel="triton"))):
+    be = make()
+    res = {"total": cuda_ms(lambda: run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning))}
+    res["validate"] = cuda_ms(lambda: validate_prefill(*args, **kw))
+    res["operands"] = cuda_ms(lambda: (setattr(be, "_prepared", None), be.operands(problem)))
+    res["schedule"] = cuda_ms(lambda: be.schedule(problem))
+    res["calibrate"] = cuda_ms(lambda: calibrate(problem, be, tuning))
+    res["scan"] = cuda_ms(lambda: be.scan_candidates(problem, thr, cap, ceilings=ceil))
+    scan = be.scan_candidates(problem, thr, cap, ceilings=ceil)
+    res["select"] = cuda_ms(lambda: be.select_candidates(scan, 512))
+    stages[name] = res
+    print(name, res, flush=True)
+report["pipeline"] = stages
 with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
     json.dump(report, f, indent=1)
+with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
+    json.dump(report, f, indent=1)
+
+# One profiled LiteTopK call (Gluon): host and device time per op, to find the glue's cost.
+be = TritonBackend(scoring_kernel="gluon")
+for _ in range(2):
+    run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning)
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+    run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning)
+    torch.cuda.synchronize()
+table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+with open(os.path.join(OUT, "gluon-lite-profile.txt"), "w") as f:
+    f.write(table)
+    f.write("\n\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+prof.export_chrome_trace(os.path.join(OUT, "gluon-lite-trace.json"))
