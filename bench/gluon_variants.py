@@ -21,10 +21,11 @@ from litetopk.kernels.validation import validate_prefill
 from problems_gpu import call_args, cuda_ms, prefill_problem
 
 OUT = os.environ.get("OUT", "/tmp")
-VARIANTS = {  # constexpr overrides of gluon_launch_options
+VARIANTS = {  # overrides of gluon_launch_options' constexprs and compiler options
     "default": {},
     "no_defer": {"DEFER_APPENDS": False},
-    "buffers2": {"NUM_BUFFERS": 2},
+    "buffers3": {"NUM_BUFFERS": 3},
+    "no_register_cap": {"maxnreg": None},
 }
 launch_options = triton_backend.gluon_launch_options
 
@@ -32,7 +33,10 @@ launch_options = triton_backend.gluon_launch_options
 def with_overrides(overrides):
     def options(**kw):
         constants, compiler = launch_options(**kw)
-        return dict(constants, **overrides), compiler
+        constants = dict(constants, **{k: v for k, v in overrides.items() if k != "maxnreg"})
+        if "maxnreg" in overrides:
+            compiler = {k: v for k, v in dict(compiler, maxnreg=overrides["maxnreg"]).items() if v is not None}
+        return constants, compiler
     return options
 
 

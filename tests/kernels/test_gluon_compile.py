@@ -1,6 +1,6 @@
 """The Gluon scoring kernel where no sm_90 device exists (it has no interpreter): every variant the
 backend launches compiles for sm_90 with the backend's options, fits the register budget that lets
-4 programs share an SM, spills nothing, and its step loop holds the int8 wgmma it is written for,
+4 programs share an SM (the scan spills one register, no more), and its step loop holds the int8 wgmma it is written for,
 two CTA barriers, and in the scan one slot atomic and one histogram reduction per thread.
 Its results are checked against the Triton twin on the H200 (test_triton_backend.py, gpu)."""
 
@@ -28,11 +28,18 @@ def summary(tmp_path_factory) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+# The scan spills one register under the cap: one store and one reload (L1) per step, measured
+# cheaper than the 2 programs per SM that 160 registers would leave (bench/NOTES.md, session 4).
+ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8}
+
+
 @pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
-def test_registers_fit_four_programs_per_sm_without_spills(summary, variant):
+def test_registers_fit_four_programs_per_sm(summary, variant):
     info = summary[variant]
     assert info["REG"] <= GLUON_MAX_REGISTERS, f"{variant}: {info['REG']} registers"
-    assert info["STACK"] == 0, f"{variant}: {info['STACK']} bytes of stack (spills)"
+    assert info["STACK"] <= ALLOWED_SPILL_BYTES[variant], f"{variant}: {info['STACK']} bytes of stack (spills)"
+    spill_ops = info["loop_opcodes"].get("STL", 0) + info["loop_opcodes"].get("LDL", 0)
+    assert spill_ops <= ALLOWED_SPILL_BYTES[variant] // 4, f"{variant}: {spill_ops} spill instructions per step"
 
 
 @pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
