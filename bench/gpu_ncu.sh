@@ -8,7 +8,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*
 echo "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || { ls /usr/local/ 2>/dev/null; exit 0; }
 cd bench
-timeout ${NCU_TIMEOUT:-300} "$NCU" --kernel-name score_fp4_kernel --launch-skip 3 --launch-count 2 \
+timeout ${NCU_TIMEOUT:-300} "$NCU" --kernel-name regex:score_fp4 --launch-skip 3 --launch-count 2 \
   --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy \
   --section ComputeWorkloadAnalysis python3 ncu_scoring.py > "$OUT/ncu-scoring.txt" 2>&1
-echo "rc $?"; grep -E "score_fp4_kernel|Duration|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued|SM Busy|Compute \(SM\) Throughput|Executed Ipc|Eligible Warps" "$OUT/ncu-scoring.txt" | head -60
+echo "rc $?"; grep -E "score_fp4|Duration|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued|SM Busy|Compute \(SM\) Throughput|Executed Ipc|Eligible Warps" "$OUT/ncu-scoring.txt" | head -60

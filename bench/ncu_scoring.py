@@ -1,7 +1,7 @@
-"""Nsight Compute view of the two scoring kernels at the production shape (Q = 8192, S = 65,536,
+"""Nsight Compute view of the two scoring kernels (the Gluon kernel on sm_90: TritonBackend()'s choice) at the production shape (Q = 8192, S = 65,536,
 K = 512): one dense launch and one scan launch, after a warm-up of each. Run it under ncu:
 
-    ncu --kernel-name score_fp4_kernel --launch-skip 3 --launch-count 2 \\
+    ncu --kernel-name regex:score_fp4 --launch-skip 3 --launch-count 2 \\
         --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy \\
         python3 bench/ncu_scoring.py
 
