@@ -11,8 +11,8 @@ wq * r with r != 0 is a normal float32). Every factor but w and weight_scale is 
 two, and ReLU and the head sum commute with a positive power of two, so this is the contract's
     weight_scale * sum_h w[i,h] * relu(q[i,h].k[j])
 computed in float32 with one rounding per product (or none where the compiler fuses a product
-into the running sum), the head sum in the reduction's fixed order (16 heads per thread in
-sequence, then one lane exchange), and one rounding of the product with weight_scale. Bound
+into the running sum), the head sum in the reduction's fixed order (each thread's heads in
+sequence, then lane exchanges; see Tiling), and one rounding of the product with weight_scale. Bound
 against exact arithmetic, per score:
     |score - exact| <= 70 * 2^-24 * |weight_scale| * sum_h |w[i,h]| relu(q.k)        (gamma_64 + 2 roundings)
 Where no live vector is wide (ANY_WIDE false, the common case) 0 <= relu(int_dot) < 2^21, and its
@@ -23,8 +23,9 @@ that hold a wide vector.
 
 Tiling (the fast orientation measured on the H200, H200-NOTES.md): keys on the MMA's M side
 (BLOCK_KEYS keys per step), (head, query row) on the N side, column n = head * BLOCK_ROWS + row,
-so that each thread's accumulator columns hold two rows x 32 heads and the head sum needs one
-lane exchange. One program owns BLOCK_ROWS rows of one sequence and walks every key of their
+so that each thread's accumulator columns hold two rows x 16 heads (BLOCK_ROWS 2, the backend's
+tile, the same layout and order as scoring_gluon.py; 32 heads at BLOCK_ROWS 4) and the head sum
+needs two lane exchanges (one at 4). One program owns BLOCK_ROWS rows of one sequence and walks every key of their
 windows (dense mode: every stride-th position from 0, one output column each; STRIDED false
 means stride 1, whose key tiles are contiguous and need no bounds mask: s_pad covers them).
 

@@ -6,7 +6,7 @@ common case where no live vector is wide (ANY_WIDE false): per key step
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
 and the head sum is reduced in the layout the Triton kernel gets for the same tile at BLOCK_ROWS = 2
 (gl.sum over the same NVMMA layout), so the two kernels return the same bits (checked on the H200
-by tests/kernels/test_gpu.py). Problems with a wide vector run scoring.py's kernel (its hi-operand
+by tests/kernels/test_triton_backend.py and bench/gluon_probe.py). Problems with a wide vector run scoring.py's kernel (its hi-operand
 branches); the backend picks per problem, for every scoring call of it (calibration, scan, repair,
 dense), so one problem's scores always come from one kernel.
 
@@ -15,16 +15,21 @@ warpgroup (4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEY
 wgmma (m64n128k32, 4 k-steps): 64 int32 accumulators and 32 head weights per thread, so the kernel
 fits <= 128 registers (ptxas cap, `maxnreg`) and 4 programs share an SM, where the Triton kernel
 needs ~250 registers and gets 2 (Nsight: latency-bound at 2 warps per scheduler). Key tiles are
-copied global -> shared with cp.async into a ring of NUM_BUFFERS tiles (no registers, one CTA
-barrier per step, the copy of step s + NUM_BUFFERS - 1 in flight during step s's MMA and epilogue).
+copied global -> shared with cp.async into a ring of NUM_BUFFERS tiles (no registers; two CTA
+barriers per step, one after the copy wait and one before the wgmma; the copy of step s + NUM_BUFFERS - 1 in flight during step s's MMA and epilogue).
 
 Tiling: keys on the MMA's M side, column n = head * BLOCK_ROWS + row on the N side (scoring.py).
-After the head sum each (key, row) score sits in 4 lanes (the reduction's replication); stores and
-atomics are issued once per element (Triton's lowering masks the replicas).
+After the head sum each (key, row) score sits in 4 lanes (the reduction's replication); the dense
+store is issued once per element (Triton's lowering masks the replicas). The scan first moves the
+tile to the `flat` layout, one element per thread (each lane keeps one of the four it holds), so
+that its returning slot atomic needs no shared-memory broadcast of the result; the window test,
+the probe and the appends run there. Registers: dense 123-128, scan 128 with one register
+spilled (one STL / LDL per step; without the cap the scan takes ~165 and was 7 % slower).
 
 Scan epilogue as scoring.py: a score >= the row's threshold (float32 floor) takes a slot with one
 relaxed atomic on the row's counter, its key ordered(score) << 32 | (2^32 - 1 - position) is stored
-at buf[row, slot] if slot < capacity, the counter keeps counting (overflow certificate); passing
+at buf[row, slot] if slot < capacity (one step later with DEFER_APPENDS, so the slot's round trip
+overlaps the next step), the counter keeps counting (overflow certificate); passing
 scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is raised to one bin
 below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
 A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
