@@ -8,8 +8,8 @@ the head sum, and offers two ways to consume the scores:
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
-- `select_candidates`, `kth_largest_scores` and `assemble_result`: the exact selections and the
-  page mapping of the pipeline (shared torch code in selection.py unless the backend has a
+- `select_candidates`, `kth_largest_scores`, `calibration_keys` and `assemble_result`: the exact
+  selections and the page mapping of the pipeline (shared torch code in selection.py unless the backend has a
   faster kernel for them; every implementation returns the same answer, bit for bit).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .result import TopKResult
-from .selection import assemble_result, select_topk_keys
+from .selection import NO_KEY, assemble_result, score_floor_keys, select_topk_keys
 from .validation import PrefillProblem
 
 
@@ -80,6 +80,20 @@ class ScoringBackend(abc.ABC):
         Exact for rows without NaN (callers check NaN themselves); -0.0 may come back as +0.0."""
         best = torch.topk(scores, max(ranks), dim=1, largest=True, sorted=True).values
         return best[:, [rank - 1 for rank in ranks]]
+
+    def calibration_keys(self, sample: torch.Tensor, k: int, ceiling_rank: int,
+                         offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(thresholds, ceilings) int64 keys [rows] of the calibration sample float32 [rows, n]
+        (pipeline.calibrate): the score-floor key of the sample's k-th best score plus `offset`, and
+        of its ceiling_rank-th best; NO_KEY where that k-th best is not finite or the sample row
+        holds a NaN, and for a ceiling that is not finite."""
+        kth, ceiling = self.kth_largest_scores(sample, (k, ceiling_rank)).unbind(dim=1)
+        kth = kth + offset
+        usable = torch.isfinite(kth) & ~torch.isnan(sample).any(dim=1)
+        return (
+            torch.where(usable, score_floor_keys(kth), NO_KEY),
+            torch.where(usable & torch.isfinite(ceiling), score_floor_keys(ceiling), NO_KEY),
+        )
 
     def assemble_result(self, top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
                         status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor) -> TopKResult:

@@ -24,7 +24,7 @@ import torch
 
 from .backend import ScoringBackend
 from .result import TopKResult
-from .selection import NO_KEY, kth_key, score_floor_keys, select_topk_dense, select_topk_keys
+from .selection import NO_KEY, kth_key, select_topk_dense, select_topk_keys
 from .status import RowStatus
 from .validation import PrefillProblem
 
@@ -71,13 +71,7 @@ def calibrate(
     if stride < 2 or -(-problem.max_end // stride) < k:
         return no_threshold, None  # the sample would be (nearly) the whole window, or too small
     sample, _ = backend.score_dense(problem, stride)
-    kth, ceiling = backend.kth_largest_scores(sample, (k, max(1, k // (2 * stride)))).unbind(dim=1)
-    kth = kth + tuning.calibration_offset
-    usable = torch.isfinite(kth) & ~torch.isnan(sample).any(dim=1)
-    return (
-        torch.where(usable, score_floor_keys(kth), NO_KEY),
-        torch.where(usable & torch.isfinite(ceiling), score_floor_keys(ceiling), NO_KEY),
-    )
+    return backend.calibration_keys(sample, k, max(1, k // (2 * stride)), tuning.calibration_offset)
 
 
 def _rescan_exact(problem: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,17 +25,19 @@ import torch
 
 from ..backend import CandidateScan, ScoringBackend
 from ..errors import BackendUnavailableError, InputError
-from ..selection import NO_KEY, score_floor_keys, split_keys
+from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
 from .decode import (
     FLAG_UNSUPPORTED, FLAG_WIDE, MAX_WEIGHT_EXPONENT, MIN_SCALED_EXPONENT, decode_keys_fp4_triton,
     prepare_queries_fp4_triton,
 )
-from .scoring import HEAD_DIM, HEADS, NUM_BINS, score_fp4_kernel
+from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
 )
-from .selection import assemble_result_triton, kth_largest_scores_triton, select_topk_candidates_triton
+from .selection import (
+    assemble_result_triton, calibration_keys_triton, kth_largest_scores_triton, select_topk_candidates_triton,
+)
 
 
 SCORING_KERNELS = ("auto", "gluon", "triton")
@@ -281,18 +283,15 @@ class TritonBackend(ScoringBackend):
         rows = problem.num_rows
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
-        threshold_scores = split_keys(thresholds)[0].contiguous()
-        hist_lo, hist_width = histogram_ranges(threshold_scores, ceilings, self.num_bins)
+        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins)
         buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
-        appended = torch.zeros(rows, dtype=torch.int32, device=dev)
-        hist = torch.zeros(rows, self.num_bins, dtype=torch.int32, device=dev)
-        raised = threshold_scores.clone()
-        nonfinite = torch.zeros(rows, dtype=torch.int8, device=dev)
-        self._launch(problem, ops, dense=False, thresholds=threshold_scores, hist_lo=hist_lo,
-                     hist_width=hist_width, hist=hist, buffer=buffer, capacity=capacity, appended=appended,
-                     thr_out=raised, nonfinite=nonfinite)
-        final = torch.maximum(thresholds, torch.where(raised > threshold_scores, score_floor_keys(raised), NO_KEY))
-        return CandidateScan(keys=buffer, appended=appended.long(), thresholds=final, nonfinite=nonfinite.bool())
+        self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
+                     hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
+                     appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])
+        raised = scan["raised"]
+        final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
+        return CandidateScan(keys=buffer, appended=scan["appended"].long(), thresholds=final,
+                             nonfinite=scan["nonfinite"].bool())
 
     def assemble_result(self, top_keys, row_to_batch, block_table, status, repaired, candidates):
         """By selection.py's one-kernel assembly."""
@@ -302,22 +301,12 @@ class TritonBackend(ScoringBackend):
         """By selection.py's bisection kernel (no sort)."""
         return kth_largest_scores_triton(scores, ranks)
 
+    def calibration_keys(self, sample: torch.Tensor, k: int, ceiling_rank: int,
+                         offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """By the same bisection kernel, which also forms the keys (one launch, no small ops)."""
+        return calibration_keys_triton(sample, k, ceiling_rank, offset)
+
     def select_candidates(self, scan: CandidateScan, k: int) -> torch.Tensor:
         """The buffer's top-k by selection.py's kernel (compacted above the scan's final threshold)."""
         kept = scan.appended.clamp(max=scan.keys.shape[1])
         return select_topk_candidates_triton(scan.keys, kept, scan.thresholds, k)
-
-
-def histogram_ranges(threshold_scores: torch.Tensor, ceilings: torch.Tensor | None,
-                     num_bins: int = NUM_BINS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row histogram origin (the threshold's score, float32; -inf for no threshold) and bin
-    width float32, so that num_bins bins reach the ceiling's score. Width 0 (no histogram) without
-    both bounds, or where the bins would be too narrow for float32 to place a score in its bin
-    reliably (< 2^-16 of the scores)."""
-    lo = threshold_scores
-    if ceilings is None:
-        return lo.nan_to_num(neginf=0.0).contiguous(), torch.zeros_like(lo)
-    hi, _ = split_keys(ceilings)  # NO_KEY: -inf, so the width is not finite
-    width = (hi - lo) / num_bins
-    usable = torch.isfinite(width) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
-    return torch.where(usable, lo, 0.0).contiguous(), torch.where(usable, width, 0.0).contiguous()

@@ -47,13 +47,17 @@ scan mode.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from ..selection import NO_KEY
 
 HEADS = 64
 HEAD_DIM = 128
 NUM_BINS = 32
 SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
+NO_KEY_C = tl.constexpr(NO_KEY)
 
 
 @triton.jit
@@ -240,3 +244,58 @@ def _score_tile(step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_pt
     scores = scores * rowfac[None, :] * kfac[:, None]
     in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
     return pos, scores, in_window
+
+
+@triton.jit
+def prepare_scan_kernel(
+    thr_keys_ptr, ceil_keys_ptr, rows,              # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
+    thr_ptr, hist_lo_ptr, hist_width_ptr, raised_ptr,   # float32 [rows] x4
+    appended_ptr, hist_ptr, nonfinite_ptr,          # int32 [rows], int32 [rows, NB], int8 [rows]: zeroed
+    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < rows
+    keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
+    lo = tl.where(keys == NO_KEY_C, float("-inf"), _scores_of_ordered((keys >> 32).to(tl.int32)))
+    if HAS_CEILINGS:
+        ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live, other=NO_KEY_C)
+        hi = tl.where(ceil_keys == NO_KEY_C, float("-inf"), _scores_of_ordered((ceil_keys >> 32).to(tl.int32)))
+        width = tl.div_rn(hi - lo, tl.full([BLOCK], NB, tl.float32))
+        usable = ((width == width) & (tl.abs(width) != float("inf"))
+                  & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi))))
+        hist_lo = tl.where(usable, lo, 0.0)
+        hist_width = tl.where(usable, width, 0.0)
+    else:
+        hist_lo = tl.where(lo == float("-inf"), 0.0, lo)
+        hist_width = tl.zeros([BLOCK], tl.float32)
+    tl.store(thr_ptr + offs, lo, mask=live)
+    tl.store(raised_ptr + offs, lo, mask=live)
+    tl.store(hist_lo_ptr + offs, hist_lo, mask=live)
+    tl.store(hist_width_ptr + offs, hist_width, mask=live)
+    tl.store(appended_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=live)
+    tl.store(nonfinite_ptr + offs, tl.zeros([BLOCK], tl.int8), mask=live)
+    offs_bin = tl.arange(0, NB)
+    tl.store(hist_ptr + offs.to(tl.int64)[:, None] * NB + offs_bin[None, :], tl.zeros([BLOCK, NB], tl.int32),
+             mask=live[:, None])
+
+
+def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS) -> dict:
+    """The scan's per-row inputs and zeroed outputs from the calibration's int64 keys, in one launch:
+    thr (float32: the threshold key's score, -inf for NO_KEY: the kernel admits every score >= it),
+    raised (its copy, which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins
+    from the threshold's score to the ceiling's; both 0 (no histogram) without a ceiling, where the
+    width is not finite, or where the bins would be too narrow for float32 to place a score in its
+    bin reliably, < 2^-16 of the scores), and appended int32, hist int32 [rows, NB], nonfinite int8, zeroed."""
+    rows = thresholds.shape[0]
+    dev = thresholds.device
+    made = {name: torch.empty(rows, dtype=torch.float32, device=dev) for name in ("thr", "raised", "hist_lo", "hist_width")}
+    made.update(appended=torch.empty(rows, dtype=torch.int32, device=dev),
+                hist=torch.empty(rows, num_bins, dtype=torch.int32, device=dev),
+                nonfinite=torch.empty(rows, dtype=torch.int8, device=dev))
+    if rows:
+        block = 128
+        prepare_scan_kernel[(triton.cdiv(rows, block),)](
+            thresholds.contiguous(), (ceilings if ceilings is not None else thresholds).contiguous(), rows,
+            made["thr"], made["hist_lo"], made["hist_width"], made["raised"], made["appended"], made["hist"],
+            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block, num_warps=4)
+    return made

@@ -361,3 +361,43 @@ def test_auto_scores_wide_vectors_with_the_triton_kernel(seed):
     if torch.cuda.get_device_capability() == (9, 0):
         with pytest.raises(InputError, match="4-7 binades"):
             TritonBackend(scoring_kernel="gluon").operands(problem)
+
+
+def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
+    """The scan's histogram origin and bin width in torch (prepare_scan_triton's contract)."""
+    from litetopk.kernels.selection import split_keys
+
+    lo = threshold_scores
+    if ceilings is None:
+        return lo.nan_to_num(neginf=0.0), torch.zeros_like(lo)
+    hi, _ = split_keys(ceilings)
+    width = (hi - lo) / num_bins
+    usable = torch.isfinite(width) & (width > 2.0**-16 * torch.maximum(lo.abs(), hi.abs()))
+    return torch.where(usable, lo, 0.0), torch.where(usable, width, 0.0)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("with_ceilings", [True, False])
+def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, seed):
+    from litetopk.kernels.selection import score_floor_keys, split_keys
+    from litetopk.kernels.triton.scoring import prepare_scan_triton
+
+    rng = np.random.default_rng(seed)
+    rows = 300  # three programs of the launch, the last one partly masked
+    lo = torch.from_numpy(rng.standard_normal(rows).astype(np.float32))
+    hi = lo + torch.from_numpy(rng.exponential(size=rows).astype(np.float32))
+    hi[::7] = lo[::7] * (1 + 2.0**-20)  # bins too narrow: no histogram
+    lo[::11] = -0.0
+    thresholds = score_floor_keys(lo)
+    thresholds[::13] = NO_KEY  # no threshold: -inf, every score passes
+    ceilings = score_floor_keys(hi)
+    ceilings[::5] = NO_KEY
+    got = prepare_scan_triton(thresholds.to(DEVICE), ceilings.to(DEVICE) if with_ceilings else None, 32)
+    want_thr = split_keys(thresholds)[0]
+    want_lo, want_width = ref_histogram_ranges(want_thr, ceilings if with_ceilings else None, 32)
+    where = f"ceilings {with_ceilings}, seed {seed}"
+    for name, want in (("thr", want_thr), ("raised", want_thr), ("hist_lo", want_lo), ("hist_width", want_width)):
+        assert torch.equal(got[name].cpu(), want), f"{where}: {name}"
+    assert bool((want_width > 0).any()) == with_ceilings and bool((want_width == 0).any()), f"{where}: cases"
+    for name in ("appended", "hist", "nonfinite"):
+        assert not bool(got[name].cpu().any()), f"{where}: {name} not zeroed"

@@ -17,7 +17,7 @@ import torch
 from litetopk.kernels import InputError, SlotOverflowError
 from litetopk.kernels.selection import NO_KEY, assemble_result, make_keys
 from litetopk.kernels.triton.selection import (
-    assemble_result_triton, kth_largest_scores_triton, select_topk_candidates_triton,
+    assemble_result_triton, calibration_keys_triton, kth_largest_scores_triton, select_topk_candidates_triton,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -89,6 +89,26 @@ def test_kth_largest_scores_equals_a_sort(width, seed):
         ordered = sorted(scores[r].tolist(), reverse=True)
         want = [ordered[rank - 1] + 0.0 for rank in ranks]  # -0.0 comes back as +0.0
         assert got[r].tolist() == want, f"width {width}, row {r}: got {got[r].tolist()}, want {want}"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("offset", [0.0, 0.25])
+def test_calibration_keys_kernel_equals_the_shared_torch_code(offset, seed):
+    """calibration_keys_triton (one kernel) against ScoringBackend.calibration_keys (torch), on rows
+    with ties, zeros of both signs, infinities, and a NaN (no threshold for that row)."""
+    from litetopk.kernels.reference import ReferenceBackend
+
+    rng = np.random.default_rng(seed)
+    scores = sample_rows(rng, 3000)
+    scores[1, 7] = float("nan")
+    scores[2, :3000 - 20] = float("-inf")  # fewer than K finite: the K-th best is -inf, no threshold
+    scores[0, :16] = float("inf")  # the ceiling (16th best) is +inf: no ceiling, a threshold
+    want = ReferenceBackend().calibration_keys(scores, K, 16, offset)
+    got = calibration_keys_triton(scores.to(DEVICE), K, 16, offset)
+    for name, w, g in zip(("thresholds", "ceilings"), want, got):
+        assert torch.equal(g.cpu(), w), f"offset {offset}, seed {seed}: {name} {g.cpu().tolist()} vs {w.tolist()}"
+    assert want[0][1] == NO_KEY and want[0][2] == NO_KEY, "the NaN row and the -inf row must get no threshold"
+    assert want[0][0] != NO_KEY and want[1][0] == NO_KEY, "row 0 must keep its threshold and lose its ceiling"
 
 
 def sorted_top_keys(rng: np.random.Generator, rows: int, window: int, published: list[int]) -> torch.Tensor:
