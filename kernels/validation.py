@@ -86,8 +86,18 @@ class PrefillProblem:
 def _window_summary(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> dict:
     """max_end and host_rows of effective windows: one copy of the row metadata to the host (the
     one host sync of validation)."""
-    host_rows = torch.stack([row_to_batch, starts, ends]).to(torch.int32).cpu().numpy()
-    return dict(max_end=int(host_rows[2].max()) if ends.numel() else 0, host_rows=host_rows)
+    return _summary_of(torch.stack([row_to_batch, starts, ends]).to(torch.int32))
+
+
+def _summary_of(effective: torch.Tensor) -> dict:
+    host_rows = effective.cpu().numpy()
+    return dict(max_end=int(host_rows[2].max()) if host_rows.shape[1] else 0, host_rows=host_rows)
+
+
+def row_checks_run_as_kernel(device: torch.device) -> bool:
+    """True where the per-row checks run as one Triton kernel (kernels/triton/row_checks.py, equal to
+    the torch code here): NVIDIA CUDA devices. Elsewhere (CPU, ROCm) the torch code runs."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -201,16 +211,19 @@ def validate_prefill(
         raise InputError(f"all tensors must be on one device; got {listing}")
     weights = weights.float().contiguous()
     num_pages = kv_cache.shape[0]
-    status = _row_status(block_table, num_pages, weights, row_to_batch, starts, ends)
+    if row_checks_run_as_kernel(weights.device):
+        from .triton.row_checks import row_checks_triton
+
+        status, effective = row_checks_triton(block_table, num_pages, weights, row_to_batch, starts, ends)
+    else:
+        status = _row_status(block_table, num_pages, weights, row_to_batch, starts, ends)
+        ok = status == 0
+        effective = torch.stack([torch.where(ok, t, 0) for t in (row_to_batch, starts, ends)]).to(torch.int32)
     if num_pages * PAGE_SIZE - 1 > INT32_MAX:
         check_slots_fit_int32(_max_live_page(block_table, row_to_batch, starts, ends, status))
-    ok = status == 0
-    eff_starts = torch.where(ok, starts, 0).to(torch.int32)
-    eff_ends = torch.where(ok, ends, 0).to(torch.int32)
-    eff_rtb = torch.where(ok, row_to_batch, 0).to(torch.int32)
+    eff_rtb, eff_starts, eff_ends = effective.unbind(0)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
         row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
-        row_status=status, topk=topk, weight_scale=float(weight_scale),
-        **_window_summary(eff_rtb, eff_starts, eff_ends),
+        row_status=status, topk=topk, weight_scale=float(weight_scale), **_summary_of(effective),
     )

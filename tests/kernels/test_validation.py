@@ -199,6 +199,27 @@ def test_row_faults_become_status_bits(case, seed):
         assert torch.equal(got.view(torch.uint8), was.view(torch.uint8)), f"{case}: {name} was modified"
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(ROW_FAULTS))
+def test_row_checks_kernel_finds_the_same_faults(case, seed):
+    """kernels/triton/row_checks.py (what validation runs on a CUDA device) on the same cases: the
+    same status bits and the same effective windows as the torch checks."""
+    from litetopk.kernels.triton.row_checks import row_checks_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    changes, want = ROW_FAULTS[case]
+    args = small_args(seed)
+    for change in changes:
+        change(args)
+    status, effective = row_checks_triton(
+        args["block_table"].to(device), _num_pages(args), args["weights"].float().to(device),
+        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")))
+    assert status.cpu().tolist() == want, f"{case}: {status.cpu().tolist()} vs {want}"
+    ok = torch.tensor(want) == 0
+    for i, name in enumerate(("row_to_batch", "starts", "ends")):
+        assert torch.equal(effective[i].cpu(), torch.where(ok, args[name], 0)), f"{case}: effective {name}"
+
+
 # ---- 64-bit slot arithmetic ---------------------------------------------------------------------
 
 
