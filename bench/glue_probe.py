@@ -27,16 +27,16 @@ FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 report = {"device": torch.cuda.get_device_name(0)}
 tuning = LiteTopKTuning()
 kernel_checks = validation.row_checks_run_as_kernel
+kernel_keys = TritonBackend.calibration_keys
 
 
 def glue(variant: str):
     """Switch the glue to `variant`: "kernels" (production), "torch_validation", "torch_calibration_keys"."""
     validation.row_checks_run_as_kernel = (lambda device: False) if variant == "torch_validation" else kernel_checks
     TritonBackend.calibration_keys = (ScoringBackend.calibration_keys if variant == "torch_calibration_keys"
-                                      else TritonBackend.__dict__["calibration_keys"])
+                                      else kernel_keys)
 
 
-TritonBackend.calibration_keys = TritonBackend.__dict__["calibration_keys"]
 for topk, raw in ((512, 262144), (1024, 262144), (512, 786432)):
     args, kw = call_args(prefill_problem(8192, raw, topk, seed=7))
     res = {}
