@@ -13,6 +13,7 @@ for step in $STEPS; do
   case $step in
     probe) OUT=$RES timeout ${PROBE_TIMEOUT:-200} python3 bench/triton_probe.py 2>&1 | grep -v '^sweep\|^sass_mix' | tail -6 ;;
     gluon) OUT=$RES timeout ${GLUON_TIMEOUT:-300} python3 bench/gluon_probe.py 2>&1 | tail -12 ;;
+    wide) OUT=$RES timeout ${WIDE_TIMEOUT:-200} python3 bench/gluon_wide_probe.py 2>&1 | tail -4 ;;
     glue) OUT=$RES timeout ${GLUE_TIMEOUT:-200} python3 bench/glue_probe.py 2>&1 | tail -6 ;;
     variants) OUT=$RES timeout ${VARIANTS_TIMEOUT:-200} python3 bench/gluon_variants.py 2>&1 | tail -3 ;;
     tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 bench/scan_tuning.py 2>&1 | tail -16 ;;

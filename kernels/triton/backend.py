@@ -7,12 +7,12 @@ launches a scoring kernel in dense or scan mode on the current stream. Runs on a
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
-score_fp4_gluon_kernel (scoring_gluon.py: sm_90 only, <= 128 registers so 4 programs share an SM,
-no wide-vector branches) and score_fp4_kernel (scoring.py: any CUDA GPU and the interpreter, wide
-vectors too). `scoring_kernel="auto"` takes the Gluon kernel for a problem on an sm_90 device with
-no wide vector and the default tile (BLOCK_ROWS 2, 64 keys, 4 warps), the Triton kernel otherwise;
-the choice is made once per problem, so calibration, scan, repair and dense scores of one problem
-come from one kernel. Asking for "gluon" where it cannot run raises; nothing falls back.
+score_fp4_gluon_kernel (scoring_gluon.py: sm_90 only, <= 128 registers so 4 programs share an SM)
+and score_fp4_kernel (scoring.py: any CUDA GPU and the interpreter). `scoring_kernel="auto"` takes
+the Gluon kernel on an sm_90 device with the default tile (BLOCK_ROWS 2, 64 keys, 4 warps), the
+Triton kernel otherwise; the choice is made once per backend and device, so calibration, scan,
+repair and dense scores of one problem come from one kernel. Asking for "gluon" where it cannot
+run raises; nothing falls back.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ def is_sm90(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, refresh: int = 16,
+def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: bool = False, refresh: int = 16,
                          num_bins: int = NUM_BINS, defer_appends: bool = True) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
     (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
     constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
-                     STRIDED=STRIDED, ANY_WIDE=False, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
+                     STRIDED=STRIDED, ANY_WIDE=ANY_WIDE, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
                      NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends)
     return constants, dict(num_warps=GLUON_NUM_WARPS, maxnreg=GLUON_MAX_REGISTERS)
 
@@ -171,25 +171,22 @@ class TritonBackend(ScoringBackend):
             tile_wide = torch.zeros(batch, s_pad // self.block_keys, dtype=torch.bool, device=dev)
             prog_q_wide = torch.zeros(programs, dtype=torch.bool, device=dev)
         ops = Operands(k_lo, k_hi, kfac, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
-                       any_wide=any_wide, gluon=self._use_gluon(dev, any_wide), tile_wide=tile_wide.to(torch.int8).contiguous(),
+                       any_wide=any_wide, gluon=self._use_gluon(dev), tile_wide=tile_wide.to(torch.int8).contiguous(),
                        batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
                        prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
         self._prepared = (problem, ops)
         return ops
 
-    def _use_gluon(self, device: torch.device, any_wide: bool) -> bool:
+    def _use_gluon(self, device: torch.device) -> bool:
         """Whether this problem's scores come from the Gluon kernel (module docstring)."""
         if self.scoring_kernel == "triton":
             return False
         if self.scoring_kernel == "auto":
-            return self._gluon_tile and not any_wide and is_sm90(device)
+            return self._gluon_tile and is_sm90(device)
         if not is_sm90(device):
             raise BackendUnavailableError(
                 f"scoring_kernel='gluon' runs on a compiled sm_90 CUDA device (got {device}"
                 f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'")
-        if any_wide:
-            raise InputError("scoring_kernel='gluon' has no branch for MXFP4 vectors whose blocks span 4-7 binades "
-                             "and this problem holds some; use scoring_kernel='auto' or 'triton'")
         return True
 
     def schedule(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -256,7 +253,8 @@ class TritonBackend(ScoringBackend):
         grid = (prog_rows.shape[0],)
         if ops.gluon:
             constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
-                                                      refresh=self.refresh, num_bins=self.num_bins)
+                                                      ANY_WIDE=ops.any_wide, refresh=self.refresh,
+                                                      num_bins=self.num_bins)
             score_fp4_gluon_kernel[grid](*args, **constants, **options)
             return
         score_fp4_kernel[grid](

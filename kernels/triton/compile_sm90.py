@@ -90,7 +90,10 @@ def opcode_mix(loop: list[str]) -> collections.Counter:
 
 
 GLUON_VARIANTS = {"dense": dict(DENSE=True, STRIDED=False), "strided": dict(DENSE=True, STRIDED=True),
-                  "scan": dict(DENSE=False, STRIDED=False)}
+                  "scan": dict(DENSE=False, STRIDED=False),
+                  "dense_wide": dict(DENSE=True, STRIDED=False, ANY_WIDE=True),
+                  "strided_wide": dict(DENSE=True, STRIDED=True, ANY_WIDE=True),
+                  "scan_wide": dict(DENSE=False, STRIDED=False, ANY_WIDE=True)}
 
 
 def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:

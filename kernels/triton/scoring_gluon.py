@@ -1,14 +1,15 @@
 """Fused FP4 scoring + LiteTopK filter in Gluon (sm_90 only): scoring.py's kernel with explicit layouts.
 
-The math, the exact integer scheme, the float32 order and its bound are scoring.py's, for the
-common case where no live vector is wide (ANY_WIDE false): per key step
+The math, the exact integer scheme, the float32 order and its bound are scoring.py's: per key step
     int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
-and the head sum is reduced in the layout the Triton kernel gets for the same tile at BLOCK_ROWS = 2
-(gl.sum over the same NVMMA layout), so the two kernels return the same bits (checked on the H200
-by tests/kernels/test_triton_backend.py and bench/gluon_probe.py). Problems with a wide vector run scoring.py's kernel (its hi-operand
-branches); the backend picks per problem, for every scoring call of it (calibration, scan, repair,
-dense), so one problem's scores always come from one kernel.
+where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages
+q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key; the
+hi dots join by Horner's rule in the same accumulator (_wide_int_dots), and relu(int_dot) is
+converted once and scaled by 2^-149, as in scoring.py. The head sum is reduced in the layout the
+Triton kernel gets for the same tile at BLOCK_ROWS = 2 (gl.sum over the same NVMMA layout), so the
+two kernels return the same bits (checked on the H200 by tests/kernels/test_triton_backend.py and
+bench/gluon_probe.py).
 
 What Gluon buys over the Triton kernel (bench/NOTES.md, session 4): the register budget. One
 warpgroup (4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEYS = 64 keys per
@@ -33,8 +34,8 @@ overlaps the next step), the counter keeps counting (overflow certificate); pass
 scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is raised to one bin
 below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
 A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
-Limits: D = 128, 64 heads, BLOCK_ROWS = 2, no wide vectors, sm_90 (wgmma); no interpreter (the
-Triton kernel is the CI-tested twin).
+Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
+the CI-tested twin). The ANY_WIDE variants spill 2-6 registers (compile_sm90 summary).
 """
 
 from __future__ import annotations
@@ -77,6 +78,34 @@ def _issue_key_tile(step, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_
 
 
 @gluon.jit
+def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_ptr, k_base, lo, hi, step, stride,
+                   offs_k, offs_d, acc_layout: gl.constexpr, BLOCK_KEYS: gl.constexpr, N: gl.constexpr,
+                   D: gl.constexpr, STRIDED: gl.constexpr):
+    """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (decode.py),
+    as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
+    into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29)."""
+    acc = gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout)
+    if k_wide:  # this tile's k_hi, copied synchronously (wide tiles are rare)
+        if STRIDED:
+            pos = lo + (step * BLOCK_KEYS + offs_k) * stride
+            ptrs = k_hi_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
+            async_copy.async_copy_global_to_shared(k_hi_smem, ptrs, mask=(pos < hi)[:, None])
+        else:
+            row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
+            async_copy.async_copy_global_to_shared(k_hi_smem, k_hi_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :])
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        if q_wide:
+            acc = warpgroup_mma(k_hi_smem, q_hi_smem.permute((1, 0)), acc, use_acc=False) * 16
+        acc = warpgroup_mma(k_hi_smem, q_smem.permute((1, 0)), acc)
+    if q_wide:
+        acc = warpgroup_mma(lo_tile, q_hi_smem.permute((1, 0)), acc)
+    return warpgroup_mma(lo_tile, q_smem.permute((1, 0)), acc * 16)
+
+
+@gluon.jit
 def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions):
     """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where slot < capacity."""
     bits = scores.to(gl.int32, bitcast=True)
@@ -105,7 +134,6 @@ def score_fp4_gluon_kernel(
     num_warps: gl.constexpr,
 ):
     """scoring.score_fp4_kernel's arguments and outputs (the k_hi / q_hi / wide arguments unused)."""
-    gl.static_assert(not ANY_WIDE, "wide vectors run scoring.score_fp4_kernel")
     gl.static_assert((BLOCK_KEYS == 64) & (BLOCK_ROWS == 2) & (num_warps == 4), "the layouts below are for 64 x 2 x 4")
     N: gl.constexpr = BLOCK_ROWS * H
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -146,6 +174,13 @@ def score_fp4_gluon_kernel(
     q_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_qn % BLOCK_ROWS)
     q_vec = gl.where(q_rows >= 0, q_rows, 0).to(gl.int64) * H + offs_qn // BLOCK_ROWS
     q_smem.store(gl.load(q_lo_ptr + q_vec[:, None] * D + offs_d[None, :]))
+    if ANY_WIDE:  # the hi operands (decode.py): q_hi staged where a row of the program needs it
+        q_wide = gl.load(prog_q_wide_ptr + pid) != 0
+        q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
+        q_hi_smem.store(gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide,
+                                other=0))
+        k_hi_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_KEYS, D],
+                                              gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
     n_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n % BLOCK_ROWS)
     wq = gl.load(wq_ptr + gl.where(n_rows >= 0, n_rows, 0).to(gl.int64) * H + offs_n // BLOCK_ROWS,
@@ -204,11 +239,24 @@ def score_fp4_gluon_kernel(
         _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
                         BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
         gl.thread_barrier()
-        acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
-                            gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        # 0 <= relu(x) < 2^21: its bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)
-        terms = gl.maximum(acc, 0).to(gl.float32, bitcast=True) * wq[None, :]
+        if ANY_WIDE:
+            k_wide = gl.load(tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS + step)) != 0
+            if k_wide | q_wide:
+                acc = _wide_int_dots(ring.index(step % NUM_BUFFERS), q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide,
+                                     k_hi_ptr, k_base, lo, hi, step, stride, offs_k, offs_d, mma, BLOCK_KEYS, N, D,
+                                     STRIDED)
+            else:
+                acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
+                                    gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False)
+            # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
+            relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * 1.401298464324817e-45
+        else:
+            acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
+                                gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            # 0 <= relu(x) < 2^21: its bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)
+            relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+        terms = relu_sub * wq[None, :]
         scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
         pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
         if STRIDED:

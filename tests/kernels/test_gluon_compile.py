@@ -1,6 +1,6 @@
 """The Gluon scoring kernel where no sm_90 device exists (it has no interpreter): every variant the
 backend launches compiles for sm_90 with the backend's options, fits the register budget that lets
-4 programs share an SM (the scan spills one register, no more), and its step loop holds the int8 wgmma it is written for,
+4 programs share an SM (the scan spills one register; the wide variants a few), and its step loop holds the int8 wgmma it is written for,
 two CTA barriers, and in the scan one slot atomic and one histogram reduction per thread.
 Its results are checked against the Triton twin on the H200 (test_triton_backend.py, gpu)."""
 
@@ -29,8 +29,10 @@ def summary(tmp_path_factory) -> dict:
 
 
 # The scan spills one register under the cap: one store and one reload (L1) per step, measured
-# cheaper than the 2 programs per SM that 160 registers would leave (bench/NOTES.md, session 4).
-ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8}
+# cheaper than the 3 programs per SM that ~165 registers would leave (bench/NOTES.md, session 4).
+# The ANY_WIDE variants (problems holding a wide MXFP4 vector) spill up to 6.
+ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 24, "scan_wide": 24}
+COMMON = ("dense", "strided", "scan")  # the ANY_WIDE false variants: the loop checks below are theirs
 
 
 @pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
@@ -38,11 +40,20 @@ def test_registers_fit_four_programs_per_sm(summary, variant):
     info = summary[variant]
     assert info["REG"] <= GLUON_MAX_REGISTERS, f"{variant}: {info['REG']} registers"
     assert info["STACK"] <= ALLOWED_SPILL_BYTES[variant], f"{variant}: {info['STACK']} bytes of stack (spills)"
-    spill_ops = info["loop_opcodes"].get("STL", 0) + info["loop_opcodes"].get("LDL", 0)
-    assert spill_ops <= ALLOWED_SPILL_BYTES[variant] // 4, f"{variant}: {spill_ops} spill instructions per step"
+    if variant in COMMON:
+        spill_ops = info["loop_opcodes"].get("STL", 0) + info["loop_opcodes"].get("LDL", 0)
+        assert spill_ops <= ALLOWED_SPILL_BYTES[variant] // 4, f"{variant}: {spill_ops} spill instructions per step"
 
 
-@pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
+@pytest.mark.parametrize("variant", ["dense_wide", "strided_wide", "scan_wide"])
+def test_wide_variants_run_the_hi_dots_on_int8_wgmma(summary, variant):
+    info = summary[variant]
+    assert info["wgmma"] == ["IGMMA.64x128x32.S8.S8"], f"{variant}: {info['wgmma']}"
+    # one plain step (4 k-steps) plus the Horner chain of up to four dots (16 k-steps)
+    assert info["loop_opcodes"].get("IGMMA") == 4 + 16, f"{variant}: {info['loop_opcodes'].get('IGMMA')} IGMMA"
+
+
+@pytest.mark.parametrize("variant", COMMON)
 def test_step_loop_is_int8_wgmma_with_two_barriers(summary, variant):
     info = summary[variant]
     assert info["wgmma"] == ["IGMMA.64x128x32.S8.S8"], f"{variant}: {info['wgmma']}"

@@ -301,9 +301,10 @@ def test_litetopk_allocates_no_score_matrix(seed):
 
 
 GLUON_CASES = {
-    "three sequences, causal": dict(seq_lens=[700, 1500, 300], rows_per_seq=5),
-    "non-causal sub-windows, odd rows": dict(seq_lens=[2000, 900], rows_per_seq=3, causal=False),
-    "K=1024, one long sequence": dict(seq_lens=[3000], rows_per_seq=7, topk=1024),
+    "three sequences, causal": dict(seq_lens=[700, 1500, 300], rows_per_seq=5, spread=0),
+    "non-causal sub-windows, odd rows": dict(seq_lens=[2000, 900], rows_per_seq=3, causal=False, spread=0),
+    "K=1024, one long sequence": dict(seq_lens=[3000], rows_per_seq=7, topk=1024, spread=0),
+    "wide vectors (hi operands)": dict(seq_lens=[1100, 2500], rows_per_seq=4, spread=2),
 }
 
 
@@ -316,11 +317,12 @@ def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon scoring kernel runs on sm_90 only")
-    p = make_problem(seed, **GLUON_CASES[name], spread=0, note=name)
+    p = make_problem(seed, **GLUON_CASES[name], note=name)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
     gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
     where = f"[{name}] seed {seed}"
     assert gluon.operands(problem).gluon and not twin.operands(problem).gluon, f"{where}: the kernels asked for"
+    assert twin.operands(problem).any_wide == ("wide" in name), f"{where}: the case's wide vectors"
     for stride in (1, 5):
         g_scores, g_flags = gluon.score_dense(problem, stride=stride)
         t_scores, t_flags = twin.score_dense(problem, stride=stride)
@@ -346,21 +348,6 @@ def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
         with pytest.raises(BackendUnavailableError, match="sm_90"):
             TritonBackend(scoring_kernel="gluon").operands(problem)
     assert not TritonBackend(scoring_kernel="triton").operands(problem).gluon
-
-
-@pytest.mark.gpu
-def test_auto_scores_wide_vectors_with_the_triton_kernel(seed):
-    p = make_problem(seed, seq_lens=[900], rows_per_seq=3, spread=0)
-    cache = p.kv_cache.view(-1, 4352)
-    page = int(p.block_table[0, 0])
-    cache[page, 5 * 64:6 * 64] |= 0x11  # key 5: every block nonzero ...
-    cache[page, 4096 + 5 * 4:4096 + 6 * 4] = torch.tensor([120, 125, 122, 121], dtype=torch.uint8)  # ... over 5 binades
-    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
-    assert TritonBackend().operands(problem).any_wide, f"seed {seed}: the case needs a wide vector"
-    assert not TritonBackend().operands(problem).gluon, f"seed {seed}: auto took the Gluon kernel for wide vectors"
-    if torch.cuda.get_device_capability() == (9, 0):
-        with pytest.raises(InputError, match="4-7 binades"):
-            TritonBackend(scoring_kernel="gluon").operands(problem)
 
 
 def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
