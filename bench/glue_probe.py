@@ -2,7 +2,7 @@
 Times the whole call and its stages with the glue kernels (row checks, calibration keys, scan
 preparation) and, as A/Bs in the same process, with validation's torch checks and the torch
 calibration keys instead; checks the results are equal; profiles one call (GPU busy vs wall).
-Writes $OUT/glue-probe.json and $OUT/glue-profile.txt.
+Writes $OUT/glue-probe.json, $OUT/glue-profile.txt and $OUT/glue-trace.json.
     source bench/gpu_env.sh && OUT=/tmp python3 bench/glue_probe.py
 """
 
@@ -16,11 +16,11 @@ import torch
 import litetopk.kernels.validation as validation
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.backend import ScoringBackend
-from litetopk.kernels.pipeline import calibrate, run_litetopk
+from litetopk.kernels.pipeline import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, cuda_ms, prefill_problem
+from problems_gpu import call_args, cuda_ms, prefill_problem, profile_call
 
 OUT = os.environ.get("OUT", "/tmp")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -64,15 +64,5 @@ for topk, raw in ((512, 262144), (1024, 262144), (512, 786432)):
         json.dump(report, f, indent=1)
 
 args, kw = call_args(prefill_problem(8192, 262144, 512, seed=7))
-for _ in range(2):
-    litetopk_prefill(*args, **kw, backend="triton")
-torch.cuda.synchronize()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-    litetopk_prefill(*args, **kw, backend="triton")
-    torch.cuda.synchronize()
-events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-with open(os.path.join(OUT, "glue-profile.txt"), "w") as f:
-    f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
-    f.write("\n\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
-prof.export_chrome_trace(os.path.join(OUT, "glue-trace.json"))
+profile_call(lambda: litetopk_prefill(*args, **kw, backend="triton"), OUT, "glue")
 print("profiled")

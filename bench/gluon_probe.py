@@ -8,7 +8,6 @@ stage breakdown of a default ("triton" = auto) call. Writes $OUT/gluon-probe.jso
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -19,18 +18,14 @@ from litetopk.kernels.pipeline import calibrate, run_dense, run_litetopk
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, cuda_ms, prefill_problem
+from problems_gpu import call_args, cuda_ms, json_logger, prefill_problem
 
 OUT = os.environ.get("OUT", "/tmp")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
-def log(key, value):
-    report[key] = value
-    print(key, value, flush=True)
-    with open(os.path.join(OUT, "gluon-probe.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
+log = json_logger(os.path.join(OUT, "gluon-probe.json"), report)
 
 
 def same_result(a, b) -> bool:

@@ -18,7 +18,7 @@ from litetopk.kernels.pipeline import calibrate, run_litetopk
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, cuda_ms, prefill_problem
+from problems_gpu import call_args, cuda_ms, prefill_problem, profile_call
 
 OUT = os.environ.get("OUT", "/tmp")
 VARIANTS = {  # overrides of gluon_launch_options' constexprs and compiler options
@@ -91,14 +91,4 @@ with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
 
 # One profiled LiteTopK call (Gluon): host and device time per op, to find the glue's cost.
 be = TritonBackend(scoring_kernel="gluon")
-for _ in range(2):
-    run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning)
-torch.cuda.synchronize()
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-    run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning)
-    torch.cuda.synchronize()
-table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=40)
-with open(os.path.join(OUT, "gluon-lite-profile.txt"), "w") as f:
-    f.write(table)
-    f.write("\n\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
-prof.export_chrome_trace(os.path.join(OUT, "gluon-lite-trace.json"))
+profile_call(lambda: run_litetopk(validate_prefill(*args, **kw), be, repair=True, tuning=tuning), OUT, "gluon-lite")

@@ -60,3 +60,35 @@ def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def json_logger(path: str, report: dict):
+    """log(key, value): report[key] = value, printed, and the whole report rewritten to `path` (so a
+    call cut short still leaves what it measured)."""
+    import json
+
+    def log(key, value):
+        report[key] = value
+        print(key, value, flush=True)
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    return log
+
+
+def profile_call(fn, out_dir: str, name: str) -> None:
+    """Profile one call of fn after two warm-up calls: writes out_dir/name-profile.txt (ops by CPU
+    time, then by CUDA time) and out_dir/name-trace.json (chrome trace)."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with open(os.path.join(out_dir, f"{name}-profile.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+        f.write("\n\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    prof.export_chrome_trace(os.path.join(out_dir, f"{name}-trace.json"))

@@ -3,7 +3,6 @@ small tile sweep at the production shape, and the SASS instruction mix. Writes $
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,17 +19,13 @@ from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.selection import select_topk_candidates_kernel
 from litetopk.kernels.validation import validate_prefill
 
-from problems_gpu import call_args, cuda_ms, prefill_problem
+from problems_gpu import call_args, cuda_ms, json_logger, prefill_problem, profile_call
 
 OUT = os.environ.get("OUT", "/tmp")
 report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
-def log(key, value):
-    report[key] = value
-    print(key, value, flush=True)
-    with open(os.path.join(OUT, "probe.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
+log = json_logger(os.path.join(OUT, "probe.json"), report)
 
 
 # 1. correctness at a medium shape: triton lite == triton dense; triton vs reference (GPU torch)
@@ -141,20 +136,8 @@ except Exception as exc:
 
 # 5. where the LiteTopK call's time goes: torch profiler over one warm call (CPU ops and CUDA kernels)
 try:
-    from torch.profiler import ProfilerActivity, profile
-    p = prefill_problem(8192, 262144, 512, seed=7)
-    args, kw = call_args(p)
-    for _ in range(2):
-        litetopk_prefill(*args, **kw, backend="triton")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        litetopk_prefill(*args, **kw, backend="triton")
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-    with open(os.path.join(OUT, "profile_lite.txt"), "w") as f:
-        f.write(table)
-        f.write("\n\n" + prof.key_averages().table(sort_by="cpu_time_total", row_limit=60))
-    prof.export_chrome_trace(os.path.join(OUT, "trace_lite.json"))
-    log("profile", "profile_lite.txt, trace_lite.json")
+    args, kw = call_args(prefill_problem(8192, 262144, 512, seed=7))
+    profile_call(lambda: litetopk_prefill(*args, **kw, backend="triton"), OUT, "lite")
+    log("profile", "lite-profile.txt, lite-trace.json")
 except Exception as exc:
     log("profile_error", repr(exc))
