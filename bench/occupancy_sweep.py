@@ -1,4 +1,4 @@
-"""Scoring-kernel tile / register-cap sweep at the production shape (Q = 8192, S = 65,536, K = 512):
+"""The Triton scoring kernel's tile / register-cap sweep (scoring_kernel="triton") at the production shape (Q = 8192, S = 65,536, K = 512):
 dense and scan milliseconds per configuration, in one process (A/B). Writes $OUT/occupancy-sweep.json.
 Nsight Compute (bench/gpu_ncu.sh) showed both kernels latency-bound at 2 CTAs (8 warps) per SM;
 BLOCK_ROWS = 2 fits 3 CTAs at its natural 147-168 registers and 4 under a 128-register cap.
@@ -25,7 +25,7 @@ capacity = LiteTopKTuning().capacity(512)
 report = {"device": torch.cuda.get_device_name(0), "shape": "Q=8192 S=65536 K=512", "configs": {}}
 baseline_top = None
 for block_rows, max_registers in ((4, None), (2, None), (2, 128), (4, None)):
-    backend = TritonBackend(block_rows=block_rows, max_registers=max_registers)
+    backend = TritonBackend(block_rows=block_rows, max_registers=max_registers, scoring_kernel="triton")
     backend.operands(problem)
     thresholds, ceilings = calibrate(problem, backend, LiteTopKTuning())
     scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)

@@ -25,7 +25,8 @@ BLOCK_PAGES = 256
 
 @triton.jit
 def row_checks_kernel(
-    block_table_ptr, batch, max_pages, num_pages,   # int32 [batch, max_pages]
+    block_table_ptr, batch, max_pages, num_pages,   # int32 [batch, max_pages]; ints
+    window_limit,                                   # max_pages * PAGE (int64 where it needs to be)
     weights_ptr, rtb_ptr, starts_ptr, ends_ptr,     # float32 [rows, H]; int32 [rows] x3
     status_ptr, effective_ptr, rows,                # int32 [rows]; int32 [3, rows]
     INVALID_ROW: tl.constexpr, INVALID_PAGE: tl.constexpr, NONFINITE: tl.constexpr,
@@ -35,7 +36,7 @@ def row_checks_kernel(
     b = tl.load(rtb_ptr + row).to(tl.int64)
     start = tl.load(starts_ptr + row).to(tl.int64)
     end = tl.load(ends_ptr + row).to(tl.int64)
-    bad_row = (b < 0) | (b >= batch) | (start < 0) | (start > end) | (end > max_pages.to(tl.int64) * PAGE)
+    bad_row = (b < 0) | (b >= batch) | (start < 0) | (start > end) | (end > window_limit)
     bad_pages = 0
     if bad_row == 0:
         first = start // PAGE
@@ -68,7 +69,8 @@ def row_checks_triton(block_table: torch.Tensor, num_pages: int, weights: torch.
     if rows:
         batch, max_pages = block_table.shape
         row_checks_kernel[(rows,)](
-            block_table, batch, max_pages, num_pages, weights, row_to_batch, starts, ends, status, effective, rows,
+            block_table, batch, max_pages, num_pages, max_pages * PAGE_SIZE, weights, row_to_batch, starts, ends,
+            status, effective, rows,
             INVALID_ROW=int(RowStatus.INVALID_ROW), INVALID_PAGE=int(RowStatus.INVALID_PAGE),
             NONFINITE=int(RowStatus.NONFINITE), H=NUM_HEADS, PAGE=PAGE_SIZE, BLOCK_PAGES=BLOCK_PAGES, num_warps=4,
         )
