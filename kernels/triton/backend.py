@@ -74,7 +74,7 @@ class Operands:
     q_lo: torch.Tensor
     q_hi: torch.Tensor
     wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
-    rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift)
+    rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
     s_pad: int
     any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
@@ -167,13 +167,17 @@ class TritonBackend(ScoringBackend):
             wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
             prog_rows = schedule[0].long()
             prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
-        else:  # read by no kernel variant (ANY_WIDE false)
-            tile_wide = torch.zeros(batch, s_pad // self.block_keys, dtype=torch.bool, device=dev)
-            prog_q_wide = torch.zeros(programs, dtype=torch.bool, device=dev)
+            batch_wide = tile_wide.any(dim=1, keepdim=True)
+            tile_wide, batch_wide, prog_q_wide = (t.to(torch.int8).contiguous() for t in (tile_wide, batch_wide, prog_q_wide))
+        else:  # read by no kernel variant (ANY_WIDE false): allocated, never written or read
+            tile_wide = torch.empty(batch, s_pad // self.block_keys, dtype=torch.int8, device=dev)
+            batch_wide = torch.empty(batch, 1, dtype=torch.int8, device=dev)
+            prog_q_wide = torch.empty(programs, dtype=torch.int8, device=dev)
+        if problem.weight_scale != 1.0:
+            rowfac = rowfac * problem.weight_scale
         ops = Operands(k_lo, k_hi, kfac, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
-                       any_wide=any_wide, gluon=self._use_gluon(dev), tile_wide=tile_wide.to(torch.int8).contiguous(),
-                       batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
-                       prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), schedule=schedule)
+                       any_wide=any_wide, gluon=self._use_gluon(dev), tile_wide=tile_wide, batch_wide=batch_wide,
+                       prog_q_wide=prog_q_wide, schedule=schedule)
         self._prepared = (problem, ops)
         return ops
 
@@ -235,9 +239,8 @@ class TritonBackend(ScoringBackend):
         unused64 = torch.empty(1, dtype=torch.int64, device=dev)
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
         tile_wide = ops.tile_wide if stride == 1 else ops.batch_wide
-        rowfac = ops.rowfac * problem.weight_scale  # exact: rowfac is a power of two
         args = (
-            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq, rowfac,
+            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq, ops.rowfac,
             prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
             ops.s_pad,
             out if out is not None else unused32, out_width, problem.max_end, stride,
