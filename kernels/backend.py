@@ -9,8 +9,9 @@ the head sum, and offers two ways to consume the scores:
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
 - `select_candidates`, `kth_largest_scores`, `calibration_keys` and `assemble_result`: the exact
-  selections and the page mapping of the pipeline (shared torch code in selection.py unless the backend has a
-  faster kernel for them; every implementation returns the same answer, bit for bit).
+  selections and the page mapping of the pipeline (shared torch code below and in selection.py
+  unless the backend has a faster kernel for them; every implementation returns the same answer,
+  bit for bit).
 """
 
 from __future__ import annotations

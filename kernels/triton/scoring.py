@@ -75,6 +75,12 @@ def _scores_of_ordered(ordered):
 
 
 @triton.jit
+def _scores_of_keys(keys):
+    """float32 scores of int64 ordering keys (selection.split_keys' scores): -inf for NO_KEY."""
+    return tl.where(keys == NO_KEY_C, float("-inf"), _scores_of_ordered((keys >> 32).to(tl.int32)))
+
+
+@triton.jit
 def _ordering_keys(scores, positions):
     """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
     return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))
@@ -256,10 +262,10 @@ def prepare_scan_kernel(
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
     keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
-    lo = tl.where(keys == NO_KEY_C, float("-inf"), _scores_of_ordered((keys >> 32).to(tl.int32)))
+    lo = _scores_of_keys(keys)
     if HAS_CEILINGS:
         ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live, other=NO_KEY_C)
-        hi = tl.where(ceil_keys == NO_KEY_C, float("-inf"), _scores_of_ordered((ceil_keys >> 32).to(tl.int32)))
+        hi = _scores_of_keys(ceil_keys)
         width = tl.div_rn(hi - lo, tl.full([BLOCK], NB, tl.float32))
         usable = ((width == width) & (tl.abs(width) != float("inf"))
                   & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi))))

@@ -41,6 +41,8 @@ the CI-tested twin). The ANY_WIDE variants spill 2-6 registers (compile_sm90 sum
 from __future__ import annotations
 
 from triton.experimental import gluon
+
+from .scoring import SUBNORMAL_UNIT, _ordering_keys
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
@@ -108,10 +110,7 @@ def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_p
 @gluon.jit
 def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions):
     """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where slot < capacity."""
-    bits = scores.to(gl.int32, bitcast=True)
-    bits = gl.where(scores == 0.0, 0, bits)
-    ordered = gl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(gl.int64)
-    keys = (ordered << 32) + (4294967295 - positions.to(gl.int64)[:, None])
+    keys = _ordering_keys(scores, positions[:, None])
     gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=slot < capacity)
 
 
@@ -249,7 +248,7 @@ def score_fp4_gluon_kernel(
                 acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
                                     gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False)
             # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
-            relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * 1.401298464324817e-45
+            relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
         else:
             acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
                                 gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)

@@ -28,7 +28,7 @@ import triton.language as tl
 from ..cache_layout import PAGE_SIZE
 from ..result import TopKResult
 from ..selection import refuse_unmappable_slot
-from .scoring import NO_KEY_C, _ordered_bits, _scores_of_ordered
+from .scoring import NO_KEY_C, _ordered_bits, _scores_of_keys, _scores_of_ordered
 
 
 @triton.jit
@@ -156,7 +156,7 @@ def assemble_result_kernel(
     offs = tl.arange(0, TOPK)
     keys = tl.load(keys_ptr + row * TOPK + offs)
     live = (keys != NO_KEY_C) & (tl.load(status_ptr + row) == 0)
-    scores = _scores_of_ordered((keys >> 32).to(tl.int32))
+    scores = _scores_of_keys(keys)
     positions = 4294967295 - (keys & 4294967295)  # int64, < 2^31 for a live key
     batch = tl.load(row_to_batch_ptr + row).to(tl.int64)
     pages = tl.load(block_table_ptr + batch * max_pages + positions // PAGE, mask=live, other=0).to(tl.int64)
