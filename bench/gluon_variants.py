@@ -2,7 +2,7 @@
 (the only fair comparison, bench/NOTES.md), at the production shape (Q = 8192, S = 65,536, K = 512):
 dense scoring and scan times per variant, rounds interleaved, and each variant's LiteTopK result
 checked equal to the default's. Writes $OUT/gluon-variants.json.
-    source bench/gpu_env.sh && OUT=/tmp python3 bench/gluon_variants.py
+    source bench/gpu_env.sh && OUT=/tmp python3 bench/gluon_variants.py     (STAGES=0: the variants only)
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from litetopk.kernels.validation import validate_prefill
 from problems_gpu import call_args, cuda_ms, prefill_problem, profile_call
 
 OUT = os.environ.get("OUT", "/tmp")
-VARIANTS = {  # overrides of gluon_launch_options' constexprs and compiler options
+VARIANTS = {  # overrides of gluon_launch_options' constexprs and compiler options (session 4 also
+    # measured NUM_BUFFERS 3 and no register cap: both slower, bench/NOTES.md)
     "default": {},
     "no_defer": {"DEFER_APPENDS": False},
-    "buffers3": {"NUM_BUFFERS": 3},
-    "no_register_cap": {"maxnreg": None},
+    "refresh32": {"REFRESH": 32},
+    "refresh8": {"REFRESH": 8},
 }
+STAGES = os.environ.get("STAGES", "1") == "1"  # also time the whole call's stages per scoring kernel
 launch_options = triton_backend.gluon_launch_options
 
 
@@ -65,6 +67,10 @@ for _ in range(3):
 report["median"] = {k: sorted(r[k] for r in report["rounds"])[1] for k in report["rounds"][0]}
 print(report["median"], {k: v for k, v in report.items() if k.endswith("equal_default")})
 triton_backend.gluon_launch_options = launch_options
+with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
+    json.dump(report, f, indent=1)
+if not STAGES:
+    raise SystemExit(0)
 
 # The whole LiteTopK call (validation, operands, calibration, scan, selection, assembly) per scoring
 # kernel, and its stages, in the same process: where the time outside the scan goes.
@@ -84,8 +90,6 @@ for name, make in (("gluon", lambda: TritonBackend(scoring_kernel="gluon")),
     stages[name] = res
     print(name, res, flush=True)
 report["pipeline"] = stages
-with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
-    json.dump(report, f, indent=1)
 with open(os.path.join(OUT, "gluon-variants.json"), "w") as f:
     json.dump(report, f, indent=1)
 
