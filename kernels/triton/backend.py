@@ -17,6 +17,7 @@ run raises; nothing falls back.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -51,7 +52,12 @@ def interpreting() -> bool:
 def is_sm90(device: torch.device) -> bool:
     """True for a compiled (not interpreted) CUDA device of compute capability 9.0 (H100, H200)."""
     return (device.type == "cuda" and torch.version.hip is None and not interpreting()
-            and torch.cuda.get_device_capability(device) == (9, 0))
+            and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: bool = False, refresh: int = 16,
@@ -147,9 +153,8 @@ class TritonBackend(ScoringBackend):
                 f"2^{MAX_WEIGHT_EXPONENT} and within 2^{127 - MIN_SCALED_EXPONENT - 1} of each other; query rows "
                 f"{rows} are not. Use backend='reference' for such data."
             )
-        q_flags = q_flags.to(torch.int32)
         if (key_summary | query_summary) & FLAG_UNSUPPORTED:
-            bad_q = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
+            bad_q = ((q_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
             bad_k = (k_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0
             if bool(bad_q.any()) or bool(bad_k.any()):
                 rows = torch.nonzero(bad_q).flatten()[:8].tolist()
@@ -164,7 +169,7 @@ class TritonBackend(ScoringBackend):
         if any_wide:
             key_wide = (k_flags.to(torch.int32) & FLAG_WIDE) != 0
             tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
-            wide_q = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
+            wide_q = ((q_flags.to(torch.int32) & FLAG_WIDE) != 0).any(dim=1) & live_rows
             prog_rows = schedule[0].long()
             prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
             batch_wide = tile_wide.any(dim=1, keepdim=True)
@@ -200,28 +205,43 @@ class TritonBackend(ScoringBackend):
         come first. Built on the host from the validated row metadata (problem.host_rows), then
         copied to the device at once (from pinned memory, asynchronously, on a CUDA device)."""
         block = self.block_rows
-        rtb, starts, ends = problem.host_rows.astype(np.int64)
-        live = np.flatnonzero(ends > starts)
-        order = live[np.lexsort((starts[live], rtb[live]))]  # by sequence, then start
+        rtb, starts, ends = problem.host_rows  # int32
+        order = np.flatnonzero(ends > starts)  # the live rows, by sequence then start (below)
+        key = (rtb[order].astype(np.int64) << 32) | starts[order]  # both >= 0 and < 2^31
+        if not (key[1:] >= key[:-1]).all():  # usually sorted already
+            order = order[np.argsort(key, kind="stable")]
         batch_of = rtb[order]
-        run_start = np.flatnonzero(np.r_[True, batch_of[1:] != batch_of[:-1]])  # first row of each sequence
-        run_length = np.diff(np.r_[run_start, order.size])
-        run_programs = -(-run_length // block)
-        run_of = np.repeat(np.arange(run_start.size), run_length)
-        rank = np.arange(order.size) - run_start[run_of]
-        program = (np.cumsum(run_programs) - run_programs)[run_of] + rank // block
-        count = int(run_programs.sum())
-        prog_rows = np.full((count, block), -1, dtype=np.int64)
-        prog_rows[program, rank % block] = order
-        prog_batch = np.zeros(count, dtype=np.int64)
-        prog_batch[program] = batch_of
-        span = np.empty((count, 2), dtype=np.int64)
-        span[:, 0] = np.iinfo(np.int32).max
-        span[:, 1] = 0
-        np.minimum.at(span[:, 0], program, starts[order])
-        np.maximum.at(span[:, 1], program, ends[order])
-        first = np.argsort(span[:, 0] - span[:, 1], kind="stable")  # the longest span first
-        flat = np.concatenate([prog_rows[first].ravel(), prog_batch[first], span[first].ravel()]).astype(np.int32)
+        n = order.size
+        if n == 0 or batch_of[0] == batch_of[-1]:  # one sequence: consecutive rows fill the lanes
+            slot = slice(0, n)
+            count = -(-n // block)
+        else:  # each sequence starts a program: slot = program * block + lane
+            index = np.arange(n)
+            opens = np.ones(n, dtype=bool)
+            np.not_equal(batch_of[1:], batch_of[:-1], out=opens[1:])
+            lane = (index - np.maximum.accumulate(np.where(opens, index, 0))) % block
+            opens = lane == 0
+            slot = (np.cumsum(opens) - 1) * block + lane
+            count = int(opens.sum())
+        prog_rows = np.full(count * block, -1, dtype=np.int32)
+        prog_rows[slot] = order
+        lane_ends = np.zeros(count * block, dtype=np.int32)
+        lane_ends[slot] = ends[order]
+        prog_rows = prog_rows.reshape(count, block)
+        first_rows = prog_rows[:, 0]  # lanes fill from the first, which has the program's smallest start
+        span = np.empty((count, 2), dtype=np.int32)
+        span[:, 0] = starts[first_rows]
+        span[:, 1] = lane_ends[0::block]
+        for lane_index in range(1, block):
+            np.maximum(span[:, 1], lane_ends[lane_index::block], out=span[:, 1])
+        work = span[:, 1] - span[:, 0]
+        if (work[1:] <= work[:-1]).all():  # the longest span first
+            by_work = slice(None)
+        elif (work[1:] >= work[:-1]).all():  # causal prefill: the windows grow with the row
+            by_work = slice(None, None, -1)
+        else:
+            by_work = np.argsort(-work, kind="stable")
+        flat = np.concatenate([prog_rows[by_work].ravel(), rtb[first_rows[by_work]], span[by_work].ravel()])
         packed = torch.from_numpy(flat)
         if problem.device.type == "cuda":  # pinned: the copy neither waits for the stream nor blocks the host
             packed = packed.pin_memory().to(problem.device, non_blocking=True)

@@ -108,10 +108,11 @@ def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_p
 
 
 @gluon.jit
-def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions):
-    """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where slot < capacity."""
+def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
+    """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where the key
+    passed and slot < capacity."""
     keys = _ordering_keys(scores, positions[:, None])
-    gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=slot < capacity)
+    gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
 
 
 @gluon.jit
@@ -227,8 +228,9 @@ def score_fp4_gluon_kernel(
     else:  # the scan's per-key work is in the flat layout, its probe too
         probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
         thr = gl.convert_layout(thr_h, row_of_flat)
-        pending_slot = gl.full([BLOCK_KEYS, BLOCK_ROWS], 0, gl.int32, flat) + capacity  # capacity: nothing pending
+        pending_slot = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int32, flat)
         pending_score = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
+        pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)  # nothing pending
     for step in range(n_steps):
         # The copy of this step's tile is the oldest of NUM_BUFFERS - 1 in flight; every thread's part
         # of it has landed after the wait, every thread's after the barrier. The barrier also orders
@@ -283,11 +285,13 @@ def score_fp4_gluon_kernel(
             slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
                                  sem="relaxed")
             if DEFER_APPENDS:  # store the previous step's keys: the slot's round trip overlaps a step
-                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS)
-                pending_slot = gl.where(passing, slot, capacity)
+                # (the slot is first read there: no instruction of this step waits for the atomic)
+                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS, pending)
+                pending_slot = slot
                 pending_score = windowed
+                pending = passing
             else:
-                _store_keys(buf_ptr, rows64_f, capacity, gl.where(passing, slot, capacity), windowed, pos_f)
+                _store_keys(buf_ptr, rows64_f, capacity, slot, windowed, pos_f, passing)
             bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
             bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
             gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
@@ -304,7 +308,8 @@ def score_fp4_gluon_kernel(
     async_copy.wait_group(0)
     if not DENSE:
         if DEFER_APPENDS:
-            _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, lo + n_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS)
+            _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score,
+                        lo + n_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS, pending)
     nonfinite = gl.sum(probe, axis=0)
     if DENSE:
         gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)

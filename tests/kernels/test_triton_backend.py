@@ -251,17 +251,22 @@ def test_scan_threshold_only_rises_and_stays_safe(refresh, num_bins, seed):
     assert bool((scan.thresholds > thresholds).any()), f"seed {seed}: the histogram never raised a threshold"
 
 
-@pytest.mark.parametrize("block_rows", [1, 4, 8])
-def test_schedule_covers_every_live_row_once_within_one_sequence(block_rows, seed):
-    p = make_problem(seed, seq_lens=[300, 900, 200], rows_per_seq=5, causal=False, spread=1)
+@pytest.mark.parametrize("block_rows", [1, 2, 4, 8])
+@pytest.mark.parametrize("seq_lens, shuffled", [([300, 900, 200], False), ([300, 900, 200], True), ([900], True)])
+def test_schedule_covers_every_live_row_once_within_one_sequence(block_rows, seq_lens, shuffled, seed):
+    p = make_problem(seed, seq_lens=seq_lens, rows_per_seq=5, causal=False, spread=1)
+    if shuffled:  # rows in no particular order: the schedule sorts them
+        perm = torch.randperm(p.row_to_batch.shape[0], generator=torch.Generator().manual_seed(seed))
+        p.row_to_batch, p.starts, p.ends = p.row_to_batch[perm], p.starts[perm], p.ends[perm]
+        p.q_fp4, p.q_scale, p.weights = p.q_fp4[perm], p.q_scale[perm], p.weights[perm]
     p.ends[2] = p.starts[2]  # an empty window: no program
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
     rows, batch, span = (t.cpu() for t in TritonBackend(block_rows=block_rows).schedule(problem))
     live = (p.ends > p.starts).nonzero().flatten().tolist()
     listed = rows[rows >= 0].tolist()
-    where = f"block_rows {block_rows}, seed {seed}"
+    where = f"block_rows {block_rows}, sequences {seq_lens}, shuffled {shuffled}, seed {seed}"
     assert sorted(listed) == sorted(live), f"{where}: every live row exactly once"
-    real = sum(-(-int(((p.row_to_batch == b) & (p.ends > p.starts)).sum()) // block_rows) for b in range(3))
+    real = sum(-(-int(((p.row_to_batch == b) & (p.ends > p.starts)).sum()) // block_rows) for b in range(len(seq_lens)))
     assert rows.shape[0] == real, f"{where}: {rows.shape[0]} programs for {real} groups of rows"
     for prog in range(rows.shape[0]):
         members = [r for r in rows[prog].tolist() if r >= 0]
