@@ -9,14 +9,13 @@ Math. The buffer row holds `kept` ordering keys (selection.make_keys: integer or
 contract's total order, all distinct) followed by NO_KEY; the answer is its K largest keys, sorted
 descending, NO_KEY padded. The scan's final threshold key T is at or below the row's K-th best
 key, so the answer lies among the keys >= T (every kept key when the row has no threshold).
-The program compacts the keys >= T, CHUNK at a time in buffer order (a prefix sum gives each its
-slot in a per-row scratch row), and where at most SMALL passed (the common case: a few bins of
-the scan's histogram above K) runs a bitonic top-K (tl.topk) over SMALL keys; a second kernel
-answers the rows where more passed (no threshold, or too many keys above it) by a top-K over the
-whole row (FULL keys). Both give the same keys: the order is total, so there is nothing to break.
+Where at most SMALL keys pass T (the common case: a few bins of the scan's histogram above K),
+the program compacts them (a prefix sum gives each its slot in a per-row scratch row) and runs a
+bitonic top-K (tl.topk) over SMALL keys; otherwise over the whole row (FULL keys). Both give the
+same keys: the order is total, so there is nothing to break.
 
-Tiling: one program per row; SMALL = 2 K, CHUNK = SELECT_CHUNK; FULL = the buffer width rounded up
-to a power of two. Work per row grows with the candidate count, never with the window. Limits:
+Tiling: one program per row; FULL = the buffer width rounded up to a power of two (>= K), SMALL =
+2 K. Work per row grows with the candidate count's power of two, never with the window. Limits:
 K a power of two (SUPPORTED_TOPK); keys int64 as selection.py makes them.
 """
 
@@ -31,47 +30,33 @@ from ..result import TopKResult
 from ..selection import refuse_unmappable_slot
 from .scoring import NO_KEY_C, _ordered_bits, _scores_of_keys, _scores_of_ordered
 
-#: The candidate selection's compaction step (keys per loop) and warps (bench/select_probe.py).
-SELECT_CHUNK = 1024
-SELECT_WARPS = 4
-
 
 @triton.jit
 def select_topk_candidates_kernel(
     keys_ptr, capacity, kept_ptr, thr_ptr,          # int64 [rows, capacity]; int64 [rows] x2
-    scratch_ptr, passing_ptr, out_ptr,              # int64 [rows, SMALL]; int32 [rows]; int64 [rows, TOPK]
-    TOPK: tl.constexpr, SMALL: tl.constexpr, CHUNK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    kept = tl.load(kept_ptr + row)
-    thr = tl.load(thr_ptr + row)
-    offs = tl.arange(0, CHUNK)
-    n_passing = 0
-    for start in range(0, kept, CHUNK):  # compact the keys >= thr, CHUNK at a time, in buffer order
-        live = start + offs < kept
-        keys = tl.load(keys_ptr + row * capacity + start + offs, mask=live, other=NO_KEY_C)
-        passing = live & (keys >= thr)
-        slot = n_passing + tl.cumsum(passing.to(tl.int32), axis=0) - 1
-        tl.store(scratch_ptr + row * SMALL + slot, keys, mask=passing & (slot < SMALL))
-        n_passing += tl.sum(passing.to(tl.int32), axis=0)
-    tl.store(passing_ptr + row, n_passing)
-    if n_passing <= SMALL:  # else select_topk_whole_rows_kernel answers the row
-        tl.debug_barrier()  # the row's scratch, written above by every thread, is read below
-        offs_small = tl.arange(0, SMALL)
-        small = tl.load(scratch_ptr + row * SMALL + offs_small, mask=offs_small < n_passing, other=NO_KEY_C)
-        tl.store(out_ptr + row * TOPK + tl.arange(0, TOPK), tl.topk(small, TOPK))
-
-
-@triton.jit
-def select_topk_whole_rows_kernel(
-    keys_ptr, capacity, kept_ptr, passing_ptr, out_ptr,  # as select_topk_candidates_kernel
+    scratch_ptr, out_ptr,                           # int64 [rows, SMALL]; int64 [rows, TOPK]
     TOPK: tl.constexpr, FULL: tl.constexpr, SMALL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    if tl.load(passing_ptr + row) > SMALL:  # rare: the threshold left more than SMALL keys
-        offs = tl.arange(0, FULL)
-        keys = tl.load(keys_ptr + row * capacity + offs, mask=offs < tl.load(kept_ptr + row), other=NO_KEY_C)
-        tl.store(out_ptr + row * TOPK + tl.arange(0, TOPK), tl.topk(keys, TOPK))
+    offs = tl.arange(0, FULL)
+    kept = tl.load(kept_ptr + row)
+    live = offs < kept
+    keys = tl.load(keys_ptr + row * capacity + offs, mask=live, other=NO_KEY_C)
+    offs_top = tl.arange(0, TOPK)
+    if SMALL < FULL:
+        passing = live & (keys >= tl.load(thr_ptr + row))
+        n_passing = tl.sum(passing.to(tl.int32), axis=0)
+        if n_passing <= SMALL:
+            slot = tl.cumsum(passing.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + row * SMALL + slot, keys, mask=passing)
+            tl.debug_barrier()  # the row's scratch, written above by every thread, is read below
+            offs_small = tl.arange(0, SMALL)
+            small = tl.load(scratch_ptr + row * SMALL + offs_small, mask=offs_small < n_passing, other=NO_KEY_C)
+            tl.store(out_ptr + row * TOPK + offs_top, tl.topk(small, TOPK))
+        else:
+            tl.store(out_ptr + row * TOPK + offs_top, tl.topk(keys, TOPK))
+    else:
+        tl.store(out_ptr + row * TOPK + offs_top, tl.topk(keys, TOPK))
 
 
 def select_topk_candidates_triton(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor,
@@ -83,16 +68,13 @@ def select_topk_candidates_triton(keys: torch.Tensor, kept: torch.Tensor, thresh
     out = torch.empty(rows, k, dtype=torch.int64, device=keys.device)
     if rows == 0:
         return out
-    small = 2 * k
-    scratch = torch.empty(rows, small, dtype=torch.int64, device=keys.device)
-    passing = torch.empty(rows, dtype=torch.int32, device=keys.device)
-    keys, kept = keys.contiguous(), kept.to(torch.int64).contiguous()
-    select_topk_candidates_kernel[(rows,)](keys, capacity, kept, thresholds.contiguous(), scratch, passing, out,
-                                           TOPK=k, SMALL=small, CHUNK=SELECT_CHUNK, num_warps=SELECT_WARPS)
-    if capacity > small:  # a row may pass more than SMALL keys
-        full = triton.next_power_of_2(capacity)
-        select_topk_whole_rows_kernel[(rows,)](keys, capacity, kept, passing, out, TOPK=k, FULL=full, SMALL=small,
-                                               num_warps=max(4, min(16, full // 512)))
+    full = triton.next_power_of_2(max(capacity, k))
+    small = min(2 * k, full)
+    scratch = torch.empty(rows if small < full else 1, small, dtype=torch.int64, device=keys.device)
+    select_topk_candidates_kernel[(rows,)](
+        keys.contiguous(), capacity, kept.to(torch.int64).contiguous(), thresholds.contiguous(), scratch, out,
+        TOPK=k, FULL=full, SMALL=small, num_warps=max(4, min(16, full // 512)),
+    )
     return out
 
 
