@@ -2,21 +2,27 @@
 halves (heads 0-31 and 32-63), so one half's MMA runs during the other half's epilogue inside a CTA.
 A prototype of the dense, non-strided, non-wide variant only; not used by the backend.
 
-Per key step s: A(s) and B(s) issued back to back; wait for A(s); A's in-thread head sum, meant to run
-while B(s) is in flight; wait for B(s); B's head sum; the lanes' sum; the dense epilogue. (A ring of 3 key
+Per key step s:
+1. A(s) and B(s) issued back to back.
+2. Wait for A(s). A's in-thread head sum runs while B(s) is in flight and is parked in shared memory.
+3. Wait for B(s). B's head sum, plus A's loaded back; the lanes' sum; the dense epilogue. (A ring of 3 key
 tiles, so the copy of tile s + 2 never lands in a slot a wgmma still reads.) The accumulators are still
 64 registers. The head sum's float order differs from score_fp4_gluon_kernel's: each thread folds 8 + 8
 heads, then adds the two. So the scores agree to float32 rounding, not bit for bit. A landed version
 would move the Triton twin to the same order.
 
-Offline findings (session 5; no device time was left to time it). Both versions: 128 registers, nothing
-spilled, 305-307 loop instructions.
+Offline findings (session 5; no device time was left to time it). Every version: 128 registers, nothing
+spilled.
 - First version, A(s + 1) issued during B(s)'s epilogue, so a wgmma is pending across the loop's back
   edge. ptxas serialized every wgmma (C7514: "non wgmma instructions reading accumulator registers of a
   wgmma between start and end of the pipeline stage").
-- This version: ptxas accepts it (one DEPBAR.LE 1, one DEPBAR.LE 0). But it schedules all except ~23 of
-  A's 64 head-sum instructions after the second wait, so little overlaps. A CTA barrier before the
-  second wait, or the head sum as the wait's dependency, did not change that.
+- Both halves issued and waited within a step (wait 1, then wait 0): ptxas accepts it, one DEPBAR.LE 1
+  and one DEPBAR.LE 0. But it schedules all except ~23 of A's 64 head-sum instructions after the second
+  wait. A CTA barrier before that wait, or the head sum as the wait's dependency, did not change it.
+- This version stores A's partial sums to shared memory before the second wait and loads them back
+  after. That pins the order: 69 instructions between the two waits (A's whole head sum). The cost is
+  2 STS.64, 2 LDS.64 and one CTA barrier per step, and a loop of 312 instructions vs 257 for the
+  backend's kernel.
 - A further risk: m64n64k32 reads 128 B of shared memory per tensor cycle, the SM's limit.
 
     python bench/gluon_split_probe.py          # offline: sm_90 registers, spills, the loop's opcodes
@@ -104,6 +110,8 @@ def score_split_dense_kernel(
     fence_async_shared()
     gl.thread_barrier()
     zeros = gl.zeros([BLOCK_KEYS, HALF], gl.int32, mma)
+    part_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_KEYS, 4, BLOCK_ROWS],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
     offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
     probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, tile)
     for step in range(n_steps):
@@ -117,9 +125,9 @@ def score_split_dense_kernel(
         _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, 1, k_base, k_lo_ptr, max_pos, ring, offs_k, offs_d,
                         BLOCK_KEYS, D, False, NUM_BUFFERS)
         acc_a = warpgroup_mma_wait(num_outstanding=1, deps=(acc_a,))
-        part = _half_partial(acc_a, wq_a, BLOCK_KEYS, BLOCK_ROWS)  # while B runs
+        part_smem.store(_half_partial(acc_a, wq_a, BLOCK_KEYS, BLOCK_ROWS))  # while B runs
         acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b,))
-        part = part + _half_partial(acc_b, wq_b, BLOCK_KEYS, BLOCK_ROWS)
+        part = part_smem.load(partial) + _half_partial(acc_b, wq_b, BLOCK_KEYS, BLOCK_ROWS)
         scores = gl.convert_layout(gl.sum(part, axis=1), tile)
         pos = lo + step * BLOCK_KEYS + offs_tk
         scores = scores * rowfac[None, :] * gl.load(kfac_ptr + k_base + pos)[:, None]
