@@ -17,6 +17,7 @@ for step in $STEPS; do
     glue) OUT=$RES timeout ${GLUE_TIMEOUT:-200} python3 bench/glue_probe.py 2>&1 | tail -6 ;;
     variants) OUT=$RES timeout ${VARIANTS_TIMEOUT:-200} python3 bench/gluon_variants.py 2>&1 | tail -3 ;;
     timeline) OUT=$RES TAG=${TAG:-new} timeout ${TIMELINE_TIMEOUT:-150} python3 bench/glue_timeline.py 2>&1 | tail -40 ;;
+    split) OUT=$RES timeout 200 python3 bench/gluon_split_probe.py 2>&1 | tail -4 ;;
     select) OUT=$RES timeout 200 python3 bench/select_probe.py 2>&1 | tail -3 ;;
     schedule) OUT=$RES timeout 120 python3 bench/schedule_probe.py 2>&1 | tail -5 ;;
     tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 bench/scan_tuning.py 2>&1 | tail -16 ;;
