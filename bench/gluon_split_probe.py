@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from litetopk.kernels.triton.scoring_gluon import _issue_key_tile
+from litetopk.kernels.triton.scoring_gluon import _issue_key_tile, _program_rows, _stage_query_operand
 
 HALF = gl.constexpr(64)  # MMA columns per half: 32 heads x 2 rows
 SPLIT_BUFFERS = 3
@@ -78,20 +78,12 @@ def score_split_dense_kernel(
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
     q_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
 
-    offs_r = gl.arange(0, BLOCK_ROWS, layout=row_of_tile)
-    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_r)
-    row_ok = rows >= 0
-    rows = gl.where(row_ok, rows, 0)
-    starts = gl.where(row_ok, gl.load(starts_ptr + rows), 0)
-    ends = gl.where(row_ok, gl.load(ends_ptr + rows), 0)
+    rows, row_ok, starts, ends = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_tile)
     rowfac = gl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
     k_base = gl.load(prog_batch_ptr + pid).to(gl.int64) * s_pad
 
-    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    q_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_qn % BLOCK_ROWS)
-    q_vec = gl.where(q_rows >= 0, q_rows, 0).to(gl.int64) * H + offs_qn // BLOCK_ROWS
-    q_smem.store(gl.load(q_lo_ptr + q_vec[:, None] * D + offs_d[None, :]))
+    _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N, BLOCK_ROWS, H, D, ld)
     q_a = q_smem.slice(0, HALF).permute((1, 0))
     q_b = q_smem.slice(HALF, HALF).permute((1, 0))
     offs_n = gl.arange(0, HALF, layout=gl.SliceLayout(0, mma))

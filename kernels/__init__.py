@@ -2,7 +2,8 @@
 
 Pipeline, one module a stage: mxfp4 (codec) -> cache_layout (pages) -> validation (one layer for
 every backend) -> backends (reference.py, triton/, flydsl/) -> pipeline (LiteTopK method and
-dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public).
+dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public);
+devices holds the vendor checks (is_cuda, is_gfx950) every layer uses.
 """
 
 from .cache_layout import PAGE_BYTES, PAGE_SIZE, pack_kv_cache, unpack_kv_cache

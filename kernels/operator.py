@@ -17,24 +17,13 @@ import contextlib
 import torch
 
 from .backend import ScoringBackend
+from .devices import is_cuda, is_gfx950
 from .errors import DeviceError, InputError, LiteTopKError
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
 from .result import TopKResult
 from .validation import validate_prefill
 
 BACKEND_NAMES = ("auto", "reference", "triton", "flydsl")
-
-
-def is_cuda(device: torch.device) -> bool:
-    """True for an NVIDIA CUDA device (not a ROCm device, which torch also calls 'cuda')."""
-    return device.type == "cuda" and torch.version.hip is None
-
-
-def is_gfx950(device: torch.device) -> bool:
-    """True for a ROCm device of architecture gfx950 (MI350X / MI355X)."""
-    if device.type != "cuda" or torch.version.hip is None:
-        return False
-    return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0] == "gfx950"
 
 
 def _load_backend(name: str) -> ScoringBackend:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
+from .devices import is_cuda
 from .errors import InputDtypeError, InputError, InputShapeError, SlotOverflowError, UnsupportedTopKError
 from .status import RowStatus
 
@@ -97,7 +98,7 @@ def _summary_of(effective: torch.Tensor) -> dict:
 def row_checks_run_as_kernel(device: torch.device) -> bool:
     """True where the per-row checks run as one Triton kernel (kernels/triton/row_checks.py, equal to
     the torch code here): NVIDIA CUDA devices. Elsewhere (CPU, ROCm) the torch code runs."""
-    return device.type == "cuda" and torch.version.hip is None
+    return is_cuda(device)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..backend import CandidateScan, ScoringBackend
+from ..devices import is_gfx950
 from ..errors import BackendUnavailableError
 from ..selection import NO_KEY
 from ..validation import PrefillProblem
@@ -41,8 +42,6 @@ class FlyDSLBackend(ScoringBackend):
     name = "flydsl"
 
     def check_device(self, device: torch.device) -> None:
-        from ..operator import is_gfx950
-
         if not is_gfx950(device):
             found = device.type if device.type != "cuda" else (
                 f"{device} ({'ROCm ' + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip else 'NVIDIA CUDA'})"

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..backend import CandidateScan, ScoringBackend
+from ..devices import is_cuda
 from ..errors import BackendUnavailableError, InputError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
@@ -51,7 +52,7 @@ def interpreting() -> bool:
 
 def is_sm90(device: torch.device) -> bool:
     """True for a compiled (not interpreted) CUDA device of compute capability 9.0 (H100, H200)."""
-    return (device.type == "cuda" and torch.version.hip is None and not interpreting()
+    return (is_cuda(device) and not interpreting()
             and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
 
 
@@ -116,7 +117,7 @@ class TritonBackend(ScoringBackend):
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:
-        if device.type == "cuda" and torch.version.hip is None:
+        if is_cuda(device):
             return
         if device.type == "cpu" and interpreting():
             return

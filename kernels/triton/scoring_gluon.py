@@ -108,6 +108,30 @@ def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_p
 
 
 @gluon.jit
+def _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS: gl.constexpr, layout: gl.constexpr):
+    """(rows, row_ok, starts, ends) [BLOCK_ROWS] of program pid in `layout`: -1 pads a short program,
+    whose padding lanes read row 0 with an empty window (their columns score but stay outside it)."""
+    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=layout))
+    row_ok = rows >= 0
+    rows = gl.where(row_ok, rows, 0)
+    starts = gl.where(row_ok, gl.load(starts_ptr + rows), 0)
+    ends = gl.where(row_ok, gl.load(ends_ptr + rows), 0)
+    return rows, row_ok, starts, ends
+
+
+@gluon.jit
+def _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N: gl.constexpr, BLOCK_ROWS: gl.constexpr,
+                         H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """Store the program's query operand [N, D] in q_smem (column n = head n // BLOCK_ROWS, row
+    n % BLOCK_ROWS; padding lanes read row 0) and return each column's vector index (int64 [N])."""
+    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
+    q_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_qn % BLOCK_ROWS)
+    q_vec = gl.where(q_rows >= 0, q_rows, 0).to(gl.int64) * H + offs_qn // BLOCK_ROWS
+    q_smem.store(gl.load(q_lo_ptr + q_vec[:, None] * D + offs_d[None, :]))
+    return q_vec
+
+
+@gluon.jit
 def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
     """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where the key
     passed and slot < capacity."""
@@ -156,24 +180,14 @@ def score_fp4_gluon_kernel(
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
     q_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
 
-    # This program's rows (-1 pads a short program: its columns score but stay outside every window).
-    offs_r = gl.arange(0, BLOCK_ROWS, layout=row_of_tile)
-    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_r)
-    row_ok = rows >= 0
-    rows = gl.where(row_ok, rows, 0)
+    rows, row_ok, starts, ends = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_tile)
     rows64 = rows.to(gl.int64)
-    starts = gl.where(row_ok, gl.load(starts_ptr + rows), 0)
-    ends = gl.where(row_ok, gl.load(ends_ptr + rows), 0)
     rowfac = gl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
     batch = gl.load(prog_batch_ptr + pid).to(gl.int64)
     k_base = batch * s_pad
 
-    # Query operand [N, D] (column n = head n // BLOCK_ROWS, row n % BLOCK_ROWS), staged once.
-    offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, ld))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    q_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_qn % BLOCK_ROWS)
-    q_vec = gl.where(q_rows >= 0, q_rows, 0).to(gl.int64) * H + offs_qn // BLOCK_ROWS
-    q_smem.store(gl.load(q_lo_ptr + q_vec[:, None] * D + offs_d[None, :]))
+    q_vec = _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N, BLOCK_ROWS, H, D, ld)
     if ANY_WIDE:  # the hi operands (decode.py): q_hi staged where a row of the program needs it
         q_wide = gl.load(prog_q_wide_ptr + pid) != 0
         q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
@@ -206,12 +220,10 @@ def score_fp4_gluon_kernel(
         hist_lo_h = gl.load(hist_lo_ptr + h_rows64, mask=h_ok, other=0.0)
         hist_width_h = gl.load(hist_width_ptr + h_rows64, mask=h_ok, other=0.0)
         row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
-        rows_f = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=row_of_flat))
-        rows64_f = gl.where(rows_f >= 0, rows_f, 0).to(gl.int64)
-        starts_f = gl.load(starts_ptr + rows64_f, mask=rows_f >= 0, other=0)
-        ends_f = gl.load(ends_ptr + rows64_f, mask=rows_f >= 0, other=0)
-        hist_lo = gl.load(hist_lo_ptr + rows64_f, mask=rows_f >= 0, other=0.0)
-        hist_width = gl.load(hist_width_ptr + rows64_f, mask=rows_f >= 0, other=0.0)
+        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat)
+        rows64_f = rows_f.to(gl.int64)
+        hist_lo = gl.load(hist_lo_ptr + rows64_f, mask=ok_f, other=0.0)
+        hist_width = gl.load(hist_width_ptr + rows64_f, mask=ok_f, other=0.0)
         offs_fk = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, flat))
         hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
 
@@ -314,5 +326,5 @@ def score_fp4_gluon_kernel(
     if DENSE:
         gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)
     else:
-        gl.store(nonfinite_ptr + rows64_f, (nonfinite != nonfinite).to(gl.int8), mask=rows_f >= 0)
+        gl.store(nonfinite_ptr + rows64_f, (nonfinite != nonfinite).to(gl.int8), mask=ok_f)
         gl.store(thr_out_ptr + h_rows64, thr_h, mask=h_ok)

@@ -1,0 +1,20 @@
+"""Which accelerator a tensor lives on: the named vendor checks every layer uses (STYLE.md §6).
+
+torch calls both NVIDIA and ROCm devices "cuda"; these functions tell them apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_cuda(device: torch.device) -> bool:
+    """True for an NVIDIA CUDA device (not a ROCm device, which torch also calls 'cuda')."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
+def is_gfx950(device: torch.device) -> bool:
+    """True for a ROCm device of architecture gfx950 (MI350X / MI355X)."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return False
+    return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0] == "gfx950"
