@@ -21,7 +21,7 @@ from .devices import is_cuda, is_gfx950
 from .errors import DeviceError, InputError, LiteTopKError
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
 from .result import TopKResult
-from .validation import validate_prefill
+from .validation import check_out, validate_prefill
 
 BACKEND_NAMES = ("auto", "reference", "triton", "flydsl")
 
@@ -69,10 +69,16 @@ def _on_device(device: torch.device, backend: ScoringBackend):
         raise DeviceError(f"the {backend.name} backend failed on {device}: {exc}") from exc
 
 
+def _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends) -> dict:
+    return dict(q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
+                row_to_batch=row_to_batch, starts=starts, ends=ends)
+
+
 def litetopk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    tuning: LiteTopKTuning | None = None,
+    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None,
+    check: bool = False,
 ) -> TopKResult:
     """Top-`topk` keys of every query row by the fused LiteTopK method (CONTRACT.md §1-§4).
 
@@ -82,32 +88,46 @@ def litetopk_prefill(
     Returns a TopKResult equal, bit for bit, to `dense_topk_prefill` with the same backend.
     Raises InputError for malformed arguments and BackendUnavailableError / DeviceError as the
     module docstring says; row faults are status bits (`result.raise_for_status()` raises them).
+
+    Embedding (docs/operator-embedding.md): the call runs on the current stream and never waits
+    for the device (no host round trip; capturable in a CUDA graph with fixed shapes).
+    `out` maps result field names to caller-owned tensors (any strides, e.g. `buf[a:b, :K]`),
+    written in place and returned in the result; they may not overlap the inputs or each other.
+    `max_seq_len` bounds every window end (rows beyond it are INVALID_ROW); buffers, grids and the
+    calibration stride are sized from it (default max_pages * 64: pass it when the block table is
+    much wider than the longest window). `check=True` is the one synchronizing convenience: it
+    repairs any capacity events left beyond the device repair's capacity, then raises RowFaultError
+    for faulty rows (never use it under graph capture).
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len,
     )
+    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends))
     chosen = get_backend(backend, problem.device)
     with _on_device(problem.device, chosen):
-        return run_litetopk(problem, chosen, repair=repair, tuning=tuning or LiteTopKTuning())
+        return run_litetopk(problem, chosen, repair=repair, tuning=tuning or LiteTopKTuning(), out=out, check=check)
 
 
 def dense_topk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
+    out: dict | None = None, max_seq_len: int | None = None, check: bool = False,
 ) -> TopKResult:
     """The dense baseline: the full float32 [rows, max_end] score matrix, then an exact top-K.
 
     Same arguments and result as `litetopk_prefill`; `selector` picks the value top-k doing the
-    bulk of the selection ("torch" or "flashinfer"); the answer does not depend on it.
+    bulk of the selection ("torch" or "flashinfer"); the answer does not depend on it. Its tie
+    check reads tied rows on the host (the dense path is the baseline, not the embeddable op).
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len,
     )
+    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends))
     chosen = get_backend(backend, problem.device)
     with _on_device(problem.device, chosen):
-        return run_dense(problem, chosen, selector=selector)
+        return run_dense(problem, chosen, selector=selector, out=out, check=check)
 
 
 __all__ = ["BACKEND_NAMES", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950", "litetopk_prefill"]

@@ -1,4 +1,5 @@
-"""Selection and page mapping, shared by every backend.
+"""Stage 5, selection: ordering keys and the exact top-K, shared by every backend (torch; the
+candidate top-K's Triton twin is kernels/triton/selection.py, the same bits).
 
 Ordering keys. A (score, position) pair becomes one int64 key whose integer order is the total
 order of CONTRACT.md §1 (score descending, then position ascending):
@@ -13,13 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from .cache_layout import PAGE_SIZE
-from .errors import InputError, SlotOverflowError
-from .result import TopKResult
+from .devices import runs_triton_stages
+from .errors import InputError
 
 NO_KEY = -(2**63)
 _LOW32 = 0xFFFFFFFF
-_INT32_MAX = 2**31 - 1
 
 
 def make_keys(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -97,56 +96,14 @@ def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.T
     raise InputError(f"selector={selector!r} is not known; use 'torch' or 'flashinfer'")
 
 
-def map_pages(
-    positions: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor
-) -> torch.Tensor:
-    """Physical slots int32 of logical `positions [rows, K]` (-1 stays -1).
+def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [rows, k]: the k largest of the first kept[r] keys of each row of the scan's buffer
+    `keys` [rows, capacity] (NO_KEY after them), sorted descending, NO_KEY padded. `thresholds` are at
+    or below the k-th best key of every row whose scan certifies (other rows are repaired or publish
+    nothing); the Triton twin (kernels/triton/selection.py) uses them, the torch code needs none.
+    Runs the twin where devices.runs_triton_stages says so."""
+    if runs_triton_stages(keys.device):
+        from .triton.selection import select_topk_candidates_triton
 
-    slot = block_table[b, j // 64] * 64 + j % 64, computed in int64. The validation layer has
-    already failed rows whose pages are missing and calls whose slots do not fit int32; should a
-    published position still map to a negative page or to a slot beyond int32, this raises
-    (InputError / SlotOverflowError) rather than return a wrapped slot.
-    """
-    live = positions >= 0
-    pos = torch.where(live, positions, 0).long()
-    pages = block_table[row_to_batch.long()[:, None], pos // PAGE_SIZE].long()
-    slots = pages * PAGE_SIZE + pos % PAGE_SIZE
-    bad = live & ((pages < 0) | (slots > _INT32_MAX))
-    if bool(bad.any()):
-        worst = int(torch.where(bad, slots, 0).max())
-        refuse_unmappable_slot(worst > _INT32_MAX, worst)
-    return torch.where(live, slots, -1).to(torch.int32)
-
-
-def refuse_unmappable_slot(beyond_int32: bool, worst_slot: int | None = None) -> None:
-    """Raise for a published position that has no physical slot to publish: SlotOverflowError when
-    its slot (worst_slot, where known) is beyond int32, else InputError (a negative page id)."""
-    if beyond_int32:
-        slot = f"physical slot {worst_slot}" if worst_slot is not None else "a physical slot"
-        raise SlotOverflowError(
-            f"a published position maps to {slot}, beyond int32 ({_INT32_MAX}); "
-            f"page ids must stay below {(_INT32_MAX + 1) // PAGE_SIZE}"
-        )
-    raise InputError("a published position maps to a negative page id in block_table")
-
-
-def assemble_result(
-    top_keys: torch.Tensor,
-    row_to_batch: torch.Tensor,
-    block_table: torch.Tensor,
-    status: torch.Tensor,
-    repaired: torch.Tensor,
-    candidates: torch.Tensor,
-) -> TopKResult:
-    """Turn sorted keys [rows, K] into a TopKResult; rows with a status bit publish nothing."""
-    keys = torch.where((status != 0)[:, None], NO_KEY, top_keys)
-    values, positions = split_keys(keys)
-    return TopKResult(
-        values=values,
-        raw_indices=positions,
-        physical_indices=map_pages(positions, row_to_batch, block_table),
-        counts=(keys != NO_KEY).sum(dim=1).to(torch.int32),
-        status=status.to(torch.int32),
-        repaired=repaired.to(torch.int32),
-        candidates=candidates.clamp(max=2**31 - 1).to(torch.int32),
-    )
+        return select_topk_candidates_triton(keys, kept, thresholds, k)
+    return select_topk_keys(keys, k)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+import torch
+
 
 class RowStatus(enum.IntFlag):
     """Bit flags in `TopKResult.status`; 0 means the row's answer is published and exact."""
@@ -15,12 +17,21 @@ class RowStatus(enum.IntFlag):
     INVALID_PAGE = 8  # a page of the row's window is negative or outside the cache
     INVALID_ROW = 16  # bad batch index, or a window outside [0, pages * PAGE_SIZE)
     SELECTOR_FAILURE = 32  # the selector could not produce a certified answer
+    SLOT_OVERFLOW = 64  # a page of the row's window has physical slots beyond int32 (page id >= 2^25)
+    UNSUPPORTED = 128  # the backend cannot score the row exactly (triton: a vector whose block scales
+    #                    span more than 7 binades, or head weights outside its range); use "reference"
 
 
 #: Bits that are capacity events of the fast path (repairable), not faults of the input.
 CAPACITY_EVENTS = RowStatus.OVERFLOW | RowStatus.UNDERFILLED
 #: Bits that are faults of the input: the request fails naming these rows.
-INPUT_FAULTS = RowStatus.NONFINITE | RowStatus.INVALID_PAGE | RowStatus.INVALID_ROW
+INPUT_FAULTS = (RowStatus.NONFINITE | RowStatus.INVALID_PAGE | RowStatus.INVALID_ROW | RowStatus.SLOT_OVERFLOW
+                | RowStatus.UNSUPPORTED)
+
+
+def set_status_bit(status: torch.Tensor, condition: torch.Tensor, bit: RowStatus) -> torch.Tensor:
+    """`status | bit` where `condition` (bool [rows]) holds, on the device (int32 [rows], new tensor)."""
+    return status | torch.where(condition, int(bit), 0).to(torch.int32)
 
 
 def describe(flags: int) -> str:

@@ -5,10 +5,16 @@ device, K, weight_scale) and raises InputError saying what to change. Faults tha
 rows do not fail the whole call here: they become status bits of those rows and the rows' windows
 are emptied, so backends (which assume valid input) never read through them:
     INVALID_ROW   batch index outside [0, batch), or a window not inside [0, max_pages * 64)
+    INVALID_ROW   batch index outside [0, batch), or a window not inside [0, max_end) where
+                  max_end = min(max_seq_len, max_pages * 64) (max_seq_len: the caller's bound)
     INVALID_PAGE  a page that overlaps the row's window is negative or >= num_pages
                   (a bad page id outside every window is ignored)
     NONFINITE     a NaN/inf weight (NaN/inf scores are found by the backends while scoring)
-Physical slots are computed in int64; a live slot that does not fit int32 raises SlotOverflowError.
+    SLOT_OVERFLOW a page of the row's window has slots beyond int32 (page id >= 2^25); slots are
+                  computed in int64 and never wrap
+Nothing here reads a tensor's contents on the host: the checks run on the inputs' device (one
+Triton kernel on CUDA, row_checks.py) and every size the backends allocate comes from shapes and
+from `max_end`, a static bound of every window end (no host round trip, CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -16,16 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from .cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
-from .devices import is_cuda
-from .errors import InputDtypeError, InputError, InputShapeError, SlotOverflowError, UnsupportedTopKError
-from .status import RowStatus
+from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
+from .row_checks import row_checks
 
 SUPPORTED_TOPK = (512, 1024)
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ class PrefillProblem:
     row_status: torch.Tensor  # int32 [rows], bits found by validation
     topk: int
     weight_scale: float
-    max_end: int  # largest effective window end (0 when every window is empty)
-    host_rows: np.ndarray  # int32 [3, rows]: row_to_batch, starts, ends on the host (backends' schedules)
+    max_end: int  # static bound of every window end: min(max_seq_len, max_pages * 64); sizes buffers
+    parent: "PrefillProblem | None" = None  # subset(): the problem these rows were taken from
+    parent_rows: torch.Tensor | None = None  # subset(): int64 [rows] indices into parent's rows
 
     @property
     def num_rows(self) -> int:
@@ -59,46 +63,27 @@ class PrefillProblem:
         return self.q_fp4.device
 
     @property
-    def empty_rows(self) -> int:
-        """Rows whose effective window is empty (from the host copy: no device work)."""
-        return int((self.host_rows[2] <= self.host_rows[1]).sum())
-
-    @property
     def window_lengths(self) -> torch.Tensor:
         """int64 [rows]: keys in each row's effective window."""
         return (self.ends - self.starts).long()
 
-    def subset(self, rows: torch.Tensor) -> "PrefillProblem":
-        """The same problem restricted to `rows` (int64 indices), in that order."""
-        ends = self.ends[rows]
+    def subset(self, rows: torch.Tensor, live: torch.Tensor | None = None) -> "PrefillProblem":
+        """The same problem restricted to `rows` (int64 device indices, repeats allowed), in that
+        order; where `live` (bool [len(rows)]) is False the row's window is emptied (a padding
+        slot: it scores nothing). Gathers on the device; no host round trip."""
+        keep = (lambda t: t) if live is None else (lambda t: torch.where(live, t, 0))
         return replace(
             self,
             q_fp4=self.q_fp4[rows],
             q_scale=self.q_scale[rows],
             weights=self.weights[rows],
-            row_to_batch=self.row_to_batch[rows],
-            starts=self.starts[rows],
-            ends=ends,
+            row_to_batch=keep(self.row_to_batch[rows]),
+            starts=keep(self.starts[rows]),
+            ends=keep(self.ends[rows]),
             row_status=self.row_status[rows],
-            **_window_summary(self.row_to_batch[rows], self.starts[rows], ends),
+            parent=self.parent if self.parent is not None else self,
+            parent_rows=rows if self.parent_rows is None else self.parent_rows[rows],
         )
-
-
-def _window_summary(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> dict:
-    """max_end and host_rows of effective windows: one copy of the row metadata to the host (the
-    one host sync of validation)."""
-    return _summary_of(torch.stack([row_to_batch, starts, ends]).to(torch.int32))
-
-
-def _summary_of(effective: torch.Tensor) -> dict:
-    host_rows = effective.cpu().numpy()
-    return dict(max_end=int(host_rows[2].max()) if host_rows.shape[1] else 0, host_rows=host_rows)
-
-
-def row_checks_run_as_kernel(device: torch.device) -> bool:
-    """True where the per-row checks run as one Triton kernel (kernels/triton/row_checks.py, equal to
-    the torch code here): NVIDIA CUDA devices. Elsewhere (CPU, ROCm) the torch code runs."""
-    return is_cuda(device)
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -121,16 +106,6 @@ def check_topk(topk: int) -> int:
     return topk
 
 
-def check_slots_fit_int32(max_page_id: int) -> None:
-    """Raise SlotOverflowError when the last slot of page `max_page_id` does not fit int32."""
-    last_slot = int(max_page_id) * PAGE_SIZE + (PAGE_SIZE - 1)  # Python int: 64-bit and beyond
-    if last_slot > INT32_MAX:
-        raise SlotOverflowError(
-            f"physical page {max_page_id} has slots up to {last_slot}, beyond int32 ({INT32_MAX}); "
-            f"split the cache so that page ids stay below {(INT32_MAX + 1) // PAGE_SIZE}"
-        )
-
-
 def _as_page_matrix(kv_cache: torch.Tensor) -> torch.Tensor:
     if not isinstance(kv_cache, torch.Tensor):
         raise InputError(f"kv_cache must be a uint8 tensor, got {type(kv_cache)}")
@@ -146,52 +121,21 @@ def _as_page_matrix(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(kv_cache.shape[0], PAGE_BYTES)
 
 
-def _row_status(
-    block_table: torch.Tensor, num_pages: int, weights: torch.Tensor,
-    row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-) -> torch.Tensor:
-    batch, max_pages = block_table.shape
-    b = row_to_batch.long()
-    s = starts.long()
-    e = ends.long()
-    bad_row = (b < 0) | (b >= batch) | (s < 0) | (s > e) | (e > max_pages * PAGE_SIZE)
-    status = torch.where(bad_row, int(RowStatus.INVALID_ROW), 0).to(torch.int32)
-    # Pages a row reads: [first, last) with first = s // 64, last = ceil(e / 64); empty when s == e.
-    bad_page = ((block_table < 0) | (block_table >= num_pages)).to(torch.int32)
-    bad_prefix = torch.nn.functional.pad(bad_page.cumsum(dim=1), (1, 0))  # [batch, max_pages + 1]
-    safe_b = torch.where(bad_row, 0, b)
-    first = torch.where(bad_row, 0, s // PAGE_SIZE)
-    last = torch.where(bad_row, 0, (e + PAGE_SIZE - 1) // PAGE_SIZE).clamp_min(first)
-    bad_in_window = bad_prefix[safe_b, last] - bad_prefix[safe_b, first] > 0 if batch else bad_row
-    status |= torch.where(bad_in_window & ~bad_row, int(RowStatus.INVALID_PAGE), 0).to(torch.int32)
-    status |= torch.where(~torch.isfinite(weights).all(dim=1), int(RowStatus.NONFINITE), 0).to(torch.int32)
-    return status
-
-
-def _max_live_page(block_table: torch.Tensor, row_to_batch, starts, ends, status) -> int:
-    """Largest page id that some answerable row reads (0 when none)."""
-    live = status == 0
-    if not bool(live.any()):
-        return 0
-    batch, max_pages = block_table.shape
-    logical = torch.arange(max_pages, device=block_table.device)
-    b = row_to_batch.long()[live]
-    first = (starts.long()[live] // PAGE_SIZE)[:, None]
-    last = ((ends.long()[live] + PAGE_SIZE - 1) // PAGE_SIZE)[:, None]
-    read = (logical[None, :] >= first) & (logical[None, :] < last)
-    pages = torch.where(read, block_table[b].long(), 0)
-    return int(pages.max())
-
-
 def validate_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0
+    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
+    max_seq_len: int | None = None,
 ) -> PrefillProblem:
     """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
 
-    Raises InputError (or UnsupportedTopKError / SlotOverflowError) for anything that makes the
-    call meaningless; row-level faults become bits of `row_status` instead (module docstring).
+    Raises InputError (or UnsupportedTopKError) for anything that makes the call meaningless, from
+    shapes, dtypes and devices alone; row-level faults become bits of `row_status` instead (module
+    docstring), computed on the device. `max_seq_len` (optional) bounds every window end; buffers
+    and grids are sized from it (default: the block table's max_pages * 64).
     """
     check_topk(topk)
+    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                    or max_seq_len < 0):
+        raise InputError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
     if not isinstance(weight_scale, (int, float)) or isinstance(weight_scale, bool) or not math.isfinite(weight_scale):
         raise InputError(f"weight_scale must be a finite number, got {weight_scale!r}")
     kv_cache = _as_page_matrix(kv_cache)
@@ -211,20 +155,79 @@ def validate_prefill(
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise InputError(f"all tensors must be on one device; got {listing}")
     weights = weights.float().contiguous()
-    num_pages = kv_cache.shape[0]
-    if row_checks_run_as_kernel(weights.device):
-        from .triton.row_checks import row_checks_triton
-
-        status, effective = row_checks_triton(block_table, num_pages, weights, row_to_batch, starts, ends)
-    else:
-        status = _row_status(block_table, num_pages, weights, row_to_batch, starts, ends)
-        ok = status == 0
-        effective = torch.stack([torch.where(ok, t, 0) for t in (row_to_batch, starts, ends)]).to(torch.int32)
-    if num_pages * PAGE_SIZE - 1 > INT32_MAX:
-        check_slots_fit_int32(_max_live_page(block_table, row_to_batch, starts, ends, status))
+    table_end = block_table.shape[1] * PAGE_SIZE
+    max_end = table_end if max_seq_len is None else min(max_seq_len, table_end)
+    status, effective = row_checks(block_table, kv_cache.shape[0], weights, row_to_batch, starts, ends, max_end)
     eff_rtb, eff_starts, eff_ends = effective.unbind(0)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
         row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
-        row_status=status, topk=topk, weight_scale=float(weight_scale), **_summary_of(effective),
+        row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end,
     )
+
+
+#: Result fields `out=` may name: (shape as a function of (rows, K), dtype).
+OUT_FIELDS = {
+    "values": (lambda rows, k: (rows, k), torch.float32),
+    "raw_indices": (lambda rows, k: (rows, k), torch.int32),
+    "physical_indices": (lambda rows, k: (rows, k), torch.int32),
+    "counts": (lambda rows, k: (rows,), torch.int32),
+    "status": (lambda rows, k: (rows,), torch.int32),
+    "repaired": (lambda rows, k: (rows,), torch.int32),
+    "candidates": (lambda rows, k: (rows,), torch.int32),
+}
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes of memory a strided tensor can touch."""
+    if tensor.numel() == 0:
+        return tensor.data_ptr(), tensor.data_ptr()
+    extent = sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride())) + 1
+    return tensor.data_ptr(), tensor.data_ptr() + extent * tensor.element_size()
+
+
+def check_out(out, problem: PrefillProblem, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Check caller-owned result buffers: a mapping from TopKResult field names (OUT_FIELDS) to tensors
+    of that field's shape and dtype on the problem's device (any strides, e.g. `buf[a:b, :K]`), no two
+    of them and none of them and an input overlapping in memory. Raises InputError naming the field."""
+    if out is None:
+        return None
+    if not isinstance(out, dict):
+        raise InputError(f"out must be a dict of result fields to tensors, got {type(out).__name__}")
+    rows, k = problem.num_rows, problem.topk
+    for name, tensor in out.items():
+        if name not in OUT_FIELDS:
+            raise InputError(f"out[{name!r}] is not a result field; fields: {tuple(OUT_FIELDS)}")
+        shape_of, dtype = OUT_FIELDS[name]
+        _require_strided(tensor, f"out[{name!r}]", dtype, shape_of(rows, k))
+        if tensor.device != problem.device:
+            raise InputError(f"out[{name!r}] is on {tensor.device}; the inputs are on {problem.device}")
+        if not _no_self_overlap(tensor):
+            raise InputError(f"out[{name!r}] has elements that share memory (a stride of 0 or overlapping rows)")
+    spans = [(f"out[{n!r}]", _byte_span(t)) for n, t in out.items()]
+    spans += [(n, _byte_span(t)) for n, t in inputs.items() if isinstance(t, torch.Tensor)]
+    for i, (name_a, (lo_a, hi_a)) in enumerate(spans):
+        for name_b, (lo_b, hi_b) in spans[i + 1:]:
+            if lo_a < hi_b and lo_b < hi_a and (name_a.startswith("out") or name_b.startswith("out")):
+                raise InputError(f"{name_a} overlaps {name_b} in memory; outputs must not alias inputs or each other")
+    return dict(out)
+
+
+def _no_self_overlap(tensor: torch.Tensor) -> bool:
+    dims = sorted((abs(st), size) for size, st in zip(tensor.shape, tensor.stride()) if size > 1)
+    reach = 1
+    for stride, size in dims:
+        if stride < reach:
+            return False
+        reach = stride * size
+    return True
+
+
+def _require_strided(tensor, name: str, dtype: torch.dtype, shape: tuple) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != dtype:
+        raise InputDtypeError(f"{name} must be {str(dtype).removeprefix('torch.')}, "
+                              f"got {str(tensor.dtype).removeprefix('torch.')}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise InputShapeError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")

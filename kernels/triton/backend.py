@@ -1,9 +1,10 @@
 """TritonBackend: the H200 path (decode.py + scoring.py behind the ScoringBackend interface).
 
 Per call the backend decodes the live keys and the queries once into exact int8 operands
-(decode.py; cached for the calls of one problem: calibration, scan and repair), builds a
-schedule of programs (BLOCK_ROWS rows of one sequence each, the longest windows first), and
-launches a scoring kernel in dense or scan mode on the current stream. Runs on an NVIDIA CUDA
+(decode.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
+the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one
+sequence each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel
+in dense or scan mode on the current stream. Nothing is read back on the host. Runs on an NVIDIA CUDA
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
@@ -21,24 +22,19 @@ import functools
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+from torch.profiler import record_function
 
 from ..backend import CandidateScan, ScoringBackend
 from ..devices import is_cuda
-from ..errors import BackendUnavailableError, InputError
+from ..errors import BackendUnavailableError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
-from .decode import (
-    FLAG_UNSUPPORTED, FLAG_WIDE, MAX_WEIGHT_EXPONENT, MIN_SCALED_EXPONENT, decode_keys_fp4_triton,
-    prepare_queries_fp4_triton,
-)
+from .decode import FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, prepare_queries_fp4_triton
+from .schedule import build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
-)
-from .selection import (
-    assemble_result_triton, calibration_keys_triton, kth_largest_scores_triton, select_topk_candidates_triton,
 )
 
 
@@ -72,23 +68,36 @@ def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: boo
 
 
 @dataclass(frozen=True)
-class Operands:
-    """Decoded, exact int8 operands of one problem (decode.py)."""
+class KeyOperands:
+    """Decoded, exact int8 key operands of one problem (decode.py), shared by its subsets."""
 
-    k_lo: torch.Tensor
-    k_hi: torch.Tensor
-    kfac: torch.Tensor
-    q_lo: torch.Tensor
+    k_lo: torch.Tensor  # int8 [B, s_pad, 128]
+    k_hi: torch.Tensor  # int8 [B, s_pad, 128]
+    kfac: torch.Tensor  # float32 [B, s_pad]
+    s_pad: int
+    tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
+    batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
+    unsupported_prefix: torch.Tensor  # int32 [B, s_pad + 1]: unsupported keys before each position
+    flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (decode.py)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What one launch of the scoring kernel reads: the keys, the rows' decoded queries, the schedule."""
+
+    keys: KeyOperands
+    q_lo: torch.Tensor  # int8 [rows, 64, 128]
     q_hi: torch.Tensor
     wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
-    s_pad: int
-    any_wide: bool  # some live vector needs a hi operand: compile the kernel with the wide branches
+    q_wide: torch.Tensor  # bool [rows]: a head vector of the row needs a hi operand
+    unsupported: torch.Tensor  # bool [rows]: the row cannot be scored exactly (RowStatus.UNSUPPORTED)
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
-    tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
-    batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
+    schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # schedule.build_schedule
     prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
-    schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    spans: tuple[torch.Tensor, torch.Tensor]  # the schedule's span for the narrow and the wide kernel
+    #   variant: the variant that does not apply (some live vector is wide, or none is: a device flag)
+    #   gets spans (0, 0), so its programs do no work
 
 
 class TritonBackend(ScoringBackend):
@@ -128,64 +137,74 @@ class TritonBackend(ScoringBackend):
 
     # -- operands and schedule -------------------------------------------------------------
     def operands(self, problem: PrefillProblem) -> Operands:
-        """Decode the live keys and the queries of `problem` (cached for the same problem)."""
+        """Decode the live keys and the queries of `problem` (cached for the same problem; a subset
+        of it (PrefillProblem.subset) reuses its keys and gathers its queries). All on the device:
+        the wide-vector decision is a device flag that picks which kernel variant scores (both are
+        launched, the other does no work), unsupported vectors become per-row flags."""
         if self._prepared is not None and self._prepared[0] is problem:
             return self._prepared[1]
+        if problem.parent is not None:
+            ops = self._subset_operands(problem, self.operands(problem.parent))
+        else:
+            with record_function("litetopk.decode"):
+                ops = self._decode(problem)
+        self._prepared = (problem, ops)
+        return ops
+
+    def _decode(self, problem: PrefillProblem) -> Operands:
         batch = problem.block_table.shape[0]
         dev = problem.device
         need = torch.zeros(batch, dtype=torch.int32, device=dev)
         need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        # summary: [0] = OR of the key flags, [1] = OR of the query flags (every row), [2] = a live
-        # row's head weights out of range. One host sync reads it; the exact per-row and per-key
-        # checks below run only when it shows a wide or unsupported vector.
-        summary = torch.zeros(3, dtype=torch.int32, device=dev)
+        summary = torch.zeros(3, dtype=torch.int32, device=dev)  # OR of key flags, of query flags, weights refused
         k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad,
                                                               summary[0:1])
         live_rows = problem.ends > problem.starts
         q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
             problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3])
-        schedule = self.schedule(problem)  # host work while the decode kernels run
-        key_summary, query_summary, weights_out_of_range = summary.tolist()
-        if weights_out_of_range:
-            rows = torch.nonzero(refused).flatten()[:8].tolist()
-            raise InputError(
-                f"the triton backend needs each row's nonzero head weights times query scales below "
-                f"2^{MAX_WEIGHT_EXPONENT} and within 2^{127 - MIN_SCALED_EXPONENT - 1} of each other; query rows "
-                f"{rows} are not. Use backend='reference' for such data."
-            )
-        if (key_summary | query_summary) & FLAG_UNSUPPORTED:
-            bad_q = ((q_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0).any(dim=1) & live_rows
-            bad_k = (k_flags.to(torch.int32) & FLAG_UNSUPPORTED) != 0
-            if bool(bad_q.any()) or bool(bad_k.any()):
-                rows = torch.nonzero(bad_q).flatten()[:8].tolist()
-                keys = torch.nonzero(bad_k)[:8].tolist()
-                raise InputError(
-                    "the triton backend scores MXFP4 vectors whose nonzero 32-element blocks span at most 7 "
-                    f"binades of scale; query rows {rows} and (sequence, position) keys {keys} span more. "
-                    "Use backend='reference' for such data."
-                )
-        programs = schedule[0].shape[0]
-        any_wide = bool((key_summary | query_summary) & FLAG_WIDE)
-        if any_wide:
-            key_wide = (k_flags.to(torch.int32) & FLAG_WIDE) != 0
-            tile_wide = key_wide.view(batch, -1, self.block_keys).any(dim=2)
-            wide_q = ((q_flags.to(torch.int32) & FLAG_WIDE) != 0).any(dim=1) & live_rows
-            prog_rows = schedule[0].long()
-            prog_q_wide = torch.where(prog_rows >= 0, wide_q[prog_rows.clamp_min(0)], False).any(dim=1)
-            batch_wide = tile_wide.any(dim=1, keepdim=True)
-            tile_wide, batch_wide, prog_q_wide = (t.to(torch.int8).contiguous() for t in (tile_wide, batch_wide, prog_q_wide))
-        else:  # read by no kernel variant (ANY_WIDE false): allocated, never written or read
-            tile_wide = torch.empty(batch, s_pad // self.block_keys, dtype=torch.int8, device=dev)
-            batch_wide = torch.empty(batch, 1, dtype=torch.int8, device=dev)
-            prog_q_wide = torch.empty(programs, dtype=torch.int8, device=dev)
+        k_flags = k_flags.to(torch.int32)
+        q_flags = q_flags.to(torch.int32)
+        tile_wide = ((k_flags & FLAG_WIDE) != 0).view(batch, -1, self.block_keys).any(dim=2)
+        unsupported_prefix = torch.nn.functional.pad(((k_flags & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
+                                                     (1, 0))
+        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide.to(torch.int8).contiguous(),
+                           batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
+                           unsupported_prefix=unsupported_prefix, flags=summary[0:2])
         if problem.weight_scale != 1.0:
             rowfac = rowfac * problem.weight_scale
-        ops = Operands(k_lo, k_hi, kfac, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), s_pad,
-                       any_wide=any_wide, gluon=self._use_gluon(dev), tile_wide=tile_wide, batch_wide=batch_wide,
-                       prog_q_wide=prog_q_wide, schedule=schedule)
-        self._prepared = (problem, ops)
-        return ops
+        q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
+        q_unsupported = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused != 0)
+        return self._with_schedule(problem, keys, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), q_wide,
+                                   q_unsupported)
+
+    def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
+        rows = problem.parent_rows
+        return self._with_schedule(problem, parent.keys, parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows],
+                                   parent.rowfac[rows], parent.q_wide[rows], parent.unsupported[rows])
+
+    def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
+        live_rows = problem.ends > problem.starts
+        b = problem.row_to_batch.long()
+        k_unsupported = (keys.unsupported_prefix[b, problem.ends.long()]
+                         - keys.unsupported_prefix[b, problem.starts.long()]) > 0
+        unsupported = live_rows & (q_unsupported | k_unsupported)
+        with record_function("litetopk.schedule"):
+            schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
+                                      problem.block_table.shape[0], self.block_rows)
+        prog_rows = schedule[0].long()
+        q_wide = q_wide & live_rows
+        prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
+        wide = (((keys.flags[0] | keys.flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
+        spans = ((schedule[2] * (1 - wide)).contiguous(), (schedule[2] * wide).contiguous())
+        return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, unsupported, gluon=self._use_gluon(problem.device),
+                        schedule=schedule, prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), spans=spans)
+
+    def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
+        """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
+        than 7 binades of scale, or whose head weights are outside the scoring epilogue's range
+        (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them)."""
+        return self.operands(problem).unsupported
 
     def _use_gluon(self, device: torch.device) -> bool:
         """Whether this problem's scores come from the Gluon kernel (module docstring)."""
@@ -199,102 +218,55 @@ class TritonBackend(ScoringBackend):
                 f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'")
         return True
 
-    def schedule(self, problem: PrefillProblem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rows int32 [programs, BLOCK_ROWS] with -1 padding, batch int32 [programs], span int32
-        [programs, 2] = (min start, max end) of the program's rows): the rows of every program
-        belong to one sequence, lanes fill from the first; programs with the most keys to scan
-        come first. Built on the host from the validated row metadata (problem.host_rows), then
-        copied to the device at once (from pinned memory, asynchronously, on a CUDA device)."""
-        block = self.block_rows
-        rtb, starts, ends = problem.host_rows  # int32
-        order = np.flatnonzero(ends > starts)  # the live rows, by sequence then start (below)
-        key = (rtb[order].astype(np.int64) << 32) | starts[order]  # both >= 0 and < 2^31
-        if not (key[1:] >= key[:-1]).all():  # usually sorted already
-            order = order[np.argsort(key, kind="stable")]
-        batch_of = rtb[order]
-        n = order.size
-        if n == 0 or batch_of[0] == batch_of[-1]:  # one sequence: consecutive rows fill the lanes
-            slot = slice(0, n)
-            count = -(-n // block)
-        else:  # each sequence starts a program: slot = program * block + lane
-            index = np.arange(n)
-            opens = np.ones(n, dtype=bool)
-            np.not_equal(batch_of[1:], batch_of[:-1], out=opens[1:])
-            lane = (index - np.maximum.accumulate(np.where(opens, index, 0))) % block
-            opens = lane == 0
-            slot = (np.cumsum(opens) - 1) * block + lane
-            count = int(opens.sum())
-        prog_rows = np.full(count * block, -1, dtype=np.int32)
-        prog_rows[slot] = order
-        lane_ends = np.zeros(count * block, dtype=np.int32)
-        lane_ends[slot] = ends[order]
-        prog_rows = prog_rows.reshape(count, block)
-        first_rows = prog_rows[:, 0]  # lanes fill from the first, which has the program's smallest start
-        span = np.empty((count, 2), dtype=np.int32)
-        span[:, 0] = starts[first_rows]
-        span[:, 1] = lane_ends[0::block]
-        for lane_index in range(1, block):
-            np.maximum(span[:, 1], lane_ends[lane_index::block], out=span[:, 1])
-        work = span[:, 1] - span[:, 0]
-        if (work[1:] <= work[:-1]).all():  # the longest span first
-            by_work = slice(None)
-        elif (work[1:] >= work[:-1]).all():  # causal prefill: the windows grow with the row
-            by_work = slice(None, None, -1)
-        else:
-            by_work = np.argsort(-work, kind="stable")
-        flat = np.concatenate([prog_rows[by_work].ravel(), rtb[first_rows[by_work]], span[by_work].ravel()])
-        packed = torch.from_numpy(flat)
-        if problem.device.type == "cuda":  # pinned: the copy neither waits for the stream nor blocks the host
-            packed = packed.pin_memory().to(problem.device, non_blocking=True)
-        return (packed[:count * block].view(count, block), packed[count * block:count * (block + 1)],
-                packed[count * (block + 1):].view(count, 2))
-
     # -- launches --------------------------------------------------------------------------
     def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
                 nonfinite=None):
-        prog_rows, prog_batch, prog_span = ops.schedule
+        """Launch the narrow and the wide variant of the scoring kernel over the schedule's fixed grid;
+        the device flag in ops.spans leaves one of them without work (Operands)."""
+        prog_rows, prog_batch, _ = ops.schedule
         if prog_rows.shape[0] == 0:
             return
         dev = problem.device
         unused64 = torch.empty(1, dtype=torch.int64, device=dev)
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
-        tile_wide = ops.tile_wide if stride == 1 else ops.batch_wide
-        args = (
-            ops.k_lo, ops.k_hi, ops.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq, ops.rowfac,
-            prog_rows, prog_batch, prog_span, ops.prog_q_wide, problem.starts, problem.ends,
-            ops.s_pad,
-            out if out is not None else unused32, out_width, problem.max_end, stride,
-            thresholds if thresholds is not None else unused32,
-            hist_lo if hist_lo is not None else unused32,
-            hist_width if hist_width is not None else unused32,
-            hist if hist is not None else unused64,
-            buffer if buffer is not None else unused64, capacity,
-            appended if appended is not None else unused64,
-            thr_out if thr_out is not None else unused32,
-            nonfinite,
-        )
+        keys = ops.keys
+        tile_wide = keys.tile_wide if stride == 1 else keys.batch_wide
         grid = (prog_rows.shape[0],)
-        if ops.gluon:
-            constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
-                                                      ANY_WIDE=ops.any_wide, refresh=self.refresh,
-                                                      num_bins=self.num_bins)
-            score_fp4_gluon_kernel[grid](*args, **constants, **options)
-            return
-        score_fp4_kernel[grid](
-            *args,
-            TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
-            STRIDED=stride != 1, ANY_WIDE=ops.any_wide,
-            REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
-            **({} if self.max_registers is None else {"maxnreg": self.max_registers}),
-        )
+        for any_wide, span in zip((False, True), ops.spans):
+            args = (
+                keys.k_lo, keys.k_hi, keys.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
+                ops.rowfac, prog_rows, prog_batch, span, ops.prog_q_wide, problem.starts, problem.ends,
+                keys.s_pad,
+                out if out is not None else unused32, out_width, problem.max_end, stride,
+                thresholds if thresholds is not None else unused32,
+                hist_lo if hist_lo is not None else unused32,
+                hist_width if hist_width is not None else unused32,
+                hist if hist is not None else unused64,
+                buffer if buffer is not None else unused64, capacity,
+                appended if appended is not None else unused64,
+                thr_out if thr_out is not None else unused32,
+                nonfinite,
+            )
+            if ops.gluon:
+                constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
+                                                          ANY_WIDE=any_wide, refresh=self.refresh,
+                                                          num_bins=self.num_bins)
+                score_fp4_gluon_kernel[grid](*args, **constants, **options)
+                continue
+            score_fp4_kernel[grid](
+                *args,
+                TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
+                STRIDED=stride != 1, ANY_WIDE=any_wide,
+                REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
+                **({} if self.max_registers is None else {"maxnreg": self.max_registers}),
+            )
 
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
+        # every row is a lane of a program with work (schedule.py), which writes all of its columns
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
-        if problem.empty_rows:  # rows of no program: their columns are all outside the window
-            out.masked_fill_((problem.ends <= problem.starts)[:, None], float("-inf"))
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.bool()
@@ -314,21 +286,3 @@ class TritonBackend(ScoringBackend):
         final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
         return CandidateScan(keys=buffer, appended=scan["appended"].long(), thresholds=final,
                              nonfinite=scan["nonfinite"].bool())
-
-    def assemble_result(self, top_keys, row_to_batch, block_table, status, repaired, candidates):
-        """By selection.py's one-kernel assembly."""
-        return assemble_result_triton(top_keys, row_to_batch, block_table, status, repaired, candidates)
-
-    def kth_largest_scores(self, scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
-        """By selection.py's bisection kernel (no sort)."""
-        return kth_largest_scores_triton(scores, ranks)
-
-    def calibration_keys(self, sample: torch.Tensor, k: int, ceiling_rank: int,
-                         offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """By the same bisection kernel, which also forms the keys (one launch, no small ops)."""
-        return calibration_keys_triton(sample, k, ceiling_rank, offset)
-
-    def select_candidates(self, scan: CandidateScan, k: int) -> torch.Tensor:
-        """The buffer's top-k by selection.py's kernel (compacted above the scan's final threshold)."""
-        kept = scan.appended.clamp(max=scan.keys.shape[1])
-        return select_topk_candidates_triton(scan.keys, kept, scan.thresholds, k)

@@ -1,14 +1,10 @@
-"""validation.py's per-row checks in one kernel (Triton; CUDA devices and the interpreter).
+"""The row checks stage in one kernel: the Triton twin of kernels/row_checks.py (CUDA devices and
+the interpreter; the same bits, tested).
 
-Math (validation._row_status and the effective windows, the torch code this kernel equals, tested):
-    INVALID_ROW   b outside [0, batch), start < 0, start > end, or end > max_pages * 64
-    INVALID_PAGE  (not INVALID_ROW) a page id of block_table[b, first:last] is < 0 or >= num_pages,
-                  first = start // 64, last = max(ceil(end / 64), first)
-    NONFINITE     a NaN or inf among the row's 64 head weights (float32)
-and the effective metadata: (row_to_batch, starts, ends) of rows without a bit, zeros otherwise,
-written as one int32 [3, rows] tensor so that validation copies it to the host in one transfer.
-On a CUDA device this replaces ~40 small torch launches by one. Tiling: one program per row; the
-row's pages are read BLOCK_PAGES at a time (work grows with the window's pages).
+Math: kernels/row_checks.py (INVALID_ROW, INVALID_PAGE, SLOT_OVERFLOW, NONFINITE and the effective
+metadata int32 [3, rows]). On a CUDA device this replaces ~40 small torch launches by one.
+Tiling: one program per row; the row's pages are read BLOCK_PAGES at a time (work grows with the
+window's pages).
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import NUM_HEADS, PAGE_SIZE
+from ..row_checks import FIRST_UNMAPPABLE_PAGE
 from ..status import RowStatus
 
 BLOCK_PAGES = 256
@@ -26,11 +23,11 @@ BLOCK_PAGES = 256
 @triton.jit
 def row_checks_kernel(
     block_table_ptr, batch, max_pages, num_pages,   # int32 [batch, max_pages]; ints
-    window_limit,                                   # max_pages * PAGE (int64 where it needs to be)
+    window_limit,                                   # max_end: every window end must be <= it
     weights_ptr, rtb_ptr, starts_ptr, ends_ptr,     # float32 [rows, H]; int32 [rows] x3
     status_ptr, effective_ptr, rows,                # int32 [rows]; int32 [3, rows]
-    INVALID_ROW: tl.constexpr, INVALID_PAGE: tl.constexpr, NONFINITE: tl.constexpr,
-    H: tl.constexpr, PAGE: tl.constexpr, BLOCK_PAGES: tl.constexpr,
+    INVALID_ROW: tl.constexpr, INVALID_PAGE: tl.constexpr, NONFINITE: tl.constexpr, SLOT_OVERFLOW: tl.constexpr,
+    H: tl.constexpr, PAGE: tl.constexpr, BLOCK_PAGES: tl.constexpr, FIRST_UNMAPPABLE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     b = tl.load(rtb_ptr + row).to(tl.int64)
@@ -38,6 +35,7 @@ def row_checks_kernel(
     end = tl.load(ends_ptr + row).to(tl.int64)
     bad_row = (b < 0) | (b >= batch) | (start < 0) | (start > end) | (end > window_limit)
     bad_pages = 0
+    unmappable = 0
     if bad_row == 0:
         first = start // PAGE
         last = tl.maximum((end + PAGE - 1) // PAGE, first)
@@ -46,10 +44,12 @@ def row_checks_kernel(
             inside = offs < last
             pages = tl.load(block_table_ptr + b * max_pages + offs, mask=inside, other=0)
             bad_pages += tl.sum((inside & ((pages < 0) | (pages >= num_pages))).to(tl.int32), axis=0)
+            unmappable += tl.sum((inside & (pages >= FIRST_UNMAPPABLE)).to(tl.int32), axis=0)
     weights = tl.load(weights_ptr + row * H + tl.arange(0, H))
     nonfinite = tl.sum(((weights != weights) | (tl.abs(weights) == float("inf"))).to(tl.int32), axis=0) > 0
     status = tl.where(bad_row, INVALID_ROW, 0)
     status |= tl.where((bad_row == 0) & (bad_pages > 0), INVALID_PAGE, 0)
+    status |= tl.where((bad_row == 0) & (unmappable > 0), SLOT_OVERFLOW, 0)
     status |= tl.where(nonfinite, NONFINITE, 0)
     tl.store(status_ptr + row, status)
     ok = status == 0
@@ -59,19 +59,18 @@ def row_checks_kernel(
 
 
 def row_checks_triton(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                      starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(status int32 [rows], effective int32 [3, rows] = row_to_batch, starts, ends of rows without a
-    status bit, zeros elsewhere) of validated-shape inputs (weights float32 [rows, 64]); the module
-    docstring says which bit means what."""
+                      starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels.row_checks.row_checks_torch in one kernel: (status int32 [rows], effective int32 [3, rows])."""
     rows = row_to_batch.shape[0]
     status = torch.empty(rows, dtype=torch.int32, device=weights.device)
     effective = torch.empty(3, rows, dtype=torch.int32, device=weights.device)
     if rows:
         batch, max_pages = block_table.shape
         row_checks_kernel[(rows,)](
-            block_table, batch, max_pages, num_pages, max_pages * PAGE_SIZE, weights, row_to_batch, starts, ends,
+            block_table, batch, max_pages, num_pages, max_end, weights, row_to_batch, starts, ends,
             status, effective, rows,
             INVALID_ROW=int(RowStatus.INVALID_ROW), INVALID_PAGE=int(RowStatus.INVALID_PAGE),
-            NONFINITE=int(RowStatus.NONFINITE), H=NUM_HEADS, PAGE=PAGE_SIZE, BLOCK_PAGES=BLOCK_PAGES, num_warps=4,
+            NONFINITE=int(RowStatus.NONFINITE), SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW), H=NUM_HEADS, PAGE=PAGE_SIZE,
+            BLOCK_PAGES=BLOCK_PAGES, FIRST_UNMAPPABLE=FIRST_UNMAPPABLE_PAGE, num_warps=4,
         )
     return status, effective

@@ -135,7 +135,8 @@ def score_fp4_kernel(
     if DENSE:
         lo = 0
         hi = max_pos
-        n_steps = tl.cdiv(out_width, BLOCK_KEYS)
+        # a program without rows (span end 0: past the schedule's used programs) scores nothing
+        n_steps = tl.where(tl.load(prog_span_ptr + 2 * pid + 1) > 0, tl.cdiv(out_width, BLOCK_KEYS), 0)
     else:
         lo = (tl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = tl.load(prog_span_ptr + 2 * pid + 1)

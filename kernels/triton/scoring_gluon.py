@@ -204,7 +204,8 @@ def score_fp4_gluon_kernel(
         lo = 0
         hi = max_pos
         stride = position_stride
-        n_steps = gl.cdiv(out_width, BLOCK_KEYS)
+        # a program without rows (span end 0: past the schedule's used programs) scores nothing
+        n_steps = gl.where(gl.load(prog_span_ptr + 2 * pid + 1) > 0, gl.cdiv(out_width, BLOCK_KEYS), 0)
     else:
         lo = (gl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = gl.load(prog_span_ptr + 2 * pid + 1)
