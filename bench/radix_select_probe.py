@@ -40,7 +40,7 @@ WINDOW = 65536
 KEPT = {512: 2200, 1024: 4400}
 PASSING_PER_K = 1.21
 WARM, REPS = 5, 30
-VARIANTS = [(chunk, warps) for chunk in (512, 1024, 2048) for warps in (2, 4, 8)]
+VARIANTS = [(256, 1, 5), (512, 1, 5), (256, 1, 6), (512, 1, 6), (512, 2, 5), (512, 2, 6), (1024, 4, 6), (512, 2, 8)]
 
 
 def candidate_buffer(k: int, gen: torch.Generator):
@@ -48,8 +48,8 @@ def candidate_buffer(k: int, gen: torch.Generator):
     capacity = 8 * k
     kept = (KEPT[k] + torch.randint(-k // 4, k // 4 + 1, (ROWS,), generator=gen, device="cuda")).int()
     # The kept[r] best of WINDOW normal scores: quantiles above 1 - kept/WINDOW, in random order.
-    tail = torch.rand(ROWS, capacity, generator=gen, device="cuda") * (kept[:, None].float() / WINDOW)
-    scores = torch.special.ndtri(1.0 - tail).float()
+    tail = torch.rand(ROWS, capacity, generator=gen, device="cuda", dtype=torch.float64) * (kept[:, None] / WINDOW)
+    scores = torch.special.ndtri(1.0 - tail).float()  # float64 quantiles: finite
     positions = torch.argsort(torch.rand(ROWS, capacity, generator=gen, device="cuda"), dim=1) * 8
     positions += torch.randint(0, 8, (ROWS, capacity), generator=gen, device="cuda")
     keys = make_keys(scores, positions)
@@ -103,9 +103,9 @@ def main():
                     "variants": {}}
             runs = {"bitonic (old)": lambda: select_topk_candidates_triton(keys, kept, thresholds, k)}
             out = torch.empty(ROWS, k, dtype=torch.int64, device="cuda")
-            for chunk, warps in VARIANTS:
-                runs[f"radix c{chunk} w{warps}"] = (lambda c=chunk, w=warps: select_topk_candidates_radix(
-                    keys, kept, thresholds, k, out=out, chunk=c, num_warps=w))
+            for chunk, warps, digit in VARIANTS:
+                runs[f"radix c{chunk} w{warps} d{digit}"] = (lambda c=chunk, w=warps, d=digit: select_topk_candidates_radix(
+                    keys, kept, thresholds, k, out=out, chunk=c, digit=d, num_warps=w))
             old = select_topk_candidates_triton(keys, kept, thresholds, k)
             for name, fn in runs.items():
                 got = fn()

@@ -43,20 +43,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .scoring import NO_KEY_C
+from ..selection import NO_KEY
 
-DIGIT_BITS = 8
-RADIX = 1 << DIGIT_BITS
+DIGIT_BITS = 6
+CHUNK = 512
+NUM_WARPS = 2
+NO_KEY_C = tl.constexpr(NO_KEY)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
-
-
-@triton.jit
-def _passing(keys_ptr, start, kept, thr, OFFS_CHUNK, stride_c):
-    """(keys, mask) of the row's chunk at `start`: keys kept and at or above the threshold."""
-    offs = start + OFFS_CHUNK
-    live = offs < kept
-    keys = tl.load(keys_ptr + offs * stride_c, mask=live, other=NO_KEY_C)
-    return keys, live & (keys >= thr)
 
 
 @triton.jit
@@ -72,61 +65,71 @@ def _first_shift(span, RADIX: tl.constexpr):
 
 @triton.jit
 def select_topk_candidates_radix_kernel(
-    keys_ptr, stride_kr, stride_kc,                 # int64 [rows, capacity]
+    keys_ptr, stride_kr,                            # int64 [rows, capacity], unit column stride
     kept_ptr, thr_ptr,                              # int32/int64 [rows]; int64 [rows]
+    scratch_ptr,                                    # int64 [rows, SMALL]: the passing keys, compacted
     out_ptr, stride_or, stride_oc,                  # int64 [rows, TOPK]
-    TOPK: tl.constexpr, CHUNK: tl.constexpr, DIGIT: tl.constexpr,
+    TOPK: tl.constexpr, SMALL: tl.constexpr, CHUNK: tl.constexpr, DIGIT: tl.constexpr,
 ):
     RADIX: tl.constexpr = 1 << DIGIT
     row = tl.program_id(0).to(tl.int64)
     row_keys = keys_ptr + row * stride_kr
+    row_small = scratch_ptr + row * SMALL
     row_out = out_ptr + row * stride_or
     kept = tl.load(kept_ptr + row).to(tl.int32)
-    thr = tl.load(thr_ptr + row)
-    offs_chunk = tl.arange(0, CHUNK)
+    # Keys >= floor pass: the row's threshold, raised above NO_KEY (the padding of masked loads).
+    floor = tl.maximum(tl.load(thr_ptr + row), NO_KEY_C + 1)
+    offs = tl.arange(0, CHUNK)
 
-    # Pass 1: n, lo and hi of the passing keys.
+    # Pass 1 (HBM): compact the passing keys into the scratch row; their count n and largest hi.
     n_pass = 0
-    lo_key = tl.full((), INT64_MAX_C, tl.int64)
-    hi_key = tl.full((), NO_KEY_C, tl.int64)
+    hi_acc = tl.full([CHUNK], NO_KEY_C, tl.int64)
     for start in range(0, kept, CHUNK):
-        keys, passing = _passing(row_keys, start, kept, thr, offs_chunk, stride_kc)
+        keys = tl.load(row_keys + start + offs, mask=start + offs < kept, other=NO_KEY_C)
+        passing = keys >= floor
+        slot = n_pass + tl.cumsum(passing.to(tl.int32), axis=0) - 1
+        tl.store(row_small + slot, keys, mask=passing & (slot < SMALL))
         n_pass += tl.sum(passing.to(tl.int32), axis=0)
-        lo_key = tl.minimum(lo_key, tl.min(tl.where(passing, keys, INT64_MAX_C), axis=0))
-        hi_key = tl.maximum(hi_key, tl.max(tl.where(passing, keys, NO_KEY_C), axis=0))
+        hi_acc = tl.maximum(hi_acc, keys)
+    hi_key = tl.max(hi_acc, axis=0)
+    tl.debug_barrier()  # the scratch row, written above by every thread, is read below
+    # The later passes read the scratch row (L1/L2), or the whole row where more than SMALL keys pass.
+    fits = n_pass <= SMALL
+    src = tl.where(fits, row_small, row_keys)
+    src_len = tl.where(fits, n_pass, kept)
 
-    # Radix passes over u = key - lo_key: narrow [u_lo, u_lo + limit << shift) to the K-th key's bucket.
-    span = (hi_key - lo_key).to(tl.uint64, bitcast=True)
+    # Radix passes over u = key - floor (uint64, wrapping: order-preserving for keys >= floor): narrow
+    # the bucket [base, base + limit << shift) of keys to the one that holds the K-th key.
+    span = (hi_key - floor).to(tl.uint64, bitcast=True)
     shift = _first_shift(span, RADIX)
     limit = RADIX                     # digits of the current bucket: [0, limit)
-    u_lo = tl.full((), 0, tl.uint64)
+    base = floor                      # the bucket's smallest key
     need = TOPK                       # rank of the K-th key within the bucket
     count = n_pass                    # passing keys in the bucket
     bins = tl.arange(0, RADIX)
     while need < count:  # the K-th key is not yet the smallest of its bucket
         hist = tl.zeros([RADIX], dtype=tl.int32)
-        for start in range(0, kept, CHUNK):
-            keys, passing = _passing(row_keys, start, kept, thr, offs_chunk, stride_kc)
-            rel = (keys - lo_key).to(tl.uint64, bitcast=True)
-            digit = (rel - u_lo) >> shift
-            in_bucket = passing & (rel >= u_lo) & (digit < limit)
-            hist += tl.histogram(digit.to(tl.int32), RADIX, mask=in_bucket)
+        for start in range(0, src_len, CHUNK):
+            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+            # A key below base wraps to at least 2^64 - (base - floor) >= the bucket's width: out.
+            digit = (keys - base).to(tl.uint64, bitcast=True) >> shift
+            hist += tl.histogram(digit.to(tl.int32), RADIX, mask=(keys >= floor) & (digit < limit))
         from_top = count - tl.cumsum(hist, axis=0) + hist      # keys of this digit or higher
         chosen = tl.max(tl.where(from_top >= need, bins, 0), axis=0)
         need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
         count = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
-        u_lo += chosen.to(tl.uint64) << shift
+        base += (chosen.to(tl.uint64) << shift).to(tl.int64, bitcast=True)
         next_shift = tl.maximum(shift - DIGIT, 0)
         limit = tl.where(shift > 0, 1 << (shift - next_shift), 0)
         count = tl.where(shift > 0, count, need)  # bit 0 done: the bucket is one key value
         shift = next_shift
 
     # Compaction of the keys >= bound (exactly min(K, n) of them) into the output row, then the sort.
-    bound = lo_key + u_lo.to(tl.int64, bitcast=True)  # lo_key itself where n <= K (no radix pass)
+    bound = base  # floor itself where n <= K (no radix pass)
     n_out = 0
-    for start in range(0, kept, CHUNK):
-        keys, passing = _passing(row_keys, start, kept, thr, offs_chunk, stride_kc)
-        chosen_keys = passing & (keys >= bound)
+    for start in range(0, src_len, CHUNK):
+        keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+        chosen_keys = keys >= bound
         slot = n_out + tl.cumsum(chosen_keys.to(tl.int32), axis=0) - 1
         tl.store(row_out + slot * stride_oc, keys, mask=chosen_keys & (slot < TOPK))
         n_out += tl.sum(chosen_keys.to(tl.int32), axis=0)
@@ -138,8 +141,8 @@ def select_topk_candidates_radix_kernel(
 
 
 def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
-                                 out: torch.Tensor | None = None, *, chunk: int = 1024,
-                                 num_warps: int = 4) -> torch.Tensor:
+                                 out: torch.Tensor | None = None, *, chunk: int = CHUNK, digit: int = DIGIT_BITS,
+                                 num_warps: int = NUM_WARPS) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (selection.make_keys: distinct), sorted descending, NO_KEY padded; the same
     answer as select_topk_candidates_triton, bit for bit. kept int32/int64 [rows] (<= capacity);
@@ -157,8 +160,11 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
                          f"{list(out.shape)} on {out.device}")
     if rows == 0:
         return out
+    keys = keys.contiguous()
+    small = 2 * k
+    scratch = torch.empty(rows, small, dtype=torch.int64, device=keys.device)
     select_topk_candidates_radix_kernel[(rows,)](
-        keys, keys.stride(0), keys.stride(1), kept, thresholds, out, out.stride(0), out.stride(1),
-        TOPK=k, CHUNK=chunk, DIGIT=DIGIT_BITS, num_warps=num_warps,
+        keys, keys.stride(0), kept, thresholds, scratch, out, out.stride(0), out.stride(1),
+        TOPK=k, SMALL=small, CHUNK=chunk, DIGIT=digit, num_warps=num_warps,
     )
     return out
