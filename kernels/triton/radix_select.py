@@ -45,9 +45,9 @@ import triton.language as tl
 
 from ..selection import NO_KEY
 
-DIGIT_BITS = 6
-CHUNK = 512
-NUM_WARPS = 2
+# (chunk, num_warps, digit bits) per K: the fastest of bench/radix_select_probe.py's sweep on the H200
+# with scan thresholds (8192 rows); other K (tests) take the K = 1024 configuration.
+CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}
 NO_KEY_C = tl.constexpr(NO_KEY)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
 
@@ -141,15 +141,16 @@ def select_topk_candidates_radix_kernel(
 
 
 def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
-                                 out: torch.Tensor | None = None, *, chunk: int = CHUNK, digit: int = DIGIT_BITS,
-                                 num_warps: int = NUM_WARPS) -> torch.Tensor:
+                                 out: torch.Tensor | None = None, *, chunk: int | None = None,
+                                 digit: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (selection.make_keys: distinct), sorted descending, NO_KEY padded; the same
     answer as select_topk_candidates_triton, bit for bit. kept int32/int64 [rows] (<= capacity);
     thresholds int64 [rows] at or below each row's k-th best kept key (NO_KEY: none), as the
     LiteTopK scan's final thresholds are: only keys at or above them are selected. `out` (int64
     [rows, k], any strides, on the keys' device) is written and returned instead of a new tensor.
-    k a power of two. No host synchronization: capturable in a CUDA graph."""
+    k a power of two. No host synchronization: capturable in a CUDA graph. chunk (keys per pass step),
+    digit (radix bits per pass) and num_warps override CONFIG[k] (the probe's sweep)."""
     rows = keys.shape[0]
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
@@ -160,6 +161,8 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
                          f"{list(out.shape)} on {out.device}")
     if rows == 0:
         return out
+    default = CONFIG.get(k, CONFIG[1024])
+    chunk, num_warps, digit = chunk or default[0], num_warps or default[1], digit or default[2]
     keys = keys.contiguous()
     small = 2 * k
     scratch = torch.empty(rows, small, dtype=torch.int64, device=keys.device)
