@@ -103,6 +103,7 @@ def main():
                     "variants": {}}
             runs = {"bitonic (old)": lambda: select_topk_candidates_triton(keys, kept, thresholds, k)}
             out = torch.empty(ROWS, k, dtype=torch.int64, device="cuda")
+            runs["radix (CONFIG)"] = lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)
             for chunk, warps, digit in VARIANTS:
                 runs[f"radix c{chunk} w{warps} d{digit}"] = (lambda c=chunk, w=warps, d=digit: select_topk_candidates_radix(
                     keys, kept, thresholds, k, out=out, chunk=c, digit=d, num_warps=w))

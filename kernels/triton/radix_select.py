@@ -5,36 +5,43 @@ largest of the first `kept` ordering keys (kernels.selection.make_keys: distinct
 order is the contract's total order) among those at or above the row's threshold key T (at or below
 the row's K-th best kept key; NO_KEY = none), sorted descending, NO_KEY padded.
 
-Math. Let P be the row's passing keys (kept and >= T), n = |P|, lo/hi their smallest and largest.
-If n <= K the answer is P. Otherwise the K-th largest key of P is found exactly by a radix select on
-u = key - lo in [0, hi - lo] (uint64, order-preserving): DIGIT-bit digits from the top, where the
-first digit starts at the lowest shift s with (hi - lo) >> s < RADIX (no pass is spent on the bits
-that every passing key shares). Each pass counts the candidates of the current bucket per digit
-(tl.histogram), takes the digit whose count from the top first reaches `need` (the rank still
-wanted), and narrows to that bucket: need -= keys of higher digits. The loop stops as soon as the
-bucket holds one key (that key is the K-th) or the digit reaches bit 0; the bound lo + u_bucket then
-separates exactly the K largest keys: keys >= it are the K answers. They are compacted in input
-order into the output row (a prefix sum gives each its slot), read back as one [K] tensor, and
-sorted descending by the bitonic tl.sort over exactly K keys (the sort a top-K over 2 K keys needs
-twice or four times the work of). The order is total, so there is nothing to break: any order of
-the passes gives the same K keys, and the sort gives them in the one descending order.
+Math. Let P be the row's passing keys (kept and >= floor = max(T, NO_KEY + 1)), n = |P|, hi the
+largest. If n <= K the answer is P. Otherwise the K-th largest key of P is found exactly by a radix
+select on u = key - floor in [0, hi - floor] (uint64, order-preserving): DIGIT-bit digits from the
+top, the first at the lowest shift s with (hi - floor) >> s < RADIX (no pass is spent on bits that
+every passing key shares). Each pass counts the keys of the current bucket per digit (tl.histogram),
+takes the highest digit whose count from the top reaches `need` (the rank still wanted), and
+narrows to it: need -= keys of higher digits. The loop stops as soon as the K-th key is the
+smallest of its bucket (need == count; always so once the bucket is one key or bit 0 is done);
+then the bucket's base key separates exactly the K largest: keys >= it are the answer. The order is
+total, so there is nothing to break, and the answer (sorted by tl.sort over exactly K keys, not a
+top-K over 2 K) is the old kernel's and torch's, bit for bit.
 
-Tiling: one program per row; each pass streams the row's kept keys CHUNK at a time (int64,
-contiguous; the first pass from HBM, the next ones from L1/L2: a row is 17.6 KB at 2,200 keys).
-Passes per row: 1 (count, lo, hi) + radix passes + 1 (compaction). With scan thresholds the
-passing keys span about one binade of scores above T: 8-bit digits leave ~5-10 keys in the K-th
-bucket after the first radix pass and one after the second, so typically 4 streaming passes, the
-sort of K keys, and 8 K bytes written per row. No scratch tensor: the output row is the compaction
-buffer.
+Tiling: one program per row. Pass 1 streams the row's kept keys CHUNK at a time from HBM and
+compacts the passing ones (a prefix sum gives each its slot) into a per-row scratch row of SMALL =
+2 K keys; the radix passes and the final compaction read that row (L1/L2), or the whole buffer row
+where more than SMALL keys pass (no threshold). The radix base is floor = max(T, NO_KEY + 1): one
+64-bit compare per key excludes both failing keys and the NO_KEY padding of masked loads, and a key
+below a bucket's base wraps to at least the bucket's width, so one shift and compare tests the bucket.
+With scan thresholds the passing keys span about one binade of scores: 5-bit digits leave the K-th
+key alone in its bucket after 2-3 passes over ~619 / ~1,249 keys. The answer is compacted in input
+order into the output row (no other scratch), read back as one [K] tensor and sorted.
 
 Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; with equal keys
 the compaction keeps the first K at or above the K-th, in input order, before the sort); kept <=
-capacity. No host synchronization and no data-dependent shape: CUDA-graph capturable.
+capacity; NO_KEY in the kept prefix counts as padding (it is one in the output too). No host
+synchronization and no data-dependent shape: CUDA-graph capturable.
 
-Expected cost at 8192 rows on the H200: the first pass reads the kept keys once (2,200 / 4,400 keys
-x 8 B x 8192 rows = 144 / 288 MB: ~40 / 80 us at ~3.6 TB/s); the later passes hit L1/L2; the sort of
-K int64 keys costs log2(K) (log2(K) + 1) / 2 = 45 / 55 compare-exchange steps over K keys per row
-(~7 K / 18 K warp instructions per row: ~50 / 120 us over 132 SMs). Target <= 0.15 / 0.3 ms.
+Cost (H200, 8192 rows, bench/radix_select_probe.py; CONFIG below): 0.37 ms at K = 512 (bitonic
+top-K of 2 K: 0.66) and 0.86 ms at K = 1024 (1.63) with scan thresholds; 0.63 / 1.27 ms without a
+threshold (2.9 / 8.6). Memory is not the bound (pass 1 reads 144 / 288 MB: ~40 / 80 us); the kernel
+is instruction- and latency-bound in Triton's generic primitives, read from the offline sm_90 SASS
+(compile_sm90): a 1-D int64 block gets one key per thread per register (sizePerThread 1), so each
+tl.cumsum is a 5-shuffle warp scan per register (~40 instructions per key in pass 1 and in the
+compaction), tl.histogram costs ~50 instructions per key (one ballot per digit bit plus the bin
+masks), and tl.sort of K int64 keys is ~4 K instructions per warp (1 warp, K = 512). The goals of
+<= 0.15 / 0.3 ms need those three replaced by a layout with several contiguous keys per thread
+(ballot + popc ranks, a per-thread sort before the warp merges), which Triton does not expose.
 """
 
 from __future__ import annotations
