@@ -6,8 +6,8 @@ context), runs --warmup and then --iterations alternating dense / LiteTopK pairs
 events, and checks outside timing that LiteTopK equals the dense path exactly (every output).
 Prints a table, writes bench/results/operator-<tag>.json (GPU, versions, command) and a PNG.
 
-    python bench/operator.py --model deepseek-v4-flash --rows 8192 --raw-context 262144
-    python bench/operator.py --model all --raw-context 262144 524288 786432
+    python -m bench.operator --model deepseek-v4-flash --rows 8192 --raw-context 262144
+    python -m bench.operator --model all --raw-context 262144 524288 786432
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from bench.common import REPO_ROOT, RESULTS_DIR
 
 FP8_PEAK_TFLOPS = 1260.0  # measured on the H200 (H200-NOTES.md): the scoring floor
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -38,7 +37,7 @@ def worker(args) -> dict:
     import torch
 
     from litetopk.kernels import dense_topk_prefill, litetopk_prefill
-    from problems_gpu import MODELS, call_args, prefill_problem
+    from bench.common.problems import MODELS, call_args, prefill_problem
 
     topk = MODELS[args.model]
     problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread)
@@ -105,11 +104,11 @@ def run_point(args, model: str, raw: int) -> dict:
     """Median over fresh processes of one (model, raw context) point."""
     runs = []
     for proc in range(args.processes):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--rows", str(args.rows),
+        cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
                "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(args.spread),
                "--selectors", *args.selectors]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -186,8 +185,8 @@ def main() -> None:
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (problems_gpu.py)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (bench/common/problems.py)")
+    parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--tag", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
