@@ -32,6 +32,27 @@ def scoring_flops(rows: int, mean_window: float) -> float:
     return 2.0 * rows * 64 * 128 * mean_window
 
 
+def lean_dense(args, pos, kw, topk) -> dict:
+    """The lean dense baseline of a serving engine that keeps its decoded cache (issue 15, item 5):
+    validation and decoding done once, outside the timing, on a backend instance of its own (so the
+    LiteTopK calls in between do not evict its operands). `kernel_only`: the scoring kernel's dense
+    launch alone; `lean_flashinfer`: that launch, then FlashInfer's top-k of its score matrix."""
+    from litetopk.kernels.operator import get_backend
+    from litetopk.kernels.validation import validate_prefill
+
+    problem = validate_prefill(*pos, **kw)
+    backend = type(get_backend(args.backend, problem.device))()
+    backend.operands(problem)
+    variants = {"kernel_only": lambda: backend.score_dense(problem)}
+    if "flashinfer" in args.selectors:
+        try:
+            import flashinfer
+        except ImportError:
+            return variants
+        variants["lean_flashinfer"] = lambda: flashinfer.top_k(backend.score_dense(problem)[0], topk, sorted=True)
+    return variants
+
+
 def worker(args) -> dict:
     """One fresh process: build, warm up, time alternating pairs, check exactness."""
     import torch
@@ -52,6 +73,8 @@ def worker(args) -> dict:
                 continue
         selectors.append(selector)
         variants[f"dense_{selector}"] = (lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
+    lean = lean_dense(args, pos, kw, topk) if args.lean else {}
+    variants.update(lean)
     times = {name: [] for name in variants}
 
     def timed(fn):
@@ -72,6 +95,8 @@ def worker(args) -> dict:
     for selector in selectors:
         dense = variants[f"dense_{selector}"]()
         exact[selector] = all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS)
+    if "lean_flashinfer" in lean:  # the same scores, so the same sorted values (ties only reorder positions)
+        exact["lean_flashinfer_values"] = torch.equal(lean["lean_flashinfer"]()[0], lite.values)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -107,7 +132,7 @@ def run_point(args, model: str, raw: int) -> dict:
         cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
                "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(args.spread),
-               "--selectors", *args.selectors]
+               "--selectors", *args.selectors, *(["--lean"] if args.lean else [])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -184,6 +209,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
+    parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
+                             "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (bench/common/problems.py)")
     parser.add_argument("--out", default=str(RESULTS_DIR))

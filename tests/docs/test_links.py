@@ -46,3 +46,18 @@ def test_the_readme_and_the_docs_index_link_every_docs_page():
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"} | {Path(p).name for p in PENDING}
     missing = sorted(name for name in pages if f"({name})" not in index)
     assert not missing, f"docs/README.md does not link {missing}"
+
+
+#: Pages that describe the present (the journals are history: their paths are those of their session).
+CURRENT = [p for p in PAGES if p.name not in {"JOURNAL.md", "NOTES-service.md"}]
+PATH_IN_CODE = re.compile(r"`((?:bench|docs|kernels|service|clients|tests)/[\w/.-]+\.(?:py|sh|md|json|txt|png))`")
+RESULT_FILE = re.compile(r"`([\w-]+-(?:h200|cpu)[\w-]*\.(?:json|txt|png))`")
+
+
+@pytest.mark.parametrize("page", CURRENT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_paths_and_result_files_named_in_code_spans_exist(page):
+    text = page.read_text()
+    for name in PATH_IN_CODE.findall(text):
+        assert (ROOT / name).exists() or name in PENDING, f"{page.relative_to(ROOT)} names {name}, which does not exist"
+    for name in RESULT_FILE.findall(text):
+        assert (ROOT / "bench" / "results" / name).exists(), f"{page.relative_to(ROOT)} names result {name}, not in bench/results"
