@@ -4,7 +4,7 @@
     LITETOPK_URL=unix:/run/litetopk/litetopk.sock python bench/demo_worker.py --calls 3
     python bench/demo_worker.py --url http://127.0.0.1:8471 --device cuda   # a CUDA cache: IPC handle, no copy
 
-It builds a small random problem with the codec (2 sequences of 2,048 compressed keys in a
+It builds a small random problem with `litetopk.kernels.random_problem` (2 sequences of 2,048 compressed keys in a
 permuted paged MXFP4 cache, 8 query rows each), waits until the service is ready, registers the
 cache as a region (shared memory for a CPU tensor, a CUDA IPC handle for a CUDA one), calls
 `topk` `--calls` times and checks every answer against `litetopk_prefill` run in this process
@@ -21,32 +21,9 @@ import time
 import torch
 
 from litetopk.clients import TopKClient, TransportError
-from litetopk.kernels import BackendUnavailableError, litetopk_prefill, pack_kv_cache, quantize_mxfp4
+from litetopk.kernels import BackendUnavailableError, litetopk_prefill, random_problem
 
-HEADS, DIM, PAGE = 64, 128, 64
-INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired")
-
-
-def random_problem(seed: int, *, batch: int = 2, length: int = 2048, rows_per_seq: int = 8,
-                   device: str = "cpu") -> dict:
-    """The arguments of litetopk_prefill: causal rows near the end of each sequence."""
-    gen = torch.Generator().manual_seed(seed)
-    pages_per_seq = -(-length // PAGE)
-    num_pages = batch * pages_per_seq + 3
-    block_table = torch.randperm(num_pages, generator=gen)[:batch * pages_per_seq].view(batch, pages_per_seq)
-    k_fp4, k_scale = quantize_mxfp4(torch.randn(batch, length, DIM, generator=gen))
-    rows = batch * rows_per_seq
-    q_fp4, q_scale = quantize_mxfp4(torch.randn(rows, HEADS, DIM, generator=gen))
-    ends = length - torch.randint(0, PAGE, (rows,), generator=gen)
-    args = dict(
-        q_fp4=q_fp4, q_scale=q_scale,
-        kv_cache=pack_kv_cache(k_fp4, k_scale, block_table.int(), num_pages),
-        block_table=block_table.int(), weights=torch.randn(rows, HEADS, generator=gen),
-        row_to_batch=torch.arange(batch, dtype=torch.int32).repeat_interleave(rows_per_seq),
-        starts=torch.zeros(rows, dtype=torch.int32), ends=ends.int(),
-    )
-    return {name: tensor.to(device) for name, tensor in args.items()}
 
 
 def wait_ready(client: TopKClient, timeout: float) -> bool:
@@ -77,22 +54,22 @@ def main(argv: list[str] | None = None) -> int:
         client = TopKClient(uds=args.url[len("unix:"):])
     else:
         client = TopKClient(args.url)
-    problem = random_problem(0, device=args.device)
+    problem = random_problem(16, [2048, 2048], args.topk, device=args.device)  # 2 sequences, 8 causal rows each
     with client:
         if not wait_ready(client, args.wait):
             return 2
         info = client.info()
         print(f"demo worker: service on {info['device']} ({info['backend']} backend)", flush=True)
-        cache = client.register(problem["kv_cache"])  # once; every call below names it by region id
-        inputs = [cache if name == "kv_cache" else problem[name] for name in INPUTS]
+        cache = client.register(problem.kv_cache)  # once; every call below names it by region id
+        q_fp4, q_scale, _, *rest = problem.args()
         try:
-            expected = litetopk_prefill(**problem, topk=args.topk, backend=info["backend"])
+            expected = litetopk_prefill(*problem.args(), **problem.kwargs(), backend=info["backend"])
         except BackendUnavailableError as exc:
             expected = None
             print(f"demo worker: answers not checked here ({exc})", flush=True)
         for call in range(args.calls):
             start = time.perf_counter()
-            result = client.topk(*inputs, topk=args.topk)
+            result = client.topk(q_fp4, q_scale, cache, *rest, **problem.kwargs())
             elapsed_ms = (time.perf_counter() - start) * 1e3
             differ = [] if expected is None else [
                 name for name in FIELDS

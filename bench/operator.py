@@ -6,8 +6,8 @@ context), runs --warmup and then --iterations alternating dense / LiteTopK pairs
 events, and checks outside timing that LiteTopK equals the dense path exactly (every output).
 Prints a table, writes bench/results/operator-<tag>.json (GPU, versions, command) and a PNG.
 
-    python bench/operator.py --model deepseek-v4-flash --rows 8192 --raw-context 262144
-    python bench/operator.py --model all --raw-context 262144 524288 786432
+    python -m bench.operator --model deepseek-v4-flash --rows 8192 --raw-context 262144
+    python -m bench.operator --model all --raw-context 262144 524288 786432
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from bench.common import REPO_ROOT, RESULTS_DIR
 
 FP8_PEAK_TFLOPS = 1260.0  # measured on the H200 (H200-NOTES.md): the scoring floor
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -33,12 +32,33 @@ def scoring_flops(rows: int, mean_window: float) -> float:
     return 2.0 * rows * 64 * 128 * mean_window
 
 
+def lean_dense(args, pos, kw, topk) -> dict:
+    """The lean dense baseline of a serving engine that keeps its decoded cache (issue 15, item 5):
+    validation and decoding done once, outside the timing, on a backend instance of its own (so the
+    LiteTopK calls in between do not evict its operands). `kernel_only`: the scoring kernel's dense
+    launch alone; `lean_flashinfer`: that launch, then FlashInfer's top-k of its score matrix."""
+    from litetopk.kernels.operator import get_backend
+    from litetopk.kernels.validation import validate_prefill
+
+    problem = validate_prefill(*pos, **kw)
+    backend = type(get_backend(args.backend, problem.device))()
+    backend.operands(problem)
+    variants = {"kernel_only": lambda: backend.score_dense(problem)}
+    if "flashinfer" in args.selectors:
+        try:
+            import flashinfer
+        except ImportError:
+            return variants
+        variants["lean_flashinfer"] = lambda: flashinfer.top_k(backend.score_dense(problem)[0], topk, sorted=True)
+    return variants
+
+
 def worker(args) -> dict:
     """One fresh process: build, warm up, time alternating pairs, check exactness."""
     import torch
 
     from litetopk.kernels import dense_topk_prefill, litetopk_prefill
-    from problems_gpu import MODELS, call_args, prefill_problem
+    from bench.common.problems import MODELS, call_args, prefill_problem
 
     topk = MODELS[args.model]
     problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread)
@@ -53,6 +73,8 @@ def worker(args) -> dict:
                 continue
         selectors.append(selector)
         variants[f"dense_{selector}"] = (lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
+    lean = lean_dense(args, pos, kw, topk) if args.lean else {}
+    variants.update(lean)
     times = {name: [] for name in variants}
 
     def timed(fn):
@@ -73,6 +95,8 @@ def worker(args) -> dict:
     for selector in selectors:
         dense = variants[f"dense_{selector}"]()
         exact[selector] = all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS)
+    if "lean_flashinfer" in lean:  # the same scores, so the same sorted values (ties only reorder positions)
+        exact["lean_flashinfer_values"] = torch.equal(lean["lean_flashinfer"]()[0], lite.values)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -105,11 +129,11 @@ def run_point(args, model: str, raw: int) -> dict:
     """Median over fresh processes of one (model, raw context) point."""
     runs = []
     for proc in range(args.processes):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--rows", str(args.rows),
+        cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
                "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(args.spread),
-               "--selectors", *args.selectors]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+               "--selectors", *args.selectors, *(["--lean"] if args.lean else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -185,9 +209,12 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
+    parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
+                             "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (problems_gpu.py)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (bench/common/problems.py)")
+    parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--tag", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

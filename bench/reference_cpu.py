@@ -10,8 +10,8 @@ Each process saves its outputs; the parent checks that LiteTopK returns exactly 
 returns (every output tensor).
 Prints a table, writes bench/results/reference-cpu.json (command, versions, machine) and a PNG.
 
-    python bench/reference_cpu.py                     # Q=256 x S=65,536, K=512 and 1024
-    python bench/reference_cpu.py --rows 64 --keys 16384 --topk 512
+    python3 -m bench.reference_cpu                     # Q=256 x S=65,536, K=512 and 1024
+    python3 -m bench.reference_cpu --rows 64 --keys 16384 --topk 512
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from bench.common import BENCH_DIR, REPO_ROOT, RESULTS_DIR
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 METHODS = ("dense", "litetopk")
@@ -65,7 +64,7 @@ def peak_rss_mib() -> float:
 
 
 def build(args, topk: int):
-    from problems_gpu import call_args, prefill_problem
+    from bench.common.problems import call_args, prefill_problem
 
     problem = prefill_problem(args.rows, 4 * args.keys, topk, seed=args.seed, device="cpu", spread=args.spread)
     return call_args(problem)
@@ -132,17 +131,17 @@ def check_identical(topk: int, lite_path: str, dense_path: str) -> dict:
 
 
 def run_child(argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *argv], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "bench.reference_cpu", *argv], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def code_state() -> str:
     """The committed and uncommitted state of the code the benchmark runs (others commit meanwhile)."""
     def git(*argv):
-        return subprocess.run(["git", *argv], cwd=HERE, capture_output=True, text=True).stdout
-    top = os.path.dirname(HERE)
+        return subprocess.run(["git", *argv], cwd=BENCH_DIR, capture_output=True, text=True).stdout
+    top = str(REPO_ROOT)
     paths = sorted(f"kernels/{f}" for f in os.listdir(os.path.join(top, "kernels")) if f.endswith(".py"))
-    paths.append("bench/problems_gpu.py")  # the reference path: kernels/*.py, not triton/ or flydsl/
+    paths.append("bench/common/problems.py")  # the reference path: kernels/*.py, not triton/ or flydsl/
     return "".join(git("rev-parse", f"HEAD:{p}") for p in paths) + git("diff", "HEAD", "--", *(f"../{p}" for p in paths))
 
 
@@ -151,7 +150,7 @@ def versions() -> dict:
     import torch
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = None
     return {
@@ -196,7 +195,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spread", type=int, default=1, help="MXFP4 block magnitudes over 2 * spread + 1 binades")
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "reference-cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS_DIR / "reference-cpu.json"))
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
@@ -238,14 +237,14 @@ def main() -> None:
     for c in checks:
         print(f"K={c['topk']}: litetopk {'==' if c['identical'] else '!='} dense (every output)")
     if code_state() != code_before:
-        print("warning: kernels/*.py or bench/problems_gpu.py changed during the run; rerun for clean numbers")
+        print("warning: kernels/*.py or bench/common/problems.py changed during the run; rerun for clean numbers")
 
     record = {
         "benchmark": "reference backend on the CPU, dense vs LiteTopK",
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
                   "spread": args.spread,
-                  "workload": "bench/problems_gpu.prefill_problem on the CPU (one sequence, causal rows at its end)"},
+                  "workload": "bench.common.problems.prefill_problem on the CPU (one sequence, causal rows at its end)"},
         "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed, "spread": args.spread, "versions": versions(),
         "code_changed_during_run": code_state() != code_before,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),

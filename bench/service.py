@@ -15,8 +15,8 @@ Shapes (rows = query rows at the end of one sequence of `keys` compressed keys, 
     CPU  decode   8 rows x  4,096 keys      prefill     64 rows x  8,192 keys (the reference backend
          is plain torch on the CPU: the GPU prefill shape would take hours; this one takes ~0.5 s)
 
-    python bench/service.py                       # both shapes on the default device
-    python bench/service.py --shapes prefill --out $OUT
+    python3 -m bench.service                       # both shapes on the default device
+    python3 -m bench.service --shapes prefill --out $OUT
 Writes <out>/service-<device>.json (device, versions, command line, numbers) and a PNG plot.
 """
 
@@ -38,10 +38,8 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from problems_gpu import call_args, prefill_problem  # noqa: E402
+from bench.common import BENCH_DIR, REPO_ROOT, RESULTS_DIR
+from bench.common.problems import call_args, prefill_problem
 
 from litetopk.clients import TransportError, AsyncTopKClient, TopKClient  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
@@ -71,7 +69,7 @@ class Service:
         argv = [sys.executable, *entry, "--device", device, "--backend", backend, "--port", "0",
                 "--uds", self.uds, "--log-level", "warning", "--queue-size", "256", "--request-timeout-s", "900",
                 "--max-request-bytes", str(256 * 2**20)]
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
         self.url = self._wait_url()
         with TopKClient(self.url) as client:
             deadline = time.monotonic() + 900  # the warm-up compiles the kernels on a GPU
@@ -291,7 +289,7 @@ def versions() -> dict:
         found["triton"] = None
     try:
         found["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                      cwd=HERE, check=False).stdout.strip() or None
+                                      cwd=BENCH_DIR, check=False).stdout.strip() or None
     except OSError:
         found["git"] = None
     return found
@@ -348,7 +346,7 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight for throughput")
     parser.add_argument("--prefill-rows", type=int, default=0, help="override the prefill rows")
     parser.add_argument("--prefill-keys", type=int, default=0, help="override the prefill keys")
-    parser.add_argument("--out", default=str(HERE / "results"), help="folder for the JSON and PNG")
+    parser.add_argument("--out", default=str(RESULTS_DIR), help="folder for the JSON and PNG")
     args = parser.parse_args(argv)
     device = torch.device(args.device if args.device != "auto" else ("cuda:0" if torch.cuda.is_available() else "cpu"))
     backend = args.backend

@@ -8,9 +8,9 @@ fault scan, result writing and encoding, the transport and the client's decoding
 `Server-Timing` header (service/routes/topk.py) splits the service's part into phases; the
 client's total minus the service's total is transport + client.
 
-    python bench/service_overhead.py                      # 8192 rows, K=512 (the H200 prefill shape)
-    python bench/service_overhead.py --rows 64 --iters 50 --device cpu
-    python bench/service_overhead.py --real               # the real operator (reference on the CPU)
+    python3 -m bench.service_overhead                      # 8192 rows, K=512 (the H200 prefill shape)
+    python3 -m bench.service_overhead --rows 64 --iters 50 --device cpu
+    python3 -m bench.service_overhead --real               # the real operator (reference on the CPU)
 
 Modes: uds / tcp (the client picks how the result comes back: a pooled scratch region for large
 results), uds+out (every field into the caller's shm regions), and uds+plain (as uds+out, but
@@ -28,14 +28,10 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from service import FIELDS, Service, server_timing  # noqa: E402  (bench/service.py)
+from bench.service import FIELDS, Service, server_timing
 
 
 # ---------------------------------------------------------------------------------- the service
@@ -96,7 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--real", action="store_true", help="run the real operator, not the mock")
     args = parser.parse_args(argv)
 
-    from problems_gpu import call_args, prefill_problem
+    from bench.common.problems import call_args, prefill_problem
 
     from litetopk.clients import TopKClient
 
@@ -105,7 +101,7 @@ def main(argv=None) -> int:
     rows, topk = args.rows, 512
     with tempfile.TemporaryDirectory(prefix="ltk-overhead-", dir="/tmp") as directory:
         service = Service(args.device, args.backend, directory,
-                          entry=(os.environ.get("LTK_BENCH_SERVE", __file__), "--serve"),
+                          entry=("-m", os.environ.get("LTK_BENCH_SERVE", "bench.service_overhead"), "--serve"),
                           env={**os.environ, "LTK_BENCH_REAL": "1" if args.real else "0"})
         try:
             owner = TopKClient(uds=service.uds)

@@ -21,6 +21,7 @@ from .errors import (
 from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from .operator import BACKEND_NAMES, dense_topk_prefill, litetopk_prefill
 from .pipeline import LiteTopKTuning
+from .problems import random_problem
 from .result import TopKResult
 from .status import RowStatus
 from .validation import SUPPORTED_TOPK
@@ -47,5 +48,6 @@ __all__ = [
     "litetopk_prefill",
     "pack_kv_cache",
     "quantize_mxfp4",
+    "random_problem",
     "unpack_kv_cache",
 ]

@@ -1,46 +1,20 @@
 """Random prefill problems and an independent float64 oracle, written from CONTRACT.md alone.
 
-Nothing here calls the code under test except `quantize_mxfp4` / `pack_kv_cache` to build inputs
-(the codec and the packing have their own byte-level tests against ml_dtypes and the layout).
+Nothing here calls the code under test except to build inputs: `litetopk.kernels.random_problem`
+(which uses `quantize_mxfp4` / `pack_kv_cache`; the codec and the packing have their own
+byte-level tests against ml_dtypes and the layout, and random_problem its own in test_problems.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-from litetopk.kernels import pack_kv_cache, quantize_mxfp4
+from litetopk.kernels import random_problem
+from litetopk.kernels.problems import Problem, random_mxfp4
 
 H, D, PAGE = 64, 128, 64
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
-
-
-@dataclass
-class Problem:
-    """Arguments of litetopk_prefill (as `args()` / `kwargs`) plus what the oracle needs."""
-
-    q_fp4: torch.Tensor
-    q_scale: torch.Tensor
-    kv_cache: torch.Tensor
-    block_table: torch.Tensor
-    weights: torch.Tensor
-    row_to_batch: torch.Tensor
-    starts: torch.Tensor
-    ends: torch.Tensor
-    topk: int
-    weight_scale: float = 1.0
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-    def args(self):
-        return (self.q_fp4, self.q_scale, self.kv_cache, self.block_table, self.weights,
-                self.row_to_batch, self.starts, self.ends)
-
-    def to(self, device) -> "Problem":
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return Problem(**moved)
 
 
 def decode_fp4(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -96,59 +70,13 @@ def oracle_topk(scores: np.ndarray, k: int) -> list[list[int]]:
 
 def random_fp4(shape, rng: np.random.Generator, spread: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 vectors of normal values whose 32-element blocks span `spread` binades of magnitude."""
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, size=(*shape[:-1], shape[-1] // 32)).repeat(32, -1))
-    return quantize_mxfp4(torch.from_numpy(x.astype(np.float32)))
+    return random_mxfp4(shape, rng, spread)
 
 
-def make_problem(
-    seed: int,
-    *,
-    seq_lens: list[int],
-    rows_per_seq: int,
-    topk: int = 512,
-    causal: bool = True,
-    spare_pages: int = 3,
-    weights_dtype=torch.float32,
-    weight_scale: float = 1.0,
-    spread: int = 3,
-    note: str = "",
-) -> Problem:
-    """A fresh random problem: sequences of `seq_lens` compressed keys in a permuted paged cache,
-    `rows_per_seq` query rows each; causal rows see [0, (t+1)//4) for raw positions t near the end
-    of the sequence, non-causal rows see a random sub-window."""
-    rng = np.random.default_rng(seed)
-    batch = len(seq_lens)
-    max_pages = max(-(-n // PAGE) for n in seq_lens) + 1
-    num_pages = batch * max_pages + spare_pages
-    perm = rng.permutation(num_pages)
-    block_table = np.full((batch, max_pages), -1, dtype=np.int32)
-    used = 0
-    length = max(seq_lens)
-    for b, n in enumerate(seq_lens):
-        need = -(-length // PAGE)
-        block_table[b, :need] = perm[used:used + need]
-        used += need
-    k_fp4, k_scale = random_fp4((batch, length, D // 2 * 2), rng, spread)
-    cache = pack_kv_cache(k_fp4, k_scale, torch.from_numpy(block_table), num_pages)
-    rows = batch * rows_per_seq
-    q_fp4, q_scale = random_fp4((rows, H, D), rng, spread)
-    row_to_batch = np.repeat(np.arange(batch), rows_per_seq).astype(np.int32)
-    starts = np.zeros(rows, dtype=np.int32)
-    ends = np.zeros(rows, dtype=np.int32)
-    for i, b in enumerate(row_to_batch):
-        n = seq_lens[b]
-        if causal:
-            raw = rng.integers(max(0, 4 * n - 4 * PAGE), 4 * n)
-            ends[i] = (raw + 1) // 4
-        else:
-            a, c = sorted(rng.integers(0, n + 1, size=2))
-            starts[i], ends[i] = a, c
-    weights = torch.from_numpy(rng.standard_normal((rows, H)).astype(np.float32)).to(weights_dtype)
-    return Problem(
-        q_fp4=q_fp4, q_scale=q_scale, kv_cache=cache, block_table=torch.from_numpy(block_table),
-        weights=weights, row_to_batch=torch.from_numpy(row_to_batch), starts=torch.from_numpy(starts),
-        ends=torch.from_numpy(ends), topk=topk, weight_scale=weight_scale, note=note,
-    )
+def make_problem(seed: int, *, seq_lens: list[int], rows_per_seq: int, spread: int = 3, **options) -> Problem:
+    """`litetopk.kernels.random_problem` with `rows_per_seq` rows for each of `seq_lens`, blocks
+    spread over 3 binades by default (wide vectors included); `options` are random_problem's."""
+    return random_problem(len(seq_lens) * rows_per_seq, seq_lens, seed=seed, spread=spread, **options)
 
 
 def results_equal(a, b) -> list[str]:

@@ -15,10 +15,11 @@ CONTRACT_NAMES = {
     "litetopk_prefill", "dense_topk_prefill", "TopKResult",
 }
 #: Further names the package exports on purpose: the error tree (errors.py), the status bits, the
-#: backend names, the page size in bytes and the LiteTopK tuning knobs. A new public name is a
+#: backend names, the page size in bytes, the LiteTopK tuning knobs and the quick start's
+#: problem builder. A new public name is a
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
-    "BACKEND_NAMES", "PAGE_BYTES", "RowStatus", "LiteTopKTuning",
+    "BACKEND_NAMES", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
     "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
     "BackendUnavailableError", "DeviceError",
 }

@@ -1,0 +1,53 @@
+"""Timing helpers of the device probes: CUDA-event medians, a JSON report written as it grows, and
+one profiled call (torch.profiler table and chrome trace)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
+    """Median milliseconds of `reps` calls of fn timed with CUDA events, after `warm` calls."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def json_logger(path: str, report: dict):
+    """log(key, value): report[key] = value, printed, and the whole report rewritten to `path` (so a
+    call cut short still leaves what it measured)."""
+    def log(key, value):
+        report[key] = value
+        print(key, value, flush=True)
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    return log
+
+
+def profile_call(fn, out_dir: str, name: str) -> None:
+    """Profile one call of fn after two warm-up calls: writes out_dir/name-profile.txt (ops by CPU
+    time, then by CUDA time) and out_dir/name-trace.json (chrome trace)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with open(os.path.join(out_dir, f"{name}-profile.txt"), "w") as f:
+        f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+        f.write("\n\n" + prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    prof.export_chrome_trace(os.path.join(out_dir, f"{name}-trace.json"))

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call that runs every H200 measurement of a session within the 600 s limit, each
+# step with its own time limit; all outputs are packed into $OUT/results.tgz (the device tool
+# returns at most 8 files). Carry `.whl` (bench/device/gpu_service_wheels.sh) for the service step.
+#   run(command="bash bench/device/h200_session.sh", carry=[".whl"], timeout_s=600)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RES=/tmp/h200-results
+mkdir -p "$RES"
+source bench/device/gpu_env.sh || exit 1
+STEPS="${STEPS:-check bench gputests}"
+for step in $STEPS; do
+  case $step in
+    timeline) OUT=$RES TAG=${TAG:-new} timeout ${TIMELINE_TIMEOUT:-150} python3 -m bench.probes.stage_timeline 2>&1 | tail -30 ;;
+    gluon) OUT=$RES timeout ${GLUON_TIMEOUT:-300} python3 -m bench.probes.gluon_probe 2>&1 | tail -12 ;;
+    wide) OUT=$RES timeout ${WIDE_TIMEOUT:-200} python3 -m bench.probes.gluon_wide_probe 2>&1 | tail -4 ;;
+    split) OUT=$RES timeout 200 python3 -m bench.probes.gluon_split_probe 2>&1 | tail -4 ;;
+    tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning 2>&1 | tail -16 ;;
+    check) timeout 100 python3 -m bench.checks.production --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
+    bench) timeout ${BENCH_TIMEOUT:-150} python3 -m bench.operator --model all --raw-context ${RAW:-262144} --processes ${PROCS:-3} \
+             --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;
+    service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/device/gpu_service_check.sh 2>&1 | tail -25 ;;
+    servicediag)  # the service alone on cuda:0: its own log up to readiness
+      require_wheels
+      (timeout 75 python3 -m litetopk.service --device cuda:0 --port 0 --uds /tmp/diag.sock --log-level info \
+        > "$RES/service-diag.log" 2>&1 &)
+      for i in $(seq 1 70); do sleep 1; python3 -m litetopk.service --check readyz --uds /tmp/diag.sock >/dev/null 2>&1 && break; done
+      echo "ready after ${i}s"; tail -40 "$RES/service-diag.log" ;;
+    servicecheck) timeout 150 python3 -m bench.checks.service_gpu --backend auto --out "$RES/service" 2>&1 | tail -15 ;;
+    gputests) timeout 120 python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -4 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests)" >&2 ;;
+  esac
+done
+tar czf "$OUT/results.tgz" -C "$RES" .

@@ -1,0 +1,47 @@
+"""bench/ is a package run as `python -m bench.<name>` from the repository root: its modules import
+on a machine without a GPU (no work at import time), none edits sys.path, and the device scripts
+name only files and modules that exist."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import bench
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+MODULES = sorted(m.name for m in pkgutil.walk_packages(bench.__path__, "bench."))
+SCRIPTS = sorted(BENCH.rglob("*.sh"))
+
+
+def test_the_suite_has_its_parts():
+    for name in ("bench.operator", "bench.common.problems", "bench.checks.production", "bench.probes.stage_timeline"):
+        assert name in MODULES, f"{name} is missing from bench/"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_imports_without_a_device(name):
+    importlib.import_module(name)
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_bench_file_edits_sys_path(path):
+    assert not re.search(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=", path.read_text()), (
+        f"{path.relative_to(ROOT)} edits sys.path: import through the bench package instead")
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_device_scripts_name_existing_files_and_modules(path):
+    text = "\n".join(line.split("#")[0] if not line.startswith("#!") else "" for line in path.read_text().splitlines())
+    for module in re.findall(r"python3? -m (bench(?:\.\w+)+)", text):
+        assert module in MODULES, f"{path.name} runs {module}, which does not exist"
+    for target in re.findall(r"\b(bench/[\w/.-]+\.(?:sh|py))", text):
+        assert (ROOT / target).exists(), f"{path.name} names {target}, which does not exist"
+    for target in re.findall(r"\b(tests/[\w/.-]+\.py)", text):
+        assert (ROOT / target).exists(), f"{path.name} names {target}, which does not exist"
+    assert "cd bench" not in text, f"{path.name} changes into bench/: modules run from the repository root"

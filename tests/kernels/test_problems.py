@@ -1,0 +1,56 @@
+"""random_problem (kernels/problems.py): valid inputs of litetopk_prefill, reproducible by seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from litetopk.kernels import PAGE_SIZE, litetopk_prefill, random_problem, unpack_kv_cache
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_reference_answers_a_random_problem_with_no_row_fault(seed, causal):
+    p = random_problem(4, [700, 300], 512, seed=seed, causal=causal)
+    result = litetopk_prefill(*p.args(), **p.kwargs(), backend="reference")
+    assert result.status.tolist() == [0] * 4, f"seed {seed} causal {causal}: {result.status.tolist()}"
+    for i, (start, end) in enumerate(zip(p.starts.tolist(), p.ends.tolist())):
+        count = min(p.topk, end - start)
+        got = result.raw_indices[i, :count].tolist()
+        assert int(result.counts[i]) == count, f"seed {seed} row {i}: count {int(result.counts[i])}, window {end - start}"
+        assert len(set(got)) == count and all(start <= j < end for j in got), f"seed {seed} row {i}"
+
+
+def test_windows_lie_in_their_sequences_and_causal_rows_end_in_the_last_page(seed):
+    lens = [900, 130, 2050]
+    p = random_problem(6, lens, 1024, seed=seed)
+    rtb, st, en = p.row_to_batch.tolist(), p.starts.tolist(), p.ends.tolist()
+    assert rtb == [0, 0, 1, 1, 2, 2]
+    for i, b in enumerate(rtb):
+        assert st[i] == 0 and lens[b] - PAGE_SIZE < en[i] <= lens[b], f"seed {seed} row {i}: [{st[i]}, {en[i]})"
+
+
+def test_same_seed_same_problem_other_seed_other_keys(seed):
+    a, b, c = (random_problem(2, 500, seed=s) for s in (seed, seed, seed + 1))
+    assert all(torch.equal(x, y) for x, y in zip(a.args(), b.args())), f"seed {seed} is not reproducible"
+    assert not torch.equal(a.kv_cache, c.kv_cache), f"seeds {seed} and {seed + 1} gave the same cache"
+
+
+def test_pages_are_permuted_and_unpack_to_the_keys_the_table_names():
+    p = random_problem(2, [200, 200], seed=5)
+    table = p.block_table
+    live = table[table >= 0]
+    assert len(set(live.tolist())) == len(live), "a physical page is shared"
+    assert not torch.equal(live, torch.arange(len(live), dtype=live.dtype)), "pages are in order"
+    k_fp4, k_scale = unpack_kv_cache(p.kv_cache, table, 200)
+    assert k_fp4.shape == (2, 200, 64) and k_scale.shape == (2, 200, 4)
+
+
+def test_device_and_dtype_options():
+    p = random_problem(2, 100, device="cpu", weights_dtype=torch.bfloat16, weight_scale=0.5)
+    assert p.weights.dtype == torch.bfloat16 and p.kwargs() == {"topk": 512, "weight_scale": 0.5}
+    assert all(t.device.type == "cpu" for t in p.args())
+
+
+@pytest.mark.parametrize("rows, keys", [(3, [10, 10]), (0, 10), (2, []), (2, [0])])
+def test_rows_that_do_not_split_evenly_or_empty_sequences_are_refused(rows, keys):
+    with pytest.raises(ValueError):
+        random_problem(rows, keys)
