@@ -59,7 +59,7 @@ for topk in (512, 1024):
     from litetopk.kernels.triton.decode import decode_keys_fp4_triton, decode_queries_fp4_triton
     res["decode_queries_kernel"] = cuda_ms(lambda: decode_queries_fp4_triton(problem.q_fp4, problem.q_scale))
     need = torch.full((1,), problem.max_end, dtype=torch.int32, device="cuda")
-    res["decode_keys_kernel"] = cuda_ms(lambda: decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, problem.max_end))
+    res["decode_keys_kernel"] = cuda_ms(lambda: decode_keys_fp4_triton(problem.cache, problem.block_table, need, problem.max_end))
     res["calibrate"] = cuda_ms(lambda: calibrate(problem, backend, tuning))
     thr, ceil = calibrate(problem, backend, tuning)
     cap = tuning.capacity(topk)

@@ -140,7 +140,7 @@ class TritonBackend(ScoringBackend):
         # row's head weights out of range. One host sync reads it; the exact per-row and per-key
         # checks below run only when it shows a wide or unsupported vector.
         summary = torch.zeros(3, dtype=torch.int32, device=dev)
-        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad,
+        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.cache, problem.block_table, need, s_pad,
                                                               summary[0:1])
         live_rows = problem.ends > problem.starts
         q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
