@@ -1,36 +1,172 @@
-"""The paged FP4 key cache as DeepSeek-V4 serving stacks store it (CONTRACT.md §2).
+"""The paged FP4 key cache in its two formats (CONTRACT.md §2 and §7; docs/cache-layouts.md).
 
-One page holds PAGE_SIZE = 64 compressed tokens in PAGE_BYTES = 4352 bytes:
-    bytes [0, 4096)    64 tokens x 64 bytes of packed E2M1 values (token t at t * 64)
-    bytes [4096, 4352) 64 tokens x 4 UE8M0 scale bytes (token t at 4096 + t * 4)
-A cache is uint8 [num_pages, 4352]. Logical position j of sequence b lives in physical page
-block_table[b, j // 64], row j % 64; its physical slot is block_table[b, j // 64] * 64 + j % 64,
-computed in int64 (`map_pages` in selection.py turns it into the int32 output).
+One page holds PAGE_SIZE = 64 compressed tokens; token t's key is 64 packed E2M1 bytes (group g of
+32 elements in bytes [16g, 16g + 16)) and 4 UE8M0 scale bytes (group g). The two formats place them:
+
+    "litetopk" (ours; sglang's CUDA FP4 indexer, DeepGEMM, vLLM): one uint8 tensor, a page is 4352
+        bytes, value byte (t, g, b) at t * 64 + g * 16 + b, scale (t, g) at 4096 + t * 4 + g.
+        Pages may lie any stride(0) >= 4352 bytes apart ([pages, 4352], [pages, 64, 1, 68], a
+        slice of a per-block slab such as vLLM's 4608-byte pages).
+    "aiter" (ROCm/aiter's FlyDSL FP4 indexer): two tensors, kv_cache uint8 [pages, 1, 4, 64, 16]
+        (group-major: value byte (t, g, b) at g * 1024 + t * 16 + b of a 4096-byte page) and
+        kv_scale uint8 [pages, 1, 4, 64] (scale (t, g) at g * 64 + (t % 16) * 4 + t // 16 of a
+        256-byte page); here too each tensor's pages may lie any stride(0) apart.
+
+`describe_kv_cache(kv_cache, kv_scale)` validates either and returns a frozen `KVCache` that every
+backend reads in place (byte address = base + page * page stride (int64) + in-page offset).
+Logical position j of sequence b lives in physical page block_table[b, j // 64], token j % 64;
+its physical slot is block_table[b, j // 64] * 64 + j % 64, computed in int64.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-from .errors import InputError
+from .errors import InputDtypeError, InputError, InputShapeError
 
 PAGE_SIZE = 64
 HEAD_DIM = 128
 NUM_HEADS = 64
 VALUE_BYTES = HEAD_DIM // 2  # 64 bytes of packed E2M1 per key
 SCALE_BYTES = HEAD_DIM // 32  # 4 UE8M0 scale bytes per key
+GROUP_BYTES = VALUE_BYTES // SCALE_BYTES  # 16 packed bytes per 32-element group
 PAGE_VALUE_BYTES = PAGE_SIZE * VALUE_BYTES  # 4096
+PAGE_SCALE_BYTES = PAGE_SIZE * SCALE_BYTES  # 256
 PAGE_BYTES = PAGE_SIZE * (VALUE_BYTES + SCALE_BYTES)  # 4352
+CACHE_FORMATS = ("litetopk", "aiter")
+AITER_VALUE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE, GROUP_BYTES)  # kv_cache [pages, 1, 4, 64, 16]
+AITER_SCALE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE)  # kv_scale [pages, 1, 4, 64]
+AITER_Q_SCALE_SHAPE = (1, SCALE_BYTES, 16, NUM_HEADS // 16)  # q_scale [rows, 1, 4, 16, 4]
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """A validated paged cache in one of CACHE_FORMATS, read in place.
+
+    `values` / `scales`: uint8 [num_pages, value_page_bytes] / [num_pages, scale_page_bytes] views
+    of the caller's memory (the same storage; for "litetopk" both are the one page matrix and the
+    scales start at `scale_offset` = 4096 of each page). In-page byte offsets of token t:
+        value byte (t, g, b) = t * value_token_stride + g * value_group_stride + b   (b < 16)
+        scale (t, g)         = scale_offset + token_scale_offset(t) + g * scale_group_stride
+    with token_scale_offset(t) = t * 4 ("litetopk") or (t % 16) * 4 + t // 16 ("aiter").
+    Page strides are in bytes; address arithmetic with them is 64-bit.
+    """
+
+    format: str
+    values: torch.Tensor
+    scales: torch.Tensor
+    num_pages: int
+    value_page_stride: int
+    scale_page_stride: int
+    value_token_stride: int
+    value_group_stride: int
+    scale_offset: int
+    scale_group_stride: int
+
+    @property
+    def interleaved_scales(self) -> bool:
+        """True where a page's scale bytes are AITER's interleaved token order."""
+        return self.format == "aiter"
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The caller tensors this cache reads (one for "litetopk", two for "aiter")."""
+        return (self.values,) if self.format == "litetopk" else (self.values, self.scales)
+
+
+def _page_matrix(tensor, name: str, page_shape: tuple[int, ...], wanted: str) -> torch.Tensor:
+    """uint8 [pages, prod(page_shape)] view of `tensor` whose pages are contiguous and lie
+    stride(0) >= page bytes apart; raises InputError saying what to change."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError(f"{name} must be a uint8 tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.uint8:
+        raise InputDtypeError(f"{name} must be a uint8 tensor, got {str(tensor.dtype).removeprefix('torch.')}")
+    page_bytes = math.prod(page_shape)
+    if tensor.ndim < 2 or math.prod(tensor.shape[1:]) != page_bytes or (
+        len(page_shape) > 1 and tuple(tensor.shape[1:]) != page_shape
+    ):
+        raise InputShapeError(f"{name} must be {wanted}, got {list(tensor.shape)}")
+    inner = tensor[0] if tensor.shape[0] else tensor.new_empty(tensor.shape[1:])
+    if not inner.is_contiguous():
+        raise InputError(
+            f"the bytes of one page of {name} must be contiguous (strides {list(tensor.stride())}); "
+            "pages themselves may lie any stride(0) apart"
+        )
+    stride = tensor.stride(0) if tensor.shape[0] > 1 else page_bytes
+    if stride < page_bytes:
+        raise InputError(
+            f"{name} pages overlap: stride(0) = {stride} bytes < {page_bytes} bytes a page"
+        )
+    return tensor.as_strided((tensor.shape[0], page_bytes), (stride, 1))
+
+
+def describe_kv_cache(kv_cache, kv_scale=None) -> KVCache:
+    """Validate a cache given in either format and describe it (module docstring).
+
+    `kv_scale is None`: our format, `kv_cache` uint8 [num_pages, 4352] or any view of 4352-byte
+    pages (e.g. [num_pages, 64, 1, 68]) whose pages lie stride(0) >= 4352 bytes apart.
+    Otherwise AITER's: `kv_cache` uint8 [num_pages, 1, 4, 64, 16], `kv_scale` uint8
+    [num_pages, 1, 4, 64] on the same device. Raises InputError (dtype/shape subclasses) for
+    anything else; reads no bytes and copies nothing.
+    """
+    if kv_scale is None:
+        pages = _page_matrix(kv_cache, "kv_cache", (PAGE_BYTES,),
+                             f"[num_pages, {PAGE_BYTES}] (or a view such as [num_pages, 64, 1, 68])")
+        return KVCache(
+            format="litetopk", values=pages, scales=pages, num_pages=pages.shape[0],
+            value_page_stride=pages.stride(0), scale_page_stride=pages.stride(0),
+            value_token_stride=VALUE_BYTES, value_group_stride=GROUP_BYTES,
+            scale_offset=PAGE_VALUE_BYTES, scale_group_stride=1,
+        )
+    values = _page_matrix(kv_cache, "kv_cache", AITER_VALUE_SHAPE,
+                          "[num_pages, 1, 4, 64, 16] (AITER's layout, given with kv_scale)")
+    scales = _page_matrix(kv_scale, "kv_scale", AITER_SCALE_SHAPE, "[num_pages, 1, 4, 64] (AITER's layout)")
+    if scales.shape[0] != values.shape[0]:
+        raise InputShapeError(
+            f"kv_scale must have one page per kv_cache page: {values.shape[0]} pages, got {scales.shape[0]}"
+        )
+    if scales.device != values.device:
+        raise InputError(f"kv_cache and kv_scale must be on one device; got {values.device} and {scales.device}")
+    return KVCache(
+        format="aiter", values=values, scales=scales, num_pages=values.shape[0],
+        value_page_stride=values.stride(0), scale_page_stride=scales.stride(0),
+        value_token_stride=GROUP_BYTES, value_group_stride=PAGE_SIZE * GROUP_BYTES,
+        scale_offset=0, scale_group_stride=PAGE_SIZE,
+    )
+
+
+def token_scale_offsets(tokens: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """In-page offset of group 0's scale byte of each token (module docstring), same dtype."""
+    return (tokens % 16) * SCALE_BYTES + tokens // 16 if interleaved else tokens * SCALE_BYTES
+
+
+def gather_keys(cache: KVCache, pages: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values uint8 [n, 64], scales uint8 [n, 4]) of the keys at (pages[i], tokens[i]), read from
+    either format; `pages` must lie in [0, num_pages)."""
+    pages = pages.long().reshape(-1, 1)
+    tokens = tokens.long().reshape(-1, 1)
+    byte = torch.arange(VALUE_BYTES, device=pages.device)
+    value_at = (tokens * cache.value_token_stride + (byte // GROUP_BYTES) * cache.value_group_stride
+                + byte % GROUP_BYTES)
+    group = torch.arange(SCALE_BYTES, device=pages.device)
+    scale_at = cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales) + group * cache.scale_group_stride
+    return cache.values[pages, value_at], cache.scales[pages, scale_at]
 
 
 def page_values(kv_cache: torch.Tensor) -> torch.Tensor:
-    """View of the packed values of every page: uint8 [num_pages, PAGE_SIZE, VALUE_BYTES]."""
-    return kv_cache[:, :PAGE_VALUE_BYTES].view(-1, PAGE_SIZE, VALUE_BYTES)
+    """View of the packed values of every page of our format: uint8 [num_pages, PAGE_SIZE, VALUE_BYTES]."""
+    return kv_cache[:, :PAGE_VALUE_BYTES].unflatten(1, (PAGE_SIZE, VALUE_BYTES))
 
 
 def page_scales(kv_cache: torch.Tensor) -> torch.Tensor:
-    """View of the scale bytes of every page: uint8 [num_pages, PAGE_SIZE, SCALE_BYTES]."""
-    return kv_cache[:, PAGE_VALUE_BYTES:].view(-1, PAGE_SIZE, SCALE_BYTES)
+    """View of the scale bytes of every page of our format: uint8 [num_pages, PAGE_SIZE, SCALE_BYTES]."""
+    return kv_cache[:, PAGE_VALUE_BYTES:PAGE_BYTES].unflatten(1, (PAGE_SIZE, SCALE_BYTES))
 
 
 def _check_sequences(k_fp4: torch.Tensor, k_scale: torch.Tensor, block_table: torch.Tensor) -> None:
@@ -92,17 +228,19 @@ def pack_kv_cache(
 
 
 def unpack_kv_cache(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, length: int
+    kv_cache: torch.Tensor, block_table: torch.Tensor, length: int, kv_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of `pack_kv_cache`: (k_fp4 uint8 [batch, length, 64], k_scale uint8 [batch, length, 4])."""
-    if kv_cache.dtype != torch.uint8 or kv_cache.ndim != 2 or kv_cache.shape[1] != PAGE_BYTES:
-        raise InputError(f"kv_cache must be uint8 [num_pages, {PAGE_BYTES}], got {tuple(kv_cache.shape)}")
+    """Inverse of `pack_kv_cache` (and, with `kv_scale`, of `pack_kv_cache_aiter`): (k_fp4 uint8
+    [batch, length, 64], k_scale uint8 [batch, length, 4]) read from a cache in either format and
+    any page stride (`describe_kv_cache`)."""
+    cache = describe_kv_cache(kv_cache, kv_scale)
     batch, logical = _live_pages(block_table.cpu(), length)
     physical = block_table.cpu().long()[batch, logical]
-    if bool(((physical < 0) | (physical >= kv_cache.shape[0])).any()):
-        raise InputError(f"block_table maps a used page outside [0, {kv_cache.shape[0]})")
-    physical = physical.to(kv_cache.device)
+    if bool(((physical < 0) | (physical >= cache.num_pages)).any()):
+        raise InputError(f"block_table maps a used page outside [0, {cache.num_pages})")
     batch_size = block_table.shape[0]
-    values = page_values(kv_cache)[physical].view(batch_size, -1, VALUE_BYTES)[:, :length]
-    scales = page_scales(kv_cache)[physical].view(batch_size, -1, SCALE_BYTES)[:, :length]
-    return values.contiguous(), scales.contiguous()
+    pages = physical.to(cache.device).repeat_interleave(PAGE_SIZE)
+    tokens = torch.arange(PAGE_SIZE, device=cache.device).repeat(physical.numel())
+    values, scales = gather_keys(cache, pages, tokens)
+    return (values.view(batch_size, -1, VALUE_BYTES)[:, :length].contiguous(),
+            scales.view(batch_size, -1, SCALE_BYTES)[:, :length].contiguous())

@@ -69,22 +69,25 @@ def _on_device(device: torch.device, backend: ScoringBackend):
         raise DeviceError(f"the {backend.name} backend failed on {device}: {exc}") from exc
 
 
-def _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends) -> dict:
+def _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, kv_scale) -> dict:
     return dict(q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
-                row_to_batch=row_to_batch, starts=starts, ends=ends)
+                row_to_batch=row_to_batch, starts=starts, ends=ends, kv_scale=kv_scale)
 
 
 def litetopk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None,
+    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
     check: bool = False,
 ) -> TopKResult:
     """Top-`topk` keys of every query row by the fused LiteTopK method (CONTRACT.md §1-§4).
 
     Inputs as in CONTRACT.md §2: q_fp4 uint8 [rows, 64, 64], q_scale uint8 [rows, 64, 4],
-    kv_cache uint8 [num_pages, 4352], block_table int32 [batch, max_pages], weights float32 or
-    bfloat16 [rows, 64], row_to_batch / starts / ends int32 [rows], all on one device.
+    kv_cache uint8 [num_pages, 4352] (any view of 4352-byte pages lying stride(0) >= 4352 bytes
+    apart), or with `kv_scale` AITER's pair kv_cache [num_pages, 1, 4, 64, 16] / kv_scale
+    [num_pages, 1, 4, 64] (docs/cache-layouts.md), read in place; block_table int32 [batch,
+    max_pages], weights float32 or bfloat16 [rows, 64], row_to_batch / starts / ends int32 [rows],
+    all on one device. Both cache formats of the same keys give the same result bit for bit.
     Returns a TopKResult equal, bit for bit, to `dense_topk_prefill` with the same backend.
     Raises InputError for malformed arguments and BackendUnavailableError / DeviceError as the
     module docstring says; row faults are status bits (`result.raise_for_status()` raises them).
@@ -101,9 +104,10 @@ def litetopk_prefill(
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale,
     )
-    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends))
+    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
+                                          kv_scale))
     chosen = get_backend(backend, problem.device)
     with _on_device(problem.device, chosen):
         return run_litetopk(problem, chosen, repair=repair, tuning=tuning or LiteTopKTuning(), out=out, check=check)
@@ -112,7 +116,7 @@ def litetopk_prefill(
 def dense_topk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
-    out: dict | None = None, max_seq_len: int | None = None, check: bool = False,
+    out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None, check: bool = False,
 ) -> TopKResult:
     """The dense baseline: the full float32 [rows, max_end] score matrix, then an exact top-K.
 
@@ -122,9 +126,10 @@ def dense_topk_prefill(
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale,
     )
-    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends))
+    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
+                                          kv_scale))
     chosen = get_backend(backend, problem.device)
     with _on_device(problem.device, chosen):
         return run_dense(problem, chosen, selector=selector, out=out, check=check)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .backend import CandidateScan, ScoringBackend
-from .cache_layout import NUM_HEADS, PAGE_SIZE, page_scales, page_values
+from .cache_layout import NUM_HEADS, PAGE_SIZE, gather_keys
 from .mxfp4 import dequantize_mxfp4
 from .selection import NO_KEY, kth_key, make_keys
 from .validation import PrefillProblem
@@ -55,10 +55,8 @@ class ReferenceBackend(ScoringBackend):
     def _decoded_keys(self, problem: PrefillProblem, batch: int, positions: torch.Tensor) -> torch.Tensor:
         pages = problem.block_table[batch].long()[positions // PAGE_SIZE]
         # Pages outside every live window may be garbage: read page 0 there; the window masks it.
-        pages = torch.where((pages >= 0) & (pages < problem.kv_cache.shape[0]), pages, 0)
-        offsets = positions % PAGE_SIZE
-        values = page_values(problem.kv_cache)[pages, offsets]
-        scales = page_scales(problem.kv_cache)[pages, offsets]
+        pages = torch.where((pages >= 0) & (pages < problem.cache.num_pages), pages, 0)
+        values, scales = gather_keys(problem.cache, pages, positions % PAGE_SIZE)
         return dequantize_mxfp4(values, scales, torch.float64)
 
     def score_positions(

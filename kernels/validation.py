@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
+from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCache, describe_kv_cache
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
 from .row_checks import row_checks
 
@@ -33,7 +33,8 @@ SUPPORTED_TOPK = (512, 1024)
 
 @dataclass(frozen=True)
 class PrefillProblem:
-    """Validated inputs of one prefill call; every tensor is contiguous and on `device`.
+    """Validated inputs of one prefill call; every tensor is on `device` and contiguous except the
+    cache, whose pages may lie any stride apart (`cache_layout.describe_kv_cache`).
 
     `starts`/`ends` are the effective windows: rows with a status bit have an empty window.
     `weights` is float32 (bfloat16 input is widened exactly).
@@ -41,7 +42,7 @@ class PrefillProblem:
 
     q_fp4: torch.Tensor  # uint8 [rows, 64, 64]
     q_scale: torch.Tensor  # uint8 [rows, 64, 4]
-    kv_cache: torch.Tensor  # uint8 [num_pages, 4352]
+    cache: KVCache  # the paged keys in either format, read in place (cache_layout.py)
     block_table: torch.Tensor  # int32 [batch, max_pages]
     weights: torch.Tensor  # float32 [rows, 64]
     row_to_batch: torch.Tensor  # int32 [rows]
@@ -106,31 +107,17 @@ def check_topk(topk: int) -> int:
     return topk
 
 
-def _as_page_matrix(kv_cache: torch.Tensor) -> torch.Tensor:
-    if not isinstance(kv_cache, torch.Tensor):
-        raise InputError(f"kv_cache must be a uint8 tensor, got {type(kv_cache)}")
-    if kv_cache.dtype != torch.uint8:
-        raise InputDtypeError(f"kv_cache must be a uint8 tensor, got {kv_cache.dtype}")
-    if kv_cache.ndim < 2 or math.prod(kv_cache.shape[1:]) != PAGE_BYTES:
-        raise InputShapeError(
-            f"kv_cache must be [num_pages, {PAGE_BYTES}] (or a view such as [num_pages, 64, 1, 68]), "
-            f"got {list(kv_cache.shape)}"
-        )
-    if not kv_cache.is_contiguous():
-        raise InputError("kv_cache must be contiguous")
-    return kv_cache.view(kv_cache.shape[0], PAGE_BYTES)
-
-
 def validate_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
-    max_seq_len: int | None = None,
+    max_seq_len: int | None = None, kv_scale=None,
 ) -> PrefillProblem:
     """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
 
     Raises InputError (or UnsupportedTopKError) for anything that makes the call meaningless, from
     shapes, dtypes and devices alone; row-level faults become bits of `row_status` instead (module
     docstring), computed on the device. `max_seq_len` (optional) bounds every window end; buffers
-    and grids are sized from it (default: the block table's max_pages * 64).
+    and grids are sized from it (default: the block table's max_pages * 64). `kv_scale` given: the
+    cache is in AITER's format (`describe_kv_cache`).
     """
     check_topk(topk)
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
@@ -138,7 +125,7 @@ def validate_prefill(
         raise InputError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
     if not isinstance(weight_scale, (int, float)) or isinstance(weight_scale, bool) or not math.isfinite(weight_scale):
         raise InputError(f"weight_scale must be a finite number, got {weight_scale!r}")
-    kv_cache = _as_page_matrix(kv_cache)
+    cache = describe_kv_cache(kv_cache, kv_scale)
     _require(q_fp4, "q_fp4", (torch.uint8,), (None, NUM_HEADS, VALUE_BYTES))
     rows = q_fp4.shape[0]
     _require(q_scale, "q_scale", (torch.uint8,), (rows, NUM_HEADS, SCALE_BYTES))
@@ -147,7 +134,7 @@ def validate_prefill(
     for name, tensor in (("row_to_batch", row_to_batch), ("starts", starts), ("ends", ends)):
         _require(tensor, name, (torch.int32,), (rows,))
     tensors = {
-        "q_fp4": q_fp4, "q_scale": q_scale, "kv_cache": kv_cache, "block_table": block_table,
+        "q_fp4": q_fp4, "q_scale": q_scale, "kv_cache": cache.values, "block_table": block_table,
         "weights": weights, "row_to_batch": row_to_batch, "starts": starts, "ends": ends,
     }
     devices = {name: t.device for name, t in tensors.items()}
@@ -157,10 +144,10 @@ def validate_prefill(
     weights = weights.float().contiguous()
     table_end = block_table.shape[1] * PAGE_SIZE
     max_end = table_end if max_seq_len is None else min(max_seq_len, table_end)
-    status, effective = row_checks(block_table, kv_cache.shape[0], weights, row_to_batch, starts, ends, max_end)
+    status, effective = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end)
     eff_rtb, eff_starts, eff_ends = effective.unbind(0)
     return PrefillProblem(
-        q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
+        q_fp4=q_fp4, q_scale=q_scale, cache=cache, block_table=block_table, weights=weights,
         row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
         row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end,
     )

@@ -19,7 +19,8 @@ import torch
 
 from ..backend import CandidateScan, ScoringBackend
 from ..devices import is_gfx950
-from ..errors import BackendUnavailableError
+from ..cache_layout import PAGE_BYTES
+from ..errors import BackendUnavailableError, InputError
 from ..selection import NO_KEY
 from ..validation import PrefillProblem
 
@@ -53,6 +54,13 @@ class FlyDSLBackend(ScoringBackend):
                 thresholds_in: torch.Tensor, thresholds: torch.Tensor, appended: torch.Tensor,
                 histogram: torch.Tensor, nonfinite: torch.Tensor) -> None:
         kernel = _kernel_module()
+        cache = problem.cache
+        if cache.format != "litetopk" or cache.value_page_stride != PAGE_BYTES:
+            raise InputError(
+                "the flydsl kernel reads our cache format with 4352-byte pages only (not yet AITER's "
+                f"format or a page stride of {cache.value_page_stride} bytes); convert with "
+                "litetopk_pages_from_aiter / .contiguous(), or use backend='reference'"
+            )
         rows = problem.num_rows
         sampled = -(-problem.max_end // stride)
         if rows == 0 or sampled == 0:
@@ -64,7 +72,7 @@ class FlyDSLBackend(ScoringBackend):
         stream = fx.Stream(torch.cuda.current_stream(problem.device))
         kernel.score_fp4_flydsl(
             problem.q_fp4.view(torch.int32).reshape(-1), problem.q_scale.view(torch.int32).reshape(-1),
-            problem.kv_cache.view(torch.int32).reshape(-1), problem.block_table.reshape(-1),
+            cache.values.reshape(-1).view(torch.int32), problem.block_table.reshape(-1),
             problem.weights.reshape(-1), problem.row_to_batch, problem.starts, problem.ends,
             out.reshape(-1), thresholds_in, thresholds, appended, histogram, nonfinite,
             rows, problem.block_table.shape[1], out_cols, stride, problem.topk,

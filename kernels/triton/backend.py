@@ -158,7 +158,7 @@ class TritonBackend(ScoringBackend):
         need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
         summary = torch.zeros(3, dtype=torch.int32, device=dev)  # OR of key flags, of query flags, weights refused
-        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.kv_cache, problem.block_table, need, s_pad,
+        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.cache, problem.block_table, need, s_pad,
                                                               summary[0:1])
         live_rows = problem.ends > problem.starts
         q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(

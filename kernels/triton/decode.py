@@ -12,8 +12,11 @@ UNSUPPORTED (the Triton backend refuses them; MXFP4 data of real activations spa
 
 Outputs per vector: lo, hi int8 [128]; exponent int32 m (127 for an all-zero vector); flags int8:
     WIDE = 1 (hi is nonzero), UNSUPPORTED = 2 (spread > 7), NAN_SCALE = 4 (a scale byte is 255).
-Keys are read through the block table (positions >= `need[b]` or on an invalid page decode to
-zero); queries are read in place. Tiling: VB vectors per program, 128 elements each.
+Keys are read in place through the block table from a cache in either format (cache_layout.py:
+value byte (t, g, b) at page * value_page_stride + t * TOKEN_STRIDE + g * GROUP_STRIDE + b, scale
+(t, g) at page * scale_page_stride + SCALE_OFFSET + token_offset(t) + g * SCALE_GROUP_STRIDE, page
+products in int64); positions >= `need[b]` or on an invalid page decode to zero. Queries are read
+in place. Tiling: VB vectors per program, 128 elements each.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cache_layout import PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES
+from ..cache_layout import PAGE_SIZE, KVCache
 
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
@@ -47,21 +50,24 @@ def _e2m1_times_two(nibble):
 
 @triton.jit
 def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr, out_vec,
-                    VB: tl.constexpr):
-    """Decode VB vectors whose bytes start at packed_off / scale_off (int64 [VB]) into row out_vec.
+                    VB: tl.constexpr, GROUP_STRIDE: tl.constexpr = 16, SCALE_STRIDE: tl.constexpr = 1):
+    """Decode VB vectors whose bytes start at packed_off / scale_off (int64 [VB]) into row out_vec;
+    group g's 16 packed bytes lie at packed_off + g * GROUP_STRIDE, its scale at
+    scale_off + g * SCALE_STRIDE (16 and 1: one contiguous 64-byte vector and 4 scale bytes).
 
     Works on the 64 packed bytes of each vector as they are (byte b holds elements 2b and 2b+1 of
     block b // 16) and writes each pair as one int16 (little-endian: element 2b first), so every
     load and store is a plain contiguous row."""
     offs_b = tl.arange(0, 64)
-    packed = tl.load(packed_ptr + packed_off[:, None] + offs_b[None, :], mask=live[:, None], other=0).to(tl.int32)
+    block = offs_b // 16
+    offs_in = block * GROUP_STRIDE + offs_b % 16
+    packed = tl.load(packed_ptr + packed_off[:, None] + offs_in[None, :], mask=live[:, None], other=0).to(tl.int32)
     even = _e2m1_times_two(packed & 0xF)
     odd = _e2m1_times_two(packed >> 4)
-    block = offs_b // 16
     s0 = tl.load(scale_ptr + scale_off, mask=live, other=127).to(tl.int32)
-    s1 = tl.load(scale_ptr + scale_off + 1, mask=live, other=127).to(tl.int32)
-    s2 = tl.load(scale_ptr + scale_off + 2, mask=live, other=127).to(tl.int32)
-    s3 = tl.load(scale_ptr + scale_off + 3, mask=live, other=127).to(tl.int32)
+    s1 = tl.load(scale_ptr + scale_off + SCALE_STRIDE, mask=live, other=127).to(tl.int32)
+    s2 = tl.load(scale_ptr + scale_off + 2 * SCALE_STRIDE, mask=live, other=127).to(tl.int32)
+    s3 = tl.load(scale_ptr + scale_off + 3 * SCALE_STRIDE, mask=live, other=127).to(tl.int32)
     nonzero = ((packed & 0x77) != 0).to(tl.int32)  # a nonzero magnitude in this byte
     # Blocks that set the common exponent: nonzero ones with a finite scale (255 is NaN, flagged).
     z0 = (tl.max(tl.where(block == 0, nonzero, 0), axis=1) > 0) & (s0 != 255)
@@ -106,21 +112,26 @@ def _summarize_flags(summary_ptr, flags, live):
 
 
 @triton.jit
-def _decode_keys_kernel(cache_ptr, block_table_ptr, bt_stride, need_ptr, num_pages, s_pad,
-                        lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
-                        VB: tl.constexpr, PAGE: tl.constexpr, PAGE_BYTES_C: tl.constexpr, VALUE_BYTES_C: tl.constexpr):
+def _decode_keys_kernel(values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride,
+                        need_ptr, num_pages, s_pad, lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
+                        VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr,
+                        SCALE_OFFSET: tl.constexpr, SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr):
     b = tl.program_id(1)
     pos = tl.program_id(0) * VB + tl.arange(0, VB)
     need = tl.load(need_ptr + b)
     page = tl.load(block_table_ptr + b.to(tl.int64) * bt_stride + pos // PAGE, mask=pos < need, other=-1).to(tl.int64)
     live = (pos < need) & (page >= 0) & (page < num_pages)
     page = tl.where(live, page, 0)
-    base = page * PAGE_BYTES_C
-    packed_off = base + (pos % PAGE).to(tl.int64) * 64
-    scale_off = base + VALUE_BYTES_C + (pos % PAGE).to(tl.int64) * 4
+    token = (pos % PAGE).to(tl.int64)
+    packed_off = page * value_page_stride.to(tl.int64) + token * TOKEN_STRIDE
+    if INTERLEAVED:  # AITER: token t's scales at (t % 16) * 4 + t // 16 of each group's 64 bytes
+        token_scale = (token % 16) * 4 + token // 16
+    else:
+        token_scale = token * 4
+    scale_off = page * scale_page_stride.to(tl.int64) + SCALE_OFFSET + token_scale
     out_vec = b.to(tl.int64) * s_pad + pos
-    m, flags = _decode_vectors(cache_ptr, cache_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr,
-                               out_vec, VB)
+    m, flags = _decode_vectors(values_ptr, scales_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr,
+                               out_vec, VB, GROUP_STRIDE, SCALE_GROUP_STRIDE)
     # The key's factor 2^(m - 127) as float32 bits (2^-127 is the subnormal 2^22 * 2^-149), NaN for a NaN scale.
     kfac_bits = tl.where(m >= 1, m << 23, 4194304)
     kfac_bits = tl.where((flags & FLAG_NAN_SCALE_C) != 0, 0x7FC00000, kfac_bits)
@@ -180,14 +191,14 @@ def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, 
         tl.atomic_or(summary_ptr + 1, refused.to(tl.int32), sem="relaxed")
 
 
-def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
+def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
                            summary: torch.Tensor | None = None):
-    """Decode positions [0, need[b]) of every sequence b into (lo, hi int8 [B, s_pad, 128],
+    """Decode positions [0, need[b]) of every sequence b of `cache` (either format, read in place) into (lo, hi int8 [B, s_pad, 128],
     exponent int32 [B, s_pad], flags int8 [B, s_pad], kfac float32 [B, s_pad] = 2^(exponent - 127)
     or NaN for a NaN scale); see the module docstring. The flags of the decoded vectors are ORed
     into the int32 `summary[0]` when given."""
     batch = block_table.shape[0]
-    dev = kv_cache.device
+    dev = cache.device
     lo = torch.empty(batch, s_pad, 128, dtype=torch.int8, device=dev)
     hi = torch.empty_like(lo)
     exp = torch.empty(batch, s_pad, dtype=torch.int32, device=dev)
@@ -196,9 +207,12 @@ def decode_keys_fp4_triton(kv_cache: torch.Tensor, block_table: torch.Tensor, ne
     summary = summary if summary is not None else torch.zeros(1, dtype=torch.int32, device=dev)
     grid = (triton.cdiv(s_pad, VECTORS_PER_PROGRAM), batch)
     _decode_keys_kernel[grid](
-        kv_cache, block_table, block_table.stride(0), need, kv_cache.shape[0], s_pad,
+        cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, block_table,
+        block_table.stride(0), need, cache.num_pages, s_pad,
         lo.view(torch.int16), hi.view(torch.int16), exp, flags, kfac, summary,
-        VB=VECTORS_PER_PROGRAM, PAGE=PAGE_SIZE, PAGE_BYTES_C=PAGE_BYTES, VALUE_BYTES_C=PAGE_VALUE_BYTES,
+        VB=VECTORS_PER_PROGRAM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
+        GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
+        SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales,
     )
     return lo, hi, exp, flags, kfac
 

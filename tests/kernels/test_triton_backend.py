@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from litetopk.kernels import BackendUnavailableError, InputError, LiteTopKTuning, RowStatus, dense_topk_prefill, litetopk_prefill, unpack_kv_cache
+from litetopk.kernels.cache_layout import describe_kv_cache
 from litetopk.kernels.mxfp4 import dequantize_mxfp4
 from litetopk.kernels.pipeline import calibrate
 from litetopk.kernels.selection import NO_KEY, make_keys
@@ -121,7 +122,7 @@ def test_decode_keys_reads_through_the_block_table(seed):
     p = make_problem(seed, seq_lens=[300, 170], rows_per_seq=1, spread=2)
     need = torch.tensor([300, 170], dtype=torch.int32)
     summary = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    lo, hi, exp, flags, kfac = decode_keys_fp4_triton(p.kv_cache.to(DEVICE), p.block_table.to(DEVICE), need.to(DEVICE),
+    lo, hi, exp, flags, kfac = decode_keys_fp4_triton(describe_kv_cache(p.kv_cache.to(DEVICE)), p.block_table.to(DEVICE), need.to(DEVICE),
                                                       320, summary)
     lo, hi, exp, flags, kfac = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int(), kfac.cpu()
     nan_scale = (flags & FLAG_NAN_SCALE) != 0

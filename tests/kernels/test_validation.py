@@ -59,7 +59,7 @@ BAD_CALLS = {
     "q_scale rows": ("q_scale", lambda t: t[:-1].contiguous(), "q_scale must have shape"),
     "kv_cache dtype": ("kv_cache", lambda t: t.view(torch.int8), "kv_cache must be a uint8"),
     "kv_cache page bytes": ("kv_cache", lambda t: t[:, :4351].contiguous(), "kv_cache must be [num_pages, 4352]"),
-    "kv_cache not contiguous": ("kv_cache", lambda t: torch.cat([t, t], dim=1)[:, :4352], "kv_cache must be contiguous"),
+    "kv_cache page layout transposed": ("kv_cache", lambda t: t.view(-1, 64, 68).transpose(1, 2), "the bytes of one page of kv_cache must be contiguous"),
     "block_table dtype": ("block_table", lambda t: t.long(), "block_table must be int32"),
     "block_table rank": ("block_table", lambda t: t.flatten(), "block_table must have shape"),
     "block_table not contiguous": ("block_table", noncontiguous, "block_table must be contiguous"),
@@ -136,7 +136,7 @@ def test_supported_topk_and_accepted_variants(topk, seed):
     args["kv_cache"] = args["kv_cache"].view(-1, 64, 1, 68)
     args["weights"] = args["weights"].bfloat16()
     varied = validate_prefill(*args.values(), topk=topk)
-    assert torch.equal(varied.kv_cache, plain.kv_cache) and varied.kv_cache.shape == plain.kv_cache.shape
+    assert torch.equal(varied.cache.values, plain.cache.values) and varied.cache.values.shape == plain.cache.values.shape
     assert varied.weights.dtype == torch.float32
     assert torch.equal(varied.weights, args["weights"].float())
 
