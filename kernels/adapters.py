@@ -31,11 +31,6 @@ def _check_index_buffer(buffer: torch.Tensor, rows: int, topk: int, name: str) -
         raise InputShapeError(f"{name} must be int32 [{rows}, {topk}], got {got}")
 
 
-def _write_indices(buffer: torch.Tensor, indices: torch.Tensor) -> None:
-    """The one copy into the engine's buffer (replaced by the operator's `out=` once it lands)."""
-    buffer.copy_(indices)
-
-
 def sglang_q_scale_bytes(q_scale: torch.Tensor) -> torch.Tensor:
     """sglang's int32 [T, 1, 64] query scales as our uint8 [T, 64, 4] (a view of the same bytes)."""
     if q_scale.dtype != torch.int32 or q_scale.ndim != 3 or tuple(q_scale.shape[1:]) != (1, NUM_HEADS):
@@ -61,9 +56,8 @@ def topk_sglang_fp4_indexer(
     row_to_batch = torch.arange(rows, dtype=torch.int32, device=q_fp4.device)  # page_table row t serves row t
     result = litetopk_prefill(
         q_fp4, sglang_q_scale_bytes(q_scale), kv_cache, page_table, weights.view(rows, NUM_HEADS),
-        row_to_batch, starts, ends, topk=topk, backend=backend,
+        row_to_batch, starts, ends, topk=topk, backend=backend, out={"physical_indices": out_physical},
     )
-    _write_indices(out_physical, result.physical_indices)
     return result
 
 
@@ -80,8 +74,8 @@ def topk_vllm_indexer(
     _check_index_buffer(topk_indices_buffer, q_fp4.shape[0], topk, "topk_indices_buffer")
     result = litetopk_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_request, starts, ends, topk=topk, backend=backend,
+        out={"raw_indices": topk_indices_buffer},
     )
-    _write_indices(topk_indices_buffer, result.raw_indices)
     return result
 
 

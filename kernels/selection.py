@@ -100,10 +100,11 @@ def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of the scan's buffer
     `keys` [rows, capacity] (NO_KEY after them), sorted descending, NO_KEY padded. `thresholds` are at
     or below the k-th best key of every row whose scan certifies (other rows are repaired or publish
-    nothing); the Triton twin (kernels/triton/selection.py) uses them, the torch code needs none.
-    Runs the twin where devices.runs_triton_stages says so."""
+    nothing); the Triton twin (kernels/triton/radix_select.py: a radix select above the threshold,
+    then a sort of K keys) uses them, the torch code needs none. Runs the twin where
+    devices.runs_triton_stages says so."""
     if runs_triton_stages(keys.device):
-        from .triton.selection import select_topk_candidates_triton
+        from .triton.radix_select import select_topk_candidates_radix
 
-        return select_topk_candidates_triton(keys, kept, thresholds, k)
+        return select_topk_candidates_radix(keys, kept, thresholds, k)
     return select_topk_keys(keys, k)

@@ -1,0 +1,162 @@
+"""What an embedding serving engine sees of litetopk_prefill (issue 14): host time, GPU idle time,
+eager vs CUDA-graph replay, host syncs, and out= buffers; one process, on a CUDA device.
+
+For each (keys, K): a causal prefill of Q rows (bench.common.problems), then
+- sync check: one eager call under torch.cuda.set_sync_debug_mode("error") (raises on any sync);
+- host ms: wall time from the call to its return (no synchronization; the GPU is still busy);
+- eager ms: CUDA events around one call (median of reps), graph ms: the same call captured once
+  in a CUDA graph with caller-owned `out` buffers and replayed;
+- GPU idle ms inside an eager call: eager ms minus the sum of kernel times from torch.profiler;
+- bit equality: graph replay after new input contents are copied in == an eager call on them.
+Prints a table, writes JSON (with the command) and a PNG to --out.
+
+    python -m bench.embedding --out bench/results --rows 8192 --keys 65536 196608
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.common.problems import prefill_problem
+from litetopk.kernels import litetopk_prefill
+
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+
+
+def _call(problem, out=None):
+    kwargs = {k: v for k, v in problem.items() if k not in ("topk", "max_seq_len")}
+    return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"])
+
+
+def _events_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _kernel_ms(fn) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0
+               and not e.key.startswith("litetopk.")) / 1000.0
+
+
+def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
+    problem = prefill_problem(rows, keys * 4, topk, seed)
+    problem["max_seq_len"] = keys
+    for _ in range(2):  # compile and warm up
+        _call(problem)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _call(problem)
+        syncs = "none"
+    except RuntimeError as exc:
+        syncs = f"sync: {str(exc).splitlines()[0][:120]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _call(problem)
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    eager = _events_ms(lambda: _call(problem), reps)
+    kernels = _kernel_ms(lambda: _call(problem))
+    # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
+    out = {name: torch.empty_like(getattr(_call(problem), name)) for name in FIELDS}
+    static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _call(static, out)  # warm-up on the side stream, as torch.cuda.graphs asks
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    graph_error = None
+    try:
+        with torch.cuda.graph(graph):
+            _call(static, out)
+        fresh = prefill_problem(rows, keys * 4, topk, seed + 1)
+        for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
+            static[name].copy_(fresh[name])
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh["max_seq_len"] = keys
+        want = _call({**static})
+        equal = all(torch.equal(out[n], getattr(want, n)) for n in FIELDS)
+        replay = _events_ms(graph.replay, reps)
+    except Exception as exc:  # reported in the table and the JSON, never hidden
+        graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
+    return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
+                kernel_ms=kernels, idle_ms=eager - kernels, graph_ms=replay, graph_equal=equal,
+                graph_error=graph_error)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    parser.add_argument("--rows", type=int, default=8192)
+    parser.add_argument("--keys", type=int, nargs="+", default=[65536, 196608])
+    parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    results = []
+    for keys in args.keys:
+        for topk in args.topk:
+            print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
+            results.append(measure(args.rows, keys, topk, args.reps, args.seed))
+    table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
+    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "kernels ms", "idle ms", "graph ms", "graph == eager"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(str(r["keys"]), str(r["topk"]), r["syncs"], f"{r['host_ms']:.2f}", f"{r['eager_ms']:.2f}",
+                      f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['graph_ms']:.2f}",
+                      str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""))
+    Console().print(table)
+    os.makedirs(args.out, exist_ok=True)
+    report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
+                  device=torch.cuda.get_device_name(), torch=torch.__version__, results=results)
+    with open(os.path.join(args.out, "embedding-h200.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{r['keys'] // 1024}k K={r['topk']}" for r in results]
+    x = range(len(results))
+    for offset, key, name in ((-0.3, "host_ms", "host (call -> return)"), (-0.1, "eager_ms", "eager"),
+                              (0.1, "graph_ms", "graph replay"), (0.3, "idle_ms", "GPU idle in call")):
+        ax.bar([i + offset for i in x], [r[key] for r in results], width=0.2, label=name)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("ms")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "embedding-h200.png"), dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
