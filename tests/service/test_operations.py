@@ -59,7 +59,7 @@ def test_metrics_count_requests_rows_and_candidates(service, problem):
                    'litetopk_requests_total{code="unknown_region",method="GET",route="/v1/regions/{region_id}"}',
                    "litetopk_request_seconds_bucket", "litetopk_queue_depth", "litetopk_device_seconds_count",
                    "litetopk_rows_total", "litetopk_candidates_total", "litetopk_repairs_total",
-                   'litetopk_regions{kind="shm"}'):
+                   'litetopk_regions{kind="memfd"}'):
         assert needle in text, needle
     rows = next(line for line in text.splitlines() if line.startswith("litetopk_rows_total"))
     assert float(rows.split()[-1]) >= 8
@@ -126,7 +126,7 @@ async def test_region_unlinked_while_queued_still_answers(slow_service, problem)
         cache = await client.register(problem.kv_cache)
         queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
         await asyncio.sleep(0.1)
-        cache.keepalive.unlink()  # the name is gone; the service's mapping stays valid (POSIX)
+        cache.keepalive.close_fd()  # the owner lets go of its fd; the service's own mapping stays valid
         assert results_equal(await queued, reference(problem)) == []
         await client.unregister(cache)
 

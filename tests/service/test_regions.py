@@ -162,7 +162,7 @@ def test_uuid_spellings():
 
 def test_register_list_get_unregister(service):
     with TopKClient(service.url, token=service.token) as client, \
-            httpx.Client(base_url=service.url, headers=service.auth, headers=service.auth) as http:
+            httpx.Client(base_url=service.url, headers=service.auth) as http:
         region = client.register(torch.arange(100, dtype=torch.int32))
         listed = {r["id"]: r for r in client.regions()}
         assert listed[region.id]["kind"] == "memfd" and listed[region.id]["pid"] == os.getpid()
@@ -175,7 +175,7 @@ def test_register_list_get_unregister(service):
 
 
 def test_delete_with_wrong_generation_is_stale(service):
-    with TopKClient(uds=service.uds) as client, httpx.Client(base_url=service.url, headers=service.auth, headers=service.auth) as http:
+    with TopKClient(uds=service.uds) as client, httpx.Client(base_url=service.url, headers=service.auth) as http:
         region = client.register(torch.zeros(8))
         response = http.delete(f"/v1/regions/{region.id}", params={"generation": region.generation + 1})
         assert response.status_code == 409 and response.json()["code"] == "stale_region"
@@ -193,7 +193,7 @@ def test_client_process_killed_while_holding_regions(service):
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         region_id = child.stdout.readline().strip()
-        with httpx.Client(base_url=service.url, headers=service.auth, headers=service.auth) as http:
+        with httpx.Client(base_url=service.url, headers=service.auth) as http:
             assert http.get(f"/v1/regions/{region_id}").status_code == 200
             child.kill()
             child.wait()
