@@ -5,14 +5,15 @@ Pipeline, one module a stage: transport (where the service is, httpx over TCP or
 response parsing; regions.py exports tensors, wire.py reads results) -> errors (the exception
 tree, one class per family of problem `code`s).
 
-    with TopKClient(uds="/run/user/1000/litetopk/litetopk.sock") as client:
-        cache = client.register(kv_cache)            # once: shared memory or CUDA IPC, no copy on calls
+    with TopKClient() as client:                     # finds the service's Unix socket by itself
+        cache = client.register(kv_cache, access="read_only")  # once: a sealed memfd or CUDA IPC
         result = client.topk(q_fp4, q_scale, cache, block_table, weights, row_to_batch, starts, ends,
                              topk=512)               # a litetopk.kernels.TopKResult
 """
 
 from .client import AsyncTopKClient, TopKClient
 from .errors import (
+    AuthenticationProblem,
     DeviceProblem,
     InvalidRequestProblem,
     ProtocolError,
@@ -28,6 +29,7 @@ from .regions import Region, RegionSlice
 
 __all__ = [
     "AsyncTopKClient",
+    "AuthenticationProblem",
     "DeviceProblem",
     "InvalidRequestProblem",
     "ProtocolError",

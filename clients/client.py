@@ -11,13 +11,19 @@ or a plain tensor: small row metadata (block_table, row_to_batch, starts, ends; 
 INLINE_MAX_VALUES values) then travels inline as JSON; larger metadata (as int32) and a large
 CPU tensor (q_fp4, q_scale, kv_cache, weights) are copied into a pooled scratch shared-memory
 region; a large CUDA tensor is registered by IPC handle for the call. Register what
-you reuse (the cache above all) once with `register()`.
+you reuse (the cache above all) once with `register(tensor, access="read_only")`.
+
+Host memory travels as sealed memfds (litetopk.clients.memfd): `register` hands the fd to the
+service's fd socket (beside its Unix socket; over TCP the path /v1/info names), which answers a
+one-time ticket, then registers the ticket over HTTP. A service whose fd socket this process
+cannot reach accepts CUDA tensors only; large results then come back in the response body.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 from typing import Any, Generator
 
 import httpx
@@ -25,17 +31,18 @@ import torch
 
 from litetopk.kernels import TopKResult
 
-from .errors import ProtocolError, RegionProblem, TopKClientError, problem_error
-from .regions import (
-    Region,
-    RegionSlice,
-    export,
-    owner_fields,
-    release_export,
-    resolve_owner_pid,
-    resolve_shm_mode,
+from .errors import ProtocolError, RegionProblem, TopKClientError, TransportError, problem_error
+from .memfd import FD_SOCKET_NAME, HandoverError, SealedMemory, hand_over_fd
+from .regions import Region, RegionSlice, export, owner_fields, release_export, resolve_owner_pid
+from .transport import (
+    DEFAULT_TIMEOUT,
+    Endpoint,
+    async_http,
+    resolve_endpoint,
+    resolve_token,
+    sync_http,
+    transport_error,
 )
-from .transport import DEFAULT_TIMEOUT, Endpoint, async_http, resolve_endpoint, sync_http, transport_error
 from .wire import (
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
@@ -65,10 +72,6 @@ INLINE_MAX_VALUES = 1024
 # instead of travelling in the response body: bench/NOTES-service.md measured the body at
 # ~170 ms for 50 MB over the Unix socket (h11 + asyncio, 64 KiB reads), the region at ~10 ms.
 RESULT_SCRATCH_MIN_BYTES = 1 << 20
-# Row metadata (block_table, row_to_batch, starts, ends) of more values than this travels in the
-# scratch region, not inline: 3 x 8192 values as JSON lists cost ~2.5 ms of parsing in the service
-# and ~2 ms of .tolist()/encoding here (bench/NOTES-service.md).
-INLINE_MAX_VALUES = 1024
 
 
 def _check(response: httpx.Response) -> httpx.Response:
@@ -89,30 +92,48 @@ def _check(response: httpx.Response) -> httpx.Response:
 class _Flows:
     """Request building and response parsing shared by both clients (no I/O here)."""
 
-    def __init__(self, owner_pid: int | str | None = "current", shm_mode: int = 0o600) -> None:
+    def __init__(self, endpoint: Endpoint, owner_pid: int | str | None = "current") -> None:
+        self.endpoint = endpoint
         self.owner_pid = owner_pid  # resolved: 'current', None or a pid
-        self.shm_mode = shm_mode
+        self._fd_socket: str | None = endpoint.uds and str(Path(endpoint.uds).parent / FD_SOCKET_NAME)
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
         self._scratch: list[Region] = []  # idle scratch regions
-        self._result_scratch_ok = True  # False once the service could not map a result scratch
 
     # -- regions ---------------------------------------------------------------------------------
 
-    def register(self, tensor: torch.Tensor, *, min_size: int = 0) -> Flow:
-        exported = export(tensor, min_size=min_size, shm_mode=self.shm_mode)
+    def fd_socket(self) -> Flow:
+        """The service's fd socket: beside its Unix socket, or (TCP) the one /v1/info names (None: none)."""
+        if self._fd_socket is None:
+            self._fd_socket = (yield from self.info()).get("fd_socket") or ""
+        return self._fd_socket or None
+
+    def register(self, tensor: torch.Tensor, *, min_size: int = 0, access: str = "read_write") -> Flow:
+        exported = export(tensor, min_size=min_size, access=access)
         registration = {**exported.registration, **owner_fields(self.owner_pid)}
         try:
+            if isinstance(exported.keepalive, SealedMemory):
+                registration["ticket"] = yield from self._hand_over(exported.keepalive)
             info = _check((yield "POST", "/v1/regions", {"json": registration})).json()
-        except BaseException:
-            if hasattr(exported.keepalive, "unlink"):
-                exported.keepalive.unlink()
-            raise
+        finally:
+            if isinstance(exported.keepalive, SealedMemory):
+                exported.keepalive.close_fd()  # the service has its own fd (or none: the memory goes with us)
         region = Region(id=info["id"], generation=info["generation"], kind=info["kind"], size=info["size"],
                         base=exported.base, tensor=exported.tensor, keepalive=exported.keepalive)
         with self._lock:
             self._regions[region.id] = region
         return region
+
+    def _hand_over(self, memory: SealedMemory) -> Flow:
+        path = yield from self.fd_socket()
+        if path is None:
+            raise TransportError(f"the service at {self.endpoint} has no fd socket (it listens on no Unix socket): "
+                                 "host tensors cannot be registered there; register CUDA tensors or run the service "
+                                 "with a Unix socket")
+        try:
+            return hand_over_fd(path, memory.fd)
+        except HandoverError as exc:
+            raise TransportError(str(exc)) from exc
 
     def unregister(self, region: Region) -> Flow:
         """Unregister (idempotent: a region the service already dropped is only released here)."""
@@ -201,7 +222,7 @@ class _Flows:
                 elif name in SMALL_INPUTS:  # large metadata: staged like large CPU inputs (no JSON list)
                     staged.append((name, value.to(torch.int32)))
                 elif value.device.type == "cuda":
-                    region = yield from self.register(value.contiguous())
+                    region = yield from self.register(value.contiguous(), access="read_only")
                     temporary.append(region)
                     body[name] = region.slice().to_wire()
                 else:
@@ -262,18 +283,10 @@ class _Flows:
             total += -(-math.prod(dims) * 4 // 64) * 64
         region = self._take_scratch(total)
         if region is None:
-            if not self._result_scratch_ok:
-                return None, {}
+            if (yield from self.fd_socket()) is None:
+                return None, {}  # the service takes no host memory from us: results come back in the body
             size = max(SCRATCH_MIN_BYTES, 1 << max(total - 1, 1).bit_length())
-            try:
-                region = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
-            except RegionProblem as problem:
-                if problem.code != "shm_unavailable":
-                    raise
-                # the service cannot map our shared memory (no shared /dev/shm, e.g. a worker whose
-                # inputs are all CUDA IPC regions): results come back in the body, as before
-                self._result_scratch_ok = False
-                return None, {}
+            region = yield from self.register(torch.empty(0, dtype=torch.uint8), min_size=size)
         return region, {n: RegionSlice(region, offset, RESULT_FIELDS[n][0], dims) for n, offset, dims in layout}
 
     def _stage(self, staged: list[tuple[str, torch.Tensor]]) -> Flow:
@@ -318,9 +331,10 @@ class _Flows:
 
 class _ClientBase:
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
+                 owner_pid: int | str | None = "auto", token: str | None = None):
         self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
-        self._flows = _Flows(resolve_owner_pid(owner_pid), resolve_shm_mode(shm_mode))
+        self._flows = _Flows(self.endpoint, resolve_owner_pid(owner_pid))
+        self._token = None if self.endpoint.uds else resolve_token(token)
         self._timeout = timeout
 
     def __repr__(self) -> str:
@@ -335,15 +349,15 @@ class TopKClient(_ClientBase):
                None (send `pid: null`: nothing is tracked; unregister explicitly) or a pid. The
                client also sends its pid namespace, so a service in another pid namespace refuses
                the pid (`foreign_pid_namespace`) instead of tracking an unrelated process.
-    shm_mode   permission bits of the shared-memory blocks this client creates: None (default:
-               $LITETOPK_CLIENT_SHM_MODE, octal, else 0o600) or e.g. 0o660 for a service that runs
-               under another uid in this process's primary group.
+    token      the bearer token sent over TCP: None (default: $LITETOPK_TOKEN, the file
+               $LITETOPK_TOKEN_FILE, or the service's token file beside the default socket) or the
+               token itself. On the Unix socket the service knows the caller by its uid instead.
     """
 
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
-        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, shm_mode=shm_mode)
-        self._http = sync_http(self.endpoint, timeout)
+                 owner_pid: int | str | None = "auto", token: str | None = None):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token)
+        self._http = sync_http(self.endpoint, timeout, self._token)
 
     def _drive(self, flow: Flow):
         reply, error = None, None
@@ -359,9 +373,11 @@ class TopKClient(_ClientBase):
             except BaseException as exc:  # e.g. KeyboardInterrupt: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
-    def register(self, tensor: torch.Tensor) -> Region:
-        """Share `tensor` with the service (CPU: copied once into shared memory; CUDA: IPC handle)."""
-        return self._drive(self._flows.register(tensor))
+    def register(self, tensor: torch.Tensor, *, access: str = "read_write") -> Region:
+        """Share `tensor` with the service (CPU: copied once into a sealed memfd; CUDA: IPC handle).
+
+        access  'read_write' (default: `out=` may name it) or 'read_only' (inputs only, e.g. a cache)."""
+        return self._drive(self._flows.register(tensor, access=access))
 
     def unregister(self, region: Region) -> None:
         """Unregister `region`; when this returns the service no longer touches its memory."""
@@ -402,9 +418,9 @@ class AsyncTopKClient(_ClientBase):
     """asyncio client of the litetopk service; the same options and methods as TopKClient, awaitable."""
 
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", shm_mode: int | None = None):
-        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, shm_mode=shm_mode)
-        self._http = async_http(self.endpoint, timeout)
+                 owner_pid: int | str | None = "auto", token: str | None = None):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token)
+        self._http = async_http(self.endpoint, timeout, self._token)
 
     async def _drive(self, flow: Flow):
         reply, error = None, None
@@ -420,8 +436,8 @@ class AsyncTopKClient(_ClientBase):
             except BaseException as exc:  # e.g. CancelledError: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
-    async def register(self, tensor: torch.Tensor) -> Region:
-        return await self._drive(self._flows.register(tensor))
+    async def register(self, tensor: torch.Tensor, *, access: str = "read_write") -> Region:
+        return await self._drive(self._flows.register(tensor, access=access))
 
     async def unregister(self, region: Region) -> None:
         await self._drive(self._flows.unregister(region))

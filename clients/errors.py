@@ -8,10 +8,12 @@
     └── ServiceProblem                    the service answered RFC 9457 problem+json; `.code`,
         │                                 `.status`, `.detail`, `.problem` (the whole body)
         ├── RegionProblem                 unknown_region, stale_region, out_of_bounds,
-        │                                 misaligned_offset, shm_unavailable, foreign_device,
-        │                                 ipc_unavailable, foreign_pid_namespace
+        │                                 misaligned_offset, shm_unavailable, unsealed_memory,
+        │                                 unknown_ticket, read_only_region, output_aliases_input,
+        │                                 foreign_device, ipc_unavailable, foreign_pid_namespace
+        ├── AuthenticationProblem         unauthenticated (401: TCP without the bearer token)
         ├── InvalidRequestProblem         bad_dtype, bad_shape, unsupported_topk, slot_overflow,
-        │                                 invalid_input, validation_error, payload_too_large,
+        │                                 invalid_input, validation_error, invalid_json, payload_too_large,
         │                                 backend_unavailable, not_found, method_not_allowed
         ├── RowFaultProblem               invalid_row, invalid_page, nonfinite_score,
         │   (also kernels.RowFaultError)  selector_failure; `.rows` and `.flags` name the rows
@@ -57,6 +59,10 @@ class RegionProblem(ServiceProblem):
     """A region named by the request is unknown, stale, too small, or cannot be opened."""
 
 
+class AuthenticationProblem(ServiceProblem):
+    """TCP without the service's bearer token (or a wrong one): region operations are refused."""
+
+
 class InvalidRequestProblem(ServiceProblem):
     """The request itself is malformed (dtype, shape, topk, size, schema)."""
 
@@ -88,9 +94,12 @@ class DeviceProblem(ServiceProblem):
 
 _CLASSES: dict[str, type[ServiceProblem]] = {}
 for _cls, _codes in (
-    (RegionProblem, "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable foreign_device "
-                    "ipc_unavailable foreign_pid_namespace"),
+    (RegionProblem, "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable unsealed_memory "
+                    "unknown_ticket read_only_region output_aliases_input foreign_device ipc_unavailable "
+                    "foreign_pid_namespace"),
+    (AuthenticationProblem, "unauthenticated"),
     (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk slot_overflow invalid_input validation_error "
+                            "invalid_json "
                             "payload_too_large backend_unavailable not_found method_not_allowed http_error"),
     (RowFaultProblem, "invalid_row invalid_page nonfinite_score selector_failure"),
     (UnavailableProblem, "overloaded not_ready shutting_down"),
@@ -119,6 +128,6 @@ def problem_error(problem: dict, status: int, retry_after: str | None = None) ->
 
 
 __all__ = [
-    "DeviceProblem", "InvalidRequestProblem", "ProtocolError", "RegionProblem", "RowFaultProblem", "ServiceProblem",
+    "AuthenticationProblem", "DeviceProblem", "InvalidRequestProblem", "ProtocolError", "RegionProblem", "RowFaultProblem", "ServiceProblem",
     "TimeoutProblem", "TopKClientError", "TransportError", "UnavailableProblem", "problem_error",
 ]

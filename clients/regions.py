@@ -1,48 +1,41 @@
 """Client-side regions: exporting tensors to the service without copying them through HTTP.
 
-    CPU tensor   copied once into a new POSIX shared-memory block that this client owns; the
-                 Region keeps the block alive and `region.tensor` is the tensor's new home
-                 (write into it, e.g. to update a cache in place, and the service sees it).
+    CPU tensor   copied once into a new sealed memfd (litetopk.clients.memfd: anonymous memory
+                 that cannot shrink) that this client maps; its fd is handed to the service over
+                 the fd socket and the Region keeps the mapping: `region.tensor` is the tensor's
+                 new home (write into it, e.g. to update a cache in place, and the service sees
+                 it). Nothing is left in any file system; the memory is freed when this process
+                 and the service have both let go of it.
     CUDA tensor  exported by CUDA IPC handle (torch's `_share_cuda_`, no copy); the Region keeps
                  a reference to the tensor so its memory stays allocated until `unregister`.
+
+Each region is registered `read_write` (default: results may be written into it with `out=`) or
+`read_only` (the service maps it read-only and refuses it as an output); a cache is read_only.
 
 A `RegionSlice` names `shape` elements of `dtype` at a byte `offset` of a region. A tensor that
 lies inside a registered region (e.g. a slice of `region.tensor`) is found by address and sent
 as a slice of it, so slices of registered regions travel as references too.
 
 Every registration names its owner (`owner_fields`): `pid`, the process whose death retires the
-region in the service, and `pid_ns`, the pid namespace that pid lives in (the inode of
-/proc/self/ns/pid), so that a service in another pid namespace refuses the pid instead of
-tracking whichever unrelated process has that number there. `pid: null` opts out of tracking.
+region in the service, and `pid_ns`, the pid namespace that pid lives in (litetopk.clients.owners).
+`pid: null` opts out of tracking.
 """
 
 from __future__ import annotations
 
 import base64
 import math
-import mmap
 import os
-import secrets
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
-from pathlib import Path
 
 import torch
 
+from .memfd import SealedMemory
+from .owners import pid_namespace
 from .wire import dtype_name
 
-SHM_DIR = Path("/dev/shm")
 OWNER_PID_ENV = "LITETOPK_CLIENT_OWNER_PID"  # 'none' (send pid: null) or a pid; unset: this process
-SHM_MODE_ENV = "LITETOPK_CLIENT_SHM_MODE"  # octal permissions of new shared-memory blocks (default 0600)
-DEFAULT_SHM_MODE = 0o600
-
-
-def pid_namespace() -> int | None:
-    """This process's pid namespace id (st_ino of /proc/self/ns/pid); None where it cannot be read."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
+ACCESS_MODES = ("read_only", "read_write")
 
 
 def resolve_owner_pid(owner_pid: int | str | None) -> int | str | None:
@@ -70,20 +63,6 @@ def owner_fields(owner_pid: int | str | None) -> dict:
     if pid is None:
         return {"pid": None}
     return {"pid": pid, "pid_ns": pid_namespace()}
-
-
-def resolve_shm_mode(shm_mode: int | None) -> int:
-    """None -> $LITETOPK_CLIENT_SHM_MODE (octal) when set, else 0600; the owner keeps read and write."""
-    if shm_mode is None:
-        text = os.environ.get(SHM_MODE_ENV, "").strip()
-        try:
-            shm_mode = int(text.lower().removeprefix("0o"), 8) if text else DEFAULT_SHM_MODE
-        except ValueError:
-            raise ValueError(f"{SHM_MODE_ENV}={text!r} is not an octal mode such as 0600 or 0660") from None
-    if isinstance(shm_mode, bool) or not isinstance(shm_mode, int) or not 0 <= shm_mode <= 0o777 \
-            or shm_mode & 0o600 != 0o600:
-        raise ValueError(f"shm_mode={shm_mode!r}: give permission bits with owner read and write (0o600, 0o660)")
-    return shm_mode
 
 
 @dataclass(eq=False)
@@ -158,47 +137,16 @@ class Export:
     keepalive: object
 
 
-class ShmBlock:
-    """A POSIX shared-memory block /dev/shm/<name> created by this process, mapped once.
-
-    `mode` is its permission bits (0600: this uid only; 0660: also the group, which is this
-    process's primary group, for a service running under another uid in that group).
-
-    The block is registered with multiprocessing's resource tracker, which unlinks it if this
-    process dies without unlinking it (a killed worker leaves no block behind). The mapping is
-    closed by the last tensor viewing it, never explicitly (tensors may outlive the Region).
-    """
-
-    def __init__(self, size: int, mode: int = DEFAULT_SHM_MODE):
-        self.name = "litetopk_" + secrets.token_hex(10)
-        fd = os.open(SHM_DIR / self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            if mode != 0o600:
-                os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
-            os.ftruncate(fd, size)
-            self.mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        resource_tracker.register("/" + self.name, "shared_memory")
-        self.linked = True
-
-    def unlink(self) -> None:
-        if self.linked:
-            self.linked = False
-            os.unlink(SHM_DIR / self.name)
-            resource_tracker.unregister("/" + self.name, "shared_memory")
-
-
-def export_cpu(tensor: torch.Tensor, *, min_size: int = 0, shm_mode: int = DEFAULT_SHM_MODE) -> Export:
-    """Copy `tensor` into a new shared-memory block (owned by this process) and describe it."""
+def export_cpu(tensor: torch.Tensor, *, min_size: int = 0) -> Export:
+    """Copy `tensor` into a new sealed memfd (owned by this process) and describe it; the
+    registration still lacks its `ticket` (the fd is handed over by the client)."""
     nbytes = tensor.numel() * tensor.element_size()
     size = max(nbytes, min_size, 1)
-    block = ShmBlock(size, shm_mode)
-    base = torch.frombuffer(block.mapping, dtype=torch.uint8)
+    memory = SealedMemory(size)
+    base = torch.frombuffer(memory.mapping, dtype=torch.uint8)
     home = base[:nbytes].view(tensor.dtype).view(tensor.shape)
     home.copy_(tensor)
-    registration = {"kind": "shm", "name": block.name, "size": size}
-    return Export(registration, base, home, block)
+    return Export({"kind": "memfd", "size": size}, base, home, memory)
 
 
 def export_cuda(tensor: torch.Tensor) -> Export:
@@ -219,24 +167,29 @@ def export_cuda(tensor: torch.Tensor) -> Export:
     return Export(registration, base, tensor, tensor)
 
 
-def export(tensor: torch.Tensor, *, min_size: int = 0, shm_mode: int = DEFAULT_SHM_MODE) -> Export:
+def export(tensor: torch.Tensor, *, min_size: int = 0, access: str = "read_write") -> Export:
     """The registration of `tensor` without its owner fields (`owner_fields` adds them)."""
+    if access not in ACCESS_MODES:
+        raise ValueError(f"access={access!r}: give one of {ACCESS_MODES}")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"register() takes a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type == "cuda":
-        return export_cuda(tensor)
-    if tensor.device.type != "cpu":
+        exported = export_cuda(tensor)
+    elif tensor.device.type == "cpu":
+        exported = export_cpu(tensor, min_size=min_size)
+    else:
         raise ValueError(f"tensors on {tensor.device} cannot be shared with the service")
-    return export_cpu(tensor, min_size=min_size, shm_mode=shm_mode)
+    exported.registration["access"] = access
+    return exported
 
 
 def release_export(region: Region) -> None:
     """Let go of the local side of a region after the service unregistered it."""
     keep, region.keepalive = region.keepalive, None
     region.registered = False
-    if isinstance(keep, ShmBlock):
-        keep.unlink()  # the mapping itself lives on while tensors view it (region.tensor, slices)
+    if isinstance(keep, SealedMemory):
+        keep.close_fd()  # the mapping itself lives on while tensors view it (region.tensor, slices)
 
 
-__all__ = ["Export", "Region", "ShmBlock", "RegionSlice", "export", "export_cpu", "export_cuda", "owner_fields",
-           "pid_namespace", "release_export", "resolve_owner_pid", "resolve_shm_mode"]
+__all__ = ["ACCESS_MODES", "Export", "Region", "RegionSlice", "export", "export_cpu", "export_cuda", "owner_fields",
+           "release_export", "resolve_owner_pid"]

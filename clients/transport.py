@@ -1,13 +1,22 @@
 """Transport: where the service is and how to reach it (httpx over TCP or a Unix socket).
 
 `TopKClient(base_url=None, *, uds=None)`: with neither given, `LITETOPK_URL` (an http URL or
-`unix:/path`) wins, then the default Unix socket when it exists, then http://127.0.0.1:8471.
+`unix:/path`) wins, then the default Unix socket when a service listens on it, then
+http://127.0.0.1:8471. A default socket file that nobody listens on (left by a service that was
+killed) is reported with its path (a `StaleSocketWarning`) and not used.
+
+Over TCP the client sends the service's bearer token (`Authorization: Bearer`): the `token`
+argument, else $LITETOPK_TOKEN, else the file $LITETOPK_TOKEN_FILE, else `token` beside the
+default socket (`${XDG_RUNTIME_DIR:-/tmp}/litetopk/token`, written 0600 by the service) when this
+user can read it. Without one, TCP reaches only the health routes and /v1/info.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +27,11 @@ from .errors import TransportError
 DEFAULT_URL = "http://127.0.0.1:8471"
 UDS_BASE_URL = "http://litetopk"  # host part is ignored on a Unix socket
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+TOKEN_ENV, TOKEN_FILE_ENV = "LITETOPK_TOKEN", "LITETOPK_TOKEN_FILE"
+
+
+class StaleSocketWarning(UserWarning):
+    """A Unix socket file exists but no service listens on it."""
 
 
 def default_socket_path() -> str:
@@ -44,9 +58,44 @@ def resolve_endpoint(base_url: str | None, uds: str | None) -> Endpoint:
     env = os.environ.get("LITETOPK_URL")
     if env:
         return resolve_endpoint(None, env[5:]) if env.startswith("unix:") else resolve_endpoint(env, None)
-    if os.path.exists(default_socket_path()):
-        return Endpoint(UDS_BASE_URL, default_socket_path())
+    path = default_socket_path()
+    if os.path.exists(path):
+        if socket_listens(path):
+            return Endpoint(UDS_BASE_URL, path)
+        warnings.warn(f"{path} is a stale socket (no service listens on it: left by a service that was killed); "
+                      f"using {DEFAULT_URL}", StaleSocketWarning, stacklevel=4)
     return Endpoint(DEFAULT_URL, None)
+
+
+def socket_listens(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket `path` (False: refused or not a socket)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+                return False
+            raise
+    return True
+
+
+def resolve_token(token: str | None) -> str | None:
+    """The bearer token to send over TCP (module docstring): given, $LITETOPK_TOKEN, or read from a file."""
+    if token is not None:
+        return token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV].strip()
+    path = os.environ.get(TOKEN_FILE_ENV) or os.path.join(os.path.dirname(default_socket_path()), "token")
+    try:
+        with open(path) as token_file:
+            return token_file.read().strip() or None
+    except FileNotFoundError:
+        if os.environ.get(TOKEN_FILE_ENV):
+            raise
+        return None
+    except PermissionError:
+        return None  # another user's service: TCP then refuses region operations (401, saying why)
 
 
 # httpx writes a request's headers and body separately: without TCP_NODELAY, Nagle's algorithm
@@ -54,27 +103,33 @@ def resolve_endpoint(base_url: str | None, uds: str | None) -> Endpoint:
 TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
-def sync_http(endpoint: Endpoint, timeout) -> httpx.Client:
+def _http_options(endpoint: Endpoint, token: str | None) -> tuple[dict, dict]:
+    """(transport options, client headers): the socket, or TCP_NODELAY and the bearer token."""
     if endpoint.uds:
-        transport = httpx.HTTPTransport(uds=endpoint.uds)
-    else:
-        transport = httpx.HTTPTransport(socket_options=TCP_OPTIONS)
-    return httpx.Client(base_url=endpoint.base_url, transport=transport, timeout=timeout)
+        return {"uds": endpoint.uds}, {}
+    return {"socket_options": TCP_OPTIONS}, ({"authorization": f"Bearer {token}"} if token else {})
 
 
-def async_http(endpoint: Endpoint, timeout) -> httpx.AsyncClient:
-    if endpoint.uds:
-        transport = httpx.AsyncHTTPTransport(uds=endpoint.uds)
-    else:
-        transport = httpx.AsyncHTTPTransport(socket_options=TCP_OPTIONS)
-    return httpx.AsyncClient(base_url=endpoint.base_url, transport=transport, timeout=timeout)
+def sync_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.Client:
+    options, headers = _http_options(endpoint, token)
+    return httpx.Client(base_url=endpoint.base_url, transport=httpx.HTTPTransport(**options), timeout=timeout,
+                        headers=headers)
+
+
+def async_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.AsyncClient:
+    options, headers = _http_options(endpoint, token)
+    return httpx.AsyncClient(base_url=endpoint.base_url, transport=httpx.AsyncHTTPTransport(**options),
+                             timeout=timeout, headers=headers)
 
 
 def transport_error(endpoint: Endpoint, exc: httpx.TransportError) -> TransportError:
-    error = TransportError(f"litetopk service at {endpoint}: {type(exc).__name__}: {exc}")
+    hint = ""
+    if endpoint.uds and os.path.exists(endpoint.uds) and not socket_listens(endpoint.uds):
+        hint = f" ({endpoint.uds} is a stale socket: the file exists but no service listens on it)"
+    error = TransportError(f"litetopk service at {endpoint}: {type(exc).__name__}: {exc}{hint}")
     error.__cause__ = exc
     return error
 
 
-__all__ = ["DEFAULT_URL", "Endpoint", "async_http", "default_socket_path", "resolve_endpoint", "sync_http",
-           "transport_error"]
+__all__ = ["DEFAULT_URL", "Endpoint", "StaleSocketWarning", "async_http", "default_socket_path", "resolve_endpoint",
+           "resolve_token", "socket_listens", "sync_http", "transport_error"]

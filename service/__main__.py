@@ -2,8 +2,9 @@
 
 Both listening sockets are bound here and handed to one uvicorn Server, so there is one event
 loop, one lifespan (one device worker) and one graceful shutdown (SIGINT/SIGTERM: stop accepting,
-finish in-flight and queued requests, then exit). The first line on stderr after binding says
-where the service listens (`--port 0` picks a free port).
+finish in-flight and queued requests, then exit; the socket file is removed on every exit path
+but SIGKILL). The start line of the log says where the service listens (`--port 0` picks a free
+port), with the backend and device; "ready" follows after the warm-up.
 
 `python -m litetopk.service --check livez|readyz [--flags]` is the probe (the image's HEALTHCHECK):
 it reads the same settings, asks the running service over its Unix socket (when one is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from .app import create_app
+    from .logs import logging_config
+    from .principals import peer_protocol_class
 
     sockets, where = [], []
     if settings.host:
@@ -132,17 +136,25 @@ def main(argv: list[str] | None = None) -> int:
     if not sockets:
         print("litetopk: both --host and --uds are empty; nothing to listen on", file=sys.stderr)
         return 2
-    print(f"litetopk listening on {' and '.join(where)} ({device})", file=sys.stderr, flush=True)
     config = uvicorn.Config(
-        create_app(settings), workers=1, lifespan="on", log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s), access_log=settings.log_level == "debug",
+        create_app(settings, listening=" and ".join(where)), workers=1, lifespan="on",
+        log_config=logging_config(settings.log_level), log_level=settings.log_level,
+        http=peer_protocol_class(), timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+        access_log=settings.log_level == "debug",
     )
+    # uvicorn re-raises the SIGTERM it shut down on; as SystemExit it reaches the `finally` below
+    # (the default action would end the process first and leave the socket file behind).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
-        if settings.uds and os.path.exists(settings.uds):
+        if settings.uds and os.path.lexists(settings.uds):
             os.unlink(settings.uds)
     return 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

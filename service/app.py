@@ -2,10 +2,12 @@
 
 Lifespan:
   start  resolve the pinned device and backend (a backend that cannot run here fails the start),
-         start the device worker, queue the warm-up (a tiny random problem: /readyz turns ready
-         when it has run), start the periodic check that retires regions of dead owners;
+         write the TCP bearer token (0600, beside the socket), open the fd socket (host memory is
+         handed over there), start the device worker, log where the service listens, queue the
+         warm-up (a tiny random problem: /readyz turns ready and "ready" is logged when it has
+         run), start the periodic check that retires regions of dead owners;
   stop   refuse new work (`shutting_down`), let the worker finish everything queued, release
-         every region.
+         every region, close the fd socket and remove it and the token file.
 """
 
 from __future__ import annotations
@@ -13,19 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from pathlib import Path
 
 import torch
 from fastapi import FastAPI
 
+from litetopk.clients.memfd import FD_SOCKET_NAME
 from litetopk.kernels import litetopk_prefill, pack_kv_cache, quantize_mxfp4
-from litetopk.kernels.operator import get_backend
+from litetopk.kernels.operator import get_backend  # no public name resolves "auto" yet (told the lead)
 
 from . import __version__
 from .errors import install_error_handlers
 from .executor import DeviceExecutor
+from .fdpass import FdSocket
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
-from .regions import RegionTable
+from .principals import remove_token_file, write_token_file
+from .regions import REGION_KINDS, RegionTable
+from .schemas import TopKRequest
 from .routes import health_router, regions_router, topk_router
 from .settings import ServiceSettings
 from .state import ServiceState
@@ -58,6 +66,7 @@ async def _warm_up(state: ServiceState) -> None:
         args, kwargs = warmup_problem(state.device)
         litetopk_prefill(*args, **kwargs, backend=state.settings.backend).raise_for_status()
 
+    started = time.perf_counter()
     try:
         await state.executor.run(run, timeout=max(state.settings.request_timeout_s, 600.0))
     except Exception as exc:  # reported by /readyz (not_ready) and the log; the process stays up
@@ -65,29 +74,61 @@ async def _warm_up(state: ServiceState) -> None:
         log.error("warm-up failed on %s: %s", state.device, state.warmup_error)
         return
     state.ready.set()
-    log.info("warm-up done: backend %s on %s", state.backend, state.device)
+    log.info("ready: warm-up done in %.1f s (backend %s on %s)", time.perf_counter() - started, state.backend,
+             state.device)
 
 
 async def _retire_dead_owners(state: ServiceState) -> None:
     while True:
         await asyncio.sleep(state.settings.region_check_interval_s)
+        state.tickets.expire()
         await asyncio.to_thread(state.table.drop_dead_owners)  # closing a CUDA handle may block
 
 
 def _bind_metrics(state: ServiceState) -> None:
     metrics, table = state.metrics, state.table
-    for kind in ("shm", "cuda_ipc"):
+    for kind in REGION_KINDS:
         metrics.regions.labels(kind).set_function(lambda kind=kind: sum(r.kind == kind for r in table.list()))
-
-    def on_retire(region):
-        reason = "owner_died" if "owner" in region.reason else region.reason.split(" ")[0]
-        metrics.regions_retired.labels(reason).inc()
-
-    table.on_retire = on_retire
+    table.on_retire = lambda region: metrics.regions_retired.labels(region.reason.value).inc()
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
-    """A FastAPI app serving one pinned device (settings from the environment when not given)."""
+def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
+    """The token file and the fd socket (each undone by `stack`)."""
+    settings = state.settings
+    if settings.uds:
+        settings.socket_dir()  # created (or checked) without following links
+        path = str(Path(settings.uds).parent / FD_SOCKET_NAME)
+        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id())
+        stack.callback(fd_socket.stop)
+        fd_socket.start()
+        state.fd_socket = path
+    stack.callback(state.tickets.close_all)
+    token_path = settings.token_path()
+    if token_path is not None:
+        state.token, state.token_path = write_token_file(token_path), token_path
+        stack.callback(remove_token_file, token_path)
+
+
+def _with_body_schemas(app: FastAPI, *models) -> None:
+    """Add `models` (bodies a route parses itself) and their sub-models to the OpenAPI components."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in doc.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components.setdefault(model.__name__, doc)
+        return schema
+
+    app.openapi = openapi
+
+
+def create_app(settings: ServiceSettings | None = None, *, listening: str = "") -> FastAPI:
+    """A FastAPI app serving one pinned device (settings from the environment when not given);
+    `listening` (where __main__ bound its sockets) goes into the start line of the log."""
     settings = settings or ServiceSettings()
     metrics = ServiceMetrics()
 
@@ -101,17 +142,21 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                              metrics=metrics)
         _bind_metrics(state)
         app.state.service = state
-        executor.start()
-        tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
-        log.info("litetopk service on %s (backend %s, gpu uuid %s)", device, backend, table.uuid)
-        try:
-            yield
-        finally:
-            state.draining = True
-            for task in tasks:
-                task.cancel()
-            await executor.close(settings.shutdown_timeout_s)
-            table.close_all()
+        with contextlib.ExitStack() as side_files:
+            _open_side_files(state, side_files)
+            executor.start()
+            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, token file %s)",
+                     listening or "(in-process)", backend, device, f", gpu uuid {table.uuid}" if table.uuid else "",
+                     state.fd_socket, state.token_path)
+            tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
+            try:
+                yield
+            finally:
+                state.draining = True
+                for task in tasks:
+                    task.cancel()
+                await executor.close(settings.shutdown_timeout_s)
+                table.close_all()
 
     app = FastAPI(
         title="litetopk", version=__version__, lifespan=lifespan,
@@ -120,6 +165,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                     "errors are RFC 9457 problem+json with a stable `code`.",
     )
     install_error_handlers(app)
+    _with_body_schemas(app, TopKRequest)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_bytes, metrics=metrics)
     app.include_router(regions_router)
     app.include_router(topk_router)

@@ -11,7 +11,8 @@
                                       (the worst flag of the failing rows; every row is named)
         BackendUnavailableError   ->  backend_unavailable
         DeviceError               ->  device_error
-    fastapi RequestValidationError -> validation_error (pydantic's list in `errors`)
+    fastapi RequestValidationError -> validation_error (pydantic's list in `errors`), or
+                                      invalid_json (400) when the body is not JSON at all
     starlette HTTPException        -> not_found | method_not_allowed | http_error
     anything else                  -> internal_error (logged with its traceback: a bug)
 
@@ -55,7 +56,11 @@ CODES: dict[str, tuple[int, str]] = {
     "stale_region": (409, "The region was unregistered, re-registered or its owner died"),
     "out_of_bounds": (422, "The tensor does not fit inside its region"),
     "misaligned_offset": (422, "The byte offset is not a multiple of the dtype's size"),
-    "shm_unavailable": (422, "The shared-memory block cannot be opened"),
+    "shm_unavailable": (422, "The host memory cannot be mapped as registered"),
+    "unsealed_memory": (422, "The fd handed over is not a memfd sealed against shrinking"),
+    "unknown_ticket": (422, "No fd was handed over under this ticket by this principal"),
+    "read_only_region": (409, "An output names a read-only region"),
+    "output_aliases_input": (422, "An output names a region an input of the same request reads"),
     "foreign_device": (422, "The CUDA IPC handle belongs to a device this service does not own"),
     "ipc_unavailable": (422, "CUDA IPC handles cannot be opened by this service"),
     "foreign_pid_namespace": (422, "The owner pid is from another pid namespace than the service's"),
@@ -66,6 +71,8 @@ CODES: dict[str, tuple[int, str]] = {
     "slot_overflow": (422, "A physical slot does not fit int32"),
     "invalid_input": (422, "The operator refused the inputs"),
     "validation_error": (422, "The request body does not match the schema"),
+    "invalid_json": (400, "The request body is not JSON"),
+    "unauthenticated": (401, "Region operations need a principal: the Unix socket or the bearer token"),
     "backend_unavailable": (409, "The requested backend is not the one this service runs"),
     # rows
     "invalid_row": (422, "Rows have a bad batch index or window"),
@@ -172,7 +179,8 @@ def install_error_handlers(app: FastAPI) -> None:
                   for e in exc.errors()]
         first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(x) for x in first["loc"])
-        return _respond(request, ServiceError("validation_error", f"{where}: {first['msg']}", errors=errors))
+        code = "invalid_json" if any(e["type"] == "json_invalid" for e in errors) else "validation_error"
+        return _respond(request, ServiceError(code, f"{where}: {first['msg']}", errors=errors))
 
     async def on_http(request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")

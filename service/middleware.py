@@ -17,6 +17,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .errors import ServiceError, problem_response
 from .metrics import ServiceMetrics
 
+LARGE_BODY_PATHS = ("/v1/topk",)  # the routes whose bodies may reach max_request_bytes (inline metadata)
+SMALL_BODY_MAX_BYTES = 64 * 2**10  # every other body (registrations) is small: parsed on the event loop
+
 
 class _TooLarge(StarletteHTTPException):
     """Raised from `receive` mid-body; the route's body parsing re-raises it, errors.py maps 413."""
@@ -45,12 +48,13 @@ class RequestGuard:
                 status["code"] = message["status"]
             await send(message)
 
-        too_large = self._declared_too_large(scope)
+        limit = self.max_bytes if scope.get("path") in LARGE_BODY_PATHS else min(self.max_bytes, SMALL_BODY_MAX_BYTES)
+        too_large = self._declared_too_large(scope, limit)
         try:
             if too_large:
-                await self._refuse(scope, send_tracking, state, f"the body declares {too_large} bytes")
+                await self._refuse(scope, send_tracking, state, f"the body declares {too_large} bytes", limit)
             else:
-                await self.app(scope, self._counting(receive), send_tracking)
+                await self.app(scope, self._counting(receive, limit), send_tracking)
         except Exception:
             state.setdefault("problem_code", "internal_error")
             raise
@@ -60,17 +64,19 @@ class RequestGuard:
             self.metrics.requests.labels(route, scope["method"], code).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
-    def _declared_too_large(self, scope: Scope) -> int:
+    @staticmethod
+    def _declared_too_large(scope: Scope, limit: int) -> int:
         for key, value in scope["headers"]:
             if key == b"content-length":
                 try:
                     size = int(value)
                 except ValueError:
                     return 0
-                return size if size > self.max_bytes else 0
+                return size if size > limit else 0
         return 0
 
-    def _counting(self, receive: Receive) -> Receive:
+    @staticmethod
+    def _counting(receive: Receive, limit: int) -> Receive:
         seen = 0
 
         async def wrapped() -> Message:
@@ -78,15 +84,15 @@ class RequestGuard:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge(self.max_bytes)
+                if seen > limit:
+                    raise _TooLarge(limit)
             return message
 
         return wrapped
 
-    async def _refuse(self, scope: Scope, send: Send, state: dict, why: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, state: dict, why: str, limit: int) -> None:
         state["problem_code"] = "payload_too_large"
-        error = ServiceError("payload_too_large", f"{why}; the limit is {self.max_bytes} bytes "
+        error = ServiceError("payload_too_large", f"{why}; the limit is {limit} bytes "
                              "(register large tensors as regions instead of sending them)")
         response = problem_response(error, scope.get("path", ""))
         await response(scope, _no_receive, send)

@@ -13,16 +13,26 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from litetopk.clients.owners import PID_MAX_LIMIT
+from litetopk.kernels import SUPPORTED_TOPK
+
 DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.clients.wire.DTYPES (tested)
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
-# A POSIX shared-memory name as found in /dev/shm: no slash, so it cannot name any other file.
-ShmName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^/?[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+Pid = Annotated[int, Field(ge=1, le=PID_MAX_LIMIT, description="owner process (at most the host's pid_max); "
+                                                                     "its regions are dropped when it dies")]
+Access = Annotated[Literal["read_only", "read_write"], Field(
+    description="read_write regions may be named in `out`; read_only regions (mapped read-only) never are")]
+Ticket = Annotated[str, Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+# 64 bytes in standard base64: 88 characters, the last data character carrying 2 bits (A, Q, g or w).
+EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields are refused and nothing is coerced ("64" is not an int, 1 is not a bool)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
@@ -40,13 +50,18 @@ def _b64(value: str | None, what: str, length: int | None = None) -> bytes | Non
 # ------------------------------------------------------------------------------------- regions
 
 
-class ShmRegistration(_Strict):
-    """A POSIX shared-memory block (`/dev/shm/<name>`), mapped whole by the service."""
+class MemfdRegistration(_Strict):
+    """Host memory: a sealed memfd handed over the fd socket (litetopk.clients.memfd), named by its ticket.
 
-    kind: Literal["shm"]
-    name: ShmName
-    size: int = Field(ge=1, le=2**40, description="bytes of the block to map (from its start)")
-    pid: int | None = Field(None, ge=1, description="owner process; its regions are dropped when it dies")
+    The service maps the first `size` bytes of the fd; it must be a memfd sealed with F_SEAL_SHRINK
+    (`unsealed_memory` otherwise), and open for writing when `access` is read_write.
+    """
+
+    kind: Literal["memfd"]
+    ticket: Ticket = Field(description="the one-time ticket the fd socket answered for the fd (same uid)")
+    size: int = Field(ge=1, le=2**40, description="bytes of the memfd to map (from its start)")
+    access: Access = "read_write"
+    pid: Pid | None = None
     pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (st_ino of /proc/self/ns/pid); a "
                                "pid from another namespace than the service's is refused (foreign_pid_namespace)")
 
@@ -56,7 +71,8 @@ class TorchIpcFields(_Strict):
 
     ref_counter_handle: str
     ref_counter_offset: int = Field(ge=0)
-    event_handle: str | None = Field(None, min_length=88, max_length=88)
+    event_handle: str | None = Field(None, min_length=88, max_length=88, pattern=EVENT_HANDLE_PATTERN,
+                                     description="base64 of the 64-byte cudaIpcEventHandle_t")
     event_sync_required: bool = False
 
     @field_validator("ref_counter_handle")
@@ -86,8 +102,9 @@ class CudaIpcRegistration(_Strict):
     device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
-    pid: int | None = Field(None, ge=1, description="owner process; its regions are dropped when it dies")
-    pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (as for shm)")
+    access: Access = "read_write"
+    pid: Pid | None = None
+    pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (as for memfd)")
     torch: TorchIpcFields | None = None
 
     @model_validator(mode="after")
@@ -103,17 +120,17 @@ class CudaIpcRegistration(_Strict):
         return _b64(self.handle, "handle")
 
 
-RegionRegistration = Annotated[Union[ShmRegistration, CudaIpcRegistration], Field(discriminator="kind")]
+RegionRegistration = Annotated[Union[MemfdRegistration, CudaIpcRegistration], Field(discriminator="kind")]
 
 
 class RegionInfo(BaseModel):
     id: str
     generation: int
-    kind: Literal["shm", "cuda_ipc"]
+    kind: Literal["memfd", "cuda_ipc"]
     size: int
+    access: Literal["read_only", "read_write"]
     pid: int | None
     device: str
-    name: str | None = None
 
 
 class RegionList(BaseModel):
@@ -167,7 +184,8 @@ class TopKRequest(_Strict):
     row_to_batch: TensorArg
     starts: TensorArg
     ends: TensorArg
-    topk: int = Field(description="one of litetopk.kernels.SUPPORTED_TOPK")
+    topk: int = Field(description="one of litetopk.kernels.SUPPORTED_TOPK (anything else: unsupported_topk)",
+                      json_schema_extra={"enum": list(SUPPORTED_TOPK)})
     weight_scale: float = Field(1.0, allow_inf_nan=False)
     repair: bool = True
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
@@ -192,6 +210,7 @@ class ServiceInfo(BaseModel):
     queue_size: int
     max_request_bytes: int
     request_timeout_s: float
+    fd_socket: str | None = Field(description="the socket host memory is handed over on (litetopk.clients.memfd)")
     version: str
 
 
@@ -208,7 +227,7 @@ class Problem(BaseModel):
 
 
 __all__ = [
-    "CudaIpcRegistration", "InlineTensor", "OutputRegions", "Problem", "RegionInfo", "RegionList",
-    "RegionRegistration", "RegionSlice", "ServiceInfo", "ShmRegistration", "TensorArg", "TopKJsonResponse",
+    "CudaIpcRegistration", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
+    "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKJsonResponse",
     "TopKRequest", "TorchIpcFields",
 ]

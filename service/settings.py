@@ -89,7 +89,11 @@ class ServiceSettings(BaseSettings):
     warmup: bool = Field(True, description="run a tiny warm-up problem before /readyz turns ready")
     fault_delay_s: float = Field(0.0, ge=0, description="fault injection for tests: the worker sleeps this long "
                                  "before each job (0 in production)")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="uvicorn log level")
+    token_file: str = Field("", description="where the TCP bearer token is written (0600) at start: '' beside the "
+                                            "Unix socket (<socket dir>/token), 'none' no token (TCP then refuses "
+                                            "region operations), or a path in a directory the service owns")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="level of the service's and uvicorn's loggers")
 
     @field_validator("device")
     @classmethod
@@ -140,22 +144,47 @@ class ServiceSettings(BaseSettings):
         """0700, plus the search bit for the group / others when the socket lets them connect."""
         return 0o700 | (0o010 if self.uds_mode & 0o070 else 0) | (0o001 if self.uds_mode & 0o007 else 0)
 
+    def token_path(self) -> Path | None:
+        """Where the TCP bearer token goes (None: no token, TCP refuses region operations)."""
+        if self.token_file.lower() == "none" or (not self.token_file and not self.uds):
+            return None
+        return Path(self.token_file) if self.token_file else Path(self.uds).parent / "token"
+
     def socket_dir(self) -> Path:
-        """Create the Unix socket's directory (`socket_dir_mode`, `uds_group`); refuse one another user owns."""
+        """Create the Unix socket's directory (`socket_dir_mode`, `uds_group`) without following links.
+
+        Its parents are created as usual; the directory itself is created 0700, or, when it exists,
+        opened with O_NOFOLLOW | O_DIRECTORY and refused (PermissionError saying why) if it is a
+        symbolic link, not a directory, or owned by another uid. Mode and group are set on that fd.
+        """
         directory = Path(self.uds).parent
         mode, gid = self.socket_dir_mode(), self.socket_group_id()
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = directory.stat()
-        if info.st_uid != os.getuid():
-            raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user; choose --uds elsewhere")
-        if gid is not None and info.st_gid != gid:
-            try:
-                os.chown(directory, -1, gid)
-            except PermissionError as exc:
-                raise PermissionError(f"uds_group={self.uds_group!r}: this user is not a member of gid {gid} "
-                                      "(add it: compose `group_add`), so the socket cannot be given to it") from exc
-        if stat.S_IMODE(info.st_mode) != mode:
-            directory.chmod(mode)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            what = "a symbolic link" if os.path.islink(directory) else "not a directory"
+            raise PermissionError(f"{directory} is {what}: the socket directory must be a real directory owned "
+                                  "by this user; remove it or choose --uds elsewhere") from exc
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.getuid():
+                raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user (uid "
+                                      f"{os.getuid()}); choose --uds elsewhere")
+            if gid is not None and info.st_gid != gid:
+                try:
+                    os.fchown(fd, -1, gid)
+                except PermissionError as exc:
+                    raise PermissionError(f"uds_group={self.uds_group!r}: this user is not a member of gid {gid} "
+                                          "(add it: compose `group_add`), so the socket cannot be given to it") from exc
+            if stat.S_IMODE(info.st_mode) != mode:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         return directory
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from fastapi import Request
 
 from .executor import DeviceExecutor
+from .fdpass import FdTickets
 from .metrics import ServiceMetrics
 from .regions import RegionTable
 from .settings import ServiceSettings
@@ -22,6 +24,10 @@ class ServiceState:
     table: RegionTable
     executor: DeviceExecutor
     metrics: ServiceMetrics
+    tickets: FdTickets = field(default_factory=FdTickets)  # fds handed over the fd socket, unclaimed
+    fd_socket: str | None = None  # the fd socket's path (None: host memory cannot be registered)
+    token: str | None = None  # the TCP bearer token (None: TCP refuses region operations)
+    token_path: Path | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     warmup_error: str | None = None
     draining: bool = False

@@ -1,9 +1,10 @@
 """A real `python -m litetopk.service` process for tests: free TCP port, private Unix socket.
 
 `ServiceProcess(tmp_dir, **settings)` starts the service with `--port 0` (the port it bound is
-read from its first stderr line), waits until /livez answers (and /readyz, unless told not to),
-and `stop()` sends SIGTERM (graceful shutdown), then SIGKILL only if it hangs. Every fixture that
-starts one stops it.
+read from its start line in the log), waits until /livez answers (and /readyz, unless told not
+to), and `stop()` sends SIGTERM (graceful shutdown), then SIGKILL only if it hangs. Every fixture
+that starts one stops it. `token` is the TCP bearer token the service wrote beside its socket;
+`auth` the header that carries it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ServiceProcess:
         self.directory = Path(directory)
         self.uds = str(self.directory / "sock" / "litetopk.sock")
         self.log_path = self.directory / "service.log"
-        flags = {"host": "127.0.0.1", "port": 0, "uds": self.uds, "device": "cpu", "log_level": "warning",
+        flags = {"host": "127.0.0.1", "port": 0, "uds": self.uds, "device": "cpu", "log_level": "info",
                  "region_check_interval_s": 0.2, **settings}
         argv = [sys.executable, "-m", "litetopk.service"]
         for key, value in flags.items():
@@ -49,6 +50,14 @@ class ServiceProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def token(self) -> str:
+        return (Path(self.uds).parent / "token").read_text().strip()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
 
     def log(self) -> str:
         return self.log_path.read_text()

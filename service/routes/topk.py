@@ -1,7 +1,9 @@
 """/v1/topk: one `litetopk_prefill` call on the pinned device, inputs named by region or inline.
 
-    admit (event loop)   topk, backend, regions, bounds, inline lengths, output regions: fail fast,
-                         no lease
+    parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
+                         are parsed in a thread, so that a large inline body never stalls the loop
+    admit (event loop)   topk, backend, regions (the caller's own), bounds, inline lengths, output
+                         regions (read-write, read by no input): fail fast, no lease
     execute (worker)     lease regions -> tensors on the device -> operator (checks the inputs'
                          dtypes and shapes: bad_dtype / bad_shape) -> row faults ->
                          results into output regions or to the host -> release leases
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from litetopk.clients.wire import (
     BINARY_MEDIA_TYPE,
@@ -35,11 +39,17 @@ from litetopk.kernels.status import INPUT_FAULTS, describe
 from litetopk.kernels.validation import check_topk
 
 from ..errors import PROBLEM_JSON, ServiceError
+from ..principals import Principal, get_principal
 from ..regions import owner_alive
 from ..schemas import InlineTensor, Problem, RegionSlice, TopKJsonResponse, TopKRequest
 from ..state import ServiceState, get_state
 
-_PROBLEMS = {s: {"model": Problem, "content": {PROBLEM_JSON: {}}} for s in (404, 409, 413, 422, 429, 500, 503, 504)}
+_PROBLEMS = {s: {"model": Problem, "content": {PROBLEM_JSON: {}}}
+             for s in (400, 401, 404, 409, 413, 422, 429, 500, 503, 504)}
+# The request body's schema (the route parses the body itself, see `parse_request`).
+_BODY = {"requestBody": {"required": True, "content": {JSON_MEDIA_TYPE: {
+    "schema": {"$ref": "#/components/schemas/TopKRequest"}}}}}
+PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
 router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
@@ -71,19 +81,21 @@ def _check_output(name: str, ref: RegionSlice, rows: int, topk: int) -> None:
         raise ServiceError("bad_shape", f"out.{name} must have shape {want}, got {list(ref.shape)}")
 
 
-def admit(req: TopKRequest, state: ServiceState) -> None:
+def admit(req: TopKRequest, state: ServiceState, principal: Principal) -> None:
     """Every check that needs no device: raise the request's error before it is queued.
 
     The inputs' dtypes and shapes are the operator's to check (kernels/validation.py raises
     InputDtypeError / InputShapeError, answered `bad_dtype` / `bad_shape`); admission checks what
-    the operator cannot see: regions and their bounds, inline data against its shape, and the
-    output regions the results are written into.
+    the operator cannot see: regions (the caller's own) and their bounds, inline data against its
+    shape, and the output regions the results are written into (read-write regions that no input
+    of this request reads).
     """
     check_topk(req.topk)
     if req.backend not in ("auto", state.backend):
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
                            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
     alive: dict = {}  # owners found alive while admitting this request (each read once)
+    read: set[str] = set()  # the regions the inputs read
     for name in INPUTS:
         arg = getattr(req, name)
         if isinstance(arg, InlineTensor):
@@ -91,19 +103,26 @@ def admit(req: TopKRequest, state: ServiceState) -> None:
                 raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
                                    f"({math.prod(arg.shape)} values)")
         else:
-            state.table.check(arg, name, alive)
+            state.table.check(arg, name, principal.uid, alive)
+            read.add(arg.region)
     if req.out is not None:
         rows = req.q_fp4.shape[0] if req.q_fp4.shape else 0
         for name, ref in req.out:
             if ref is not None:
                 _check_output(name, ref, rows, req.topk)
-                state.table.check(ref, f"out.{name}", alive)
+                region = state.table.check(ref, f"out.{name}", principal.uid, alive)
+                if region.access != "read_write":
+                    raise ServiceError("read_only_region", f"out.{name}: region {ref.region} was registered "
+                                       "read_only; results go into read_write regions only")
+                if ref.region in read:
+                    raise ServiceError("output_aliases_input", f"out.{name}: region {ref.region} is read by an "
+                                       "input of this request; write results into a region no input reads")
 
 
 # ----------------------------------------------------------------------------------- execute
 
 
-def execute(req: TopKRequest, state: ServiceState, marks: list | None = None) -> _Outcome:
+def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: list | None = None) -> _Outcome:
     """The worker's part (runs on the device thread, inside the device and stream context).
 
     `marks` (optional) gets `(phase, perf_counter())` at the end of each phase (Server-Timing).
@@ -114,7 +133,7 @@ def execute(req: TopKRequest, state: ServiceState, marks: list | None = None) ->
     alive: dict = {}  # owners found alive when leasing (each read once per request)
 
     def region_view(name, arg):
-        region, view = state.table.acquire(arg, name, alive)
+        region, view = state.table.acquire(arg, name, principal.uid, alive)
         leases.append(region)
         return view
 
@@ -192,9 +211,23 @@ def _encode(outcome: _Outcome, binary: bool) -> Response:
     return Response(json.dumps(doc, separators=(",", ":"), allow_nan=False), media_type=JSON_MEDIA_TYPE)
 
 
+async def parse_request(request: Request) -> TopKRequest:
+    """The body as a TopKRequest (strict); parsed in a thread when larger than PARSE_ON_LOOP_MAX_BYTES
+    (pydantic's JSON parser lets the event loop run meanwhile: /livez stays responsive)."""
+    body = await request.body()
+    try:
+        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+            return await asyncio.to_thread(TopKRequest.model_validate_json, body)
+        return TopKRequest.model_validate_json(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
 @router.post("/topk", summary="Top-k index selection (litetopk_prefill) on the pinned device",
-             responses={200: _OK})
-async def topk(req: TopKRequest, request: Request, state: ServiceState = Depends(get_state)) -> Response:
+             responses={200: _OK}, openapi_extra=_BODY)
+async def topk(request: Request, state: ServiceState = Depends(get_state),
+               principal: Principal = Depends(get_principal)) -> Response:
     """Answers the K best keys of every query row (CONTRACT.md §1-§3).
 
     Results named in `out` are written into those regions (zero copy) and left out of the body;
@@ -202,10 +235,11 @@ async def topk(req: TopKRequest, request: Request, state: ServiceState = Depends
     it and the result is large. Rows at fault fail the request (`invalid_row`, `invalid_page`,
     `nonfinite_score`), naming the rows; capacity events are repaired unless `repair` is false.
     """
+    req = await parse_request(request)
     marks: list[tuple[str, float]] = [("parse", time.perf_counter())]
-    admit(req, state)
+    admit(req, state, principal)
     marks.append(("admit", time.perf_counter()))
-    outcome: _Outcome = await state.executor.run(lambda: execute(req, state, marks),
+    outcome: _Outcome = await state.executor.run(lambda: execute(req, state, principal, marks),
                                                  state.settings.request_timeout_s)
     marks.append(("settle", time.perf_counter()))
     state.metrics.rows.inc(outcome.rows)

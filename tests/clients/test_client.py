@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import fcntl
 import os
 import socket
-import stat
 
 import httpx
 import pytest
@@ -57,7 +57,8 @@ class Recorder:
             self.next_id += 1
             body = json.loads(request.content)
             return httpx.Response(201, json={"id": f"r{self.next_id}", "generation": 1, "kind": body["kind"],
-                                             "size": body["size"], "pid": body.get("pid"), "device": "cpu"})
+                                             "size": body["size"], "access": body["access"], "pid": body.get("pid"),
+                                             "device": "cpu"})
         if request.method == "DELETE":
             return httpx.Response(204)
         return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
@@ -68,9 +69,19 @@ class Recorder:
 
 
 def recording_client(**options) -> tuple[TopKClient, Recorder]:
+    """A client whose HTTP calls go to a Recorder and whose fd handovers are recorded in
+    `recorder.handed_over` (the memory objects) with a made-up ticket."""
     client = TopKClient("http://recorded", **options)
     recorder = Recorder()
+    recorder.handed_over = []
     client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(recorder))
+
+    def hand_over(memory):
+        recorder.handed_over.append((memory, fcntl.fcntl(memory.fd, fcntl.F_GET_SEALS)))
+        return f"ticket{len(recorder.handed_over):010d}"
+        yield  # a flow: it makes no HTTP call
+
+    client._flows._hand_over = hand_over
     return client, recorder
 
 
@@ -151,23 +162,22 @@ def test_bad_owner_pid_is_refused_at_construction(owner_pid, variable, monkeypat
             cls("http://x", owner_pid=owner_pid)
 
 
-@pytest.mark.parametrize("shm_mode,variable,mode", [(None, None, 0o600), (0o660, None, 0o660),
-                                                   (None, "0640", 0o640), (0o600, "0660", 0o600)])
-def test_shared_memory_blocks_get_the_requested_mode(shm_mode, variable, mode, monkeypatch):
-    if variable is None:
-        monkeypatch.delenv("LITETOPK_CLIENT_SHM_MODE", raising=False)
-    else:
-        monkeypatch.setenv("LITETOPK_CLIENT_SHM_MODE", variable)
-    client, recorder = recording_client(shm_mode=shm_mode)
-    region = client.register(torch.zeros(4))
-    assert stat.S_IMODE(os.stat(f"/dev/shm/{registration(recorder)['name']}").st_mode) == mode, (shm_mode, variable)
-    client.unregister(region)
-
-
-@pytest.mark.parametrize("shm_mode", [0o400, 0o1600, -1])
-def test_shm_mode_must_keep_owner_read_write(shm_mode):
-    with pytest.raises(ValueError, match="shm_mode"):
-        AsyncTopKClient("http://x", shm_mode=shm_mode)
+@pytest.mark.parametrize("access", ["read_write", "read_only"])
+def test_host_tensors_travel_as_sealed_memfds(access):
+    """register() copies a CPU tensor into a memfd sealed against shrinking (and growing), hands
+    its fd over and registers the ticket with the requested access; the fd is closed after."""
+    client, recorder = recording_client()
+    tensor = torch.randn(4, 5)
+    region = client.register(tensor, access=access)
+    (memory, seals), = recorder.handed_over
+    body = registration(recorder)
+    assert body["kind"] == "memfd" and body["ticket"] == "ticket0000000001" and body["access"] == access, body
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW, f"seals {seals:#x}"
+    assert memory.fd == -1, "the client's fd is closed once the service has its own"
+    assert torch.equal(region.tensor, tensor) and region.tensor.data_ptr() != tensor.data_ptr()
+    with pytest.raises(ValueError, match="access"):
+        client.register(tensor, access="write_only")
+    client.close()
 
 
 # ------------------------------------------------------------------------------ typed errors
@@ -222,7 +232,7 @@ def test_endpoint_resolution(monkeypatch, tmp_path):
 
 def test_sync_client_over_both_transports(service, problem):
     want = reference(problem)
-    for client in (TopKClient(service.url), TopKClient(uds=service.uds)):
+    for client in (TopKClient(service.url, token=service.token), TopKClient(uds=service.uds)):
         with client:
             assert client.ready()
             assert results_equal(client.topk(*problem.args(), topk=512), want) == [], client.endpoint
@@ -232,7 +242,7 @@ def test_sync_client_over_both_transports(service, problem):
 @pytest.mark.parametrize("transport", ["tcp", "uds"])
 async def test_async_client_concurrent_calls(service, problem, transport):
     want = reference(problem)
-    client = AsyncTopKClient(service.url) if transport == "tcp" else AsyncTopKClient(uds=service.uds)
+    client = AsyncTopKClient(service.url, token=service.token) if transport == "tcp" else AsyncTopKClient(uds=service.uds)
     async with client:
         cache = await client.register(problem.kv_cache)
         results = await asyncio.gather(*[client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:],
@@ -241,14 +251,14 @@ async def test_async_client_concurrent_calls(service, problem, transport):
         assert all(results_equal(r, want) == [] for r in results)
         mine = {r["id"] for r in await client.regions()}
         assert cache.id in mine
-    async with AsyncTopKClient(service.url) as other:
+    async with AsyncTopKClient(service.url, token=service.token) as other:
         assert cache.id not in {r["id"] for r in await other.regions()}, "close() unregistered the client's regions"
 
 
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):
     p = make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
     p.weights[3, 0] = float("inf")
-    with TopKClient(service.url) as client, pytest.raises(RowFaultError) as err:
+    with TopKClient(service.url, token=service.token) as client, pytest.raises(RowFaultError) as err:
         client.topk(*p.args(), topk=512)
     assert err.value.rows == [3]
 
@@ -261,7 +271,7 @@ def test_large_results_come_back_through_a_pooled_scratch_region(service, proble
 
     monkeypatch.setattr(client_module, "RESULT_SCRATCH_MIN_BYTES", 0)
     want = reference(problem)
-    client = TopKClient(service.url) if transport == "tcp" else TopKClient(uds=service.uds)
+    client = TopKClient(service.url, token=service.token) if transport == "tcp" else TopKClient(uds=service.uds)
     bodies = []
     with client:
         client._http.event_hooks["request"].append(
@@ -292,9 +302,9 @@ def test_large_plain_metadata_is_staged_not_inline(problem, monkeypatch):
     assert body["block_table"]["region"] == "r1" or "data" in body["block_table"]
 
 
-def test_result_scratch_falls_back_to_the_body_when_the_service_cannot_map_it(problem, monkeypatch):
-    """A service without access to our /dev/shm refuses the scratch (shm_unavailable): the
-    result is asked for in the body instead, and the client stops trying."""
+def test_results_come_back_in_the_body_when_the_service_has_no_fd_socket(problem, monkeypatch):
+    """A service without an fd socket (/v1/info says fd_socket null: no Unix socket) cannot take
+    host memory: a large result is asked for in the body, and /v1/info is asked once."""
     import litetopk.clients.client as client_module
 
     monkeypatch.setattr(client_module, "RESULT_SCRATCH_MIN_BYTES", 0)
@@ -303,19 +313,21 @@ def test_result_scratch_falls_back_to_the_body_when_the_service_cannot_map_it(pr
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request.url.path)
-        if request.url.path == "/v1/regions":
-            return httpx.Response(422, json={"code": "shm_unavailable", "detail": "no such block"},
-                                  headers={"content-type": "application/problem+json"})
+        if request.url.path == "/v1/info":
+            return httpx.Response(200, json={"fd_socket": None})
         body = json.loads(request.content)
         assert "out" not in body
         return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
                               headers={"content-type": "application/problem+json"})
 
     client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(handler))
-    q = client_module.RegionSlice(client_module.Region("r9", 1, "shm", 1 << 20, torch.zeros(1 << 20, dtype=torch.uint8),
+    q = client_module.RegionSlice(client_module.Region("r9", 1, "memfd", 1 << 20,
+                                                       torch.zeros(1 << 20, dtype=torch.uint8),
                                                        torch.zeros(1, dtype=torch.uint8)), 0, torch.uint8, (8, 64, 64))
     args = (q, q, q, problem.block_table, q, problem.row_to_batch, problem.starts, problem.ends)
     for _ in range(2):
         with pytest.raises(ServiceProblem):
             client.topk(*args, topk=512)
-    assert calls == ["/v1/regions", "/v1/topk", "/v1/topk"]
+    assert calls == ["/v1/info", "/v1/topk", "/v1/topk"]
+    with pytest.raises(TransportError, match="no fd socket"):
+        client.register(torch.zeros(4))

@@ -8,7 +8,7 @@ def test_clients_public_names():
     assert sorted(litetopk.clients.__all__) == sorted([
         "AsyncTopKClient", "TopKClient", "Region", "RegionSlice", "TopKClientError", "TransportError",
         "ProtocolError", "ServiceProblem", "RegionProblem", "InvalidRequestProblem", "RowFaultProblem",
-        "UnavailableProblem", "TimeoutProblem", "DeviceProblem",
+        "UnavailableProblem", "TimeoutProblem", "DeviceProblem", "AuthenticationProblem",
     ])
     assert all(hasattr(litetopk.clients, name) for name in litetopk.clients.__all__)
 

@@ -37,7 +37,9 @@ def test_demo_worker_over_the_socket_named_by_litetopk_url(live):
 
 
 def test_demo_worker_over_tcp(live):
-    result = run([sys.executable, "bench/demo_worker.py", "--calls", "1", "--url", live.url])
+    # over TCP the worker's client reads the service's bearer token (the file beside its socket)
+    result = run([sys.executable, "bench/demo_worker.py", "--calls", "1", "--url", live.url],
+                 LITETOPK_TOKEN=live.token)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "call 0: 16 rows, top-512" in result.stdout and ", ok" in result.stdout, result.stdout
 

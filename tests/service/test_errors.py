@@ -36,6 +36,12 @@ COVERED_BY = {
     "out_of_bounds": "test_tensor_reference_checks",
     "misaligned_offset": "test_tensor_reference_checks",
     "shm_unavailable": "test_shm_unavailable",
+    "unsealed_memory": "test_unsealed_memory",
+    "unknown_ticket": "test_unknown_ticket",
+    "read_only_region": "test_output_access_rules",
+    "output_aliases_input": "test_output_access_rules",
+    "invalid_json": "test_validation_error_lists_pydantic_errors",
+    "unauthenticated": "test_tcp_without_token_is_unauthenticated",
     "foreign_device": "test_foreign_device",
     "ipc_unavailable": "tests/service/test_gpu.py::test_raw_handle_that_does_not_open (GPU only)",
     "foreign_pid_namespace": "test_owner_pid_from_another_pid_namespace_is_refused",
@@ -76,7 +82,7 @@ def client(service):
 
 @pytest.fixture(scope="module")
 def http(service):
-    with httpx.Client(base_url=service.url, timeout=30) as c:
+    with httpx.Client(base_url=service.url, headers=service.auth, timeout=30) as c:
         yield c
 
 
@@ -118,9 +124,29 @@ def test_stale_region_after_unregister(client, problem):
     assert err.value.code == "stale_region"
 
 
-def test_stale_generation_after_re_registration(client, http, problem):
+def memfd_ticket(service, size=64, seal=True, memory=None):
+    """(memory, ticket): a memfd (sealed against shrinking unless told not to) handed over."""
+    import fcntl
+
+    from litetopk.clients.memfd import hand_over_fd
+
+    if memory is None:
+        fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, size)
+        if seal:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        memory = fd
+    return memory, hand_over_fd(str(Path(service.uds).parent / "fds.sock"), memory)
+
+
+def test_stale_generation_after_re_registration(client, http, problem, service):
+    fd, ticket = memfd_ticket(service, size=problem.kv_cache.numel())
+    first = http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": problem.kv_cache.numel()}).json()
+    _, ticket = memfd_ticket(service, memory=fd)
+    again = http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": problem.kv_cache.numel()})
+    os.close(fd)
     region = client.register(problem.kv_cache)
-    again = http.post("/v1/regions", json={"kind": "shm", "name": region.keepalive.name, "size": region.size})
+    region.id, region.generation = first["id"], first["generation"]
     assert again.status_code == 201 and again.json()["id"] == region.id and again.json()["generation"] == 2
     body = body_for(client, problem, kv_cache=region.slice().to_wire())
     doc = assert_problem(http.post("/v1/topk", json=body), "stale_region")
@@ -159,16 +185,61 @@ def test_output_region_checked(client, http, problem):
     assert_problem(http.post("/v1/topk", json=body), "out_of_bounds")
 
 
-def test_shm_unavailable(http):
-    doc = assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": "litetopk_no_such_block", "size": 64}),
+def test_shm_unavailable(http, service):
+    fd, ticket = memfd_ticket(service)
+    read_only = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    os.close(fd)
+    _, ticket = memfd_ticket(service, memory=read_only)
+    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}),
                          "shm_unavailable")
-    assert "litetopk_no_such_block" in doc["detail"]
+    assert "read-write" in doc["detail"], doc
+    _, ticket = memfd_ticket(service, memory=read_only)
+    ok = http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64, "access": "read_only"})
+    assert ok.status_code == 201 and ok.json()["access"] == "read_only", ok.text
+    os.close(read_only)
 
 
-def test_shm_smaller_than_declared(client, http):
-    region = client.register(torch.zeros(16, dtype=torch.uint8))
-    assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": region.keepalive.name, "size": 1 << 20}),
+def test_shm_smaller_than_declared(http, service):
+    fd, ticket = memfd_ticket(service, size=16)
+    os.close(fd)
+    assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 1 << 20}),
                    "out_of_bounds")
+
+
+def test_unsealed_memory(http, service):
+    fd, ticket = memfd_ticket(service, seal=False)
+    os.close(fd)
+    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}),
+                         "unsealed_memory")
+    assert "F_SEAL_SHRINK" in doc["detail"]
+
+
+def test_unknown_ticket(http, service):
+    fd, ticket = memfd_ticket(service)
+    os.close(fd)
+    assert http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}).status_code == 201
+    assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}), "unknown_ticket")
+
+
+def test_tcp_without_token_is_unauthenticated(service):
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        with httpx.Client(base_url=service.url, headers=headers) as anonymous:
+            response = anonymous.get("/v1/regions")
+            assert_problem(response, "unauthenticated")
+            assert response.headers["www-authenticate"].startswith("Bearer")
+            assert anonymous.get("/livez").status_code == 200
+
+
+def test_output_access_rules(client, http, problem):
+    cache = client.register(problem.kv_cache, access="read_only")
+    counts = client.register(torch.zeros(8, dtype=torch.int32), access="read_only")
+    body = body_for(client, problem, out={"counts": counts.slice().to_wire()})
+    assert_problem(http.post("/v1/topk", json=body), "read_only_region")
+    body = body_for(client, problem, kv_cache=cache.slice().to_wire())
+    writable = client.register(torch.zeros(problem.kv_cache.numel() + 64, dtype=torch.uint8))
+    body["kv_cache"] = writable.slice(0, torch.uint8, tuple(problem.kv_cache.shape)).to_wire()
+    body["out"] = {"counts": writable.slice(problem.kv_cache.numel(), torch.int32, (8,)).to_wire()}
+    assert_problem(http.post("/v1/topk", json=body), "output_aliases_input")
 
 
 def test_foreign_device(http):
@@ -196,27 +267,38 @@ def test_validation_error_lists_pydantic_errors(http):
     doc = assert_problem(http.post("/v1/topk", json={"topk": "many"}), "validation_error")
     assert doc["errors"] and all({"loc", "msg", "type"} <= set(e) for e in doc["errors"])
     assert_problem(http.post("/v1/regions", content=b"{not json", headers={"content-type": "application/json"}),
-                   "validation_error")
+                   "invalid_json")
+    assert_problem(http.post("/v1/topk", content=b"{not json", headers={"content-type": "application/json"}),
+                   "invalid_json")
     assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": "../etc/passwd", "size": 1}),
                    "validation_error")
+    for strings in ({"kind": "memfd", "ticket": "t" * 16, "size": "64"}, {"kind": "memfd", "ticket": "t" * 16,
+                                                                          "size": 64, "pid": str(os.getpid())}):
+        assert_problem(http.post("/v1/regions", json=strings), "validation_error")  # no string coercion
 
 
-def test_registration_with_dead_owner_is_refused(client, http):
-    region = client.register(torch.zeros(64, dtype=torch.uint8))
-    dead_pid = 2**22 + 12345  # above pid_max's default: no such process
-    registration = {"kind": "shm", "name": region.keepalive.name, "size": 64, "pid": dead_pid}
-    assert str(dead_pid) in assert_problem(http.post("/v1/regions", json=registration), "validation_error")["detail"]
+@pytest.mark.parametrize("pid", [2**22 + 12345, 2**31, 2**40, 2**63])
+def test_registration_with_an_impossible_owner_is_refused(http, service, pid):
+    fd, ticket = memfd_ticket(service)
+    os.close(fd)
+    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64, "pid": pid}),
+                         "validation_error")
+    assert "pid" in doc["detail"], doc
 
 
-def test_owner_pid_from_another_pid_namespace_is_refused(client, http):
-    region = client.register(torch.zeros(64, dtype=torch.uint8))
+def test_owner_pid_from_another_pid_namespace_is_refused(http, service):
     here = os.stat("/proc/self/ns/pid").st_ino  # the test and the service share a pid namespace
-    registration = {"kind": "shm", "name": region.keepalive.name, "size": 64, "pid": os.getpid()}
-    doc = assert_problem(http.post("/v1/regions", json={**registration, "pid_ns": here + 1}), "foreign_pid_namespace")
+
+    def registration(**fields):
+        fd, ticket = memfd_ticket(service)
+        os.close(fd)
+        return {"kind": "memfd", "ticket": ticket, "size": 64, "pid": os.getpid(), **fields}
+
+    doc = assert_problem(http.post("/v1/regions", json=registration(pid_ns=here + 1)), "foreign_pid_namespace")
     assert str(os.getpid()) in doc["detail"] and "pid=null" in doc["detail"], doc
-    same = http.post("/v1/regions", json={**registration, "pid_ns": here})
+    same = http.post("/v1/regions", json=registration(pid_ns=here))
     assert same.status_code == 201 and same.json()["pid"] == os.getpid(), same.text
-    untracked = http.post("/v1/regions", json={**registration, "pid": None, "pid_ns": here + 1})
+    untracked = http.post("/v1/regions", json=registration(pid=None, pid_ns=here + 1))
     assert untracked.status_code == 201 and untracked.json()["pid"] is None, untracked.text
 
 

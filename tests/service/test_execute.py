@@ -31,7 +31,7 @@ class FakeTable:
         self.tensors = tensors
         self.released = 0
 
-    def acquire(self, ref, what, alive=None):
+    def acquire(self, ref, what, owner, alive=None):
         name = what.removeprefix("out.")
         return FakeRegion(id=name), self.tensors[name]
 
@@ -70,7 +70,7 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     request = SimpleNamespace(**{name: object() for name in route.INPUTS}, topk=topk, weight_scale=1.0, repair=True,
                               out=[("values", object()), ("physical_indices", object())])
     state = SimpleNamespace(device=torch.device("meta"), table=table, settings=SimpleNamespace(backend="auto"))
-    outcome = route.execute(request, state)
+    outcome = route.execute(request, state, SimpleNamespace(uid=0))
     assert seen["devices"] == {"meta"}, "inputs go to the service's device"
     assert torch.equal(out_values, want.values), f"the host output region holds the answer (seed {seed})"
     assert torch.equal(out_slots, want.physical_indices), f"the host output region holds the answer (seed {seed})"

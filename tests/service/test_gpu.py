@@ -85,7 +85,7 @@ def test_service_pinned_to_the_second_gpu(gpu_service):
     p1 = make_problem(32, seq_lens=[700, 690], rows_per_seq=4).to("cuda:1")
     want = litetopk_prefill(*p1.args(), topk=p1.topk, backend="auto")
     torch.cuda.set_device(0)  # the caller's current device must not matter
-    with TopKClient(gpu_service.url) as client:
+    with TopKClient(gpu_service.url, token=gpu_service.token) as client:
         assert client.info()["device_uuid"] in uuid_of(1).lower()
         with pytest.raises(RegionProblem) as err:
             client.register(torch.zeros(1024, device="cuda:0"))

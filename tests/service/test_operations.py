@@ -37,7 +37,7 @@ def reference(p):
 
 
 def test_livez_readyz_info(service):
-    with httpx.Client(base_url=service.url) as http:
+    with httpx.Client(base_url=service.url, headers=service.auth) as http:
         assert http.get("/livez").json() == {"status": "ok"}
         assert http.get("/readyz").json() == {"status": "ready", "device": "cpu", "backend": "reference"}
         info = http.get("/v1/info").json()
@@ -45,13 +45,13 @@ def test_livez_readyz_info(service):
 
 
 def test_openapi_lists_the_routes(service):
-    with httpx.Client(base_url=service.url) as http:
+    with httpx.Client(base_url=service.url, headers=service.auth) as http:
         spec = http.get("/openapi.json").json()
     assert {"/v1/topk", "/v1/regions", "/v1/regions/{region_id}", "/livez", "/readyz", "/metrics"} <= set(spec["paths"])
 
 
 def test_metrics_count_requests_rows_and_candidates(service, problem):
-    with TopKClient(service.url) as client, httpx.Client(base_url=service.url) as http:
+    with TopKClient(service.url, token=service.token) as client, httpx.Client(base_url=service.url, headers=service.auth) as http:
         client.topk(*problem.args(), topk=512)
         http.get("/v1/regions/rnone")
         text = http.get("/metrics").text
@@ -59,7 +59,7 @@ def test_metrics_count_requests_rows_and_candidates(service, problem):
                    'litetopk_requests_total{code="unknown_region",method="GET",route="/v1/regions/{region_id}"}',
                    "litetopk_request_seconds_bucket", "litetopk_queue_depth", "litetopk_device_seconds_count",
                    "litetopk_rows_total", "litetopk_candidates_total", "litetopk_repairs_total",
-                   'litetopk_regions{kind="shm"}'):
+                   'litetopk_regions{kind="memfd"}'):
         assert needle in text, needle
     rows = next(line for line in text.splitlines() if line.startswith("litetopk_rows_total"))
     assert float(rows.split()[-1]) >= 8
@@ -90,7 +90,7 @@ async def test_overload_answers_429_and_finishes_queued_work(slow_service, probl
 def test_request_timeout(problem):
     process, directory = start_service(fault_delay_s=0.5, request_timeout_s=0.2, warmup=False)
     try:
-        with TopKClient(process.url) as client:
+        with TopKClient(process.url, token=process.token) as client:
             with pytest.raises(TimeoutProblem) as err:
                 client.topk(*problem.args(), topk=512)
             assert err.value.code == "timeout" and err.value.status == 504
@@ -122,11 +122,11 @@ async def test_region_unregistered_while_queued(slow_service, problem):
 
 @pytest.mark.asyncio
 async def test_region_unlinked_while_queued_still_answers(slow_service, problem):
-    async with AsyncTopKClient(slow_service.url) as client:
+    async with AsyncTopKClient(slow_service.url, token=slow_service.token) as client:
         cache = await client.register(problem.kv_cache)
         queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
         await asyncio.sleep(0.1)
-        cache.keepalive.unlink()  # the name is gone; the service's mapping stays valid (POSIX)
+        cache.keepalive.close_fd()  # the owner lets go of its fd; the service's own mapping stays valid
         assert results_equal(await queued, reference(problem)) == []
         await client.unregister(cache)
 
@@ -137,14 +137,14 @@ async def test_region_unlinked_while_queued_still_answers(slow_service, problem)
 def test_not_ready_until_warm_up_then_graceful_shutdown(problem):
     process, directory = start_service(fault_delay_s=1.5, wait_ready=False)
     try:
-        with httpx.Client(base_url=process.url, timeout=30) as http, TopKClient(process.url) as client:
+        with httpx.Client(base_url=process.url, headers=process.auth, timeout=30) as http, TopKClient(process.url, token=process.token) as client:
             doc = http.get("/readyz")
             assert doc.status_code == 503 and doc.json()["code"] == "not_ready", doc.text
             assert doc.headers["retry-after"] == "1"
             assert client.ready() is False
 
             async def queued_then_terminated():
-                async with AsyncTopKClient(process.url) as aclient, httpx.AsyncClient(base_url=process.url) as ahttp:
+                async with AsyncTopKClient(process.url, token=process.token) as aclient, httpx.AsyncClient(base_url=process.url, headers=process.auth) as ahttp:
                     task = asyncio.create_task(aclient.topk(*problem.args(), topk=512))
                     while "litetopk_queue_depth 1.0" not in (await ahttp.get("/metrics")).text:
                         await asyncio.sleep(0.02)  # until the request waits behind the warm-up

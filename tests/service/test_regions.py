@@ -1,4 +1,4 @@
-"""Regions in-process (RegionTable) and over HTTP: ids, generations, bounds, leases, owners."""
+"""Regions in-process (RegionTable) and over HTTP: ids, generations, bounds, leases, owners, principals."""
 
 from __future__ import annotations
 
@@ -13,17 +13,28 @@ import pytest
 import torch
 
 from litetopk.clients import TopKClient
-from litetopk.clients.regions import ShmBlock
+from litetopk.clients.memfd import SealedMemory
 from litetopk.service.errors import ServiceError
-from litetopk.service.regions import RegionTable, normalize_uuid, owner_alive
-from litetopk.service.schemas import RegionSlice, ShmRegistration
+from litetopk.service.regions import RegionTable, RetireReason, normalize_uuid, owner_alive
+from litetopk.service.schemas import MemfdRegistration, RegionSlice
+
+ME = os.getuid()
 
 
 @pytest.fixture
 def block():
-    b = ShmBlock(4096)
-    yield b
-    b.unlink()
+    memory = SealedMemory(4096)
+    yield memory
+    memory.close_fd()
+
+
+def registration(size=4096, **fields) -> MemfdRegistration:
+    return MemfdRegistration(kind="memfd", ticket="t" * 16, size=size, **fields)
+
+
+def register(table, block, owner=ME, **fields):
+    """Register `block` (a dup of its fd: the table consumes the fd it is given)."""
+    return table.register_memfd(registration(**fields), os.dup(block.fd), owner)
 
 
 def ref(region, offset=0, dtype="int32", shape=(4,)):
@@ -32,10 +43,10 @@ def ref(region, offset=0, dtype="int32", shape=(4,)):
 
 def test_shm_region_is_shared_memory_not_a_copy(block):
     table = RegionTable(torch.device("cpu"))
-    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid()))
+    region = register(table, block, pid=os.getpid())
     mine = torch.frombuffer(block.mapping, dtype=torch.int32)
     mine[:4] = torch.tensor([1, 2, 3, 4])
-    leased, view = table.acquire(ref(region), "x")
+    leased, view = table.acquire(ref(region), "x", ME)
     assert view.tolist() == [1, 2, 3, 4]
     view[0] = 99
     assert int(mine[0]) == 99
@@ -49,40 +60,62 @@ def test_shm_region_is_shared_memory_not_a_copy(block):
 ])
 def test_bounds_and_alignment(block, offset, dtype, shape, code):
     table = RegionTable(torch.device("cpu"))
-    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
+    region = register(table, block)
     with pytest.raises(ServiceError) as err:
-        table.check(ref(region, offset, dtype, shape), "x")
+        table.check(ref(region, offset, dtype, shape), "x", ME)
     assert err.value.code == code, (offset, dtype, shape)
 
 
 def test_generations_and_stale_lookups(block):
     table = RegionTable(torch.device("cpu"))
-    first = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
-    second = table.register_shm(ShmRegistration(kind="shm", name="/" + block.name, size=2048))
+    retired = []
+    table.on_retire = retired.append
+    first = register(table, block)
+    second = register(table, block, size=2048)
     assert second.id == first.id and second.generation == first.generation + 1
     with pytest.raises(ServiceError) as err:
-        table.check(ref(first), "x")
+        table.check(ref(first), "x", ME)
     assert err.value.code == "stale_region"
-    table.check(ref(second), "x")
-    table.unregister(second.id)
+    table.check(ref(second), "x", ME)
+    table.unregister(second.id, ME)
     with pytest.raises(ServiceError) as err:
-        table.get(second.id)
+        table.get(second.id, ME)
     assert err.value.code == "stale_region" and "unregistered" in err.value.detail
     with pytest.raises(ServiceError) as err:
-        table.get("rnever")
+        table.get("rnever", ME)
     assert err.value.code == "unknown_region"
+    assert [r.reason for r in retired] == [RetireReason.SUPERSEDED, RetireReason.UNREGISTERED]
+
+
+def test_another_principal_sees_nothing(block):
+    """Another uid can neither find, lease, re-register over nor unregister a region: its id does not exist."""
+    table = RegionTable(torch.device("cpu"))
+    mine = register(table, block)
+    other = ME + 1
+    for attempt in (lambda: table.get(mine.id, other), lambda: table.check(ref(mine), "x", other),
+                    lambda: table.acquire(ref(mine), "x", other), lambda: table.unregister(mine.id, other)):
+        with pytest.raises(ServiceError) as err:
+            attempt()
+        assert err.value.code == "unknown_region", err.value.detail
+    assert table.list(other) == [] and table.list(ME) == [mine]
+    theirs = register(table, block, owner=other)
+    assert theirs.id != mine.id and mine.live and mine.generation == 1, "the same memory of another uid is its own"
+    table.unregister(mine.id, ME)
+    with pytest.raises(ServiceError) as err:
+        table.get(mine.id, other)
+    assert err.value.code == "unknown_region", "a retired region of another uid is not even stale"
 
 
 def test_unregister_waits_for_running_leases(block):
     table = RegionTable(torch.device("cpu"))
-    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096))
-    leased, _ = table.acquire(ref(region), "x")
+    region = register(table, block)
+    leased, _ = table.acquire(ref(region), "x", ME)
     done = threading.Event()
-    waiter = threading.Thread(target=lambda: (table.unregister(region.id), done.set()))
+    waiter = threading.Thread(target=lambda: (table.unregister(region.id, ME), done.set()))
     waiter.start()
     assert not done.wait(0.2), "unregister returned while a request still used the region"
     with pytest.raises(ServiceError):
-        table.acquire(ref(region), "x")  # retired at once: no new lease
+        table.acquire(ref(region), "x", ME)  # retired at once: no new lease
     table.release(leased)
     waiter.join(5)
     assert done.is_set() and region.base is None
@@ -91,14 +124,15 @@ def test_unregister_waits_for_running_leases(block):
 def test_dead_owner_regions_are_dropped(block):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     table = RegionTable(torch.device("cpu"))
-    region = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=child.pid))
+    region = register(table, block, pid=child.pid)
     assert table.drop_dead_owners() == []
     child.kill()
     child.wait()
     assert not owner_alive(child.pid, region.pid_start)
     assert table.drop_dead_owners() == [region]
+    assert region.reason is RetireReason.OWNER_DIED
     with pytest.raises(ServiceError) as err:
-        table.get(region.id)
+        table.get(region.id, ME)
     assert err.value.code == "stale_region" and "died" in err.value.detail
 
 
@@ -106,17 +140,16 @@ def test_dead_owner_regions_are_dropped(block):
 def test_owner_from_another_pid_namespace_is_never_tracked(block, policy):
     table = RegionTable(torch.device("cpu"), foreign_pid_namespace=policy)
     assert table.pid_ns == os.stat("/proc/self/ns/pid").st_ino
-    foreign = ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid(), pid_ns=table.pid_ns + 1)
+    foreign = dict(pid=os.getpid(), pid_ns=table.pid_ns + 1)
     if policy == "refuse":
         with pytest.raises(ServiceError) as err:
-            table.register_shm(foreign)
+            register(table, block, **foreign)
         assert err.value.code == "foreign_pid_namespace", err.value.detail
         assert table.list() == []
     else:
-        region = table.register_shm(foreign)
+        region = register(table, block, **foreign)
         assert (region.pid, region.pid_start) == (None, None), "a pid of another namespace names nobody here"
-    mine = table.register_shm(ShmRegistration(kind="shm", name=block.name, size=4096, pid=os.getpid(),
-                                              pid_ns=table.pid_ns))
+    mine = register(table, block, owner=ME + 1, pid=os.getpid(), pid_ns=table.pid_ns)
     assert mine.pid == os.getpid() and mine.pid_start is not None
 
 
@@ -128,22 +161,21 @@ def test_uuid_spellings():
 
 
 def test_register_list_get_unregister(service):
-    with TopKClient(service.url) as client, httpx.Client(base_url=service.url) as http:
+    with TopKClient(service.url, token=service.token) as client, \
+            httpx.Client(base_url=service.url, headers=service.auth) as http:
         region = client.register(torch.arange(100, dtype=torch.int32))
-        shm_path = f"/dev/shm/{region.keepalive.name}"
-        assert os.path.exists(shm_path)
         listed = {r["id"]: r for r in client.regions()}
-        assert listed[region.id]["kind"] == "shm" and listed[region.id]["pid"] == os.getpid()
+        assert listed[region.id]["kind"] == "memfd" and listed[region.id]["pid"] == os.getpid()
+        assert listed[region.id]["access"] == "read_write"
         assert http.get(f"/v1/regions/{region.id}").json()["size"] == 400
         client.unregister(region)
         assert http.get(f"/v1/regions/{region.id}").json()["code"] == "stale_region"
         assert region.id not in {r["id"] for r in client.regions()}
-        assert not os.path.exists(shm_path)
         client.unregister(region)  # idempotent
 
 
 def test_delete_with_wrong_generation_is_stale(service):
-    with TopKClient(uds=service.uds) as client, httpx.Client(base_url=service.url) as http:
+    with TopKClient(uds=service.uds) as client, httpx.Client(base_url=service.url, headers=service.auth) as http:
         region = client.register(torch.zeros(8))
         response = http.delete(f"/v1/regions/{region.id}", params={"generation": region.generation + 1})
         assert response.status_code == 409 and response.json()["code"] == "stale_region"
@@ -155,13 +187,13 @@ def test_client_process_killed_while_holding_regions(service):
         "from litetopk.clients import TopKClient\n"
         f"c = TopKClient(uds={service.uds!r})\n"
         "r = c.register(torch.zeros(1024))\n"
-        "print(r.id, r.keepalive.name, flush=True)\n"
+        "print(r.id, flush=True)\n"
         "time.sleep(120)\n"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        region_id, shm_name = child.stdout.readline().split()
-        with httpx.Client(base_url=service.url) as http:
+        region_id = child.stdout.readline().strip()
+        with httpx.Client(base_url=service.url, headers=service.auth) as http:
             assert http.get(f"/v1/regions/{region_id}").status_code == 200
             child.kill()
             child.wait()
@@ -170,10 +202,6 @@ def test_client_process_killed_while_holding_regions(service):
                 time.sleep(0.05)  # the service checks owners every 0.2 s here
             doc = http.get(f"/v1/regions/{region_id}").json()
         assert doc["code"] == "stale_region" and "died" in doc["detail"], doc
-        deadline = time.monotonic() + 20  # the dead client's resource tracker unlinks its block
-        while os.path.exists(f"/dev/shm/{shm_name}") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not os.path.exists(f"/dev/shm/{shm_name}")
     finally:
         if child.poll() is None:
             child.kill()

@@ -26,7 +26,7 @@ def ref_topk(problem):
 
 @pytest.fixture(params=["tcp", "uds"])
 def client(request, service):
-    c = TopKClient(service.url) if request.param == "tcp" else TopKClient(uds=service.uds)
+    c = TopKClient(service.url, token=service.token) if request.param == "tcp" else TopKClient(uds=service.uds)
     yield c
     c.close()
 
