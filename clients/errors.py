@@ -12,11 +12,11 @@
         │                                 unknown_ticket, read_only_region, output_aliases_input,
         │                                 foreign_device, ipc_unavailable, foreign_pid_namespace
         ├── AuthenticationProblem         unauthenticated (401: TCP without the bearer token)
-        ├── InvalidRequestProblem         bad_dtype, bad_shape, unsupported_topk, slot_overflow,
+        ├── InvalidRequestProblem         bad_dtype, bad_shape, unsupported_topk,
         │                                 invalid_input, validation_error, invalid_json, payload_too_large,
         │                                 backend_unavailable, not_found, method_not_allowed
-        ├── RowFaultProblem               invalid_row, invalid_page, nonfinite_score,
-        │   (also kernels.RowFaultError)  selector_failure; `.rows` and `.flags` name the rows
+        ├── RowFaultProblem               invalid_row, invalid_page, slot_overflow, nonfinite_score,
+        │   (also kernels.RowFaultError)  unsupported_data, selector_failure; `.rows`, `.flags`
         ├── UnavailableProblem            overloaded (429), not_ready, shutting_down (503);
         │                                 `.retry_after` seconds
         ├── TimeoutProblem                timeout (504)
@@ -98,10 +98,10 @@ for _cls, _codes in (
                     "unknown_ticket read_only_region output_aliases_input foreign_device ipc_unavailable "
                     "foreign_pid_namespace"),
     (AuthenticationProblem, "unauthenticated"),
-    (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk slot_overflow invalid_input validation_error "
+    (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk invalid_input validation_error "
                             "invalid_json "
                             "payload_too_large backend_unavailable not_found method_not_allowed http_error"),
-    (RowFaultProblem, "invalid_row invalid_page nonfinite_score selector_failure"),
+    (RowFaultProblem, "invalid_row invalid_page slot_overflow nonfinite_score unsupported_data selector_failure"),
     (UnavailableProblem, "overloaded not_ready shutting_down"),
     (TimeoutProblem, "timeout"),
     (DeviceProblem, "device_error internal_error"),

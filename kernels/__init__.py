@@ -19,7 +19,7 @@ from .errors import (
     UnsupportedTopKError,
 )
 from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from .operator import BACKEND_NAMES, dense_topk_prefill, litetopk_prefill
+from .operator import BACKEND_NAMES, dense_topk_prefill, litetopk_prefill, resolve_backend
 from .pipeline import LiteTopKTuning
 from .problems import random_problem
 from .result import TopKResult
@@ -49,5 +49,6 @@ __all__ = [
     "pack_kv_cache",
     "quantize_mxfp4",
     "random_problem",
+    "resolve_backend",
     "unpack_kv_cache",
 ]

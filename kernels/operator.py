@@ -56,6 +56,12 @@ def get_backend(name: str, device: torch.device) -> ScoringBackend:
     return backend
 
 
+def resolve_backend(name: str, device: torch.device) -> str:
+    """The backend name `name` stands for on `device` ("auto" resolved), checked to run there
+    (BackendUnavailableError otherwise): what a service reports as the backend it serves with."""
+    return get_backend(name, device).name
+
+
 @contextlib.contextmanager
 def _on_device(device: torch.device, backend: ScoringBackend):
     """Make `device` current and translate foreign failures into DeviceError."""
@@ -135,4 +141,5 @@ def dense_topk_prefill(
         return run_dense(problem, chosen, selector=selector, out=out, check=check)
 
 
-__all__ = ["BACKEND_NAMES", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950", "litetopk_prefill"]
+__all__ = ["BACKEND_NAMES", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950", "litetopk_prefill",
+           "resolve_backend"]

@@ -22,8 +22,7 @@ import torch
 from fastapi import FastAPI
 
 from litetopk.clients.memfd import FD_SOCKET_NAME
-from litetopk.kernels import litetopk_prefill, pack_kv_cache, quantize_mxfp4
-from litetopk.kernels.operator import get_backend  # no public name resolves "auto" yet (told the lead)
+from litetopk.kernels import litetopk_prefill, pack_kv_cache, quantize_mxfp4, resolve_backend
 
 from . import __version__
 from .errors import install_error_handlers
@@ -135,7 +134,7 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         device = settings.torch_device()
-        backend = get_backend(settings.backend, device).name
+        backend = resolve_backend(settings.backend, device)
         table = RegionTable(device, settings.foreign_pid_namespace)
         executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
         state = ServiceState(settings=settings, device=device, backend=backend, table=table, executor=executor,

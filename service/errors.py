@@ -78,6 +78,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_row": (422, "Rows have a bad batch index or window"),
     "invalid_page": (422, "Rows read a page outside the cache"),
     "nonfinite_score": (422, "Rows have a NaN/inf weight or score"),
+    "unsupported_data": (422, "Rows hold vectors the backend cannot score exactly (use backend reference)"),
     "selector_failure": (500, "The selector could not certify rows"),
     # operations
     "overloaded": (429, "The device queue is full"),
@@ -96,7 +97,9 @@ CODES: dict[str, tuple[int, str]] = {
 _ROW_FLAG_CODES = (
     (RowStatus.INVALID_ROW, "invalid_row"),
     (RowStatus.INVALID_PAGE, "invalid_page"),
+    (RowStatus.SLOT_OVERFLOW, "slot_overflow"),
     (RowStatus.NONFINITE, "nonfinite_score"),
+    (RowStatus.UNSUPPORTED, "unsupported_data"),
     (RowStatus.SELECTOR_FAILURE, "selector_failure"),
 )
 
