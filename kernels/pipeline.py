@@ -67,6 +67,10 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     capacity = tuning.capacity(problem.topk)
     with record_function("litetopk.calibrate"):
         thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)
+    if ceilings is None and tuning.candidate_capacity is None:
+        # No sample (windows shorter than 2 x sample_size): the buffer holds any window, so that no
+        # row needs a repair; at most 2 x sample_size keys a row.
+        capacity = max(capacity, problem.max_end)
     with record_function("litetopk.scan"):
         scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     with record_function("litetopk.certify"):

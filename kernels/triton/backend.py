@@ -31,7 +31,7 @@ from ..errors import BackendUnavailableError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
 from .decode import FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, prepare_queries_fp4_triton
-from .schedule import build_schedule
+from .schedule import build_row_schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
@@ -190,8 +190,11 @@ class TritonBackend(ScoringBackend):
                          - keys.unsupported_prefix[b, problem.starts.long()]) > 0
         unsupported = live_rows & (q_unsupported | k_unsupported)
         with record_function("litetopk.schedule"):
-            schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
-                                      problem.block_table.shape[0], self.block_rows)
+            if problem.parent is None:
+                schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
+                                          problem.block_table.shape[0], self.block_rows)
+            else:  # a subset is the repair's few rows, scanned only
+                schedule = build_row_schedule(problem.row_to_batch, problem.starts, problem.ends, self.block_rows)
         prog_rows = schedule[0].long()
         q_wide = q_wide & live_rows
         prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
