@@ -88,5 +88,9 @@ def test_a_client_without_arguments_takes_the_default_socket_when_it_exists(priv
     socket = Path(default_socket_path())
     assert resolve_endpoint(None, None).base_url == "http://127.0.0.1:8471", "no socket: TCP on the default port"
     socket.parent.mkdir()
-    socket.touch()
-    assert resolve_endpoint(None, None).uds == str(socket), "the client does not look where the service listens"
+    import socket as sockets
+
+    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as listener:  # a live socket (a stale file is skipped)
+        listener.bind(str(socket))
+        listener.listen(1)
+        assert resolve_endpoint(None, None).uds == str(socket), "the client does not look where the service listens"

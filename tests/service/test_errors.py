@@ -55,6 +55,7 @@ COVERED_BY = {
     "invalid_row": "test_row_faults_name_the_rows",
     "invalid_page": "test_row_faults_name_the_rows",
     "nonfinite_score": "test_row_faults_name_the_rows",
+    "unsupported_data": "test_row_fault_code_prefers_the_worst_flag (the triton backend's UNSUPPORTED bit)",
     "selector_failure": "test_mapping_of_foreign_errors (the reference selector always certifies)",
     "overloaded": "tests/service/test_operations.py::test_overload_answers_429_and_finishes_queued_work",
     "not_ready": "tests/service/test_operations.py::test_not_ready_until_warm_up_then_graceful_shutdown",
@@ -375,6 +376,8 @@ def test_mapping_of_foreign_errors(exc, code):
 def test_row_fault_code_prefers_the_worst_flag():
     assert row_fault_code([int(RowStatus.NONFINITE | RowStatus.INVALID_ROW)]) == "invalid_row"
     assert row_fault_code([int(RowStatus.OVERFLOW)]) == "selector_failure"
+    assert row_fault_code([int(RowStatus.UNSUPPORTED)]) == "unsupported_data"
+    assert row_fault_code([int(RowStatus.SLOT_OVERFLOW | RowStatus.UNSUPPORTED)]) == "slot_overflow"
 
 
 @pytest.mark.asyncio
