@@ -77,7 +77,7 @@ class KeyOperands:
     s_pad: int
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
     batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
-    unsupported_prefix: torch.Tensor  # int32 [B, s_pad + 1]: unsupported keys before each position
+    flags_of_keys: torch.Tensor  # int32 [B, s_pad]: each key's decode flags
     flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (decode.py)
 
 
@@ -91,7 +91,7 @@ class Operands:
     wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
     q_wide: torch.Tensor  # bool [rows]: a head vector of the row needs a hi operand
-    unsupported: torch.Tensor  # bool [rows]: the row cannot be scored exactly (RowStatus.UNSUPPORTED)
+    q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
     schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # schedule.build_schedule
     prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
@@ -166,11 +166,9 @@ class TritonBackend(ScoringBackend):
         k_flags = k_flags.to(torch.int32)
         q_flags = q_flags.to(torch.int32)
         tile_wide = ((k_flags & FLAG_WIDE) != 0).view(batch, -1, self.block_keys).any(dim=2)
-        unsupported_prefix = torch.nn.functional.pad(((k_flags & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
-                                                     (1, 0))
         keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide.to(torch.int8).contiguous(),
                            batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
-                           unsupported_prefix=unsupported_prefix, flags=summary[0:2])
+                           flags_of_keys=k_flags, flags=summary[0:2])
         if problem.weight_scale != 1.0:
             rowfac = rowfac * problem.weight_scale
         q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
@@ -181,14 +179,10 @@ class TritonBackend(ScoringBackend):
     def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
         rows = problem.parent_rows
         return self._with_schedule(problem, parent.keys, parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows],
-                                   parent.rowfac[rows], parent.q_wide[rows], parent.unsupported[rows])
+                                   parent.rowfac[rows], parent.q_wide[rows], parent.q_unsupported[rows])
 
     def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
         live_rows = problem.ends > problem.starts
-        b = problem.row_to_batch.long()
-        k_unsupported = (keys.unsupported_prefix[b, problem.ends.long()]
-                         - keys.unsupported_prefix[b, problem.starts.long()]) > 0
-        unsupported = live_rows & (q_unsupported | k_unsupported)
         with record_function("litetopk.schedule"):
             if problem.parent is None:
                 schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
@@ -200,14 +194,20 @@ class TritonBackend(ScoringBackend):
         prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
         wide = (((keys.flags[0] | keys.flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
         spans = ((schedule[2] * (1 - wide)).contiguous(), (schedule[2] * wide).contiguous())
-        return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, unsupported, gluon=self._use_gluon(problem.device),
+        return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
                         schedule=schedule, prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), spans=spans)
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
         """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
         than 7 binades of scale, or whose head weights are outside the scoring epilogue's range
-        (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them)."""
-        return self.operands(problem).unsupported
+        (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
+        asked (after the scan is enqueued: off the path to the first scoring launch)."""
+        ops = self.operands(problem)
+        prefix = torch.nn.functional.pad(((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
+                                         (1, 0))
+        b = problem.row_to_batch.long()
+        k_unsupported = (prefix[b, problem.ends.long()] - prefix[b, problem.starts.long()]) > 0
+        return (problem.ends > problem.starts) & (ops.q_unsupported | k_unsupported)
 
     def _use_gluon(self, device: torch.device) -> bool:
         """Whether this problem's scores come from the Gluon kernel (module docstring)."""
