@@ -25,6 +25,7 @@ import time
 import torch
 
 from bench.common.problems import prefill_problem
+from bench.common.timing import cuda_ms
 from litetopk.kernels import litetopk_prefill
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -33,18 +34,6 @@ FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repa
 def _call(problem, out=None):
     kwargs = {k: v for k, v in problem.items() if k not in ("topk", "max_seq_len")}
     return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"])
-
-
-def _events_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def _kernel_ms(fn) -> float:
@@ -78,7 +67,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         _call(problem)
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
-    eager = _events_ms(lambda: _call(problem), reps)
+    eager = cuda_ms(lambda: _call(problem), reps=reps, warm=0)
     kernels = _kernel_ms(lambda: _call(problem))
     # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
     out = {name: torch.empty_like(getattr(_call(problem), name)) for name in FIELDS}
@@ -101,7 +90,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         fresh["max_seq_len"] = keys
         want = _call({**static})
         equal = all(torch.equal(out[n], getattr(want, n)) for n in FIELDS)
-        replay = _events_ms(graph.replay, reps)
+        replay = cuda_ms(graph.replay, reps=reps, warm=1)
     except Exception as exc:  # reported in the table and the JSON, never hidden
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,

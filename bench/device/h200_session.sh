@@ -30,7 +30,7 @@ for step in $STEPS; do
     gputests) timeout 150 python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py \
                 tests/kernels/test_embedding_gpu.py tests/kernels/test_radix_select.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -8 ;;
     embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --out "$RES" 2>&1 | tail -16 ;;
-    radix) timeout 100 python3 bench/probes/radix_select_probe.py --out "$RES" 2>&1 | tail -12 ;;
+    radix) timeout 100 python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests embed radix)" >&2 ;;
   esac
 done

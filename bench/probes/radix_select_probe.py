@@ -10,7 +10,7 @@ kept key passes). Every variant's keys are checked bit for bit against the old k
 (selection.select_topk_keys on the passing prefix) before it is timed; timing: CUDA events,
 5 warm-up calls, the median of 30. Prints a table, writes DIR/radix-select-probe.json.
 
-    python bench/radix_select_probe.py --out DIR
+    python -m bench.probes.radix_select_probe --out DIR
 """
 
 from __future__ import annotations
@@ -18,22 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import types
-from pathlib import Path
 
 import torch
 
-try:
-    import litetopk.kernels  # noqa: F401  (installed, or the bench's PYTHONPATH links)
-except ModuleNotFoundError:  # a bare checkout: its folders are the litetopk packages (CONTRACT §6)
-    _package = types.ModuleType("litetopk")
-    _package.__path__ = [str(Path(__file__).resolve().parents[1])]
-    sys.modules["litetopk"] = _package
+from bench.common.timing import cuda_ms
 
-from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys  # noqa: E402
-from litetopk.kernels.triton.radix_select import select_topk_candidates_radix  # noqa: E402
-from litetopk.kernels.triton.selection import select_topk_candidates_triton  # noqa: E402
+from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
+from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
+from litetopk.kernels.triton.selection import select_topk_candidates_triton
 
 ROWS = 8192
 WINDOW = 65536
@@ -69,21 +61,6 @@ def torch_top(keys, kept, thresholds, k):
     return select_topk_keys(torch.where(live & (keys >= thresholds[:, None]), keys, NO_KEY), k)
 
 
-def cuda_ms(fn) -> float:
-    for _ in range(WARM):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for radix-select-probe.json")
@@ -111,7 +88,7 @@ def main():
             for name, fn in runs.items():
                 got = fn()
                 equal = bool(torch.equal(got, want)) and bool(torch.equal(got, old))
-                ms = cuda_ms(fn)
+                ms = cuda_ms(fn, reps=REPS, warm=WARM)
                 case["variants"][name] = {"ms": ms, "equal": equal}
                 print(f"{k:>5} {thr_name:>9} {passing:>8.0f} {name:>22} {ms:>8.4f} {str(equal):>5}", flush=True)
             report["cases"].append(case)
