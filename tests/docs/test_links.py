@@ -14,10 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").glob("*.md")])
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-#: Pages other work in progress writes (the security model and service API, AITER's cache layout,
-#: embedding the operator); linked already, allowed to be missing until they land. Remove a name
-#: here once its page is in the repository.
-PENDING = {"docs/security.md", "docs/service-api.md", "docs/cache-layouts.md", "docs/operator-embedding.md"}
 
 
 def local_links(page: Path) -> list[str]:
@@ -31,7 +27,7 @@ def test_links_resolve_inside_the_repository(page):
         resolved = (page.parent / target).resolve()
         assert resolved.is_relative_to(ROOT), f"{page.name}: {target} points outside the repository"
         name = str(resolved.relative_to(ROOT))
-        assert resolved.exists() or name in PENDING, f"{page.relative_to(ROOT)}: {target} does not exist"
+        assert resolved.exists(), f"{page.relative_to(ROOT)}: {name} does not exist"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -43,7 +39,7 @@ def test_no_page_names_the_design_folder_outside_the_clone(page):
 def test_the_readme_and_the_docs_index_link_every_docs_page():
     readme, index = (ROOT / "README.md").read_text(), (ROOT / "docs" / "README.md").read_text()
     assert "docs/README.md" in readme and "docs/contract.md" in readme
-    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"} | {Path(p).name for p in PENDING}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
     missing = sorted(name for name in pages if f"({name})" not in index)
     assert not missing, f"docs/README.md does not link {missing}"
 
@@ -58,6 +54,6 @@ RESULT_FILE = re.compile(r"`([\w-]+-(?:h200|cpu)[\w-]*\.(?:json|txt|png))`")
 def test_paths_and_result_files_named_in_code_spans_exist(page):
     text = page.read_text()
     for name in PATH_IN_CODE.findall(text):
-        assert (ROOT / name).exists() or name in PENDING, f"{page.relative_to(ROOT)} names {name}, which does not exist"
+        assert (ROOT / name).exists(), f"{page.relative_to(ROOT)} names {name}, which does not exist"
     for name in RESULT_FILE.findall(text):
         assert (ROOT / "bench" / "results" / name).exists(), f"{page.relative_to(ROOT)} names result {name}, not in bench/results"
