@@ -15,11 +15,11 @@ CONTRACT_NAMES = {
     "litetopk_prefill", "dense_topk_prefill", "TopKResult",
 }
 #: Further names the package exports on purpose: the error tree (errors.py), the status bits, the
-#: backend names, the page size in bytes, the LiteTopK tuning knobs and the quick start's
-#: problem builder. A new public name is a
+#: backend names and the name `backend="auto"` resolves to (docs/contract.md), the page size in
+#: bytes, the LiteTopK tuning knobs and the quick start's problem builder. A new public name is a
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
-    "BACKEND_NAMES", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
+    "BACKEND_NAMES", "resolve_backend", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
     "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
     "BackendUnavailableError", "DeviceError",
 }
@@ -31,7 +31,7 @@ def test_all_is_exactly_the_contract_plus_the_documented_extras():
     assert CONTRACT_NAMES <= exported, f"missing contract names: {sorted(CONTRACT_NAMES - exported)}"
     assert exported == CONTRACT_NAMES | DOCUMENTED_EXTRAS, (
         f"undocumented: {sorted(exported - CONTRACT_NAMES - DOCUMENTED_EXTRAS)}, "
-        f"gone: {sorted(CONTRACT_NAMES | DOCUMENTED_EXTRAS - exported)}"
+        f"gone: {sorted((CONTRACT_NAMES | DOCUMENTED_EXTRAS) - exported)}"
     )
 
 
@@ -74,7 +74,15 @@ def test_topk_result_fields():
 def test_status_bits_match_the_contract():
     bits = {bit.name: int(bit) for bit in kernels.RowStatus if bit}
     assert bits == {"OVERFLOW": 1, "UNDERFILLED": 2, "NONFINITE": 4, "INVALID_PAGE": 8, "INVALID_ROW": 16,
-                    "SELECTOR_FAILURE": 32}
+                    "SELECTOR_FAILURE": 32, "SLOT_OVERFLOW": 64, "UNSUPPORTED": 128}
+
+
+def test_input_fault_bits_are_the_faults_of_the_input():
+    from litetopk.kernels.status import CAPACITY_EVENTS, INPUT_FAULTS
+
+    s = kernels.RowStatus
+    assert CAPACITY_EVENTS == s.OVERFLOW | s.UNDERFILLED
+    assert INPUT_FAULTS == s.NONFINITE | s.INVALID_PAGE | s.INVALID_ROW | s.SLOT_OVERFLOW | s.UNSUPPORTED
 
 
 def test_error_tree():

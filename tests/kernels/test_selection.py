@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from litetopk.kernels import InputError, RowStatus
+from litetopk.kernels.assembly import assemble_result
 from litetopk.kernels.selection import (
     NO_KEY,
-    assemble_result,
     kth_key,
     make_keys,
     select_topk_dense,

@@ -5,7 +5,8 @@ one. The candidate top-K: both of its paths, the compacted one (at most 2 K keys
 row's threshold) and the whole-row one (no threshold, or too many keys above it), rows with fewer
 than K kept keys, an empty row, and stale keys past `kept` that must be ignored. The calibration's
 order statistics: ties, signed zeros, infinities and a width that is not a power of two. The
-one-kernel assembly: every field equal to selection.assemble_result's, and the same refusals.
+one-kernel assembly (kernels/triton/assembly.py): every field equal to the torch assembly's
+(kernels/assembly.py), and the same status bits for a slot that cannot be published.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import InputError, SlotOverflowError
-from litetopk.kernels.selection import NO_KEY, assemble_result, make_keys
-from litetopk.kernels.triton.selection import (
-    assemble_result_triton, calibration_keys_triton, kth_largest_scores_triton, select_topk_candidates_triton,
-)
+from litetopk.kernels import RowStatus
+from litetopk.kernels.assembly import assemble_into_torch, assemble_result, result_buffers
+from litetopk.kernels.calibration import calibration_keys_torch
+from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.triton.assembly import assemble_into_triton
+from litetopk.kernels.triton.calibration import calibration_keys_triton, kth_largest_scores_triton
+from litetopk.kernels.triton.selection import select_topk_candidates_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512
@@ -94,16 +97,14 @@ def test_kth_largest_scores_equals_a_sort(width, seed):
 @pytest.mark.interpret
 @pytest.mark.parametrize("offset", [0.0, 0.25])
 def test_calibration_keys_kernel_equals_the_shared_torch_code(offset, seed):
-    """calibration_keys_triton (one kernel) against ScoringBackend.calibration_keys (torch), on rows
+    """calibration_keys_triton (one kernel) against calibration.calibration_keys_torch, on rows
     with ties, zeros of both signs, infinities, and a NaN (no threshold for that row)."""
-    from litetopk.kernels.reference import ReferenceBackend
-
     rng = np.random.default_rng(seed)
     scores = sample_rows(rng, 3000)
     scores[1, 7] = float("nan")
     scores[2, :3000 - 20] = float("-inf")  # fewer than K finite: the K-th best is -inf, no threshold
     scores[0, :16] = float("inf")  # the ceiling (16th best) is +inf: no ceiling, a threshold
-    want = ReferenceBackend().calibration_keys(scores, K, 16, offset)
+    want = calibration_keys_torch(scores, K, 16, offset)
     got = calibration_keys_triton(scores.to(DEVICE), K, 16, offset)
     for name, w, g in zip(("thresholds", "ceilings"), want, got):
         assert torch.equal(g.cpu(), w), f"offset {offset}, seed {seed}: {name} {g.cpu().tolist()} vs {w.tolist()}"
@@ -122,6 +123,19 @@ def sorted_top_keys(rng: np.random.Generator, rows: int, window: int, published:
     return keys
 
 
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
+
+
+def assemble_both(keys, row_to_batch, block_table, status) -> tuple[dict, dict]:
+    """(torch twin's buffers, Triton twin's buffers, moved to the CPU) of the same inputs."""
+    rows, k = keys.shape
+    want = result_buffers(rows, k, keys.device, None)
+    assemble_into_torch(keys, row_to_batch, block_table, status, want)
+    got = result_buffers(rows, k, torch.device(DEVICE), None)
+    assemble_into_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status)), got)
+    return want, {name: t.cpu() for name, t in got.items()}
+
+
 @pytest.mark.interpret
 def test_assemble_result_triton_equals_the_shared_assembly(seed):
     rng = np.random.default_rng(seed)
@@ -130,26 +144,56 @@ def test_assemble_result_triton_equals_the_shared_assembly(seed):
     row_to_batch = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
     status = torch.tensor([0, 0, 4, 0, 0], dtype=torch.int32)  # row 2 failed: publishes nothing
     keys = sorted_top_keys(rng, 5, window, [K, 300, K, 0, K])
+    want, got = assemble_both(keys, row_to_batch, block_table, status)
+    for field in FIELDS:
+        a, b = got[field], want[field]
+        assert a.dtype == b.dtype and torch.equal(a, b), f"seed {seed}: field {field} differs"
+    assert want["counts"].tolist() == [K, 300, 0, 0, K] and want["status"].tolist() == [0, 0, 4, 0, 0]
+    # The full stage (torch on this device): repaired copied, candidates clamped to int32.
     repaired = torch.tensor([0, 1, 0, 0, 0], dtype=torch.int32)
     candidates = torch.tensor([900, 300, 5, 0, 2**40])
-    want = assemble_result(keys, row_to_batch, block_table, status, repaired, candidates)
-    got = assemble_result_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status, repaired,
-                                                          candidates)))
-    for field in ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates"):
-        a, b = getattr(got, field).cpu(), getattr(want, field)
-        assert a.dtype == b.dtype and torch.equal(a, b), f"seed {seed}: field {field} differs"
+    result = assemble_result(keys, row_to_batch, block_table, status, repaired, candidates)
+    for field in FIELDS:
+        assert torch.equal(getattr(result, field), want[field]), field
+    assert result.repaired.tolist() == [0, 1, 0, 0, 0] and result.candidates.dtype == torch.int32
+    assert result.candidates.tolist() == [900, 300, 5, 0, 2**31 - 1]
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("page, error", [(-3, InputError), (2**25, SlotOverflowError)])
-def test_assemble_result_triton_refuses_a_slot_it_cannot_publish(page, error, seed):
+@pytest.mark.parametrize("page, bit", [(-3, RowStatus.INVALID_PAGE), (2**25, RowStatus.SLOT_OVERFLOW),
+                                       (2**31 // 64 + 1000, RowStatus.SLOT_OVERFLOW)])
+def test_assembly_twins_flag_a_slot_they_cannot_publish(page, bit, seed):
+    """A published position on a negative page or a page whose slots are beyond int32: that row
+    gets the bit and publishes nothing (no exception, nothing read on the host); the other row,
+    which never touches the page, is published and mapped as usual."""
+    rng = np.random.default_rng(seed)
+    block_table = torch.arange(16, dtype=torch.int32).view(2, 8).clone()
+    keys = sorted_top_keys(rng, 2, 8 * 64, [K, K])  # K of 512 positions: every page is published
+    block_table[0, 5] = page
+    row_to_batch = torch.tensor([0, 1], dtype=torch.int32)
+    want, got = assemble_both(keys, row_to_batch, block_table, torch.zeros(2, dtype=torch.int32))
+    for field in FIELDS:
+        assert torch.equal(got[field], want[field]), f"page {page}: field {field} differs between the twins"
+    for buffers in (want, got):
+        assert buffers["status"].tolist() == [int(bit), 0]
+        assert buffers["counts"].tolist() == [0, K]
+        assert (buffers["values"][0] == float("-inf")).all()
+        assert (buffers["raw_indices"][0] == -1).all() and (buffers["physical_indices"][0] == -1).all()
+        raw = buffers["raw_indices"][1].long()
+        assert torch.equal(buffers["physical_indices"][1].long(), block_table[1, raw // 64].long() * 64 + raw % 64)
+
+
+@pytest.mark.interpret
+def test_assembly_twins_publish_the_last_int32_slots_exactly(seed):
+    """Page 2^25 - 1 holds slots up to 2^31 - 1: published, exact, no wrap."""
     rng = np.random.default_rng(seed)
     block_table = torch.arange(8, dtype=torch.int32)[None, :].clone()
+    block_table[0, 3] = 2**25 - 1
     keys = sorted_top_keys(rng, 1, 8 * 64, [K])
-    block_table[0, 5] = page  # some published position lies on page 5 (K of 512 positions are published)
-    args = (keys, torch.zeros(1, dtype=torch.int32), block_table, torch.zeros(1, dtype=torch.int32),
-            torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64))
-    with pytest.raises(error):
-        assemble_result(*args)
-    with pytest.raises(error):
-        assemble_result_triton(*(t.to(DEVICE) for t in args))
+    want, got = assemble_both(keys, torch.zeros(1, dtype=torch.int32), block_table, torch.zeros(1, dtype=torch.int32))
+    for field in FIELDS:
+        assert torch.equal(got[field], want[field]), field
+    raw = want["raw_indices"][0].long()
+    assert want["status"].tolist() == [0] and want["counts"].tolist() == [K]
+    assert torch.equal(want["physical_indices"][0].long(), block_table[0, raw // 64].long() * 64 + raw % 64)
+    assert int(want["physical_indices"][0].max()) == 2**31 - 1

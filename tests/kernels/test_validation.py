@@ -1,5 +1,6 @@
 """The one validation layer (CONTRACT.md §1-§3): call-level errors say what to change; row-level
-faults become status bits of exactly those rows; slots are 64-bit and never wrap.
+faults become status bits of exactly those rows; slots are 64-bit and never wrap (a row reading a
+page whose slots are beyond int32 gets SLOT_OVERFLOW; nothing is raised for it).
 
 Row faults are checked here on `validate_prefill` directly; test_reference_operator.py checks
 that such rows publish nothing while the other rows stay exact.
@@ -15,14 +16,16 @@ from litetopk.kernels import (
     InputDtypeError,
     InputError,
     InputShapeError,
+    RowFaultError,
     RowStatus,
-    SlotOverflowError,
     UnsupportedTopKError,
     dense_topk_prefill,
     litetopk_prefill,
 )
-from litetopk.kernels.selection import map_pages
-from litetopk.kernels.validation import check_slots_fit_int32, validate_prefill
+from litetopk.kernels.assembly import assemble_result
+from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, row_checks_torch
+from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
 
 INT32_MAX = 2**31 - 1
@@ -161,7 +164,11 @@ ROW_FAULTS = {
     "end at the table's end, last page -1": ([_set("ends", 1, 5 * 64)], [0, 8, 0, 0]),
     "live page -1": ([_set("block_table", (0, 1), -1)], [8, 8, 0, 0]),
     "live page past the cache": ([lambda a: _set("block_table", (1, 1), _num_pages(a))(a)], [0, 0, 8, 8]),
-    "live page far past the cache": ([_set("block_table", (1, 0), 2**31 - 1)], [0, 0, 8, 0]),
+    "live page far past the cache": ([_set("block_table", (1, 0), 2**31 - 1)], [0, 0, 8 | 64, 0]),
+    "live page 2^25 (slots beyond int32)": ([_set("block_table", (0, 2), 2**25)], [8 | 64, 8 | 64, 0, 0]),
+    "live page 2^25 - 1 (past the cache, slots fit)": ([_set("block_table", (0, 3), 2**25 - 1)], [8, 0, 0, 0]),
+    "page 2^25 outside every window": ([_set("block_table", (1, 3), 2**25)], [0, 0, 0, 0]),
+    "bad window and page 2^25": ([_set("block_table", (0, 1), 2**25), _set("starts", 1, -3)], [8 | 64, 16, 0, 0]),
     "bad page right after a window": ([_set("block_table", (1, 2), -5)], [0, 0, 8, 0]),
     "bad page outside every window": ([_set("block_table", (0, 4), 10**6), _set("block_table", (1, 4), -7)], [0, 0, 0, 0]),
     "bad page before a window": ([_set("block_table", (0, 0), -1), _set("starts", 0, 64)], [0, 0, 0, 0]),
@@ -213,7 +220,7 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
         change(args)
     status, effective = row_checks_triton(
         args["block_table"].to(device), _num_pages(args), args["weights"].float().to(device),
-        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")))
+        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")), 5 * 64)
     assert status.cpu().tolist() == want, f"{case}: {status.cpu().tolist()} vs {want}"
     ok = torch.tensor(want) == 0
     for i, name in enumerate(("row_to_batch", "starts", "ends")):
@@ -223,17 +230,78 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
 # ---- 64-bit slot arithmetic ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("page", [0, 1000, LAST_PAGE_THAT_FITS])
-def test_slots_that_fit_int32_pass(page):
-    check_slots_fit_int32(page)
+def test_max_seq_len_bounds_every_window_end(seed):
+    """max_end = min(max_seq_len, max_pages * 64): rows ending past it are INVALID_ROW, rows ending at
+    it are fine; a max_seq_len above the table's end changes nothing; a bad max_seq_len is an InputError."""
+    args = small_args(seed)  # ends 200, 130, 130, 128; the table ends at 320
+    problem = validate_prefill(*args.values(), topk=512, max_seq_len=130)
+    assert problem.max_end == 130 and problem.row_status.tolist() == [16, 0, 0, 0]
+    assert int(problem.ends[0]) == 0 and problem.ends[1:].tolist() == [130, 130, 128]
+    assert validate_prefill(*args.values(), topk=512, max_seq_len=129).row_status.tolist() == [16, 16, 16, 0]
+    wide = validate_prefill(*args.values(), topk=512, max_seq_len=10**6)
+    assert wide.max_end == 5 * 64 and wide.row_status.tolist() == [0, 0, 0, 0]
+    assert validate_prefill(*args.values(), topk=512).max_end == 5 * 64
+    for bad in (-1, 1.5, True, "130"):
+        with pytest.raises(InputError, match="max_seq_len"):
+            validate_prefill(*args.values(), topk=512, max_seq_len=bad)
 
 
-@pytest.mark.parametrize("page", [LAST_PAGE_THAT_FITS + 1, 2**26, 2**31 - 1, 2**40])
-def test_slots_beyond_int32_are_an_error(page):
-    with pytest.raises(SlotOverflowError) as info:
-        check_slots_fit_int32(page)
-    assert isinstance(info.value, InputError)
-    assert str(page * 64 + 63) in str(info.value) and str(INT32_MAX) in str(info.value), str(info.value)
+# ---- 64-bit slot arithmetic ---------------------------------------------------------------------
+
+
+def test_first_unmappable_page_is_the_int32_limit():
+    assert FIRST_UNMAPPABLE_PAGE == LAST_PAGE_THAT_FITS + 1 == 2**25
+    assert LAST_PAGE_THAT_FITS * 64 + 63 == INT32_MAX
+
+
+# Row checks with a cache large enough that no page below is "past the cache" (the checks read only
+# num_pages, never the cache): rows of sequence 0 (pages of column 0..3), windows per row.
+SLOT_CASES = {
+    "pages that fit": ([0, 1000, LAST_PAGE_THAT_FITS, 5], [0, 0, 0]),
+    "2^25 in every window": ([LAST_PAGE_THAT_FITS + 1, 1, 2, 3], [64, 0, 0]),
+    "2^26 read by rows 0 and 2": ([0, 2**26, 2, 3], [64, 64, 0]),
+    "int32 max read by every row": ([0, 1, 2**31 - 1, 3], [8 | 64, 8 | 64, 8 | 64]),  # also >= num_pages
+    "int32 max - 1 read by every row": ([0, 1, 2**31 - 2, 3], [64, 64, 64]),
+    "beyond int32, outside every window": ([0, 1, 2, 2**25 + 9], [0, 0, 0]),
+    "negative and unmappable": ([-1, 1, 2**25, 3], [8 | 64, 64, 64]),
+}
+SLOT_WINDOWS = ([0, 130], [64, 150], [128, 192])  # pages 0-2, 1-2, 2
+
+
+def slot_case(case: str):
+    pages, want = SLOT_CASES[case]
+    block_table = torch.tensor([pages, [4, 5, 6, 7]], dtype=torch.int32)
+    weights = torch.zeros(4, 64)
+    weights[3, 9] = float("nan")  # row 3: sequence 1, NONFINITE only
+    starts = torch.tensor([w[0] for w in SLOT_WINDOWS] + [0], dtype=torch.int32)
+    ends = torch.tensor([w[1] for w in SLOT_WINDOWS] + [256], dtype=torch.int32)
+    return (block_table, 2**31 - 1, weights, torch.tensor([0, 0, 0, 1], dtype=torch.int32), starts, ends, 256), \
+        want + [4]
+
+
+@pytest.mark.parametrize("case", list(SLOT_CASES))
+def test_row_checks_flag_slot_overflow(case):
+    args, want = slot_case(case)
+    status, effective = row_checks_torch(*args)
+    assert status.tolist() == want, f"{case}: {[RowStatus(s).name for s in status.tolist()]}"
+    ok = torch.tensor(want) == 0
+    for i, t in enumerate(args[3:6]):
+        assert torch.equal(effective[i], torch.where(ok, t, 0)), case
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(SLOT_CASES))
+def test_row_checks_twins_agree_on_slot_overflow(case):
+    """The Triton twin (kernels/triton/row_checks.py) against the torch checks: same bits, same
+    effective metadata."""
+    from litetopk.kernels.triton.row_checks import row_checks_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args, want = slot_case(case)
+    want_status, want_effective = row_checks_torch(*args)
+    status, effective = row_checks_triton(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+    assert status.cpu().tolist() == want_status.tolist() == want, f"{case}: {status.cpu().tolist()} vs {want}"
+    assert torch.equal(effective.cpu(), want_effective), case
 
 
 def ref_slots(positions, row_to_batch, block_table):
@@ -244,41 +312,66 @@ def ref_slots(positions, row_to_batch, block_table):
     ]
 
 
-def test_map_pages_near_the_int32_limit_is_exact(seed):
+def keys_at(positions: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Ordering keys with random scores at `positions` (NO_KEY where -1), sorted descending."""
+    scores = torch.randn(positions.shape, generator=gen)
+    keys = torch.where(positions >= 0, make_keys(scores, positions.clamp_min(0)), NO_KEY)
+    return keys.sort(dim=1, descending=True).values
+
+
+def assemble(keys: torch.Tensor, table: torch.Tensor):
+    rows = keys.shape[0]
+    zeros = torch.zeros(rows, dtype=torch.int32)
+    return assemble_result(keys, torch.arange(rows, dtype=torch.int32) % table.shape[0], table, zeros, zeros, zeros)
+
+
+def test_assembly_near_the_int32_limit_is_exact(seed):
     gen = torch.Generator().manual_seed(seed)
     table = torch.tensor(
         [[LAST_PAGE_THAT_FITS, 2**24 + 3, 5, -1], [LAST_PAGE_THAT_FITS - 1, LAST_PAGE_THAT_FITS - 2, 2**25 - 7, -1]],
         dtype=torch.int32,
     )
-    positions = torch.randint(0, 3 * 64, (2, 512), generator=gen, dtype=torch.int32)
+    positions = torch.stack([torch.randperm(3 * 64, generator=gen)[:150] for _ in range(2)]).int()
     positions[:, -7:] = -1
     positions[0, 0], positions[1, 0] = 63, 191  # the largest slot that fits, and a far one
-    rtb = torch.tensor([0, 1], dtype=torch.int32)
-    slots = map_pages(positions, rtb, table)
-    assert slots.dtype == torch.int32
-    want = ref_slots(positions.tolist(), rtb.tolist(), table.tolist())
-    assert slots.tolist() == want, f"seed {seed}"
-    assert slots[0, 0].item() == INT32_MAX
+    result = assemble(keys_at(positions, gen), table)
+    assert result.physical_indices.dtype == torch.int32 and result.status.tolist() == [0, 0]
+    assert result.counts.tolist() == [143, 143]
+    for r in range(2):
+        n = int(result.counts[r])
+        raw = result.raw_indices[r, :n]
+        assert sorted(raw.tolist()) == sorted(j for j in positions[r].tolist() if j >= 0)
+        want = ref_slots([raw.tolist()], [r], table.tolist())[0]
+        assert result.physical_indices[r, :n].tolist() == want, f"seed {seed}, row {r}"
+        assert (result.physical_indices[r, n:] == -1).all() and (result.raw_indices[r, n:] == -1).all()
+    assert int(result.physical_indices[0].max()) == INT32_MAX
 
 
 @pytest.mark.parametrize("page", [LAST_PAGE_THAT_FITS + 1, 2**26 + 1, 2**31 - 1])
-def test_map_pages_never_wraps_a_slot(page):
+def test_assembly_never_wraps_a_slot(page, seed):
+    """A published position on a page beyond int32's slots: SLOT_OVERFLOW, and the row publishes
+    nothing (no wrapped slot, no exception); the same page outside every published position is not read."""
+    gen = torch.Generator().manual_seed(seed)
     table = torch.tensor([[3, page]], dtype=torch.int32)
-    positions = torch.tensor([[5, 64, -1]], dtype=torch.int32)  # position 64 lives in `page`
-    with pytest.raises(SlotOverflowError, match=str(page * 64)):
-        map_pages(positions, torch.tensor([0], dtype=torch.int32), table)
-    # the same page outside every published position is not read
-    assert map_pages(positions[:, :1], torch.tensor([0], dtype=torch.int32), table).tolist() == [[3 * 64 + 5]]
+    result = assemble(keys_at(torch.tensor([[5, 64, -1]], dtype=torch.int32), gen), table)  # 64 lives in `page`
+    assert result.status.tolist() == [int(RowStatus.SLOT_OVERFLOW)] and result.counts.tolist() == [0]
+    assert (result.physical_indices == -1).all() and (result.raw_indices == -1).all()
+    assert (result.values == float("-inf")).all()
+    with pytest.raises(RowFaultError, match="SLOT_OVERFLOW"):
+        result.raise_for_status()
+    fine = assemble(keys_at(torch.tensor([[5, -1, -1]], dtype=torch.int32), gen), table)
+    assert fine.status.tolist() == [0] and fine.physical_indices[0, :1].tolist() == [3 * 64 + 5]
 
 
-@pytest.mark.parametrize("live_page, want_error", [(9, False), (10, True), (12, True)])
-def test_validate_checks_the_slots_of_live_pages_only(live_page, want_error, seed, monkeypatch):
+@pytest.mark.parametrize("live_page, want_status", [(9, [0, 0, 0, 0]), (10, [64, 64, 0, 0]), (12, [64, 64, 0, 0])])
+def test_validate_flags_the_slots_of_live_pages_only(live_page, want_status, seed, monkeypatch):
     """A cache of 2^25 pages (146 GB) cannot be built here, so the slot limit is scaled down to
-    10 pages (slots 0..639): validate_prefill must then fail a call whose windows read page 10 or
-    beyond, and ignore such a page outside every window."""
-    import litetopk.kernels.validation as validation
+    10 pages (slots 0..639): validate_prefill must then flag SLOT_OVERFLOW on the rows whose windows
+    read page 10 or beyond (rows 0 and 1 read table (0, 1)), raise nothing, and ignore such a page
+    outside every window; the operator then publishes nothing for those rows and the others stay exact."""
+    import litetopk.kernels.row_checks as row_checks
 
-    monkeypatch.setattr(validation, "INT32_MAX", 10 * 64 - 1)
+    monkeypatch.setattr(row_checks, "FIRST_UNMAPPABLE_PAGE", 10)
     args = small_args(seed)
     assert args["kv_cache"].shape[0] == 13
     table = args["block_table"]
@@ -288,8 +381,16 @@ def test_validate_checks_the_slots_of_live_pages_only(live_page, want_error, see
         for c in range(4):
             table[b, c] = next(free_low) if (b, c) != (0, 1) else live_page
     table[1, 4] = 12 if live_page != 12 else 11  # outside every window: never checked
-    if want_error:
-        with pytest.raises(SlotOverflowError, match=str(live_page * 64 + 63)):
-            validate_prefill(*args.values(), topk=512)
-    else:
-        assert validate_prefill(*args.values(), topk=512).row_status.tolist() == [0, 0, 0, 0]
+    problem = validate_prefill(*args.values(), topk=512)
+    assert problem.row_status.tolist() == want_status
+    result = litetopk_prefill(*args.values(), topk=512, backend="reference")
+    assert result.status.tolist() == want_status
+    monkeypatch.undo()
+    clean = litetopk_prefill(*args.values(), topk=512, backend="reference")
+    assert clean.status.tolist() == [0, 0, 0, 0]
+    for r, bits in enumerate(want_status):
+        if bits:
+            assert int(result.counts[r]) == 0 and (result.physical_indices[r] == -1).all()
+        else:
+            for name in ("values", "raw_indices", "physical_indices", "counts"):
+                assert torch.equal(getattr(result, name)[r], getattr(clean, name)[r]), f"row {r}: {name}"
