@@ -13,6 +13,9 @@ Status bits (ours -> AITER's), the same values where both have the bit:
     INVALID_PAGE 8      -> STATUS_INVALID_INDEX 8
     INVALID_ROW 16      -> STATUS_INVALID_INDEX 8   (also: a window ending past max_seq_len)
     SELECTOR_FAILURE 32 -> STATUS_SELECTOR_FAILURE 32
+    SLOT_OVERFLOW 64    -> STATUS_INVALID_INDEX 8   (a physical slot AITER's int32 output cannot hold)
+    UNSUPPORTED 128     -> STATUS_SELECTOR_FAILURE 32 (the triton backend cannot score the row exactly;
+                           AITER has no such bit: the row published nothing, and says so)
 With repair=True (the default) a capacity event is repaired by an exact rescan and the row is
 published with status 0 (AITER fails such a row closed with its certificate bit).
 """
@@ -55,6 +58,8 @@ STATUS_MAP = (
     (RowStatus.INVALID_PAGE, STATUS_INVALID_INDEX),
     (RowStatus.INVALID_ROW, STATUS_INVALID_INDEX),
     (RowStatus.SELECTOR_FAILURE, STATUS_SELECTOR_FAILURE),
+    (RowStatus.SLOT_OVERFLOW, STATUS_INVALID_INDEX),
+    (RowStatus.UNSUPPORTED, STATUS_SELECTOR_FAILURE),
 )
 
 

@@ -56,7 +56,7 @@ def build_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch
     prog_batch = torch.zeros(programs + 1, dtype=torch.int64, device=dev)
     prog_batch[target] = torch.where(group_of < batch, group_of, 0)
     prog_start = torch.zeros(programs + 1, dtype=torch.int64, device=dev)
-    prog_start[target] = starts.long()[order]
+    prog_start[target] = torch.where(live, starts.long(), 0)[order]  # empty windows: span (0, 1)
     prog_end = torch.zeros(programs, dtype=torch.int64, device=dev)
     prog_end.scatter_reduce_(0, program, ends.long()[order], reduce="amax")
     empty_group = torch.zeros(programs + 1, dtype=torch.bool, device=dev)

@@ -45,9 +45,6 @@ def test_status_table_maps_every_combination():
     assert {int(b) for b in RowStatus if b and b < 64} == set(REF_STATUS_TABLE), "a RowStatus bit has no AITER mapping"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernel bug, kernels/aiter.py STATUS_MAP: no entry for RowStatus.SLOT_OVERFLOW (64) or UNSUPPORTED (128), "
-    "so aiter_status maps a row that published nothing to AITER status 0 (OK): it fails open"))
 def test_every_status_bit_fails_closed_in_aiter_bits():
     """Every row that publishes nothing (any nonzero RowStatus) must carry a nonzero AITER status."""
     every = 0
