@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_on_sigterm(signum, frame) -> None:
+    # once: a later SIGTERM (e.g. a supervisor's second one) must not raise again inside the
+    # interpreter's exit handlers, after the socket is already gone
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

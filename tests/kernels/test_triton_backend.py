@@ -238,8 +238,10 @@ def check_unsupported(p, want: list[int], where: str):
     reference = litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, backend="reference")
     assert not reference.status.any(), f"{where}: the reference backend scores every row"
     ok = torch.tensor(bits) == 0
-    assert_same(lite, reference, ok, f"{where}: triton vs reference")
-    assert_same(dense, reference, ok, f"{where}: dense triton vs reference")
+    assert_same(lite, dense, ok, f"{where}: lite vs dense, triton")
+    if DEVICE == "cpu":  # the interpreted Triton kernel sums heads in the reference's order; the compiled
+        # Gluon kernel may round the head sum differently (docs/contract.md: precision)
+        assert_same(lite, reference, ok, f"{where}: triton vs reference")
     with pytest.raises(RowFaultError, match="UNSUPPORTED") as info:
         lite.raise_for_status()
     assert info.value.rows == want, where
