@@ -70,11 +70,11 @@ from flydsl.expr import llvm as fxllvm
 from flydsl.expr.enum import AtomicOrdering
 from flydsl.expr.typing import Vector
 
-NUM_HEADS = 64
-HEAD_WORDS = 16  # 64 bytes of packed E2M1 per head vector / key, as int32 words
-PAGE_SIZE = 64
-PAGE_WORDS = 4352 // 4  # one cache page as int32 words
-PAGE_SCALE_WORD = 4096 // 4  # first scale word of a page
+from ..cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, VALUE_BYTES
+
+HEAD_WORDS = VALUE_BYTES // 4  # 64 bytes of packed E2M1 per head vector / key, as int32 words
+PAGE_WORDS = PAGE_BYTES // 4  # one cache page as int32 words
+PAGE_SCALE_WORD = PAGE_VALUE_BYTES // 4  # first scale word of a page
 WAVE = 64
 KEYS_PER_TILE = 16
 TILES_PER_CHUNK = 16

@@ -95,9 +95,9 @@ class Operands:
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
     schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # schedule.build_schedule
     prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
-    spans: tuple[torch.Tensor, torch.Tensor]  # the schedule's span for the narrow and the wide kernel
-    #   variant: the variant that does not apply (some live vector is wide, or none is: a device flag)
-    #   gets spans (0, 0), so its programs do no work
+    spans: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (rows, span) of the schedule for the narrow
+    #   and the wide kernel variant: the variant that does not apply (some live vector is wide, or none
+    #   is: a device flag) gets rows -1 and spans (0, 0), so its programs do no work and write nothing
 
 
 class TritonBackend(ScoringBackend):
@@ -193,7 +193,10 @@ class TritonBackend(ScoringBackend):
         q_wide = q_wide & live_rows
         prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
         wide = (((keys.flags[0] | keys.flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
-        spans = ((schedule[2] * (1 - wide)).contiguous(), (schedule[2] * wide).contiguous())
+        # The variant that does not apply gets no rows and empty spans: its programs neither score nor
+        # write (nonfinite flags, raised thresholds) over the other variant's results.
+        spans = tuple((torch.where(on.bool(), schedule[0], -1).contiguous(), (schedule[2] * on).contiguous())
+                      for on in (1 - wide, wide))
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
                         schedule=schedule, prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), spans=spans)
 
@@ -236,10 +239,10 @@ class TritonBackend(ScoringBackend):
         keys = ops.keys
         tile_wide = keys.tile_wide if stride == 1 else keys.batch_wide
         grid = (prog_rows.shape[0],)
-        for any_wide, span in zip((False, True), ops.spans):
+        for any_wide, (variant_rows, span) in zip((False, True), ops.spans):
             args = (
                 keys.k_lo, keys.k_hi, keys.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
-                ops.rowfac, prog_rows, prog_batch, span, ops.prog_q_wide, problem.starts, problem.ends,
+                ops.rowfac, variant_rows, prog_batch, span, ops.prog_q_wide, problem.starts, problem.ends,
                 keys.s_pad,
                 out if out is not None else unused32, out_width, problem.max_end, stride,
                 thresholds if thresholds is not None else unused32,

@@ -51,10 +51,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..cache_layout import HEAD_DIM, NUM_HEADS
 from ..selection import NO_KEY
 
-HEADS = 64
-HEAD_DIM = 128
+HEADS = NUM_HEADS
 NUM_BINS = 32
 SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
 NO_KEY_C = tl.constexpr(NO_KEY)
