@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import RowFaultError
-from .status import describe
+from .status import describe_row_faults
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,5 @@ class TopKResult:
         """Return self when every row is answered; else raise RowFaultError naming the rows."""
         rows, flags = self.faulty_rows()
         if rows:
-            shown = ", ".join(f"row {r}: {describe(f)}" for r, f in list(zip(rows, flags))[:8])
-            more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
-            raise RowFaultError(f"{len(rows)} row(s) published nothing: {shown}{more}", rows, flags)
+            raise RowFaultError(describe_row_faults(rows, flags), rows, flags)
         return self

@@ -39,3 +39,10 @@ def describe(flags: int) -> str:
     if flags == 0:
         return "OK"
     return "|".join(bit.name for bit in RowStatus if bit and flags & bit)
+
+
+def describe_row_faults(rows: list[int], flags: list[int], what: str = "published nothing") -> str:
+    """The one message for faulty rows: '<n> row(s) <what>: row 3: OVERFLOW, ...' (first 8 shown)."""
+    shown = ", ".join(f"row {r}: {describe(f)}" for r, f in list(zip(rows, flags))[:8])
+    more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
+    return f"{len(rows)} row(s) {what}: {shown}{more}"

@@ -35,7 +35,7 @@ from litetopk.clients.wire import (
     result_shape,
 )
 from litetopk.kernels import RowFaultError, RowStatus, litetopk_prefill
-from litetopk.kernels.status import INPUT_FAULTS, describe
+from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
 
 from ..errors import PROBLEM_JSON, ServiceError
@@ -188,9 +188,7 @@ def _raise_row_faults(status: torch.Tensor) -> None:
     bad = torch.nonzero(status & _FAULT_BITS).flatten()
     if bad.numel():
         rows, flags = bad.tolist(), status[bad].tolist()
-        shown = ", ".join(f"row {r}: {describe(f)}" for r, f in list(zip(rows, flags))[:8])
-        more = f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""
-        raise RowFaultError(f"{len(rows)} row(s) cannot be answered: {shown}{more}", rows, flags)
+        raise RowFaultError(describe_row_faults(rows, flags, "cannot be answered"), rows, flags)
 
 
 # ------------------------------------------------------------------------------------ answer
