@@ -166,9 +166,21 @@ def _respond(request: Request, error: ServiceError) -> JSONResponse:
 
 
 def _allowed_methods(request: Request) -> set[str]:
+    """Methods of every route whose path matches the request's (for the 405's Allow header)."""
+    return _methods_matching(request.app.router.routes, {**request.scope, "method": "GET"})
+
+
+def _methods_matching(routes, scope: dict) -> set[str]:
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI wraps included routers
+        if included is not None:
+            prefix = route.include_context.prefix
+            path = scope["path"]
+            if path.startswith(prefix):
+                methods |= _methods_matching(included.routes, {**scope, "path": path[len(prefix):] or "/"})
+            continue
+        match, _ = route.matches(scope)
         if match != Match.NONE and getattr(route, "methods", None):
             methods |= set(route.methods)
     return methods

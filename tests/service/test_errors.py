@@ -405,3 +405,23 @@ def test_every_code_is_reached_by_a_named_test():
         path, _, name = where.split(" ")[0].rpartition("::")
         source = (root / path).read_text() if path else Path(__file__).read_text()
         assert f"def {name}(" in source, f"{code}: {where} does not exist"
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("delete", "/v1/topk", "POST"),
+    ("put", "/livez", "GET"),
+    ("post", "/v1/regions/abc", "DELETE, GET"),
+    ("get", "/v1/topk", "POST"),
+])
+def test_a_405_names_the_allowed_methods(tmp_path, method, path, allow):
+    """RFC 9110 §15.5.6: a 405 carries Allow with the route's methods (routes of included routers too)."""
+    from fastapi.testclient import TestClient
+
+    from litetopk.service.app import create_app
+    from litetopk.service.settings import ServiceSettings
+
+    with TestClient(create_app(ServiceSettings(uds=str(tmp_path / "s.sock")))) as http:
+        response = getattr(http, method)(path)
+    assert response.status_code == 405, response.text
+    assert response.headers["allow"] == allow, f"{method} {path}: {response.headers.get('allow')!r}"
+    assert response.json()["code"] == "method_not_allowed"
