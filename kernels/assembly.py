@@ -23,7 +23,7 @@ import torch
 
 from .cache_layout import PAGE_SIZE
 from .devices import runs_triton_stages
-from .result import TopKResult
+from .result import RESULT_FIELDS, TopKResult
 from .selection import NO_KEY, split_keys
 from .status import RowStatus, set_status_bit
 
@@ -32,13 +32,9 @@ INT32_MAX = 2**31 - 1
 
 def result_buffers(rows: int, k: int, device: torch.device, out: Mapping[str, torch.Tensor] | None) -> dict:
     """The tensors a TopKResult of [rows, K] is written into: out's where given, new ones elsewhere."""
-    shapes = {"values": ((rows, k), torch.float32), "raw_indices": ((rows, k), torch.int32),
-              "physical_indices": ((rows, k), torch.int32), "counts": ((rows,), torch.int32),
-              "status": ((rows,), torch.int32), "repaired": ((rows,), torch.int32),
-              "candidates": ((rows,), torch.int32)}
     given = dict(out or {})
-    return {name: given[name] if name in given else torch.empty(shape, dtype=dtype, device=device)
-            for name, (shape, dtype) in shapes.items()}
+    return {name: given[name] if name in given else torch.empty(shape_of(rows, k), dtype=dtype, device=device)
+            for name, (shape_of, dtype) in RESULT_FIELDS.items()}
 
 
 def assemble_result(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,

@@ -33,18 +33,6 @@ def calibrate(problem: PrefillProblem, backend: ScoringBackend, sample_size: int
     return calibration_keys(sample, k, max(1, k // (2 * stride)), offset)
 
 
-def kth_largest_scores(scores: torch.Tensor, ranks: tuple[int, int]) -> torch.Tensor:
-    """float32 [rows, 2]: the ranks[i]-th largest (1-based) value of each row of float32 `scores`
-    [rows, n >= max(ranks)]. Exact for rows without NaN (callers check NaN themselves); -0.0 may come
-    back as +0.0."""
-    if runs_triton_stages(scores.device):
-        from .triton.calibration import kth_largest_scores_triton
-
-        return kth_largest_scores_triton(scores, ranks)
-    best = torch.topk(scores, max(ranks), dim=1, largest=True, sorted=True).values
-    return best[:, [rank - 1 for rank in ranks]]
-
-
 def calibration_keys(sample: torch.Tensor, k: int, ceiling_rank: int,
                      offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(thresholds, ceilings) int64 keys [rows] of the calibration sample float32 [rows, n]: the

@@ -44,12 +44,17 @@ class Certified:
     overflow: torch.Tensor
 
 
+def _certificate(problem: PrefillProblem, scan: CandidateScan, capacity: int):
+    """(kept int64, overflow bool, underfilled bool) [rows] of a scan (module docstring)."""
+    kept = scan.appended.clamp(max=capacity)
+    overflow = scan.appended > capacity
+    return kept, overflow, ~overflow & (kept < problem.window_lengths.clamp(max=problem.topk))
+
+
 def certify(problem: PrefillProblem, scan: CandidateScan, capacity: int, status: torch.Tensor) -> Certified:
     """Certificate bits of every row (module docstring) and the selection of its candidates."""
     k = problem.topk
-    kept = scan.appended.clamp(max=capacity)
-    overflow = scan.appended > capacity
-    underfilled = ~overflow & (kept < problem.window_lengths.clamp(max=k))
+    kept, overflow, underfilled = _certificate(problem, scan, capacity)
     answerable = status == 0
     status = set_status_bit(status, overflow & answerable, RowStatus.OVERFLOW)
     status = set_status_bit(status, underfilled & answerable, RowStatus.UNDERFILLED)
@@ -99,6 +104,6 @@ def _rescan(sub: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) ->
     any window (max_end keys), from the safe thresholds `safe`."""
     capacity = max(sub.max_end, 1)
     scan = backend.scan_candidates(sub, safe, capacity)
-    kept = scan.appended.clamp(max=capacity)
-    certified = (scan.appended <= capacity) & (kept >= sub.window_lengths.clamp(max=sub.topk)) & ~scan.nonfinite
+    kept, overflow, underfilled = _certificate(sub, scan, capacity)
+    certified = ~overflow & ~underfilled & ~scan.nonfinite
     return select_candidates(scan.keys, kept, scan.thresholds, sub.topk), certified

@@ -9,6 +9,18 @@ import torch
 from .errors import RowFaultError
 from .status import describe_row_faults
 
+#: Every TopKResult field: its shape as a function of (rows, K), and its dtype (the one table the
+#: assembly's buffers and the operator's check of caller-owned `out=` tensors read).
+RESULT_FIELDS = {
+    "values": (lambda rows, k: (rows, k), torch.float32),
+    "raw_indices": (lambda rows, k: (rows, k), torch.int32),
+    "physical_indices": (lambda rows, k: (rows, k), torch.int32),
+    "counts": (lambda rows, k: (rows,), torch.int32),
+    "status": (lambda rows, k: (rows,), torch.int32),
+    "repaired": (lambda rows, k: (rows,), torch.int32),
+    "candidates": (lambda rows, k: (rows,), torch.int32),
+}
+
 
 @dataclass(frozen=True)
 class TopKResult:

@@ -26,6 +26,7 @@ import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCache, describe_kv_cache
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
+from .result import RESULT_FIELDS
 from .row_checks import row_checks
 
 SUPPORTED_TOPK = (512, 1024)
@@ -153,18 +154,6 @@ def validate_prefill(
     )
 
 
-#: Result fields `out=` may name: (shape as a function of (rows, K), dtype).
-OUT_FIELDS = {
-    "values": (lambda rows, k: (rows, k), torch.float32),
-    "raw_indices": (lambda rows, k: (rows, k), torch.int32),
-    "physical_indices": (lambda rows, k: (rows, k), torch.int32),
-    "counts": (lambda rows, k: (rows,), torch.int32),
-    "status": (lambda rows, k: (rows,), torch.int32),
-    "repaired": (lambda rows, k: (rows,), torch.int32),
-    "candidates": (lambda rows, k: (rows,), torch.int32),
-}
-
-
 def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     """[first, last) bytes of memory a strided tensor can touch."""
     if tensor.numel() == 0:
@@ -174,7 +163,7 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def check_out(out, problem: PrefillProblem, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """Check caller-owned result buffers: a mapping from TopKResult field names (OUT_FIELDS) to tensors
+    """Check caller-owned result buffers: a mapping from TopKResult field names (RESULT_FIELDS) to tensors
     of that field's shape and dtype on the problem's device (any strides, e.g. `buf[a:b, :K]`), no two
     of them and none of them and an input overlapping in memory. Raises InputError naming the field."""
     if out is None:
@@ -183,9 +172,9 @@ def check_out(out, problem: PrefillProblem, inputs: dict[str, torch.Tensor]) -> 
         raise InputError(f"out must be a dict of result fields to tensors, got {type(out).__name__}")
     rows, k = problem.num_rows, problem.topk
     for name, tensor in out.items():
-        if name not in OUT_FIELDS:
-            raise InputError(f"out[{name!r}] is not a result field; fields: {tuple(OUT_FIELDS)}")
-        shape_of, dtype = OUT_FIELDS[name]
+        if name not in RESULT_FIELDS:
+            raise InputError(f"out[{name!r}] is not a result field; fields: {tuple(RESULT_FIELDS)}")
+        shape_of, dtype = RESULT_FIELDS[name]
         _require_strided(tensor, f"out[{name!r}]", dtype, shape_of(rows, k))
         if tensor.device != problem.device:
             raise InputError(f"out[{name!r}] is on {tensor.device}; the inputs are on {problem.device}")
