@@ -171,7 +171,7 @@ class TritonBackend(ScoringBackend):
                            flags_of_keys=k_flags, flags=summary[0:2])
         if problem.weight_scale != 1.0:
             rowfac = rowfac * problem.weight_scale
-        q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1) & live_rows
+        q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1)  # masked to live rows in _with_schedule
         q_unsupported = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused != 0)
         return self._with_schedule(problem, keys, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), q_wide,
                                    q_unsupported)
