@@ -28,6 +28,7 @@ from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCach
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
 from .result import RESULT_FIELDS
 from .row_checks import row_checks
+from .workspace import Scratch
 
 SUPPORTED_TOPK = (512, 1024)
 
@@ -53,6 +54,7 @@ class PrefillProblem:
     topk: int
     weight_scale: float
     max_end: int  # static bound of every window end: min(max_seq_len, max_pages * 64); sizes buffers
+    scratch: Scratch  # where every stage takes its intermediate buffers (workspace.py)
     parent: "PrefillProblem | None" = None  # subset(): the problem these rows were taken from
     parent_rows: torch.Tensor | None = None  # subset(): int64 [rows] indices into parent's rows
 
@@ -151,6 +153,7 @@ def validate_prefill(
         q_fp4=q_fp4, q_scale=q_scale, cache=cache, block_table=block_table, weights=weights,
         row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
         row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end,
+        scratch=Scratch(q_fp4.device),
     )
 
 
