@@ -15,7 +15,7 @@ for step in $STEPS; do
     gluon) OUT=$RES timeout ${GLUON_TIMEOUT:-300} python3 -m bench.probes.gluon_probe 2>&1 | tail -12 ;;
     wide) OUT=$RES timeout ${WIDE_TIMEOUT:-200} python3 -m bench.probes.gluon_wide_probe 2>&1 | tail -4 ;;
     split) OUT=$RES timeout 200 python3 -m bench.probes.gluon_split_probe 2>&1 | tail -4 ;;
-    tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning 2>&1 | tail -16 ;;
+    tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning --keys ${TUNING_KEYS:-65536} 2>&1 | grep -v "^results" | tail -30 ;;
     check) timeout 100 python3 -m bench.checks.production --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
     bench) timeout ${BENCH_TIMEOUT:-150} python3 -m bench.operator --model all --raw-context ${RAW:-262144} --processes ${PROCS:-3} \
              --selectors ${SELECTORS:-torch} --spread ${SPREADS:-0} --out "$RES" --tag ${BENCH_TAG:-h200} 2>&1 | tail -16 ;;
