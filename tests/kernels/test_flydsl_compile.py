@@ -1,6 +1,7 @@
-"""The gfx950 FlyDSL backend where no gfx950 device exists: every kernel variant compiles for
-gfx950 (COMPILE_ONLY=1, ARCH=gfx950) and its final ISA has the scaled FP4 MFMA, no scratch and no
-fused multiply-add; `backend="flydsl"` off gfx950 raises BackendUnavailableError saying what it needs.
+"""The gfx950 FlyDSL backend where no gfx950 device exists: every kernel variant (dense and scan,
+each for our cache format and AITER's) compiles for gfx950 (COMPILE_ONLY=1, ARCH=gfx950) and its
+final ISA has the scaled FP4 MFMA, no scratch and no fused multiply-add; `backend="flydsl"` off
+gfx950 raises BackendUnavailableError saying what it needs.
 
 The toolchain (LLVM 19's ld.lld behind .venv/rocm) comes from `make toolchain`; without it these
 tests FAIL (they are the only check this backend gets on CI).
@@ -18,11 +19,19 @@ import pytest
 import torch
 
 from litetopk.kernels import BackendUnavailableError, dense_topk_prefill, litetopk_prefill
+from litetopk.kernels.cache_layout import CACHE_FORMATS
+from litetopk.kernels.flydsl import compiled_configurations
+from litetopk.kernels.flydsl.compile import variant_name
 from litetopk.kernels.operator import get_backend
 from tests.problems import make_problem
 
 TOOLCHAIN_LLD = Path(sys.prefix) / "rocm" / "llvm" / "bin" / "ld.lld"
-VARIANTS = ("dense", "scan")
+VARIANTS = tuple(variant_name(config) for config in compiled_configurations())
+
+
+def test_every_epilogue_is_compiled_for_every_cache_format():
+    expected = {f"{epilogue}-{cache_format}" for epilogue in ("dense", "scan") for cache_format in CACHE_FORMATS}
+    assert set(VARIANTS) == expected and len(VARIANTS) == len(expected), f"compiled variants {VARIANTS}"
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +86,47 @@ def test_isa_has_no_scratch_or_spills(isa, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_isa_reads_key_values_as_words_and_one_scale_byte(isa, variant):
+    """Per lane and key, in either cache format (kernels/flydsl/key_addressing.py): the one byte
+    load is the scale of the lane's group; the 16 value bytes are word loads, never split into
+    byte or short loads."""
+    text = isa[variant]
+    byte_loads = re.findall(r"^\s*global_load_(?:u|s)(?:byte|short)\S*", text, re.MULTILINE)
+    assert [b.strip() for b in byte_loads] == ["global_load_ubyte"], \
+        f"{variant}: expected exactly one sub-word load (the scale byte), got {byte_loads}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_isa_head_sum_has_no_fused_multiply_add(isa, variant):
     """The documented float32 order rounds every product and sum: no FMA may be formed."""
     fused = re.findall(r"^\s*v_(pk_)?fmac?_f32\S*", isa[variant], re.MULTILINE)
     assert not fused, f"{variant}: fused multiply-add changes the head-sum rounding: {fused}"
 
 
-def test_isa_scan_appends_with_64bit_atomics(isa):
-    text = isa["scan"]
+@pytest.mark.parametrize("cache_format", CACHE_FORMATS)
+def test_isa_scan_appends_with_64bit_atomics(isa, cache_format):
+    text = isa[f"scan-{cache_format}"]
     assert re.search(r"^\s*global_atomic_add_x2\s", text, re.MULTILINE), "no 64-bit atomic add on the row counter"
     assert re.search(r"^\s*global_atomic_smax_x2\s", text, re.MULTILINE), "no 64-bit atomic max raising the threshold"
     assert re.search(r"^\s*global_store_dwordx2\s", text, re.MULTILINE), "no 64-bit key store to the buffer"
 
 
-def test_isa_dense_stores_scores_without_atomics(isa):
-    assert not re.search(r"^\s*global_atomic", isa["dense"], re.MULTILINE), "the dense variant needs no atomics"
+@pytest.mark.parametrize("cache_format", CACHE_FORMATS)
+def test_isa_dense_stores_scores_without_atomics(isa, cache_format):
+    assert not re.search(r"^\s*global_atomic", isa[f"dense-{cache_format}"], re.MULTILINE), \
+        f"dense-{cache_format}: the dense variant needs no atomics"
+
+
+def _instructions(text: str) -> list[str]:
+    """The instruction lines of an ISA listing (no directives, labels or comments)."""
+    return [line.split(";")[0].strip() for line in text.splitlines() if re.match(r"^\s+[a-z]", line)]
+
+
+@pytest.mark.parametrize("epilogue", ["dense", "scan"])
+def test_isa_differs_between_cache_formats(isa, epilogue):
+    """The format is a compile-time constant: each format's binary has its own addressing."""
+    ours, aiter = _instructions(isa[f"{epilogue}-litetopk"]), _instructions(isa[f"{epilogue}-aiter"])
+    assert ours and ours != aiter, f"{epilogue}: the two cache formats compiled to the same instructions"
 
 
 @pytest.mark.parametrize("device", ["cpu"])
