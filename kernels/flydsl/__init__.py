@@ -9,6 +9,10 @@ an MI355X verifies it with the commands in README.md, "gfx950 backend (FlyDSL)".
     key_addressing.py        where the kernel reads a key in either cache format (no flydsl needed)
     compile.py               compile every kernel variant for gfx950 without a device (CI)
 
+The cache is read in place in either format ("litetopk" at any 4-byte-aligned page stride, or
+AITER's kv_cache / kv_scale pair, each at its own stride): the format is a compile-time constant
+of the kernel (compiled_configurations), the page strides launch arguments (launch_arguments).
+
 Only the scoring runs here; calibration, certificate, selection, page mapping and repair are the
 shared code of pipeline.py / selection.py. `check_device` raises BackendUnavailableError on any
 device that is not a ROCm gfx950 device, or when flydsl is missing; there is no fallback.

@@ -38,9 +38,20 @@ D[4 * (l // 16) + r][l % 16], r = 0..3. MFMA g (g = 0..3) maps A row 4G + r to h
 Tiling: one wave (64 lanes) per query row, WAVES_PER_BLOCK rows per workgroup; the query row
 (64 heads x 16 bytes per lane, 4 scale words) and its 16 weights stay in registers. grid.y
 splits the sampled positions into chunks of TILES_PER_CHUNK tiles of KEYS_PER_TILE keys; a
-tile gathers 16 keys through the block table (page p: 64 keys, values at byte 64 * slot, scales
-at byte 4096 + 4 * slot; each lane loads 16 bytes of values and one scale word). All addresses
-are int64.
+tile gathers 16 keys through the block table: position j of sequence b is token t = j % 64 of
+page p = block_table[b, j // 64], and lane l (key l % 16 of the tile, group G = l // 16) loads
+that key's 16 value bytes of group G as 4 words and its scale byte of group G.
+
+Cache formats (docs/cache-layouts.md), read in place; CACHE_FORMAT is a compile-time constant
+(one binary per (SCAN, CACHE_FORMAT)), the page strides are launch arguments; key_addressing.py
+holds the address arithmetic (the host tests evaluate the same functions):
+    "litetopk"  one tensor, pages value_page_stride bytes apart (any multiple of 4 >= 4352):
+                value word p * value_page_words + t * 16 + G * 4, scale byte
+                p * scale_page_stride + 4096 + t * 4 + G (scale_page_stride = value_page_stride)
+    "aiter"     kv_cache [pages, 1, 4, 64, 16] and kv_scale [pages, 1, 4, 64], each with its own
+                page stride: value word p * value_page_words + G * 256 + t * 4, scale byte
+                p * scale_page_stride + G * 64 + (t % 16) * 4 + t // 16
+Every page x stride product and every address is int64.
 
 Epilogue, SCAN = False (dense): score[i, j] is stored to out[i * out_cols + j] (the host fills
 -inf); SCAN = True (fused filter): key = ordered_bits(score) * 2^32 + (2^32 - 1 - j)
@@ -56,8 +67,9 @@ the window sets the row's nonfinite flag. Positions are j = m * stride (m intege
 calibration sample uses the same kernel.
 
 Limits: H = 64, D = 128 (CONTRACT.md); rows < 2^31 / 64; positions < 2^31; pages and every
-address int64. The kernel assumes validated input (validation.py): windows inside the block
-table and live pages inside the cache.
+address int64; the value pages 4-byte aligned (start and stride; key_addressing.cache_operands
+raises InputError otherwise), scale pages at any byte stride. The kernel assumes validated input
+(validation.py): windows inside the block table and live pages inside the cache.
 """
 
 from __future__ import annotations
