@@ -2,12 +2,13 @@
 
     python -m litetopk.kernels.flydsl.compile DUMP_DIR
 
-sets COMPILE_ONLY=1, ARCH=gfx950, FLYDSL_DEBUG_DUMP_ASM=1, FLYDSL_DUMP_DIR=DUMP_DIR (and turns
+sets COMPILE_ONLY=1, ARCH=gfx950, FLYDSL_DEBUG_DUMP_ASM=1, FLYDSL_DUMP_IR=1, FLYDSL_DUMP_DIR=DUMP_DIR (and turns
 the disk cache off so that every variant is really compiled), then traces each configuration of
 `compiled_configurations()` through the backend's own launch path (FlyDSLBackend.score_dense /
 scan_candidates, launch_arguments) on CPU placeholder problems, one per cache format. FlyDSL's
 last step links with `$ROCM_PATH/llvm/bin/ld.lld`; `make toolchain` provides it as .venv/rocm (LLVM 19's lld). The
-final ISA of each variant lands in DUMP_DIR/<dense|scan>-<litetopk|aiter>/<kernel>_<n>/*_final_isa.s.
+final ISA of each variant lands in DUMP_DIR/<dense|scan>-<litetopk|aiter>/<kernel>_<n>/*_final_isa.s,
+its LLVM IR beside it (*_llvm_ir.ll), with every earlier MLIR stage.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def compile_env(dump_dir: Path) -> dict[str, str]:
         "ARCH": "gfx950",
         "FLYDSL_GPU_ARCH": "gfx950",
         "FLYDSL_DEBUG_DUMP_ASM": "1",
+        "FLYDSL_DUMP_IR": "1",
         "FLYDSL_DUMP_DIR": str(dump_dir),
         "FLYDSL_RUNTIME_ENABLE_CACHE": "0",
         "ROCM_PATH": os.environ.get("LITETOPK_ROCM_PATH", str(TOOLCHAIN_ROCM_PATH)),

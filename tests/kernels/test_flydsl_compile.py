@@ -1,7 +1,8 @@
 """The gfx950 FlyDSL backend where no gfx950 device exists: every kernel variant (dense and scan,
 each for our cache format and AITER's) compiles for gfx950 (COMPILE_ONLY=1, ARCH=gfx950) and its
-final ISA has the scaled FP4 MFMA, no scratch and no fused multiply-add; `backend="flydsl"` off
-gfx950 raises BackendUnavailableError saying what it needs.
+final ISA has the scaled FP4 MFMA, no scratch and no fused multiply-add, and its LLVM IR does every
+page x stride product and address in 64 bits; `backend="flydsl"` off gfx950 raises
+BackendUnavailableError saying what it needs.
 
 The toolchain (LLVM 19's ld.lld behind .venv/rocm) comes from `make toolchain`; without it these
 tests FAIL (they are the only check this backend gets on CI).
@@ -35,25 +36,42 @@ def test_every_epilogue_is_compiled_for_every_cache_format():
 
 
 @pytest.fixture(scope="module")
-def isa(tmp_path_factory) -> dict[str, str]:
-    """Final gfx950 ISA text of each kernel variant, compiled once in a fresh process."""
+def dump(tmp_path_factory) -> Path:
+    """The dump folder of one compile-only build of every variant, in a fresh process."""
     if not (TOOLCHAIN_LLD.exists() and os.access(TOOLCHAIN_LLD, os.X_OK)):
         pytest.fail(
             f"the FlyDSL gfx950 toolchain is missing: {TOOLCHAIN_LLD} (a link to LLVM 19's ld.lld) "
             "does not exist or is not executable; run `make toolchain` (installs lld-19 and the link)"
         )
-    dump = tmp_path_factory.mktemp("flydsl_isa")
+    folder = tmp_path_factory.mktemp("flydsl_isa")
     done = subprocess.run(
-        [sys.executable, "-m", "litetopk.kernels.flydsl.compile", str(dump)],
+        [sys.executable, "-m", "litetopk.kernels.flydsl.compile", str(folder)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, f"compile-only build failed:\n{done.stdout}\n{done.stderr}"
+    return folder
+
+
+def _stage(dump: Path, suffix: str) -> dict[str, str]:
+    """The text of each variant's one dumped file ending in `suffix`."""
     texts = {}
     for variant in VARIANTS:
-        found = sorted((dump / variant).glob("*/*_final_isa.s"))
-        assert len(found) == 1, f"variant {variant}: expected one final ISA file, got {found}\n{done.stdout}"
+        found = sorted((dump / variant).glob(f"*/*{suffix}"))
+        assert len(found) == 1, f"variant {variant}: expected one *{suffix} file, got {found}"
         texts[variant] = found[0].read_text()
     return texts
+
+
+@pytest.fixture(scope="module")
+def isa(dump) -> dict[str, str]:
+    """Final gfx950 ISA text of each kernel variant."""
+    return _stage(dump, "_final_isa.s")
+
+
+@pytest.fixture(scope="module")
+def llvm_ir(dump) -> dict[str, str]:
+    """LLVM IR of each kernel variant, as FlyDSL hands it to the AMDGPU backend."""
+    return _stage(dump, "_llvm_ir.ll")
 
 
 def _metadata(text: str, name: str) -> int:
@@ -115,6 +133,30 @@ def test_isa_scan_appends_with_64bit_atomics(isa, cache_format):
 def test_isa_dense_stores_scores_without_atomics(isa, cache_format):
     assert not re.search(r"^\s*global_atomic", isa[f"dense-{cache_format}"], re.MULTILINE), \
         f"dense-{cache_format}: the dense variant needs no atomics"
+
+
+def _kernel_parameters(ir: str) -> list[tuple[str, str]]:
+    """(type, name) of each parameter of the kernel's LLVM definition, in order."""
+    header = re.search(r"^define amdgpu_kernel void @score_fp4_flydsl_kernel\w*\((.*)\)[^(]*\{$", ir, re.MULTILINE)
+    assert header, "no kernel definition in the LLVM IR"
+    return re.findall(r"(ptr addrspace\(1\)|<\{ <\{ i32 \}> \}>|i32|i64|float) (%\d+)", header.group(1))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_llvm_ir_page_times_stride_and_every_address_are_64_bit(llvm_ir, variant):
+    """CONTRACT.md §7: every address is int64, and the page id read from the block table is
+    widened to int64 before it multiplies either page stride (the kernel's first two int64 scalar
+    arguments, value_page_words and scale_page_stride)."""
+    ir = llvm_ir[variant]
+    narrow = re.findall(r"getelementptr [^,]+, ptr addrspace\(1\) %\d+, (?!i64 )\S+ \S+", ir)
+    assert not narrow, f"{variant}: addresses indexed with less than 64 bits: {narrow[:3]}"
+    strides = [name for kind, name in _kernel_parameters(ir) if kind == "i64"][:2]
+    assert len(strides) == 2, f"{variant}: expected the two int64 page-stride arguments"
+    widened = set(re.findall(r"^\s*(%\d+) = sext i32 %\d+ to i64$", ir, re.MULTILINE))
+    for stride in strides:
+        products = re.findall(rf"^\s*%\d+ = mul i64 (%\d+), {stride}$", ir, re.MULTILINE)
+        assert products and set(products) <= widened, \
+            f"{variant}: page stride {stride} is not multiplied in int64 by a widened page id: {products}"
 
 
 def _instructions(text: str) -> list[str]:
