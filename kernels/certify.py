@@ -8,8 +8,8 @@ OVERFLOW or UNDERFILLED (only for rows without an input fault, which report that
 
 Device repair (repair=True). Up to `repair_rows` failing rows (the first ones by index) are rescanned
 at once with a buffer that holds their whole window (capacity max_end: it cannot overflow) from a
-safe threshold (the K-th best kept key of an overflowed row, a lower bound of its true K-th best;
-none for an underfilled row); certified rows get their answer, status 0 and repaired = 1, the rest
+safe threshold (the K-th best key of an overflowed row's selection, state.top[row, K - 1]: K real keys
+of its window, so a lower bound of its true K-th best; none for an underfilled row); certified rows get their answer, status 0 and repaired = 1, the rest
 SELECTOR_FAILURE. The slots are fixed: a launch over `repair_rows` padding rows when nothing failed
 costs a few microseconds. Rows beyond that capacity keep their capacity bit (they publish nothing);
 `complete_repair` (operator check=True, outside graph capture) rescans them on a synchronizing path.
@@ -17,12 +17,13 @@ costs a few microseconds. Rows beyond that capacity keep their capacity bit (the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .backend import CandidateScan, ScoringBackend
-from .selection import NO_KEY, kth_key, select_candidates
+from .devices import runs_triton_stages
+from .selection import NO_KEY, select_candidates
 from .status import CAPACITY_EVENTS, RowStatus, set_status_bit
 from .validation import PrefillProblem
 
@@ -69,17 +70,30 @@ def _capacity_only(status: torch.Tensor) -> torch.Tensor:
 
 def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Certified,
                      repair_rows: int = REPAIR_ROWS) -> None:
-    """Rescan up to `repair_rows` capacity-event rows exactly (module docstring), updating `state`."""
+    """Rescan up to `repair_rows` capacity-event rows exactly (module docstring), updating `state`.
+    The slot choice and the scatter back run as two Triton kernels where devices.runs_triton_stages
+    says so (kernels/triton/repair.py), in torch ops elsewhere; the rescan is the backend's scan."""
     rows = problem.num_rows
     slots = min(rows, repair_rows)
     if slots == 0:
+        return
+    if runs_triton_stages(problem.device):
+        from .triton.repair import repair_scatter_triton, repair_slots_triton
+
+        chosen, picked, safe, gathered = repair_slots_triton(problem, state.status, state.overflow, state.top, slots)
+        sub = replace(problem, **gathered, parent=problem, parent_rows=picked)
+        capacity = max(sub.max_end, 1)
+        scan = backend.scan_candidates(sub, safe, capacity)
+        top = select_candidates(scan.keys, scan.appended.clamp(max=capacity), scan.thresholds, sub.topk)
+        repair_scatter_triton(chosen, sub, scan, top, capacity, state)
         return
     failing = _capacity_only(state.status)
     index = torch.arange(rows, device=problem.device)
     chosen = torch.sort(torch.where(failing, index, rows)).values[:slots]  # failing rows first, then `rows`
     live = chosen < rows
     picked = torch.where(live, chosen, 0)
-    safe = torch.where(state.overflow[picked], kth_key(state.scan.keys[picked], problem.topk), NO_KEY)
+    # An overflowed row's K-th best kept key: K real keys of its window, so at most its true K-th best.
+    safe = torch.where(state.overflow[picked], state.top[picked, problem.topk - 1], NO_KEY)
     top, certified = _rescan(problem.subset(picked, live), backend, safe)
     # Scatter back through a spare row (index `rows`) that takes the padding slots.
     target = torch.where(live, chosen, rows)

@@ -26,12 +26,13 @@ import torch
 from torch.profiler import record_function
 
 from ..backend import CandidateScan, ScoringBackend
-from ..devices import is_cuda
+from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
-from .decode import FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, prepare_queries_fp4_triton
-from .schedule import build_row_schedule, build_schedule
+from .decode import FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton
+from .repair import subset_operands_torch, subset_operands_triton
+from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
@@ -76,8 +77,8 @@ class KeyOperands:
     kfac: torch.Tensor  # float32 [B, s_pad]
     s_pad: int
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
-    batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
-    flags_of_keys: torch.Tensor  # int32 [B, s_pad]: each key's decode flags
+    batch_wide: torch.Tensor  # int8 [B, 4]: byte 0 of int32 word b: sequence b holds a wide key (strided scans)
+    flags_of_keys: torch.Tensor  # int8 [B, s_pad]: each key's decode flags
     flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (decode.py)
 
 
@@ -90,14 +91,10 @@ class Operands:
     q_hi: torch.Tensor
     wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
-    q_wide: torch.Tensor  # bool [rows]: a head vector of the row needs a hi operand
+    q_wide: torch.Tensor  # bool [rows]: a live row with a head vector that needs a hi operand
     q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
-    schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # schedule.build_schedule
-    prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
-    spans: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (rows, span) of the schedule for the narrow
-    #   and the wide kernel variant: the variant that does not apply (some live vector is wide, or none
-    #   is: a device flag) gets rows -1 and spans (0, 0), so its programs do no work and write nothing
+    schedule: Schedule  # schedule.py: the programs, with the narrow and the wide variant's rows and spans
 
 
 class TritonBackend(ScoringBackend):
@@ -153,52 +150,35 @@ class TritonBackend(ScoringBackend):
 
     def _decode(self, problem: PrefillProblem) -> Operands:
         batch = problem.block_table.shape[0]
-        dev = problem.device
-        need = torch.zeros(batch, dtype=torch.int32, device=dev)
-        need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
+        scratch = problem.scratch
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        summary = torch.zeros(3, dtype=torch.int32, device=dev)  # OR of key flags, of query flags, weights refused
-        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.cache, problem.block_table, need, s_pad,
-                                                              summary[0:1])
+        # summary: OR of the key flags, of the query flags, weights refused (decode.py)
+        need, summary, batch_wide = decode_prologue_triton(problem.row_to_batch, problem.ends, batch, scratch)
+        k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
+            problem.cache, problem.block_table, need, s_pad, summary[0:1], batch_wide, block_keys=self.block_keys,
+            scratch=scratch)
         live_rows = problem.ends > problem.starts
-        q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
-            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3])
-        k_flags = k_flags.to(torch.int32)
-        q_flags = q_flags.to(torch.int32)
-        tile_wide = ((k_flags & FLAG_WIDE) != 0).view(batch, -1, self.block_keys).any(dim=2)
-        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide.to(torch.int8).contiguous(),
-                           batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
+        q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
+            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3], problem.weight_scale, scratch)
+        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
-        if problem.weight_scale != 1.0:
-            rowfac = rowfac * problem.weight_scale
-        q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1)  # masked to live rows in _with_schedule
-        q_unsupported = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused != 0)
-        return self._with_schedule(problem, keys, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), q_wide,
-                                   q_unsupported)
+        return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
 
     def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
-        rows = problem.parent_rows
-        return self._with_schedule(problem, parent.keys, parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows],
-                                   parent.rowfac[rows], parent.q_wide[rows], parent.q_unsupported[rows])
+        """The operands of a subset (the repair's rows: one row a program, scanned only), gathered from
+        its parent's (kernels/triton/repair.py)."""
+        subset_operands = subset_operands_triton if runs_triton_stages(problem.device) else subset_operands_torch
+        with record_function("litetopk.schedule"):
+            q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule = subset_operands(problem, parent, self.block_rows)
+        return Operands(parent.keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported,
+                        gluon=self._use_gluon(problem.device), schedule=schedule)
 
     def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
-        live_rows = problem.ends > problem.starts
         with record_function("litetopk.schedule"):
-            if problem.parent is None:
-                schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
-                                          problem.block_table.shape[0], self.block_rows)
-            else:  # a subset is the repair's few rows, scanned only
-                schedule = build_row_schedule(problem.row_to_batch, problem.starts, problem.ends, self.block_rows)
-        prog_rows = schedule[0].long()
-        q_wide = q_wide & live_rows
-        prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
-        wide = (((keys.flags[0] | keys.flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
-        # The variant that does not apply gets no rows and empty spans: its programs neither score nor
-        # write (nonfinite flags, raised thresholds) over the other variant's results.
-        spans = tuple((torch.where(on.bool(), schedule[0], -1).contiguous(), (schedule[2] * on).contiguous())
-                      for on in (1 - wide, wide))
+            schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends, problem.block_table.shape[0],
+                                      self.block_rows, q_wide, keys.flags, problem.scratch)
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
-                        schedule=schedule, prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), spans=spans)
+                        schedule=schedule)
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
         """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
@@ -229,20 +209,20 @@ class TritonBackend(ScoringBackend):
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
                 nonfinite=None):
         """Launch the narrow and the wide variant of the scoring kernel over the schedule's fixed grid;
-        the device flag in ops.spans leaves one of them without work (Operands)."""
-        prog_rows, prog_batch, _ = ops.schedule
-        if prog_rows.shape[0] == 0:
+        the device flag in ops.schedule.variants leaves one of them without work (Operands)."""
+        schedule = ops.schedule
+        if schedule.programs == 0:
             return
         dev = problem.device
         unused64 = torch.empty(1, dtype=torch.int64, device=dev)
         unused32 = torch.empty(1, dtype=torch.float32, device=dev)
         keys = ops.keys
         tile_wide = keys.tile_wide if stride == 1 else keys.batch_wide
-        grid = (prog_rows.shape[0],)
-        for any_wide, (variant_rows, span) in zip((False, True), ops.spans):
+        grid = (schedule.programs,)
+        for any_wide, (variant_rows, span) in zip((False, True), schedule.variants):
             args = (
                 keys.k_lo, keys.k_hi, keys.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
-                ops.rowfac, variant_rows, prog_batch, span, ops.prog_q_wide, problem.starts, problem.ends,
+                ops.rowfac, variant_rows, schedule.batch, span, schedule.q_wide, problem.starts, problem.ends,
                 keys.s_pad,
                 out if out is not None else unused32, out_width, problem.max_end, stride,
                 thresholds if thresholds is not None else unused32,
