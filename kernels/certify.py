@@ -45,23 +45,29 @@ class Certified:
     overflow: torch.Tensor
 
 
-def _certificate(problem: PrefillProblem, scan: CandidateScan, capacity: int):
-    """(kept int64, overflow bool, underfilled bool) [rows] of a scan (module docstring)."""
-    kept = scan.appended.clamp(max=capacity)
-    overflow = scan.appended > capacity
-    return kept, overflow, ~overflow & (kept < problem.window_lengths.clamp(max=problem.topk))
-
-
 def certify(problem: PrefillProblem, scan: CandidateScan, capacity: int, status: torch.Tensor) -> Certified:
     """Certificate bits of every row (module docstring) and the selection of its candidates."""
-    k = problem.topk
-    kept, overflow, underfilled = _certificate(problem, scan, capacity)
+    if runs_triton_stages(problem.device):
+        from .triton.certify import certificate_triton
+
+        status, kept, overflow, repaired = certificate_triton(problem, scan.appended, capacity, status)
+    else:
+        status, kept, overflow, repaired = certificate_torch(problem, scan.appended, capacity, status)
+    top = select_candidates(scan.keys, kept, scan.thresholds, problem.topk)
+    return Certified(top=top, status=status, repaired=repaired, scan=scan, overflow=overflow)
+
+
+def certificate_torch(problem: PrefillProblem, appended: torch.Tensor, capacity: int, status: torch.Tensor):
+    """(status int32 with OVERFLOW / UNDERFILLED for rows without a bit, kept int64, overflow bool,
+    repaired int32 zeros) [rows] of a scan's appended counts (module docstring), in torch ops; the
+    Triton twin is kernels/triton/certify.py."""
+    kept = appended.clamp(max=capacity)
+    overflow = appended > capacity
+    underfilled = ~overflow & (kept < problem.window_lengths.clamp(max=problem.topk))
     answerable = status == 0
     status = set_status_bit(status, overflow & answerable, RowStatus.OVERFLOW)
     status = set_status_bit(status, underfilled & answerable, RowStatus.UNDERFILLED)
-    top = select_candidates(scan.keys, kept, scan.thresholds, k)
-    repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
-    return Certified(top=top, status=status, repaired=repaired, scan=scan, overflow=overflow)
+    return status, kept, overflow, torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
 
 
 def _capacity_only(status: torch.Tensor) -> torch.Tensor:
@@ -84,7 +90,8 @@ def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Ce
         sub = replace(problem, **gathered, parent=problem, parent_rows=picked)
         capacity = max(sub.max_end, 1)
         scan = backend.scan_candidates(sub, safe, capacity)
-        top = select_candidates(scan.keys, scan.appended.clamp(max=capacity), scan.thresholds, sub.topk)
+        # capacity >= every window: nothing overflows, every appended key is kept
+        top = select_candidates(scan.keys, scan.appended, scan.thresholds, sub.topk)
         repair_scatter_triton(chosen, sub, scan, top, capacity, state)
         return
     failing = _capacity_only(state.status)
@@ -118,6 +125,6 @@ def _rescan(sub: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) ->
     any window (max_end keys), from the safe thresholds `safe`."""
     capacity = max(sub.max_end, 1)
     scan = backend.scan_candidates(sub, safe, capacity)
-    kept, overflow, underfilled = _certificate(sub, scan, capacity)
-    certified = ~overflow & ~underfilled & ~scan.nonfinite
+    status, kept, _, _ = certificate_torch(sub, scan.appended, capacity, torch.zeros_like(sub.row_status))
+    certified = (status == 0) & ~scan.nonfinite
     return select_candidates(scan.keys, kept, scan.thresholds, sub.topk), certified

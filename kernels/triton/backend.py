@@ -30,7 +30,11 @@ from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
-from .decode import FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton
+from .certify import finish_scan_triton
+from .decode import (
+    FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton,
+    unsupported_rows_triton,
+)
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
@@ -186,6 +190,9 @@ class TritonBackend(ScoringBackend):
         (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
         asked (after the scan is enqueued: off the path to the first scoring launch)."""
         ops = self.operands(problem)
+        if runs_triton_stages(problem.device):
+            return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
+                                           problem.ends, ops.q_unsupported, problem.scratch)
         prefix = torch.nn.functional.pad(((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
                                          (1, 0))
         b = problem.row_to_batch.long()
@@ -268,7 +275,17 @@ class TritonBackend(ScoringBackend):
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
                      appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])
-        raised = scan["raised"]
-        final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
-        return CandidateScan(keys=buffer, appended=scan["appended"].long(), thresholds=final,
-                             nonfinite=scan["nonfinite"].bool())
+        if runs_triton_stages(dev):
+            final, appended, nonfinite = finish_scan_triton(thresholds, scan, problem.scratch)
+        else:
+            final, appended, nonfinite = finish_scan_torch(thresholds, scan)
+        return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite)
+
+
+def finish_scan_torch(thresholds: torch.Tensor, scan: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs: the
+    threshold, raised to the score-floor key of the scan's raised threshold score where it rose (torch;
+    Triton twin: kernels/triton/certify.py)."""
+    raised = scan["raised"]
+    final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
+    return final, scan["appended"].long(), scan["nonfinite"].bool()

@@ -308,3 +308,35 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
     if not with_weights:
         return decoded
     return decoded + (wq, rowfac, refused, q_wide.view(torch.bool), q_unsupported.view(torch.bool))
+
+
+@triton.jit
+def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_ptr, ends_ptr, q_unsupported_ptr,
+                            out_ptr, BLOCK: tl.constexpr):
+    """out[row] = a live row whose query is unsupported or whose window holds an unsupported key;
+    the window is read only when the key summary says some decoded key is unsupported."""
+    row = tl.program_id(0)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    b = tl.load(rtb_ptr + row).to(tl.int64)
+    bad_keys = 0
+    if (tl.load(summary_ptr) & FLAG_UNSUPPORTED_C) != 0:
+        for p0 in range(start, end, BLOCK):
+            offs = p0 + tl.arange(0, BLOCK)
+            flags = tl.load(key_flags_ptr + b * s_pad + offs, mask=offs < end, other=0).to(tl.int32)
+            bad_keys += tl.sum(((flags & FLAG_UNSUPPORTED_C) != 0).to(tl.int32), axis=0)
+    bad = (tl.load(q_unsupported_ptr + row) != 0) | (bad_keys > 0)
+    tl.store(out_ptr + row, ((end > start) & bad).to(tl.int8))
+
+
+def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
+                            starts: torch.Tensor, ends: torch.Tensor, q_unsupported: torch.Tensor,
+                            scratch: Scratch) -> torch.Tensor:
+    """bool [rows]: TritonBackend.unsupported_rows in one launch, from the keys' decode flags int8
+    [B, s_pad], the decode summary (int32, summary[0]: OR of the key flags) and the rows' q_unsupported."""
+    rows = starts.shape[0]
+    out = scratch.empty(rows, torch.int8)
+    if rows:
+        unsupported_rows_kernel[(rows,)](key_flags, key_flags.shape[1], summary, row_to_batch, starts, ends,
+                                         q_unsupported.view(torch.int8), out, BLOCK=256)
+    return out.view(torch.bool)
