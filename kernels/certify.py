@@ -13,6 +13,11 @@ of its window, so a lower bound of its true K-th best; none for an underfilled r
 SELECTOR_FAILURE. The slots are fixed: a launch over `repair_rows` padding rows when nothing failed
 costs a few microseconds. Rows beyond that capacity keep their capacity bit (they publish nothing);
 `complete_repair` (operator check=True, outside graph capture) rescans them on a synchronizing path.
+
+Launches (runs_triton_stages): the certificate is one kernel (kernels/triton/certify.py) plus the
+selection; the repair is the slot choice + gather (one kernel, kernels/triton/repair.py), the subset's
+operands (one), the rescan (prepare, buffer, two scoring variants, its outputs), its selection and the
+scatter back (one). The torch code here is their twin on other devices.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def certificate_torch(problem: PrefillProblem, appended: torch.Tensor, capacity:
     answerable = status == 0
     status = set_status_bit(status, overflow & answerable, RowStatus.OVERFLOW)
     status = set_status_bit(status, underfilled & answerable, RowStatus.UNDERFILLED)
-    return status, kept, overflow, torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
+    return status, kept, overflow, problem.scratch.zeros(problem.num_rows, torch.int32)
 
 
 def _capacity_only(status: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,11 @@ Per call the backend decodes the live keys and the queries once into exact int8 
 (decode.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
 the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one
 sequence each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel
-in dense or scan mode on the current stream. Nothing is read back on the host. Runs on an NVIDIA CUDA
+in dense or scan mode on the current stream. Nothing is read back on the host. The glue between the
+kernels is Triton kernels too (decode.py's bookkeeping, schedule.py, repair.py's subset operands,
+certify.py's scan outputs) where devices.runs_triton_stages says so, their torch twins elsewhere: a
+LiteTopK call is ~45 launches (bench.probes.host_time --cpu counts them). Buffers come from
+problem.scratch (workspace.py). Runs on an NVIDIA CUDA
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
@@ -220,9 +224,8 @@ class TritonBackend(ScoringBackend):
         schedule = ops.schedule
         if schedule.programs == 0:
             return
-        dev = problem.device
-        unused64 = torch.empty(1, dtype=torch.int64, device=dev)
-        unused32 = torch.empty(1, dtype=torch.float32, device=dev)
+        unused64 = problem.scratch.empty(1, torch.int64)
+        unused32 = problem.scratch.empty(1, torch.float32)
         keys = ops.keys
         tile_wide = keys.tile_wide if stride == 1 else keys.batch_wide
         grid = (schedule.programs,)
@@ -259,8 +262,8 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
-        out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
-        nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
+        out = problem.scratch.empty((problem.num_rows, width), torch.float32)
+        nonfinite = problem.scratch.zeros(problem.num_rows, torch.int8)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.bool()
 
@@ -271,7 +274,7 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins)
-        buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
+        buffer = problem.scratch.full((rows, capacity), NO_KEY, torch.int64)
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
                      appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])

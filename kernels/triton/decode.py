@@ -16,7 +16,19 @@ Keys are read in place through the block table from a cache in either format (ca
 value byte (t, g, b) at page * value_page_stride + t * TOKEN_STRIDE + g * GROUP_STRIDE + b, scale
 (t, g) at page * scale_page_stride + SCALE_OFFSET + token_offset(t) + g * SCALE_GROUP_STRIDE, page
 products in int64); positions >= `need[b]` or on an invalid page decode to zero. Queries are read
-in place. Tiling: VB vectors per program, 128 elements each.
+in place. Tiling: VB vectors per program, 128 elements each; for keys VB = BLOCK_KEYS of the scoring
+kernels, so that one program decodes one key tile.
+
+The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
+torch op on the host path (one launch each):
+    decode_prologue_kernel   need[b] (largest window end of sequence b's rows), the zeroed summary
+                             words and batch_wide
+    _decode_keys_kernel      + tile_wide[b, tile] (a key of the tile is wide), batch_wide[b] |= it
+    _decode_queries_kernel   + per row: q_wide (a live row with a wide head vector), q_unsupported
+                             (a head vector of spread > 7, or head weights refused), rowfac * weight_scale
+    unsupported_rows_kernel  TritonBackend.unsupported_rows (reads a row's window only when the key
+                             summary holds FLAG_UNSUPPORTED)
+Their torch definitions (any / OR over the per-vector flags) are what the tests compare them with.
 """
 
 from __future__ import annotations

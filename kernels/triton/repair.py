@@ -26,7 +26,7 @@ import triton.language as tl
 from ..status import CAPACITY_EVENTS, RowStatus
 from ..workspace import Scratch
 from .decode import FLAG_WIDE
-from .schedule import Schedule, with_variants
+from .schedule import Schedule, _store_span, with_variants
 from .scoring import NO_KEY_C
 
 BLOCK = 1024  # rows a slot's program reads per step when it looks for its row
@@ -118,10 +118,8 @@ def subset_operands_kernel(
     tl.store(wide_rows_ptr + slot * BLOCK_ROWS + offs_l, tl.where(wide, lane_rows, -1), mask=lanes)
     tl.store(batch_ptr + slot, tl.load(rtb_ptr + slot))
     tl.store(prog_wide_ptr + slot, q_wide.to(tl.int8))
-    for half, value in ((0, tl.where(live, start, 0)), (1, tl.where(live, end, 0))):
-        tl.store(span_ptr + slot * 2 + half, value)
-        tl.store(narrow_span_ptr + slot * 2 + half, tl.where(wide, 0, value))
-        tl.store(wide_span_ptr + slot * 2 + half, tl.where(wide, value, 0))
+    _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, slot, tl.where(live, start, 0), tl.where(live, end, 0), wide,
+                True)
 
 
 def subset_operands_torch(problem, parent, block_rows: int):

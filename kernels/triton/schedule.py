@@ -193,6 +193,17 @@ def schedule_programs_kernel(
 
 
 @triton.jit
+def _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, at, start, end, wide, mask):
+    """Write (start, end) at program `at` of the schedule, and of the variant that applies ((0, 0) in the other)."""
+    tl.store(span_ptr + at * 2, start, mask=mask)
+    tl.store(span_ptr + at * 2 + 1, end, mask=mask)
+    tl.store(narrow_span_ptr + at * 2, tl.where(wide, 0, start), mask=mask)
+    tl.store(narrow_span_ptr + at * 2 + 1, tl.where(wide, 0, end), mask=mask)
+    tl.store(wide_span_ptr + at * 2, tl.where(wide, start, 0), mask=mask)
+    tl.store(wide_span_ptr + at * 2 + 1, tl.where(wide, end, 0), mask=mask)
+
+
+@triton.jit
 def schedule_order_kernel(
     first_at_ptr, n, programs, flags_ptr,              # int32 [n]; int; int32 [2] (decode summary)
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
@@ -229,10 +240,7 @@ def schedule_order_kernel(
     tl.store(wide_rows_ptr + place[:, None] * BLOCK_ROWS + offs_l[None, :], tl.where(wide, rows, -1), mask=lanes)
     tl.store(out_batch_ptr + place, tl.load(prog_batch_ptr + offs_p, mask=valid_p, other=0), mask=mask_p)
     tl.store(out_q_wide_ptr + place, tl.load(prog_q_wide_ptr + offs_p, mask=valid_p, other=0), mask=mask_p)
-    for half, value in ((0, start_p), (1, end_p)):
-        tl.store(out_span_ptr + place * 2 + half, value, mask=mask_p)
-        tl.store(narrow_span_ptr + place * 2 + half, tl.where(wide, 0, value), mask=mask_p)
-        tl.store(wide_span_ptr + place * 2 + half, tl.where(wide, value, 0), mask=mask_p)
+    _store_span(out_span_ptr, narrow_span_ptr, wide_span_ptr, place, start_p, end_p, wide, mask_p)
 
 
 def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags,

@@ -9,6 +9,8 @@ and compare with the torch call on the same inputs.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -19,7 +21,9 @@ from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_same
 from tests.problems import make_problem, results_equal
 
-pytestmark = pytest.mark.interpret
+pytestmark = [pytest.mark.interpret,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="interpreter only: on a GPU the Triton stages run compiled in every operator test")]
 
 
 def random_metadata(gen: torch.Generator, n: int, batch: int):
@@ -76,6 +80,13 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
     if name.startswith("overflow"):
         p.row_to_batch[0] = 7  # a bad batch index: INVALID_ROW
         p.starts[3] = p.ends[3] = 0  # an empty window
+    if name.startswith("wide"):  # key 5 of sequence 0 and a head of row 3 span 10 binades: UNSUPPORTED
+        page = int(p.block_table[0, 0])
+        p.kv_cache.view(-1, 4352)[page, 5 * 64:6 * 64] = 0x22
+        p.kv_cache.view(-1, 4352)[page, 4096 + 5 * 4:4096 + 6 * 4] = torch.tensor([117, 127, 127, 127],
+                                                                                   dtype=torch.uint8)
+        p.q_fp4[3, 9] = 0x22
+        p.q_scale[3, 9] = torch.tensor([117, 127, 127, 127], dtype=torch.uint8)
     torch_stages = _call(p, tuning, triton_stages=False)
     triton_stages = _call(p, tuning, triton_stages=True)
     where = f"[{name}] seed {seed}"
@@ -85,6 +96,9 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
         assert int(torch_stages.status[0]) == int(RowStatus.INVALID_ROW), where
         assert int(torch_stages.repaired.sum()) == 1, f"{where}: one slot, one repaired row"
         assert int((torch_stages.status == int(RowStatus.OVERFLOW)).sum()) == 1, f"{where}: {torch_stages.status}"
+    if name.startswith("wide"):
+        unsupported = ((torch_stages.status & int(RowStatus.UNSUPPORTED)) != 0).tolist()
+        assert unsupported == [True, True, False, True], f"{where}: UNSUPPORTED rows {torch_stages.status.tolist()}"
     if name.startswith("underfill"):
         assert int(torch_stages.repaired.sum()) == 3, f"{where}: every row is repaired"
 
