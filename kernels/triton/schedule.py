@@ -124,6 +124,16 @@ def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int
 
 
 @triton.jit
+def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
+    """(group, sort key) of rows `offs`: the sequence (batch for an empty window) and group << 32 | start
+    (0 for an empty window), the torch code's argsort key."""
+    start = tl.load(starts_ptr + offs, mask=mask, other=0)
+    live = tl.load(ends_ptr + offs, mask=mask, other=0) > start
+    group = tl.where(live, tl.load(rtb_ptr + offs, mask=mask, other=0), batch)
+    return group, (group.to(tl.int64) << 32) | tl.where(live, start, 0).to(tl.int64)
+
+
+@triton.jit
 def schedule_rank_kernel(
     rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
     order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x3, indexed by place: row, group, first lane
@@ -131,21 +141,13 @@ def schedule_rank_kernel(
 ):
     offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask_i = offs_i < n
-    s_i = tl.load(starts_ptr + offs_i, mask=mask_i, other=0)
-    e_i = tl.load(ends_ptr + offs_i, mask=mask_i, other=0)
-    live_i = e_i > s_i
-    group_i = tl.where(live_i, tl.load(rtb_ptr + offs_i, mask=mask_i, other=0), batch)
-    key_i = (group_i.to(tl.int64) << 32) | tl.where(live_i, s_i, 0).to(tl.int64)
+    group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
     place = tl.zeros([BLOCK], dtype=tl.int32)
     lower = tl.zeros([BLOCK], dtype=tl.int32)  # rows of earlier groups
     for j0 in range(0, n, BLOCK):
         offs_j = j0 + tl.arange(0, BLOCK)
         mask_j = offs_j < n
-        s_j = tl.load(starts_ptr + offs_j, mask=mask_j, other=0)
-        e_j = tl.load(ends_ptr + offs_j, mask=mask_j, other=0)
-        live_j = e_j > s_j
-        group_j = tl.where(live_j, tl.load(rtb_ptr + offs_j, mask=mask_j, other=0), batch)
-        key_j = (group_j.to(tl.int64) << 32) | tl.where(live_j, s_j, 0).to(tl.int64)
+        group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
         before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None])
                                                       & (offs_j[None, :] < offs_i[:, None]))
         place += tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
