@@ -265,7 +265,7 @@ class TritonBackend(ScoringBackend):
         out = problem.scratch.empty((problem.num_rows, width), torch.float32)
         nonfinite = problem.scratch.zeros(problem.num_rows, torch.int8)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
-        return out, nonfinite.bool()
+        return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
                         ceilings: torch.Tensor | None = None) -> CandidateScan:
