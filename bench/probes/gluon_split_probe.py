@@ -165,7 +165,7 @@ def on_device(out_dir: str) -> dict:
     problem = validate_prefill(*args, **kw)
     backend = TritonBackend(scoring_kernel="gluon")
     ops = backend.operands(problem)
-    rows_, batch_, _ = ops.schedule
+    rows_, batch_ = ops.schedule.rows, ops.schedule.batch
 
     def split():
         width = problem.max_end
