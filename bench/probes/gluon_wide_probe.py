@@ -36,8 +36,8 @@ def main() -> None:
         res["any_wide"] = bool((ops.keys.flags & FLAG_WIDE).any())
         res["wide_tiles"] = int((ops.keys.tile_wide != 0).sum())
         res["tiles"] = int(ops.keys.tile_wide.numel())
-        res["wide_programs"] = int((ops.prog_q_wide != 0).sum())
-        res["programs"] = int(ops.prog_q_wide.numel())
+        res["wide_programs"] = int((ops.schedule.q_wide != 0).sum())
+        res["programs"] = int(ops.schedule.q_wide.numel())
         if spread:
             scores = {n: b.score_dense(problem) for n, b in backends.items()}
             res["dense_equal"] = all(torch.equal(x, y) for x, y in zip(scores["gluon"], scores["triton"]))
