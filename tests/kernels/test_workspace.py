@@ -10,6 +10,9 @@ stages then run beside the Triton kernels, as on CPU CI).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -19,6 +22,7 @@ from litetopk.kernels import (
     allocate_workspace,
     dense_topk_prefill,
     litetopk_prefill,
+    random_problem,
     workspace_bytes,
 )
 from litetopk.kernels.calibration import sample_stride, shape_changes
@@ -210,3 +214,49 @@ def test_a_set_of_k_takes_the_largest():
     kw = dict(max_rows=3, max_seq_len=900, device="cpu", backend="reference")
     both = workspace_bytes(topk=(512, 1024), **kw)
     assert both == max(workspace_bytes(topk=512, **kw), workspace_bytes(topk=1024, **kw))
+
+
+def test_the_embedding_docs_example_runs():
+    """docs/operator-embedding.md's workspace example (its one plain `python` block there), as written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operator-embedding.md").read_text()
+    section = re.search(r"^## Caller-owned workspace\n(.*?)^## ", text, flags=re.S | re.M)
+    assert section, "docs/operator-embedding.md has no '## Caller-owned workspace' section"
+    blocks = re.findall(r"^```python\n(.*?)^```", section.group(1), flags=re.S | re.M)
+    assert len(blocks) == 1, f"expected one runnable python block, found {len(blocks)}"
+    exec(compile(blocks[0], "operator-embedding.md", "exec"), {})
+
+
+@pytest.mark.gpu
+def test_on_cuda_exact_sync_free_and_capturable(seed):
+    """The Triton path on a CUDA device: exact at the bounds, no host sync with a workspace, and a
+    graph captured on a fixed workspace and `out` replays new input contents to the eager bits."""
+    p = random_problem(40, [3000, 5000], 512, device="cuda", seed=seed)
+    fresh = random_problem(40, [3000, 5000], 512, device="cuda", seed=seed + 1)
+    bounds = dict(max_rows=40, max_seq_len=bound_of(p), topk=512, device="cuda", max_batch=2)
+    workspace = allocate_workspace(**bounds)
+    assert workspace.numel() == workspace_bytes(**bounds)
+    same_bits(call("litetopk", p, "auto", workspace=workspace), call("litetopk", p, "auto"), f"cuda, seed {seed}")
+    with pytest.raises(InputError, match="this call needs at least"):
+        call("litetopk", p, "auto", workspace=workspace[:-1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call("litetopk", p, "auto", workspace=workspace)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out = {name: torch.full_like(getattr(call("litetopk", p, "auto"), name), -7) for name in FIELDS}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call("litetopk", p, "auto", out=out, workspace=workspace)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call("litetopk", p, "auto", out=out, workspace=workspace)
+    for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
+        getattr(p, name).copy_(getattr(fresh, name))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = call("litetopk", p, "auto")
+    for name in FIELDS:
+        assert torch.equal(out[name], getattr(want, name)), f"seed {seed}: {name} differs after replay"
