@@ -96,7 +96,7 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
     with record_function("litetopk.dense_score"):
         scores, nonfinite = backend.score_dense(problem)
     with record_function("litetopk.dense_select"):
-        top = select_topk_dense(scores, problem.topk, selector, scratch=problem.scratch)
+        top = select_topk_dense(scores, problem.topk, selector)
     status = _scoring_faults(problem, backend, nonfinite)
     repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
     with record_function("litetopk.assemble"):

@@ -16,7 +16,6 @@ import torch
 
 from .devices import runs_triton_stages
 from .errors import InputError
-from .workspace import Scratch
 
 NO_KEY = -(2**63)
 _LOW32 = 0xFFFFFFFF
@@ -60,19 +59,20 @@ def kth_key(keys: torch.Tensor, k: int) -> torch.Tensor:
     return select_topk_keys(keys, k)[:, k - 1]
 
 
-def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch", scratch: Scratch | None = None) -> torch.Tensor:
+def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> torch.Tensor:
     """Exact top-k keys [rows, k] of a dense float32 score matrix whose column is the position.
 
     Entries outside a row's window must be -inf. `selector` names the value top-k that does the
     bulk of the work ("torch": torch.topk; "flashinfer": flashinfer.top_k); it is asked for k+1
     values so that a tie across the k-th place is detected, and only such rows are re-selected
-    with ordering keys. The answer is the same for every selector. The empty answer (no column)
-    comes from `scratch` (None: the allocator); the rest are torch ops' results.
+    with ordering keys. The answer is the same for every selector. Every tensor here is a torch
+    op's result or, for a matrix of no column, a new tensor from the allocator (not the workspace:
+    workspace.py says why).
     """
     rows, width = scores.shape
     take = min(k + 1, width)
     if take == 0:
-        return (scratch if scratch is not None else Scratch(scores.device)).full((rows, k), NO_KEY, torch.int64)
+        return torch.full((rows, k), NO_KEY, dtype=torch.int64, device=scores.device)
     values, positions = _value_topk(scores, take, selector)
     keys = make_keys(values, positions)
     keys = torch.where(torch.isneginf(values), NO_KEY, keys)

@@ -14,8 +14,10 @@ graphs). A workspace that is too small raises InputError saying how many bytes t
 What the workspace holds: the explicit buffers of the stages (row checks' outputs, decoded operands,
 the schedule, the calibration sample, the candidate buffers and scan state, the repair's rescan).
 Not in it: implicit temporaries of torch ops (the torch stages' intermediate results), the
-per-block temporaries of the reference backend's loops, and the result fields not given in `out=`
-(they are returned, so they outlive the call: torch's allocator; under a CUDA graph, the graph's pool).
+per-block temporaries of the reference backend's loops, the dense path's answer for a window bound
+of 0 (no score column: it would make the size shrink as the bound grows), and the result fields not
+given in `out=` (they are returned, so they outlive the call). Those come from torch's allocator
+(under a CUDA graph, the graph's pool).
 
 Sizing (`workspace_bytes`) is measured, not restated: the operator itself runs at the bounds (rows with
 empty windows: the buffers' shapes come from shapes and bounds only, never from the data) and
@@ -88,9 +90,11 @@ def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], 
     dense=True) on `device` with the backend `backend` resolves to there, `tuning` (LiteTopKTuning,
     default production) and: rows <= max_rows, block-table rows (sequences) <= max_batch, window
     bound max_end = min(max_seq_len argument, block_table.shape[1] * 64) <= max_seq_len, K `topk` (or
-    any K of a sequence of them). Exact: a call at the bounds carves exactly this many bytes (module
-    docstring: measured by running the operator at the bounds on `device`, a few launches with empty
-    windows, so call it once, outside graph capture). Raises InputError for a bound out of range."""
+    any K of a sequence of them). Exact: the largest call within the bounds carves exactly this many
+    bytes; that is the call at the bounds, or one at a bound below max_seq_len where the calibration
+    sample changes shape (module docstring: measured by running the operator on `device`, a few
+    launches with empty windows; call it once, outside graph capture). Raises InputError for a bound
+    out of range."""
     from .calibration import shape_changes
     from .operator import new_backend, on_device
     from .pipeline import LiteTopKTuning

@@ -1,9 +1,10 @@
 """The caller-owned workspace (issue 14 item 1): `workspace_bytes` / `allocate_workspace` and
 `workspace=` on both operators.
 
-The size is exact at the bounds: a call with max_rows rows, max_batch sequences and windows up to
-the bound succeeds on a workspace of workspace_bytes(...) and fails with InputError naming the bytes
-on one byte less; smaller calls fit; two calls on one workspace give the bits of a call without
+The size is exact: a call with max_rows rows, max_batch sequences and windows up to the bound
+succeeds on a workspace of workspace_bytes(...) and (in these cases, where the largest call is the
+one at the bounds) fails with InputError naming the bytes on one byte less; smaller calls fit, calls
+at a bound below where the calibration sample is wider too; two calls on one workspace give the bits of a call without
 one. Run on the reference backend (CPU) and on the Triton backend under the interpreter (the torch
 stages then run beside the Triton kernels, as on CPU CI).
 """
@@ -260,3 +261,12 @@ def test_on_cuda_exact_sync_free_and_capturable(seed):
     want = call("litetopk", p, "auto")
     for name in FIELDS:
         assert torch.equal(out[name], getattr(want, name)), f"seed {seed}: {name} differs after replay"
+
+
+def test_dense_with_an_empty_window_bound_fits(seed):
+    """The dense path at window bound 0 has no score matrix to select from; its [rows, K] answer is
+    not carved (it would outgrow the matrix of a short bound): a workspace sized for one holds the call."""
+    p = make_problem(seed, seq_lens=[100], rows_per_seq=3, topk=512)
+    workspace = allocate_workspace(3, 128, 512, device="cpu", backend="reference", dense=True)
+    same_bits(call("dense", p, "reference", workspace=workspace, max_seq_len=0),
+              call("dense", p, "reference", max_seq_len=0), "dense at bound 0")
