@@ -110,3 +110,19 @@ def test_requests_beyond_the_limits(in_process, seed):
         with pytest.raises(RowFaultProblem) as err:
             client.topk(*long.args(), topk=512)
         assert err.value.code == "invalid_row" and err.value.rows == [0, 1], err.value.detail
+
+
+def test_the_workspace_is_allocated_on_the_worker_thread_only():
+    from litetopk.service.executor import DeviceExecutor, WorkspaceLimits
+    from litetopk.service.metrics import ServiceMetrics
+
+    executor = DeviceExecutor(torch.device("cpu"), 2, ServiceMetrics())
+    with pytest.raises(RuntimeError, match="worker thread"):
+        executor.allocate_workspace(WorkspaceLimits(2, 256, 1), "reference")
+    assert executor.workspace is None
+
+
+@pytest.mark.parametrize("max_rows,device,want", [(0, "cpu", 256), (0, "cuda", 8192), (40, "cpu", 40), (40, "cuda", 40)])
+def test_row_limit(max_rows, device, want):
+    settings = ServiceSettings(uds="", max_rows=max_rows)
+    assert settings.row_limit(torch.device(device)) == want
