@@ -101,8 +101,9 @@ class DeviceExecutor:
             raise ServiceError("not_ready", "the device workspace is not allocated yet (warm-up running or failed)")
         rows = q_fp4.shape[0] if q_fp4.ndim else 0
         batch = block_table.shape[0] if block_table.ndim else 0
-        for what, count, limit, setting in (("query rows", rows, self.limits.max_rows, "MAX_ROWS"),
-                                            ("sequences (block_table rows)", batch, self.limits.max_batch, "MAX_BATCH")):
+        limits = self.limits
+        for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
+                                            ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
             if count > limit:
                 raise ServiceError("invalid_input", f"{count} {what}: this service serves at most {limit} a request "
                                    f"(LITETOPK_{setting}); split the request")

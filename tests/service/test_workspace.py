@@ -74,8 +74,7 @@ def test_out_regions_give_the_same_bits_and_one_workspace_serves_every_request(i
     with TopKClient(uds=uds) as client:
         cache = client.register(p.kv_cache)
         plain = client.topk(*p.args()[:2], cache, *p.args()[3:], topk=p.topk)
-        regions = {name: client.register(torch.full(tuple(getattr(want, name).shape), -5, dtype=getattr(want, name).dtype))
-                   for name in FIELDS}
+        regions = {name: client.register(torch.full_like(getattr(want, name), -5)) for name in FIELDS}
         for attempt in range(3):
             got = client.topk(*p.args()[:2], cache, *p.args()[3:], topk=p.topk,
                               out={name: region for name, region in regions.items()})
@@ -122,7 +121,8 @@ def test_the_workspace_is_allocated_on_the_worker_thread_only():
     assert executor.workspace is None
 
 
-@pytest.mark.parametrize("max_rows,device,want", [(0, "cpu", 256), (0, "cuda", 8192), (40, "cpu", 40), (40, "cuda", 40)])
+@pytest.mark.parametrize("max_rows,device,want",
+                         [(0, "cpu", 256), (0, "cuda", 8192), (40, "cpu", 40), (40, "cuda", 40)])
 def test_row_limit(max_rows, device, want):
     settings = ServiceSettings(uds="", max_rows=max_rows)
     assert settings.row_limit(torch.device(device)) == want
