@@ -273,7 +273,7 @@ class TritonBackend(ScoringBackend):
         rows = problem.num_rows
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
-        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins)
+        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.full((rows, capacity), NO_KEY, torch.int64)
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
