@@ -1,13 +1,22 @@
 """Stage 2, calibration: a safe threshold for every row's fused scan from a strided sample (torch;
 Triton twin of the order statistics in kernels/triton/calibration.py, the same bits).
 
-Math. The sample is every stride-th position of the window (stride = max_end // sample_size, a
-static bound: no host round trip), scored densely by the backend into [rows, ceil(max_end / stride)].
+Math. The sample is every stride-th position of the window (stride = min(max_end // sample_size,
+MAX_SAMPLE_STRIDE), from a static bound: no host round trip), scored densely by the backend into
+[rows, ceil(max_end / stride)].
 With T = the K-th best sampled score, at least K keys of the window score >= T, so every true top-K
 key does: "score >= T" is a safe threshold (its score-floor key, selection.score_floor_keys). NO_KEY
 where a row has fewer than K sampled keys or a NaN among them (the scan flags the row). The ceiling
 is the key of the sample's max(1, K / (2 stride))-th best score, an estimate above the true K-th
 best, which ranges the scan's threshold histogram (None without a sample).
+
+Cost. The scan raises its threshold itself as it goes (scoring.py), so the sample only sets where it
+starts: a sparser sample costs less to score and order but starts the scan looser, so it appends
+more candidates (about K x stride before the first raise). Measured on the H200 at Q = 8192
+(bench/results/scan-tuning-h200-v12*.json): 2,048 samples instead of 4,096 save 0.45 ms a call at
+65,536 keys (calibration 0.68 vs 1.15 ms; candidates 2,781 vs 2,228 of 4,096 for K = 512); at
+196,608 keys a stride above 64 overflows the buffer of some rows (2,048 samples, stride 96: 4 rows
+repaired, +1.7 ms), hence the cap: stride 64 (3,072 samples) saves 0.86 ms there.
 """
 
 from __future__ import annotations
@@ -33,10 +42,14 @@ def calibrate(problem: PrefillProblem, backend: ScoringBackend, sample_size: int
     return calibration_keys(sample, k, max(1, k // (2 * stride)), offset, scratch=problem.scratch)
 
 
+MAX_SAMPLE_STRIDE = 64  # the sparsest sample that keeps the scan's candidates inside 8 K (module docstring)
+
+
 def sample_stride(max_end: int, sample_size: int, k: int) -> int:
-    """The stride of the calibration sample for the window bound `max_end`; 0: no sample (the
-    sample would be (nearly) the whole window, stride < 2, or hold fewer than K keys)."""
-    stride = max_end // sample_size if sample_size > 0 else 0
+    """The stride of the calibration sample for the window bound `max_end`: max_end // sample_size,
+    at most MAX_SAMPLE_STRIDE; 0: no sample (the sample would be (nearly) the whole window, stride
+    < 2, or hold fewer than K keys)."""
+    stride = min(max_end // sample_size, MAX_SAMPLE_STRIDE) if sample_size > 0 else 0
     return 0 if stride < 2 or -(-max_end // stride) < k else stride
 
 
@@ -50,8 +63,9 @@ def shape_changes(max_end: int, sample_size: int, k: int) -> list[int]:
         return [max_end]
     ends = {max_end}
     unsampled = min(max_end, 2 * sample_size - 1)  # stride < 2
-    for stride in range(2, max_end // sample_size + 1):
-        last = min(max_end, (stride + 1) * sample_size - 1)  # the last e of this stride
+    for stride in range(2, min(max_end // sample_size, MAX_SAMPLE_STRIDE) + 1):
+        # the last e of this stride (the capped stride holds every e from its first to max_end)
+        last = max_end if stride == MAX_SAMPLE_STRIDE else min(max_end, (stride + 1) * sample_size - 1)
         if sample_stride(last, sample_size, k):
             ends.add(last)
         if sample_size < k:  # e in [stride * sample_size, last] goes without a sample while ceil(e / stride) < k

@@ -39,7 +39,8 @@ from .validation import PrefillProblem
 class LiteTopKTuning:
     """Knobs of the LiteTopK method; the defaults are the production settings.
 
-    sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size).
+    sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
+      at most calibration.MAX_SAMPLE_STRIDE; the default is measured there).
     capacity_factor: candidate buffer = capacity_factor * K keys per row, unless
       candidate_capacity is given.
     calibration_offset: added to every calibrated threshold score. Fault injection for tests of
@@ -47,7 +48,7 @@ class LiteTopKTuning:
     repair_rows: capacity-event rows the device repair rescans per call (certify.py).
     """
 
-    sample_size: int = 4096
+    sample_size: int = 2048
     capacity_factor: int = 8
     candidate_capacity: int | None = None
     calibration_offset: float = 0.0
