@@ -1,47 +1,54 @@
-"""The candidate top-K by radix select (Triton; sm_90 and the interpreter): select_topk_candidates_radix.
+"""The candidate top-K by one bucket pass (Triton; sm_90 and the interpreter): select_topk_candidates_radix.
 
-Same contract and answer as selection.select_topk_candidates_triton, bit for bit: per row, the K
-largest of the first `kept` ordering keys (kernels.selection.make_keys: distinct int64 whose integer
-order is the contract's total order) among those at or above the row's threshold key T (at or below
-the row's K-th best kept key; NO_KEY = none), sorted descending, NO_KEY padded.
+Same contract and answer as selection.select_topk_keys on each row's passing keys, bit for bit: per
+row, the K largest of the first `kept` ordering keys (kernels.selection.make_keys: distinct int64 whose
+integer order is the contract's total order) among those at or above the row's threshold key T (at or
+below the row's K-th best kept key; NO_KEY = none), sorted descending, NO_KEY padded.
 
-Math. Let P be the row's passing keys (kept and >= floor = max(T, NO_KEY + 1)), n = |P|, hi the
-largest. If n <= K the answer is P. Otherwise the K-th largest key of P is found exactly by a radix
-select on u = key - floor in [0, hi - floor] (uint64, order-preserving): DIGIT-bit digits from the
-top, the first at the lowest shift s with (hi - floor) >> s < RADIX (no pass is spent on bits that
-every passing key shares). Each pass counts the keys of the current bucket per digit (tl.histogram),
-takes the highest digit whose count from the top reaches `need` (the rank still wanted), and
-narrows to it: need -= keys of higher digits. The loop stops as soon as the K-th key is the
-smallest of its bucket (need == count; always so once the bucket is one key or bit 0 is done);
-then the bucket's base key separates exactly the K largest: keys >= it are the answer. The order is
-total, so there is nothing to break, and the answer (sorted by tl.sort over exactly K keys, not a
-top-K over 2 K) is the old kernel's and torch's, bit for bit.
+Math. Let P be the row's passing keys (kept and >= floor = max(T, NO_KEY + 1)), n = |P|. If n <= K
+the answer is P, sorted. Otherwise every key gets a bucket b(key), any function that never decreases
+as the key grows: then the buckets above the K-th key's bucket b* hold only answer keys, those
+below it none, and only the boundary bucket b* needs ranking. b is geometric in the score distance
+d = (key >> 32) - (key >> 32 of P's lowest key), an integer in [0, 2^32): b = 1 + (exponent and the top
+MANTISSA bits of float32(d)) - those of 1.0, clamped to [0, NBINS) (round to nearest never decreases:
+b is monotone). Fine next to P's lowest key, coarse far from it, it needs no pass to learn P's range
+and leaves the K-th key with a few keys: with scan thresholds (K-th key ~0.2 K above the lowest) the
+boundary holds 6 / 11 keys on average, at most 15 / 22 (K = 512 / 1024, MANTISSA 4; with no threshold
+45 / 162). One histogram of b (NBINS counters, one atomic add per passing key) gives b*, the keys
+above it (`above`) and the rank `need` = K - above still wanted in b*; a classification pass writes
+the `above` keys and the boundary keys out; the boundary's `need` largest join them (a tl.sort of
+BOUNDARY keys). Where more than BOUNDARY keys share b* (heavy score ties, no threshold), the
+need-th largest of b* is found exactly by radix narrowing on the bucket's keys (DIGIT bits a pass,
+tl.histogram; the previous kernel's loop) and the bucket's keys at or above it join. The order is
+total, so there is nothing to break; the K keys are sorted by tl.sort.
 
-Tiling: one program per row. Pass 1 streams the row's kept keys CHUNK at a time from HBM and
-compacts the passing ones (a prefix sum gives each its slot) into a per-row scratch row of SMALL =
-2 K keys; the radix passes and the final compaction read that row (L1/L2), or the whole buffer row
-where more than SMALL keys pass (no threshold). The radix base is floor = max(T, NO_KEY + 1): one
-64-bit compare per key excludes both failing keys and the NO_KEY padding of masked loads, and a key
-below a bucket's base wraps to at least the bucket's width, so one shift and compare tests the bucket.
-With scan thresholds the passing keys span about one binade of scores: 5-bit digits leave the K-th
-key alone in its bucket after 2-3 passes over ~619 / ~1,249 keys. The answer is compacted in input
-order into the output row (no other scratch), read back as one [K] tensor and sorted.
+Tiling: one program per row; every pass reads a [TILE_ROWS, LANES] tile, LANES = 32 x num_warps, so
+each thread holds TILE_ROWS keys of one column: a compaction's prefix sum is an in-thread scan plus
+one warp scan of the column counts per tile (a 1-D block's tl.cumsum is a 5-shuffle warp scan per
+register). Passes:
+  1. HBM: the kept keys; passing ones compacted into a scratch row of SMALL = 2 K keys; n; P's lowest
+     score part (an int32 minimum).
+  2. scratch row (L2): the histogram of b by atomic adds into the row's NBINS int32 counters (zeroed
+     by the program), then b*, above, need from one prefix sum over the counters.
+  3. scratch row: the `above` keys compacted into the output row, the boundary's into BOUNDARY
+     scratch slots (one packed prefix sum for both).
+  4. the boundary's sort, its `need` largest stored after the `above` keys; the output row's K keys
+     read back, sorted, stored.
+Where n <= K, passes 2-3 are skipped and the sort reads the scratch row; where n > SMALL (no
+threshold) passes 2-3 read the buffer row instead of the scratch row.
 
-Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; with equal keys
-the compaction keeps the first K at or above the K-th, in input order, before the sort); kept <=
-capacity; NO_KEY in the kept prefix counts as padding (it is one in the output too). No host
-synchronization and no data-dependent shape: CUDA-graph capturable.
+What bounds its time. Bytes: the kept keys once from HBM (8 B a key: 17.6 / 35 KB a row at ~2,200 /
+~4,400 kept keys, 144 / 288 MB at 8192 rows, ~40 / ~80 us at the H200's bandwidth); the rest stays in
+L2. Instructions (the bound: integer pipes issue 2 warp instructions a clock per SM): ~10 a kept key
+in pass 1 (load, 64-bit compare, in-thread scan, store, minimum), ~10 and ~20 a passing key in passes
+2 and 3, then the sorts: tl.sort of K int64 keys in one warp is ~1,800 warp instructions at K = 512
+(45 compare-exchange stages). Per row at K = 512 with scan thresholds that is ~4,000 warp
+instructions, against ~9,400 for the previous kernel (three tl.histogram passes at ~48 instructions a
+key, 1-D prefix sums at ~40 a key); the sort of K keys is now the largest part.
 
-Cost (H200, 8192 rows, bench/radix_select_probe.py; CONFIG below): 0.37 ms at K = 512 (bitonic
-top-K of 2 K: 0.66) and 0.86 ms at K = 1024 (1.63) with scan thresholds; 0.63 / 1.27 ms without a
-threshold (2.9 / 8.6). Memory is not the bound (pass 1 reads 144 / 288 MB: ~40 / 80 us); the kernel
-is instruction- and latency-bound in Triton's generic primitives, read from the offline sm_90 SASS
-(compile_sm90): a 1-D int64 block gets one key per thread per register (sizePerThread 1), so each
-tl.cumsum is a 5-shuffle warp scan per register (~40 instructions per key in pass 1 and in the
-compaction), tl.histogram costs ~50 instructions per key (one ballot per digit bit plus the bin
-masks), and tl.sort of K int64 keys is ~4 K instructions per warp (1 warp, K = 512). The goals of
-<= 0.15 / 0.3 ms need those three replaced by a layout with several contiguous keys per thread
-(ballot + popc ranks, a per-thread sort before the warp merges), which Triton does not expose.
+Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; equal keys are kept
+up to K); kept <= capacity; NO_KEY in the kept prefix counts as padding (it is one in the output too).
+No host synchronization and no data-dependent shape: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -51,12 +58,37 @@ import triton
 import triton.language as tl
 
 from ..selection import NO_KEY
+from ..workspace import Scratch
 
-# (chunk, num_warps, digit bits) per K: the fastest of bench/radix_select_probe.py's sweep on the H200
-# with scan thresholds (8192 rows); other K (tests) take the K = 1024 configuration.
-CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}
+# (keys per thread per tile, num_warps) per K; other K (tests) take the K = 1024 configuration.
+CONFIG = {512: (8, 1), 1024: (8, 2)}
+MANTISSA = 4            # bucket resolution: 2^MANTISSA buckets per doubling of the score distance
+NBINS = 32 << MANTISSA  # buckets: every distance below 2^32 (the top two clamped into the last)
+BOUNDARY = 64           # boundary keys ranked by one sort; more go to the exact narrowing loop
+DIGIT = 5               # radix bits per pass of that loop
 NO_KEY_C = tl.constexpr(NO_KEY)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
+INT32_MAX_C = tl.constexpr(2**31 - 1)
+
+
+@triton.jit
+def _exclusive_slots(flags):
+    """(exclusive prefix sums of int32 [TILE_ROWS, LANES] flags in column-major order, their total):
+    an in-thread scan down each column plus one warp scan of the column totals."""
+    in_column = tl.cumsum(flags, axis=0) - flags
+    column_total = tl.sum(flags, axis=0)
+    column_start = tl.cumsum(column_total, axis=0) - column_total
+    return column_start[None, :] + in_column, tl.sum(column_total, axis=0)
+
+
+@triton.jit
+def _bucket(keys, low_score, MANTISSA: tl.constexpr, NBINS: tl.constexpr):
+    """Bucket (int32 in [0, NBINS), never decreasing as the key grows) of keys whose score part is at
+    least low_score: exponent and top MANTISSA bits of float32(score distance), 0 for distance 0."""
+    distance = ((keys >> 32) - low_score).to(tl.uint32)
+    bits = distance.to(tl.float32).to(tl.int32, bitcast=True)
+    bucket = (bits >> (23 - MANTISSA)) - ((127 << MANTISSA) - 1)
+    return tl.minimum(tl.maximum(bucket, 0), NBINS - 1)
 
 
 @triton.jit
@@ -71,93 +103,158 @@ def _first_shift(span, RADIX: tl.constexpr):
 
 
 @triton.jit
-def select_topk_candidates_radix_kernel(
-    keys_ptr, stride_kr,                            # int64 [rows, capacity], unit column stride
-    kept_ptr, thr_ptr,                              # int32/int64 [rows]; int64 [rows]
-    scratch_ptr,                                    # int64 [rows, SMALL]: the passing keys, compacted
-    out_ptr, stride_or, stride_oc,                  # int64 [rows, TOPK]
-    TOPK: tl.constexpr, SMALL: tl.constexpr, CHUNK: tl.constexpr, DIGIT: tl.constexpr,
-):
+def _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
+                       CHUNK: tl.constexpr, DIGIT: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr):
+    """The need-th largest of the `count` keys of src[:src_len] that pass floor and fall in bucket
+    `chosen`: radix narrowing from the top of their range, DIGIT bits a pass, until the need-th key
+    is the smallest of its narrowed bucket (then that bucket's base is it)."""
     RADIX: tl.constexpr = 1 << DIGIT
-    row = tl.program_id(0).to(tl.int64)
-    row_keys = keys_ptr + row * stride_kr
-    row_small = scratch_ptr + row * SMALL
-    row_out = out_ptr + row * stride_or
-    kept = tl.load(kept_ptr + row).to(tl.int32)
-    # Keys >= floor pass: the row's threshold, raised above NO_KEY (the padding of masked loads).
-    floor = tl.maximum(tl.load(thr_ptr + row), NO_KEY_C + 1)
     offs = tl.arange(0, CHUNK)
-
-    # Pass 1 (HBM): compact the passing keys into the scratch row; their count n and largest hi.
-    n_pass = 0
+    lo_acc = tl.full([CHUNK], INT64_MAX_C, tl.int64)
     hi_acc = tl.full([CHUNK], NO_KEY_C, tl.int64)
-    for start in range(0, kept, CHUNK):
-        keys = tl.load(row_keys + start + offs, mask=start + offs < kept, other=NO_KEY_C)
-        passing = keys >= floor
-        slot = n_pass + tl.cumsum(passing.to(tl.int32), axis=0) - 1
-        tl.store(row_small + slot, keys, mask=passing & (slot < SMALL))
-        n_pass += tl.sum(passing.to(tl.int32), axis=0)
-        hi_acc = tl.maximum(hi_acc, keys)
-    hi_key = tl.max(hi_acc, axis=0)
-    tl.debug_barrier()  # the scratch row, written above by every thread, is read below
-    # The later passes read the scratch row (L1/L2), or the whole row where more than SMALL keys pass.
-    fits = n_pass <= SMALL
-    src = tl.where(fits, row_small, row_keys)
-    src_len = tl.where(fits, n_pass, kept)
-
-    # Radix passes over u = key - floor (uint64, wrapping: order-preserving for keys >= floor): narrow
-    # the bucket [base, base + limit << shift) of keys to the one that holds the K-th key.
-    span = (hi_key - floor).to(tl.uint64, bitcast=True)
+    for start in range(0, src_len, CHUNK):
+        keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+        inside = (keys >= floor) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
+        lo_acc = tl.minimum(lo_acc, tl.where(inside, keys, INT64_MAX_C))
+        hi_acc = tl.maximum(hi_acc, tl.where(inside, keys, NO_KEY_C))
+    base = tl.min(lo_acc, axis=0)     # the narrowed bucket [base, base + limit << shift)
+    span = (tl.max(hi_acc, axis=0) - base).to(tl.uint64, bitcast=True)
     shift = _first_shift(span, RADIX)
-    limit = RADIX                     # digits of the current bucket: [0, limit)
-    base = floor                      # the bucket's smallest key
-    need = TOPK                       # rank of the K-th key within the bucket
-    count = n_pass                    # passing keys in the bucket
+    limit = RADIX
     bins = tl.arange(0, RADIX)
-    while need < count:  # the K-th key is not yet the smallest of its bucket
+    while need < count:  # the need-th key is not yet the smallest of its narrowed bucket
         hist = tl.zeros([RADIX], dtype=tl.int32)
         for start in range(0, src_len, CHUNK):
             keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
-            # A key below base wraps to at least 2^64 - (base - floor) >= the bucket's width: out.
+            # A key below base wraps to at least 2^64 - span > the narrowed bucket's width: out.
             digit = (keys - base).to(tl.uint64, bitcast=True) >> shift
-            hist += tl.histogram(digit.to(tl.int32), RADIX, mask=(keys >= floor) & (digit < limit))
+            inside = (keys >= floor) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen) & (digit < limit)
+            hist += tl.histogram(digit.to(tl.int32), RADIX, mask=inside)
         from_top = count - tl.cumsum(hist, axis=0) + hist      # keys of this digit or higher
-        chosen = tl.max(tl.where(from_top >= need, bins, 0), axis=0)
-        need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
-        count = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
-        base += (chosen.to(tl.uint64) << shift).to(tl.int64, bitcast=True)
+        digit_star = tl.max(tl.where(from_top >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > digit_star, hist, 0), axis=0)
+        count = tl.sum(tl.where(bins == digit_star, hist, 0), axis=0)
+        base += (digit_star.to(tl.uint64) << shift).to(tl.int64, bitcast=True)
         next_shift = tl.maximum(shift - DIGIT, 0)
         limit = tl.where(shift > 0, 1 << (shift - next_shift), 0)
         count = tl.where(shift > 0, count, need)  # bit 0 done: the bucket is one key value
         shift = next_shift
+    return base
 
-    # Compaction of the keys >= bound (exactly min(K, n) of them) into the output row, then the sort.
-    bound = base  # floor itself where n <= K (no radix pass)
-    n_out = 0
-    for start in range(0, src_len, CHUNK):
-        keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
-        chosen_keys = keys >= bound
-        slot = n_out + tl.cumsum(chosen_keys.to(tl.int32), axis=0) - 1
-        tl.store(row_out + slot * stride_oc, keys, mask=chosen_keys & (slot < TOPK))
-        n_out += tl.sum(chosen_keys.to(tl.int32), axis=0)
-    tl.debug_barrier()  # the row, written above by every thread, is read back below
+
+@triton.jit
+def select_topk_candidates_radix_kernel(
+    keys_ptr, stride_kr,                            # int64 [rows, capacity], unit column stride
+    kept_ptr, thr_ptr,                              # int32/int64 [rows]; int64 [rows]
+    small_ptr,                                      # int64 [rows, SMALL + BOUNDARY]: passing, then boundary keys
+    hist_ptr,                                       # int32 [rows, NBINS]: bucket counters
+    out_ptr, stride_or, stride_oc,                  # int64 [rows, TOPK]
+    TOPK: tl.constexpr, SMALL: tl.constexpr, BOUNDARY: tl.constexpr, TILE_ROWS: tl.constexpr,
+    LANES: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr, DIGIT: tl.constexpr,
+):
+    CHUNK: tl.constexpr = TILE_ROWS * LANES
+    row = tl.program_id(0).to(tl.int64)
+    row_keys = keys_ptr + row * stride_kr
+    row_small = small_ptr + row * (SMALL + BOUNDARY)
+    row_boundary = row_small + SMALL
+    row_hist = hist_ptr + row * NBINS
+    row_out = out_ptr + row * stride_or
+    kept = tl.load(kept_ptr + row).to(tl.int32)
+    # Keys >= floor pass: the row's threshold, raised above NO_KEY (the padding of masked loads).
+    floor = tl.maximum(tl.load(thr_ptr + row), NO_KEY_C + 1)
+    offs = tl.arange(0, TILE_ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+
+    # Pass 1 (HBM): compact the passing keys into the scratch row; their count and lowest score part.
+    n_pass = 0
+    low_acc = tl.full([TILE_ROWS, LANES], INT32_MAX_C, tl.int32)
+    for start in range(0, kept, CHUNK):
+        keys = tl.load(row_keys + start + offs, mask=start + offs < kept, other=NO_KEY_C)
+        passing = keys >= floor
+        slot, total = _exclusive_slots(passing.to(tl.int32))
+        tl.store(row_small + n_pass + slot, keys, mask=passing & (n_pass + slot < SMALL))
+        low_acc = tl.minimum(low_acc, tl.where(passing, (keys >> 32).to(tl.int32), INT32_MAX_C))
+        n_pass += total
+    low_score = tl.min(low_acc).to(tl.int64)
+    tl.debug_barrier()  # the scratch row, written above by every thread, is read below
+
     offs_top = tl.arange(0, TOPK)
-    top = tl.load(row_out + offs_top * stride_oc, mask=offs_top < n_out, other=NO_KEY_C)
-    tl.debug_barrier()  # every thread has read the row before any overwrites it
+    if n_pass > TOPK:
+        # Later passes read the scratch row (L2), or the whole buffer row where more than SMALL keys pass.
+        fits = n_pass <= SMALL
+        src = tl.where(fits, row_small, row_keys)
+        src_len = tl.where(fits, n_pass, kept)
+        # Pass 2: the bucket histogram, then the boundary bucket b* (the K-th key's).
+        tl.store(row_hist + tl.arange(0, NBINS), tl.zeros([NBINS], dtype=tl.int32))
+        tl.debug_barrier()  # zeroed before any thread counts
+        for start in range(0, src_len, CHUNK):
+            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+            tl.atomic_add(row_hist + _bucket(keys, low_score, MANTISSA, NBINS), 1, mask=keys >= floor,
+                          sem="relaxed", scope="cta")
+        tl.debug_barrier()  # every count is in
+        H_ROWS: tl.constexpr = NBINS // LANES
+        bins = tl.arange(0, H_ROWS)[:, None] + tl.arange(0, LANES)[None, :] * H_ROWS  # a column per thread
+        hist = tl.load(row_hist + bins, cache_modifier=".cg")  # the atomics' results are in L2
+        below, _ = _exclusive_slots(hist)
+        at_or_above = n_pass - below
+        chosen = tl.max(tl.where(at_or_above >= TOPK, bins, -1))
+        count = tl.sum(tl.where(bins == chosen, hist, 0))
+        above = tl.sum(tl.where(bins == chosen, at_or_above, 0)) - count
+        need = TOPK - above
+
+        # Pass 3: keys above b* into the output row, b*'s keys into the boundary slots.
+        n_above = 0
+        n_boundary = 0
+        for start in range(0, src_len, CHUNK):
+            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+            bucket = _bucket(keys, low_score, MANTISSA, NBINS)
+            is_above = (keys >= floor) & (bucket > chosen)
+            is_boundary = (keys >= floor) & (bucket == chosen)
+            slot, total = _exclusive_slots(is_above.to(tl.int32) + (is_boundary.to(tl.int32) << 16))
+            tl.store(row_out + (n_above + (slot & 0xFFFF)) * stride_oc, keys, mask=is_above)
+            slot_b = n_boundary + (slot >> 16)
+            tl.store(row_boundary + slot_b, keys, mask=is_boundary & (slot_b < BOUNDARY))
+            n_above += total & 0xFFFF
+            n_boundary += total >> 16
+        tl.debug_barrier()  # the boundary slots, written above by every thread, are read below
+
+        # Pass 4: the boundary's need largest after the above keys.
+        if count <= BOUNDARY:
+            offs_b = tl.arange(0, BOUNDARY)
+            ranked = tl.sort(tl.load(row_boundary + offs_b, mask=offs_b < count, other=NO_KEY_C), descending=True)
+            tl.store(row_out + (above + offs_b) * stride_oc, ranked, mask=offs_b < need)
+        else:
+            bound = _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
+                                       CHUNK, DIGIT, MANTISSA, NBINS)
+            n_taken = 0
+            for start in range(0, src_len, CHUNK):
+                keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+                taken = (keys >= floor) & (keys >= bound) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
+                slot, total = _exclusive_slots(taken.to(tl.int32))
+                tl.store(row_out + (above + n_taken + slot) * stride_oc, keys, mask=taken & (n_taken + slot < need))
+                n_taken += total
+        tl.debug_barrier()  # the output row, written above by every thread, is read back below
+        top = tl.load(row_out + offs_top * stride_oc)
+    else:
+        top = tl.load(row_small + offs_top, mask=offs_top < n_pass, other=NO_KEY_C)
+    tl.debug_barrier()  # every thread has read its keys before any overwrites the output row
     tl.store(row_out + offs_top * stride_oc, tl.sort(top, descending=True))
 
 
 def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
-                                 out: torch.Tensor | None = None, *, chunk: int | None = None,
-                                 digit: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                                 out: torch.Tensor | None = None, *, scratch: Scratch | None = None,
+                                 tile_rows: int | None = None, num_warps: int | None = None,
+                                 mantissa: int = MANTISSA, boundary: int = BOUNDARY) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (selection.make_keys: distinct), sorted descending, NO_KEY padded; the same
-    answer as select_topk_candidates_triton, bit for bit. kept int32/int64 [rows] (<= capacity);
-    thresholds int64 [rows] at or below each row's k-th best kept key (NO_KEY: none), as the
-    LiteTopK scan's final thresholds are: only keys at or above them are selected. `out` (int64
-    [rows, k], any strides, on the keys' device) is written and returned instead of a new tensor.
-    k a power of two. No host synchronization: capturable in a CUDA graph. chunk (keys per pass step),
-    digit (radix bits per pass) and num_warps override CONFIG[k] (the probe's sweep)."""
+    answer as selection.select_topk_keys on the passing keys, bit for bit. kept int32/int64 [rows]
+    (<= capacity); thresholds int64 [rows] at or below each row's k-th best kept key (NO_KEY: none),
+    as the LiteTopK scan's final thresholds are: only keys at or above them are selected. `out` (int64
+    [rows, k], any strides, on the keys' device) is written and returned instead of a new tensor; the
+    intermediate buffers (rows x (2k + boundary) int64 and rows x 32 << mantissa int32) come from
+    `scratch` (a workspace.Scratch; the allocator where None). k a power of two. No host
+    synchronization: capturable in a CUDA graph. tile_rows (keys per thread per tile), num_warps,
+    mantissa (bucket resolution) and boundary (keys one sort ranks; a power of two) override the
+    defaults (the probe's sweep)."""
     rows = keys.shape[0]
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
@@ -169,12 +266,16 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     if rows == 0:
         return out
     default = CONFIG.get(k, CONFIG[1024])
-    chunk, num_warps, digit = chunk or default[0], num_warps or default[1], digit or default[2]
+    tile_rows, num_warps = tile_rows or default[0], num_warps or default[1]
+    lanes = 32 * num_warps
+    nbins = max(32 << mantissa, lanes)
+    scratch = Scratch(keys.device) if scratch is None else scratch
+    small = scratch.empty((rows, 2 * k + boundary), torch.int64)
+    hist = scratch.empty((rows, nbins), torch.int32)
     keys = keys.contiguous()
-    small = 2 * k
-    scratch = torch.empty(rows, small, dtype=torch.int64, device=keys.device)
     select_topk_candidates_radix_kernel[(rows,)](
-        keys, keys.stride(0), kept, thresholds, scratch, out, out.stride(0), out.stride(1),
-        TOPK=k, SMALL=small, CHUNK=chunk, DIGIT=digit, num_warps=num_warps,
+        keys, keys.stride(0), kept, thresholds, small, hist, out, out.stride(0), out.stride(1),
+        TOPK=k, SMALL=2 * k, BOUNDARY=boundary, TILE_ROWS=tile_rows, LANES=lanes, MANTISSA=mantissa,
+        NBINS=nbins, DIGIT=DIGIT, num_warps=num_warps,
     )
     return out
