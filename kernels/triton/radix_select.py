@@ -82,6 +82,14 @@ def _exclusive_slots(flags):
 
 
 @triton.jit
+def _scatter(ptrs, values, mask):
+    """tl.store of a [TILE_ROWS, LANES] tile through scattered pointers, as one 1-D block: a 2-D store
+    of pointers of unknown contiguity gets a layout of its own, reached through shared memory."""
+    n: tl.constexpr = ptrs.numel
+    tl.store(tl.reshape(ptrs, [n]), tl.reshape(values, [n]), mask=tl.reshape(mask, [n]))
+
+
+@triton.jit
 def _bucket(keys, low_score, MANTISSA: tl.constexpr, NBINS: tl.constexpr):
     """Bucket (int32 in [0, NBINS), never decreasing as the key grows) of keys whose score part is at
     least low_score: exponent and top MANTISSA bits of float32(score distance), 0 for distance 0."""
@@ -168,10 +176,12 @@ def select_topk_candidates_radix_kernel(
     n_pass = 0
     low_acc = tl.full([TILE_ROWS, LANES], INT32_MAX_C, tl.int32)
     for start in range(0, kept, CHUNK):
-        keys = tl.load(row_keys + start + offs, mask=start + offs < kept, other=NO_KEY_C)
-        passing = keys >= floor
+        live = start + offs < kept
+        keys = tl.load(row_keys + start + offs, mask=live)
+        passing = live & (keys >= floor)
         slot, total = _exclusive_slots(passing.to(tl.int32))
-        tl.store(row_small + n_pass + slot, keys, mask=passing & (n_pass + slot < SMALL))
+        # Slots wrap at SMALL: where more keys pass, the scratch row is not read.
+        _scatter(row_small + ((n_pass + slot) & (SMALL - 1)), keys, passing)
         low_acc = tl.minimum(low_acc, tl.where(passing, (keys >> 32).to(tl.int32), INT32_MAX_C))
         n_pass += total
     low_score = tl.min(low_acc).to(tl.int64)
@@ -187,9 +197,12 @@ def select_topk_candidates_radix_kernel(
         tl.store(row_hist + tl.arange(0, NBINS), tl.zeros([NBINS], dtype=tl.int32))
         tl.debug_barrier()  # zeroed before any thread counts
         for start in range(0, src_len, CHUNK):
-            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
-            tl.atomic_add(row_hist + _bucket(keys, low_score, MANTISSA, NBINS), 1, mask=keys >= floor,
-                          sem="relaxed", scope="cta")
+            live = start + offs < src_len
+            keys = tl.load(src + start + offs, mask=live)
+            # Unmasked (a masked atomic is a branch a key): keys outside add 0 to a bucket in range.
+            counter = tl.reshape(row_hist + _bucket(keys, low_score, MANTISSA, NBINS), [CHUNK])  # as _scatter
+            counted = tl.reshape((live & (keys >= floor)).to(tl.int32), [CHUNK])
+            tl.atomic_add(counter, counted, sem="relaxed", scope="cta")
         tl.debug_barrier()  # every count is in
         H_ROWS: tl.constexpr = NBINS // LANES
         bins = tl.arange(0, H_ROWS)[:, None] + tl.arange(0, LANES)[None, :] * H_ROWS  # a column per thread
@@ -205,14 +218,16 @@ def select_topk_candidates_radix_kernel(
         n_above = 0
         n_boundary = 0
         for start in range(0, src_len, CHUNK):
-            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+            live = start + offs < src_len
+            keys = tl.load(src + start + offs, mask=live)
             bucket = _bucket(keys, low_score, MANTISSA, NBINS)
-            is_above = (keys >= floor) & (bucket > chosen)
-            is_boundary = (keys >= floor) & (bucket == chosen)
+            passing = live & (keys >= floor)
+            is_above = passing & (bucket > chosen)
+            is_boundary = passing & (bucket == chosen)
             slot, total = _exclusive_slots(is_above.to(tl.int32) + (is_boundary.to(tl.int32) << 16))
-            tl.store(row_out + (n_above + (slot & 0xFFFF)) * stride_oc, keys, mask=is_above)
-            slot_b = n_boundary + (slot >> 16)
-            tl.store(row_boundary + slot_b, keys, mask=is_boundary & (slot_b < BOUNDARY))
+            _scatter(row_out + (n_above + (slot & 0xFFFF)) * stride_oc, keys, is_above)
+            # Slots wrap at BOUNDARY: where more keys are in b*, the boundary slots are not read.
+            _scatter(row_boundary + ((n_boundary + (slot >> 16)) & (BOUNDARY - 1)), keys, is_boundary)
             n_above += total & 0xFFFF
             n_boundary += total >> 16
         tl.debug_barrier()  # the boundary slots, written above by every thread, are read below
@@ -227,10 +242,11 @@ def select_topk_candidates_radix_kernel(
                                        CHUNK, DIGIT, MANTISSA, NBINS)
             n_taken = 0
             for start in range(0, src_len, CHUNK):
-                keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
-                taken = (keys >= floor) & (keys >= bound) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
+                live = start + offs < src_len
+                keys = tl.load(src + start + offs, mask=live)
+                taken = live & (keys >= floor) & (keys >= bound) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
                 slot, total = _exclusive_slots(taken.to(tl.int32))
-                tl.store(row_out + (above + n_taken + slot) * stride_oc, keys, mask=taken & (n_taken + slot < need))
+                _scatter(row_out + (above + n_taken + slot) * stride_oc, keys, taken & (n_taken + slot < need))
                 n_taken += total
         tl.debug_barrier()  # the output row, written above by every thread, is read back below
         top = tl.load(row_out + offs_top * stride_oc)
