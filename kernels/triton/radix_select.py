@@ -60,11 +60,11 @@ import triton.language as tl
 from ..selection import NO_KEY
 from ..workspace import Scratch
 
-# (keys per thread per tile, num_warps) per K; other K (tests) take the K = 1024 configuration.
-CONFIG = {512: (8, 1), 1024: (8, 2)}
-MANTISSA = 4            # bucket resolution: 2^MANTISSA buckets per doubling of the score distance
-NBINS = 32 << MANTISSA  # buckets: every distance below 2^32 (the top two clamped into the last)
+# (keys per thread per tile, num_warps, bucket resolution MANTISSA: 2^MANTISSA buckets per doubling of
+# the score distance, 32 << MANTISSA buckets in all) per K; other K (tests) take the K = 1024 one.
+CONFIG = {512: (8, 1, 5), 1024: (8, 2, 6)}
 BOUNDARY = 64           # boundary keys ranked by one sort; more go to the exact narrowing loop
+WINDOW = 16             # the longest unsorted run the two window sorts order; longer: one sort of K
 DIGIT = 5               # radix bits per pass of that loop
 NO_KEY_C = tl.constexpr(NO_KEY)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
@@ -97,6 +97,51 @@ def _bucket(keys, low_score, MANTISSA: tl.constexpr, NBINS: tl.constexpr):
     bits = distance.to(tl.float32).to(tl.int32, bitcast=True)
     bucket = (bits >> (23 - MANTISSA)) - ((127 << MANTISSA) - 1)
     return tl.minimum(tl.maximum(bucket, 0), NBINS - 1)
+
+
+@triton.jit
+def _boundary_bucket(row_hist, n_pass, TOPK: tl.constexpr, NBINS: tl.constexpr, LANES: tl.constexpr):
+    """From the row's NBINS bucket counts (n_pass keys in all, more than TOPK): (b*, the bucket of the
+    TOPK-th largest key; its count; `above`, the keys in higher buckets; `widest`, the largest count
+    above b*). Each counter is overwritten by its bucket's cursor: the keys in higher buckets (its
+    first slot in a descending row). Reads the counts 8 x LANES at a time, a column of 8 per thread."""
+    CHUNK_ROWS: tl.constexpr = 8 if NBINS >= 8 * LANES else NBINS // LANES
+    offs = tl.arange(0, CHUNK_ROWS)[:, None] + tl.arange(0, LANES)[None, :] * CHUNK_ROWS
+    chosen = -1
+    least_reaching = n_pass  # the fewest keys at or above a bucket start that still reach TOPK
+    above = 0
+    widest = 0
+    below_chunk = 0
+    for start in range(0, NBINS, CHUNK_ROWS * LANES):
+        hist = tl.load(row_hist + start + offs, cache_modifier=".cg")  # the atomics' results are in L2
+        below, total = _exclusive_slots(hist)
+        at_or_above = n_pass - below_chunk - below  # keys in this bucket or higher: never increasing
+        reaches = at_or_above >= TOPK
+        chosen = tl.maximum(chosen, tl.max(tl.where(reaches, start + offs, -1)))
+        least_reaching = tl.minimum(least_reaching, tl.min(tl.where(reaches, at_or_above, n_pass)))
+        above = tl.maximum(above, tl.max(tl.where(reaches, 0, at_or_above)))
+        widest = tl.maximum(widest, tl.max(tl.where(reaches, 0, hist)))
+        tl.store(row_hist + start + offs, at_or_above - hist)
+        below_chunk += total
+    return chosen, least_reaching - above, above, widest
+
+
+@triton.jit
+def _sort_windows(row_out, stride_oc, TOPK: tl.constexpr, WINDOW: tl.constexpr):
+    """Sort descending the TOPK keys of an output row made of runs of at most WINDOW unsorted keys
+    (buckets) and sorted runs, every key of a run larger than every key of the next: sort the windows
+    [2jW, 2jW + 2W), then the windows [(2j+1)W, (2j+3)W). A window sort keeps every run's keys in its
+    slots (runs are ordered), so it sorts each run inside it and unsorts none; every run of at most W
+    keys lies inside a window of one of the two sets."""
+    offs = tl.arange(0, TOPK // (2 * WINDOW))[:, None] * (2 * WINDOW) + tl.arange(0, 2 * WINDOW)[None, :]
+    keys = tl.load(row_out + offs * stride_oc)
+    tl.debug_barrier()  # every thread has read its keys before any overwrites the row
+    tl.store(row_out + offs * stride_oc, tl.sort(keys, dim=1, descending=True))
+    tl.debug_barrier()  # the first windows are stored before the shifted ones are read
+    inside = WINDOW + offs < TOPK  # the last shifted window is half past the row: NO_KEY sorts last
+    keys = tl.load(row_out + (WINDOW + offs) * stride_oc, mask=inside, other=NO_KEY_C)
+    tl.debug_barrier()
+    tl.store(row_out + (WINDOW + offs) * stride_oc, tl.sort(keys, dim=1, descending=True), mask=inside)
 
 
 @triton.jit
@@ -158,7 +203,7 @@ def select_topk_candidates_radix_kernel(
     hist_ptr,                                       # int32 [rows, NBINS]: bucket counters
     out_ptr, stride_or, stride_oc,                  # int64 [rows, TOPK]
     TOPK: tl.constexpr, SMALL: tl.constexpr, BOUNDARY: tl.constexpr, TILE_ROWS: tl.constexpr,
-    LANES: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr, DIGIT: tl.constexpr,
+    LANES: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr, DIGIT: tl.constexpr, WINDOW: tl.constexpr,
 ):
     CHUNK: tl.constexpr = TILE_ROWS * LANES
     row = tl.program_id(0).to(tl.int64)
@@ -188,6 +233,7 @@ def select_topk_candidates_radix_kernel(
     tl.debug_barrier()  # the scratch row, written above by every thread, is read below
 
     offs_top = tl.arange(0, TOPK)
+    windowed = n_pass < 0
     if n_pass > TOPK:
         # Later passes read the scratch row (L2), or the whole buffer row where more than SMALL keys pass.
         fits = n_pass <= SMALL
@@ -204,18 +250,12 @@ def select_topk_candidates_radix_kernel(
             counted = tl.reshape((live & (keys >= floor)).to(tl.int32), [CHUNK])
             tl.atomic_add(counter, counted, sem="relaxed", scope="cta")
         tl.debug_barrier()  # every count is in
-        H_ROWS: tl.constexpr = NBINS // LANES
-        bins = tl.arange(0, H_ROWS)[:, None] + tl.arange(0, LANES)[None, :] * H_ROWS  # a column per thread
-        hist = tl.load(row_hist + bins, cache_modifier=".cg")  # the atomics' results are in L2
-        below, _ = _exclusive_slots(hist)
-        at_or_above = n_pass - below
-        chosen = tl.max(tl.where(at_or_above >= TOPK, bins, -1))
-        count = tl.sum(tl.where(bins == chosen, hist, 0))
-        above = tl.sum(tl.where(bins == chosen, at_or_above, 0)) - count
+        chosen, count, above, widest = _boundary_bucket(row_hist, n_pass, TOPK, NBINS, LANES)
         need = TOPK - above
+        tl.debug_barrier()  # the cursors are in before any thread takes a slot
 
-        # Pass 3: keys above b* into the output row, b*'s keys into the boundary slots.
-        n_above = 0
+        # Pass 3: keys above b* into the output row, bucket by bucket (a cursor atomic each: the row is
+        # sorted up to the order inside buckets); b*'s keys into the boundary slots.
         n_boundary = 0
         for start in range(0, src_len, CHUNK):
             live = start + offs < src_len
@@ -224,15 +264,17 @@ def select_topk_candidates_radix_kernel(
             passing = live & (keys >= floor)
             is_above = passing & (bucket > chosen)
             is_boundary = passing & (bucket == chosen)
-            slot, total = _exclusive_slots(is_above.to(tl.int32) + (is_boundary.to(tl.int32) << 16))
-            _scatter(row_out + (n_above + (slot & 0xFFFF)) * stride_oc, keys, is_above)
+            # Unmasked, as in pass 2: the other keys add 0 (and read a cursor they do not use).
+            slot_a = tl.atomic_add(tl.reshape(row_hist + bucket, [CHUNK]), tl.reshape(is_above.to(tl.int32), [CHUNK]),
+                                   sem="relaxed", scope="cta")
+            tl.store(row_out + slot_a * stride_oc, tl.reshape(keys, [CHUNK]), mask=tl.reshape(is_above, [CHUNK]))
+            slot_b, total = _exclusive_slots(is_boundary.to(tl.int32))
             # Slots wrap at BOUNDARY: where more keys are in b*, the boundary slots are not read.
-            _scatter(row_boundary + ((n_boundary + (slot >> 16)) & (BOUNDARY - 1)), keys, is_boundary)
-            n_above += total & 0xFFFF
-            n_boundary += total >> 16
+            _scatter(row_boundary + ((n_boundary + slot_b) & (BOUNDARY - 1)), keys, is_boundary)
+            n_boundary += total
         tl.debug_barrier()  # the boundary slots, written above by every thread, are read below
 
-        # Pass 4: the boundary's need largest after the above keys.
+        # Pass 4: the boundary's need largest, sorted, after the above keys.
         if count <= BOUNDARY:
             offs_b = tl.arange(0, BOUNDARY)
             ranked = tl.sort(tl.load(row_boundary + offs_b, mask=offs_b < count, other=NO_KEY_C), descending=True)
@@ -249,17 +291,26 @@ def select_topk_candidates_radix_kernel(
                 _scatter(row_out + (above + n_taken + slot) * stride_oc, keys, taken & (n_taken + slot < need))
                 n_taken += total
         tl.debug_barrier()  # the output row, written above by every thread, is read back below
-        top = tl.load(row_out + offs_top * stride_oc)
-    else:
-        top = tl.load(row_small + offs_top, mask=offs_top < n_pass, other=NO_KEY_C)
-    tl.debug_barrier()  # every thread has read its keys before any overwrites the output row
-    tl.store(row_out + offs_top * stride_oc, tl.sort(top, descending=True))
+        if WINDOW > 0:
+            windowed = (widest <= WINDOW) & (count <= BOUNDARY)  # the boundary run is sorted, the others short
+            if windowed:
+                _sort_windows(row_out, stride_oc, TOPK, WINDOW)
+    # Otherwise one sort of the K keys: the output row's, or the scratch row's n <= K (one call site:
+    # a tl.sort of K keys is thousands of instructions of straight-line code).
+    if not windowed:
+        unsorted = n_pass > TOPK
+        top_ptr = tl.where(unsorted, row_out, row_small)
+        top_stride = tl.where(unsorted, stride_oc, 1)
+        top = tl.load(top_ptr + offs_top * top_stride, mask=offs_top < n_pass, other=NO_KEY_C)
+        tl.debug_barrier()  # every thread has read its keys before any overwrites the output row
+        tl.store(row_out + offs_top * stride_oc, tl.sort(top, descending=True))
 
 
 def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
                                  out: torch.Tensor | None = None, *, scratch: Scratch | None = None,
                                  tile_rows: int | None = None, num_warps: int | None = None,
-                                 mantissa: int = MANTISSA, boundary: int = BOUNDARY) -> torch.Tensor:
+                                 mantissa: int | None = None, boundary: int = BOUNDARY,
+                                 window: int = WINDOW) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (selection.make_keys: distinct), sorted descending, NO_KEY padded; the same
     answer as selection.select_topk_keys on the passing keys, bit for bit. kept int32/int64 [rows]
@@ -269,8 +320,9 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     intermediate buffers (rows x (2k + boundary) int64 and rows x 32 << mantissa int32) come from
     `scratch` (a workspace.Scratch; the allocator where None). k a power of two. No host
     synchronization: capturable in a CUDA graph. tile_rows (keys per thread per tile), num_warps,
-    mantissa (bucket resolution) and boundary (keys one sort ranks; a power of two) override the
-    defaults (the probe's sweep)."""
+    mantissa (bucket resolution), boundary (keys one sort ranks) and window (the longest bucket the
+    window sorts order; 0: always one sort of k), powers of two, override the defaults (the probe's
+    sweep)."""
     rows = keys.shape[0]
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
@@ -282,7 +334,7 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     if rows == 0:
         return out
     default = CONFIG.get(k, CONFIG[1024])
-    tile_rows, num_warps = tile_rows or default[0], num_warps or default[1]
+    tile_rows, num_warps, mantissa = tile_rows or default[0], num_warps or default[1], mantissa or default[2]
     lanes = 32 * num_warps
     nbins = max(32 << mantissa, lanes)
     scratch = Scratch(keys.device) if scratch is None else scratch
@@ -292,6 +344,6 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     select_topk_candidates_radix_kernel[(rows,)](
         keys, keys.stride(0), kept, thresholds, small, hist, out, out.stride(0), out.stride(1),
         TOPK=k, SMALL=2 * k, BOUNDARY=boundary, TILE_ROWS=tile_rows, LANES=lanes, MANTISSA=mantissa,
-        NBINS=nbins, DIGIT=DIGIT, num_warps=num_warps,
+        NBINS=nbins, DIGIT=DIGIT, WINDOW=min(window, k // 2), num_warps=num_warps,
     )
     return out
