@@ -104,26 +104,28 @@ def _boundary_bucket(row_hist, n_pass, TOPK: tl.constexpr, NBINS: tl.constexpr, 
     """From the row's NBINS bucket counts (n_pass keys in all, more than TOPK): (b*, the bucket of the
     TOPK-th largest key; its count; `above`, the keys in higher buckets; `widest`, the largest count
     above b*). Each counter is overwritten by its bucket's cursor: the keys in higher buckets (its
-    first slot in a descending row). Reads the counts 8 x LANES at a time, a column of 8 per thread."""
+    first slot in a descending row). Reads the counts 8 x LANES at a time, a column of 8 per thread;
+    the maxima and minima are kept per element and reduced once."""
     CHUNK_ROWS: tl.constexpr = 8 if NBINS >= 8 * LANES else NBINS // LANES
     offs = tl.arange(0, CHUNK_ROWS)[:, None] + tl.arange(0, LANES)[None, :] * CHUNK_ROWS
-    chosen = -1
-    least_reaching = n_pass  # the fewest keys at or above a bucket start that still reach TOPK
-    above = 0
-    widest = 0
+    chosen = tl.full([CHUNK_ROWS, LANES], -1, tl.int32)
+    least_reaching = tl.full([CHUNK_ROWS, LANES], INT32_MAX_C, tl.int32)  # fewest keys at or above a bucket, >= TOPK
+    above = tl.zeros([CHUNK_ROWS, LANES], dtype=tl.int32)
+    widest = tl.zeros([CHUNK_ROWS, LANES], dtype=tl.int32)
     below_chunk = 0
     for start in range(0, NBINS, CHUNK_ROWS * LANES):
         hist = tl.load(row_hist + start + offs, cache_modifier=".cg")  # the atomics' results are in L2
         below, total = _exclusive_slots(hist)
         at_or_above = n_pass - below_chunk - below  # keys in this bucket or higher: never increasing
         reaches = at_or_above >= TOPK
-        chosen = tl.maximum(chosen, tl.max(tl.where(reaches, start + offs, -1)))
-        least_reaching = tl.minimum(least_reaching, tl.min(tl.where(reaches, at_or_above, n_pass)))
-        above = tl.maximum(above, tl.max(tl.where(reaches, 0, at_or_above)))
-        widest = tl.maximum(widest, tl.max(tl.where(reaches, 0, hist)))
+        chosen = tl.maximum(chosen, tl.where(reaches, start + offs, -1))
+        least_reaching = tl.minimum(least_reaching, tl.where(reaches, at_or_above, INT32_MAX_C))
+        above = tl.maximum(above, tl.where(reaches, 0, at_or_above))
+        widest = tl.maximum(widest, tl.where(reaches, 0, hist))
         tl.store(row_hist + start + offs, at_or_above - hist)
         below_chunk += total
-    return chosen, least_reaching - above, above, widest
+    above_all = tl.max(above)
+    return tl.max(chosen), tl.min(least_reaching) - above_all, above_all, tl.max(widest)
 
 
 @triton.jit
