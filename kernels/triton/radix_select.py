@@ -7,48 +7,60 @@ below the row's K-th best kept key; NO_KEY = none), sorted descending, NO_KEY pa
 
 Math. Let P be the row's passing keys (kept and >= floor = max(T, NO_KEY + 1)), n = |P|. If n <= K
 the answer is P, sorted. Otherwise every key gets a bucket b(key), any function that never decreases
-as the key grows: then the buckets above the K-th key's bucket b* hold only answer keys, those
-below it none, and only the boundary bucket b* needs ranking. b is geometric in the score distance
-d = (key >> 32) - (key >> 32 of P's lowest key), an integer in [0, 2^32): b = 1 + (exponent and the top
-MANTISSA bits of float32(d)) - those of 1.0, clamped to [0, NBINS) (round to nearest never decreases:
-b is monotone). Fine next to P's lowest key, coarse far from it, it needs no pass to learn P's range
-and leaves the K-th key with a few keys: with scan thresholds (K-th key ~0.2 K above the lowest) the
-boundary holds 6 / 11 keys on average, at most 15 / 22 (K = 512 / 1024, MANTISSA 4; with no threshold
-45 / 162). One histogram of b (NBINS counters, one atomic add per passing key) gives b*, the keys
-above it (`above`) and the rank `need` = K - above still wanted in b*; a classification pass writes
-the `above` keys and the boundary keys out; the boundary's `need` largest join them (a tl.sort of
-BOUNDARY keys). Where more than BOUNDARY keys share b* (heavy score ties, no threshold), the
-need-th largest of b* is found exactly by radix narrowing on the bucket's keys (DIGIT bits a pass,
-tl.histogram; the previous kernel's loop) and the bucket's keys at or above it join. The order is
-total, so there is nothing to break; the K keys are sorted by tl.sort.
+as the key grows: then the buckets above the K-th key's bucket b* hold only answer keys, those below
+it none, and only the boundary bucket b* needs ranking. b is geometric in the score distance
+d = (key >> 32) - (the score part of P's lowest key), an integer in [0, 2^32): b = 1 + (exponent and
+top MANTISSA bits of float32(d)) - those of 1.0, clamped to [0, NBINS = 32 << MANTISSA) (rounding to
+nearest never decreases, so b is monotone). Fine next to P's lowest key and coarse far from it, it
+needs no pass to learn P's range and leaves few keys in each bucket near the K-th key. One histogram
+of b (an atomic add a passing key) gives b*, `above` (the keys in higher buckets) and the rank
+`need` = K - above still wanted in b*. Each bucket's counter then becomes its cursor (its first slot
+in a descending row), and a classification pass stores every key above b* at its bucket's cursor (an
+atomic add that returns the slot) and b*'s keys into BOUNDARY scratch slots; the boundary's `need`
+largest (a tl.sort of BOUNDARY keys) fill slots [above, K). The output row is then ordered by bucket,
+unordered only inside buckets; where no bucket above b* holds more than WINDOW keys, two rounds of
+window sorts finish it (_sort_windows: windows of 2 WINDOW keys, then the same shifted by WINDOW),
+else one tl.sort of the K keys. Where more than BOUNDARY keys share b* (heavy score ties; rows with
+no threshold), the need-th largest of b* is found exactly by radix narrowing on the bucket's keys
+(DIGIT bits a pass, tl.histogram: the previous kernel's loop), the bucket's keys at or above it fill
+[above, K), and one tl.sort orders the row. The order is total, so there is nothing to break.
+Measured offline on the probe's data (8192-row buffers of the top ~2,200 / ~4,400 of 65,536 normal
+scores, scan thresholds passing ~619 / ~1,249 keys; MANTISSA 5 / 6 at K = 512 / 1024): b* holds ~4
+keys on average (at most 9), the widest bucket above it ~12 (at most 16), so all or nearly all rows
+(97-100 % at K = 1024) take the window sorts; with no threshold every row takes one sort of K.
 
 Tiling: one program per row; every pass reads a [TILE_ROWS, LANES] tile, LANES = 32 x num_warps, so
-each thread holds TILE_ROWS keys of one column: a compaction's prefix sum is an in-thread scan plus
-one warp scan of the column counts per tile (a 1-D block's tl.cumsum is a 5-shuffle warp scan per
-register). Passes:
+each thread holds TILE_ROWS keys of one column: a compaction's prefix sum is an in-thread scan plus one
+warp scan of the column counts per tile (a 1-D block's tl.cumsum is a 5-shuffle warp scan per
+register), and scattered stores and atomics go out as 1-D blocks (a 2-D one gets a layout of its own,
+reached through shared memory). Passes:
   1. HBM: the kept keys; passing ones compacted into a scratch row of SMALL = 2 K keys; n; P's lowest
      score part (an int32 minimum).
-  2. scratch row (L2): the histogram of b by atomic adds into the row's NBINS int32 counters (zeroed
-     by the program), then b*, above, need from one prefix sum over the counters.
-  3. scratch row: the `above` keys compacted into the output row, the boundary's into BOUNDARY
-     scratch slots (one packed prefix sum for both).
-  4. the boundary's sort, its `need` largest stored after the `above` keys; the output row's K keys
-     read back, sorted, stored.
-Where n <= K, passes 2-3 are skipped and the sort reads the scratch row; where n > SMALL (no
+  2. scratch row (L2): the bucket histogram (NBINS int32 counters per row, zeroed by the program,
+     one relaxed CTA-scope atomic add a key), then b*, above, need, the widest bucket above b* and
+     the cursors from one prefix sum over the counters (_boundary_bucket).
+  3. scratch row: keys above b* to their buckets' slots in the output row, b*'s keys to the
+     boundary slots.
+  4. the boundary's sort; the window sorts or one sort of K over the output row.
+Where n <= K, passes 2-4 are skipped and one sort reads the scratch row; where n > SMALL (no
 threshold) passes 2-3 read the buffer row instead of the scratch row.
 
-What bounds its time. Bytes: the kept keys once from HBM (8 B a key: 17.6 / 35 KB a row at ~2,200 /
-~4,400 kept keys, 144 / 288 MB at 8192 rows, ~40 / ~80 us at the H200's bandwidth); the rest stays in
-L2. Instructions (the bound: integer pipes issue 2 warp instructions a clock per SM): ~10 a kept key
-in pass 1 (load, 64-bit compare, in-thread scan, store, minimum), ~10 and ~20 a passing key in passes
-2 and 3, then the sorts: tl.sort of K int64 keys in one warp is ~1,800 warp instructions at K = 512
-(45 compare-exchange stages). Per row at K = 512 with scan thresholds that is ~4,000 warp
-instructions, against ~9,400 for the previous kernel (three tl.histogram passes at ~48 instructions a
-key, 1-D prefix sums at ~40 a key); the sort of K keys is now the largest part.
+What bounds its time. Bytes: the kept keys once from HBM (8 B a key: 17.6 / 35 KB a row, 144 / 288 MB
+at 8192 rows, ~40 / ~80 us at the H200's bandwidth); the scratch row, counters and output row stay in
+L2. Instructions are the bound (integer and shuffle pipes issue at most 2 and 1 warp instructions a
+clock per SM). SASS compiled offline for sm_90 (compile_sm90), per row with scan thresholds at K = 512
+(one warp, CONFIG): pass 1 ~1,500 warp instructions (165 a 256-key tile: ~20 per kept key per thread:
+load, 64-bit compare, in-thread scan, slot, address, store, minimum), pass 2 ~430 + ~700 for the 1,024
+counters, pass 3 ~900 (300 a tile), the boundary sort ~360, the window sorts ~3,500 (one tl.sort of
+512 keys is ~4,700: 45 compare-exchange stages at ~6.5 instructions a key): ~7,500 in all, against
+~12,400 for the previous kernel (three tl.histogram passes at ~48 instructions a key, 1-D prefix
+sums at ~40, one sort of K). At K = 1024 (two warps): ~16,000 against ~28,000 (window sorts ~6,900
+against ~13,000 for one sort of 1,024). The sorts remain the largest part: Triton's tl.sort does a
+64-bit compare and two selects per key and stage, in-thread stages included.
 
-Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; equal keys are kept
-up to K); kept <= capacity; NO_KEY in the kept prefix counts as padding (it is one in the output too).
-No host synchronization and no data-dependent shape: CUDA-graph capturable.
+Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; equal keys are
+kept up to K); kept <= capacity; NO_KEY in the kept prefix counts as padding (it is one in the output
+too). No host synchronization and no data-dependent shape: CUDA-graph capturable.
 """
 
 from __future__ import annotations
