@@ -146,16 +146,15 @@ def _sort_windows(row_out, stride_oc, TOPK: tl.constexpr, WINDOW: tl.constexpr):
     (buckets) and sorted runs, every key of a run larger than every key of the next: sort the windows
     [2jW, 2jW + 2W), then the windows [(2j+1)W, (2j+3)W). A window sort keeps every run's keys in its
     slots (runs are ordered), so it sorts each run inside it and unsorts none; every run of at most W
-    keys lies inside a window of one of the two sets."""
+    keys lies inside a window of one of the two sets. One tl.sort call site for both rounds (a
+    runtime loop): its straight-line code is thousands of instructions."""
     offs = tl.arange(0, TOPK // (2 * WINDOW))[:, None] * (2 * WINDOW) + tl.arange(0, 2 * WINDOW)[None, :]
-    keys = tl.load(row_out + offs * stride_oc)
-    tl.debug_barrier()  # every thread has read its keys before any overwrites the row
-    tl.store(row_out + offs * stride_oc, tl.sort(keys, dim=1, descending=True))
-    tl.debug_barrier()  # the first windows are stored before the shifted ones are read
-    inside = WINDOW + offs < TOPK  # the last shifted window is half past the row: NO_KEY sorts last
-    keys = tl.load(row_out + (WINDOW + offs) * stride_oc, mask=inside, other=NO_KEY_C)
-    tl.debug_barrier()
-    tl.store(row_out + (WINDOW + offs) * stride_oc, tl.sort(keys, dim=1, descending=True), mask=inside)
+    for shift in range(0, 2 * WINDOW, WINDOW):
+        inside = shift + offs < TOPK  # the last shifted window is half past the row: NO_KEY sorts last
+        keys = tl.load(row_out + (shift + offs) * stride_oc, mask=inside, other=NO_KEY_C)
+        tl.debug_barrier()  # every thread has read its keys before any overwrites the row
+        tl.store(row_out + (shift + offs) * stride_oc, tl.sort(keys, dim=1, descending=True), mask=inside)
+        tl.debug_barrier()  # the first windows are stored before the shifted ones are read
 
 
 @triton.jit
