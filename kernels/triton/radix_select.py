@@ -74,7 +74,7 @@ from ..workspace import Scratch
 
 # (keys per thread per tile, num_warps, bucket resolution MANTISSA: 2^MANTISSA buckets per doubling of
 # the score distance, 32 << MANTISSA buckets in all) per K; other K (tests) take the K = 1024 one.
-CONFIG = {512: (8, 1, 5), 1024: (8, 2, 6)}
+CONFIG = {512: (8, 1, 5), 1024: (8, 1, 6)}
 BOUNDARY = 64           # boundary keys ranked by one sort; more go to the exact narrowing loop
 WINDOW = 16             # the longest unsorted run the two window sorts order; longer: one sort of K
 DIGIT = 5               # radix bits per pass of that loop
@@ -141,20 +141,38 @@ def _boundary_bucket(row_hist, n_pass, TOPK: tl.constexpr, NBINS: tl.constexpr, 
 
 
 @triton.jit
+def _window_slot(slot, TOPK: tl.constexpr, WINDOW: tl.constexpr):
+    """Where the output row holds its slot `slot` until _sort_windows has run: window w = slot // 2W's
+    i-th key (i = slot % 2W) at i * (TOPK / 2W) + w. A window's keys are then TOPK / 2W apart, so a
+    [windows, 2W] tile of them is contiguous along the windows: the loads give each thread one window
+    (or a half) in its registers, and the sort's compare-exchange stages run inside threads."""
+    if WINDOW > 0:
+        return (slot % (2 * WINDOW)) * (TOPK // (2 * WINDOW)) + slot // (2 * WINDOW)
+    else:
+        return slot
+
+
+@triton.jit
 def _sort_windows(row_out, stride_oc, TOPK: tl.constexpr, WINDOW: tl.constexpr):
-    """Sort descending the TOPK keys of an output row made of runs of at most WINDOW unsorted keys
-    (buckets) and sorted runs, every key of a run larger than every key of the next: sort the windows
-    [2jW, 2jW + 2W), then the windows [(2j+1)W, (2j+3)W). A window sort keeps every run's keys in its
-    slots (runs are ordered), so it sorts each run inside it and unsorts none; every run of at most W
-    keys lies inside a window of one of the two sets. One tl.sort call site for both rounds (a
-    runtime loop): its straight-line code is thousands of instructions."""
-    offs = tl.arange(0, TOPK // (2 * WINDOW))[:, None] * (2 * WINDOW) + tl.arange(0, 2 * WINDOW)[None, :]
+    """Sort descending the TOPK keys of an output row (held at _window_slot) made of runs of at most
+    WINDOW unsorted keys (buckets) and sorted runs, every key of a run larger than every key of the
+    next: sort the windows [2jW, 2jW + 2W), then the windows [(2j+1)W, (2j+3)W); then store the row
+    in slot order. A window sort keeps every run's keys in its slots (runs are ordered), so it sorts
+    each run inside it and unsorts none; every run of at most W keys lies inside a window of one of
+    the two sets. One tl.sort call site for both rounds (a runtime loop): its straight-line code is
+    thousands of instructions."""
+    slots = tl.arange(0, TOPK // (2 * WINDOW))[:, None] * (2 * WINDOW) + tl.arange(0, 2 * WINDOW)[None, :]
     for shift in range(0, 2 * WINDOW, WINDOW):
-        inside = shift + offs < TOPK  # the last shifted window is half past the row: NO_KEY sorts last
-        keys = tl.load(row_out + (shift + offs) * stride_oc, mask=inside, other=NO_KEY_C)
+        inside = shift + slots < TOPK  # the last shifted window is half past the row: NO_KEY sorts last
+        ptrs = row_out + _window_slot(shift + slots, TOPK, WINDOW) * stride_oc
+        keys = tl.load(ptrs, mask=inside, other=NO_KEY_C)
         tl.debug_barrier()  # every thread has read its keys before any overwrites the row
-        tl.store(row_out + (shift + offs) * stride_oc, tl.sort(keys, dim=1, descending=True), mask=inside)
+        tl.store(ptrs, tl.sort(keys, dim=1, descending=True), mask=inside)
         tl.debug_barrier()  # the first windows are stored before the shifted ones are read
+    offs = tl.arange(0, TOPK)
+    keys = tl.load(row_out + _window_slot(offs, TOPK, WINDOW) * stride_oc)
+    tl.debug_barrier()
+    tl.store(row_out + offs * stride_oc, keys)
 
 
 @triton.jit
@@ -280,7 +298,8 @@ def select_topk_candidates_radix_kernel(
             # Unmasked, as in pass 2: the other keys add 0 (and read a cursor they do not use).
             slot_a = tl.atomic_add(tl.reshape(row_hist + bucket, [CHUNK]), tl.reshape(is_above.to(tl.int32), [CHUNK]),
                                    sem="relaxed", scope="cta")
-            tl.store(row_out + slot_a * stride_oc, tl.reshape(keys, [CHUNK]), mask=tl.reshape(is_above, [CHUNK]))
+            tl.store(row_out + _window_slot(slot_a, TOPK, WINDOW) * stride_oc, tl.reshape(keys, [CHUNK]),
+                     mask=tl.reshape(is_above, [CHUNK]))
             slot_b, total = _exclusive_slots(is_boundary.to(tl.int32))
             # Slots wrap at BOUNDARY: where more keys are in b*, the boundary slots are not read.
             _scatter(row_boundary + ((n_boundary + slot_b) & (BOUNDARY - 1)), keys, is_boundary)
@@ -291,7 +310,7 @@ def select_topk_candidates_radix_kernel(
         if count <= BOUNDARY:
             offs_b = tl.arange(0, BOUNDARY)
             ranked = tl.sort(tl.load(row_boundary + offs_b, mask=offs_b < count, other=NO_KEY_C), descending=True)
-            tl.store(row_out + (above + offs_b) * stride_oc, ranked, mask=offs_b < need)
+            tl.store(row_out + _window_slot(above + offs_b, TOPK, WINDOW) * stride_oc, ranked, mask=offs_b < need)
         else:
             bound = _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
                                        CHUNK, DIGIT, MANTISSA, NBINS)
@@ -301,7 +320,8 @@ def select_topk_candidates_radix_kernel(
                 keys = tl.load(src + start + offs, mask=live)
                 taken = live & (keys >= floor) & (keys >= bound) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
                 slot, total = _exclusive_slots(taken.to(tl.int32))
-                _scatter(row_out + (above + n_taken + slot) * stride_oc, keys, taken & (n_taken + slot < need))
+                _scatter(row_out + _window_slot(above + n_taken + slot, TOPK, WINDOW) * stride_oc, keys,
+                         taken & (n_taken + slot < need))
                 n_taken += total
         tl.debug_barrier()  # the output row, written above by every thread, is read back below
         if WINDOW > 0:
