@@ -48,15 +48,16 @@ threshold) passes 2-3 read the buffer row instead of the scratch row.
 What bounds its time. Bytes: the kept keys once from HBM (8 B a key: 17.6 / 35 KB a row, 144 / 288 MB
 at 8192 rows, ~40 / ~80 us at the H200's bandwidth); the scratch row, counters and output row stay in
 L2. Instructions are the bound (integer and shuffle pipes issue at most 2 and 1 warp instructions a
-clock per SM). SASS compiled offline for sm_90 (compile_sm90), per row with scan thresholds at K = 512
-(one warp, CONFIG): pass 1 ~1,500 warp instructions (165 a 256-key tile: ~20 per kept key per thread:
-load, 64-bit compare, in-thread scan, slot, address, store, minimum), pass 2 ~430 + ~700 for the 1,024
-counters, pass 3 ~900 (300 a tile), the boundary sort ~360, the window sorts ~3,500 (one tl.sort of
-512 keys is ~4,700: 45 compare-exchange stages at ~6.5 instructions a key): ~7,500 in all, against
-~12,400 for the previous kernel (three tl.histogram passes at ~48 instructions a key, 1-D prefix
-sums at ~40, one sort of K). At K = 1024 (two warps): ~16,000 against ~28,000 (window sorts ~6,900
-against ~13,000 for one sort of 1,024). The sorts remain the largest part: Triton's tl.sort does a
-64-bit compare and two selects per key and stage, in-thread stages included.
+clock per SM). SASS compiled offline for sm_90 (compile_sm90), per row with scan thresholds, one warp
+(CONFIG), in warp instructions, K = 512 / 1024: pass 1 ~1,460 / ~2,930 (162 a 256-key tile: load,
+64-bit compare, in-thread scan, slot, address, store, minimum: ~20 a kept key per thread); pass 2
+~430 / ~720 for the atomics plus ~700 / ~1,400 for the 1,024 / 2,048 counters; pass 3 ~1,050 /
+~1,750; the boundary sort ~360; the window sorts ~2,900 / ~4,300 (1,409 / 2,102 a round; one
+tl.sort of K keys is ~4,700 / ~11,200: 45 / 55 compare-exchange stages, across lanes in the 1-D
+layout): ~7,200 / ~11,900 in all, against ~12,000 / ~28,000 for the previous kernel (three
+tl.histogram passes at ~48 instructions a key, 1-D prefix sums at ~40, one sort of K; K = 1024 in
+two warps). Registers: 96 / 127 (20 / 16 resident warps an SM). The window sorts remain the largest
+part: Triton's tl.sort does a 64-bit compare and two selects per key and stage.
 
 Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; equal keys are
 kept up to K); kept <= capacity; NO_KEY in the kept prefix counts as padding (it is one in the output
