@@ -40,8 +40,9 @@ reached through shared memory). Passes:
      one relaxed CTA-scope atomic add a key), then b*, above, need, the widest bucket above b* and
      the cursors from one prefix sum over the counters (_boundary_bucket).
   3. scratch row: keys above b* to their buckets' slots in the output row, b*'s keys to the
-     boundary slots.
-  4. the boundary's sort; the window sorts or one sort of K over the output row.
+     boundary slots. The output row holds slot s window-major (_window_slot) until the window sorts
+     have run, so that their [windows, 2 WINDOW] tiles give each thread a window in registers.
+  4. the boundary's sort; the window sorts (then the row stored in slot order) or one sort of K.
 Where n <= K, passes 2-4 are skipped and one sort reads the scratch row; where n > SMALL (no
 threshold) passes 2-3 read the buffer row instead of the scratch row.
 
