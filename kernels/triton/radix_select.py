@@ -79,7 +79,7 @@ from ..workspace import Scratch
 CONFIG = {512: (8, 1, 5), 1024: (8, 1, 6)}
 BOUNDARY = 32           # boundary keys ranked by one sort (~4 on average, at most 9 seen); more: narrowing
 WINDOW = 16             # the longest unsorted run the two window sorts order; longer: one sort of K
-DIGIT = 5               # radix bits per pass of that loop
+DIGIT = 5               # radix bits per pass of the narrowing loop (_kth_key_of_bucket)
 NO_KEY_C = tl.constexpr(NO_KEY)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
 INT32_MAX_C = tl.constexpr(2**31 - 1)
