@@ -1,14 +1,17 @@
-"""Device probe (H200): the candidate top-K, radix select (kernels/triton/radix_select.py) against
-the bitonic one it replaces (select_topk_candidates_triton), in one process.
+"""Device probe (H200): the candidate top-K, bucket select (kernels/triton/radix_select.py) against the
+previous radix select (a copy below: select_topk_candidates_radix_v1, three tl.histogram passes and
+one sort of K) and the bitonic top-K before it (select_topk_candidates_triton), in one process.
 
 Input per K in (512, 1024): 8192 rows of an 8 K-key candidate buffer holding ~2,200 / ~4,400 kept
 keys (the scan's counts, bench/NOTES.md v7a): ordering keys (selection.make_keys) of the top
 scores of 65,536 normal float32 scores (drawn as the tail quantiles directly) at distinct random
 positions, in random order; the threshold per row is the score floor of its (1.21 K)-th best key
 (the scan's final thresholds pass ~619 / ~1,249 keys), and, as a second case, none (NO_KEY: every
-kept key passes). Every variant's keys are checked bit for bit against the old kernel and torch
-(selection.select_topk_keys on the passing prefix) before it is timed; timing: CUDA events,
-5 warm-up calls, the median of 30. Prints a table, writes DIR/radix-select-probe.json.
+kept key passes). Variants of the new kernel: its CONFIG, then VARIANTS (tile rows, warps, bucket
+resolution, window length; window 0 = always one sort of K). Every variant's keys are checked bit for
+bit against the bitonic kernel and torch (selection.select_topk_keys on the passing prefix) before it
+is timed; timing: CUDA events, 5 warm-up calls, the median of 30. Prints a table, writes
+DIR/radix-select-probe.json.
 
     python -m bench.probes.radix_select_probe --out DIR
 """
@@ -20,11 +23,14 @@ import json
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 from bench.common.timing import cuda_ms
 
 from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
+from litetopk.kernels.triton import radix_select
+from litetopk.kernels.triton.radix_select import _first_shift, select_topk_candidates_radix
 from litetopk.kernels.triton.selection import select_topk_candidates_triton
 
 ROWS = 8192
@@ -32,7 +38,85 @@ WINDOW = 65536
 KEPT = {512: 2200, 1024: 4400}
 PASSING_PER_K = 1.21
 WARM, REPS = 5, 30
-VARIANTS = [(256, 1, 5), (512, 1, 5), (256, 1, 6), (512, 1, 6), (512, 2, 5), (512, 2, 6), (1024, 4, 6), (512, 2, 8)]
+# (tile_rows, num_warps, mantissa, window) per K: the new kernel's variants besides its CONFIG.
+VARIANTS = {512: [(4, 1, 5, 16), (8, 2, 5, 16), (8, 1, 4, 16), (8, 1, 6, 8), (8, 1, 6, 16), (8, 1, 5, 0)],
+            1024: [(8, 2, 6, 16), (8, 4, 6, 16), (4, 1, 6, 16), (8, 1, 7, 16), (8, 1, 7, 8), (8, 1, 6, 0)]}
+V1_CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}  # (chunk, num_warps, digit): the v1 kernel's best
+NO_KEY_C = tl.constexpr(NO_KEY)
+
+
+@triton.jit
+def select_topk_candidates_radix_v1_kernel(
+    keys_ptr, stride_kr, kept_ptr, thr_ptr, scratch_ptr, out_ptr, stride_or, stride_oc,
+    TOPK: tl.constexpr, SMALL: tl.constexpr, CHUNK: tl.constexpr, DIGIT: tl.constexpr,
+):
+    """The previous selection kernel (commit a644944), kept to be timed beside the new one: pass 1
+    compacts the passing keys with 1-D prefix sums, radix passes of DIGIT bits (tl.histogram) narrow
+    to the K-th key from the top of the passing range, a compaction and one tl.sort of K."""
+    RADIX: tl.constexpr = 1 << DIGIT
+    row = tl.program_id(0).to(tl.int64)
+    row_keys = keys_ptr + row * stride_kr
+    row_small = scratch_ptr + row * SMALL
+    row_out = out_ptr + row * stride_or
+    kept = tl.load(kept_ptr + row).to(tl.int32)
+    floor = tl.maximum(tl.load(thr_ptr + row), NO_KEY_C + 1)
+    offs = tl.arange(0, CHUNK)
+    n_pass = 0
+    hi_acc = tl.full([CHUNK], NO_KEY_C, tl.int64)
+    for start in range(0, kept, CHUNK):
+        keys = tl.load(row_keys + start + offs, mask=start + offs < kept, other=NO_KEY_C)
+        passing = keys >= floor
+        slot = n_pass + tl.cumsum(passing.to(tl.int32), axis=0) - 1
+        tl.store(row_small + slot, keys, mask=passing & (slot < SMALL))
+        n_pass += tl.sum(passing.to(tl.int32), axis=0)
+        hi_acc = tl.maximum(hi_acc, keys)
+    tl.debug_barrier()
+    fits = n_pass <= SMALL
+    src = tl.where(fits, row_small, row_keys)
+    src_len = tl.where(fits, n_pass, kept)
+    shift = _first_shift((tl.max(hi_acc, axis=0) - floor).to(tl.uint64, bitcast=True), RADIX)
+    limit = RADIX
+    base = floor
+    need = TOPK
+    count = n_pass
+    bins = tl.arange(0, RADIX)
+    while need < count:
+        hist = tl.zeros([RADIX], dtype=tl.int32)
+        for start in range(0, src_len, CHUNK):
+            keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+            digit = (keys - base).to(tl.uint64, bitcast=True) >> shift
+            hist += tl.histogram(digit.to(tl.int32), RADIX, mask=(keys >= floor) & (digit < limit))
+        from_top = count - tl.cumsum(hist, axis=0) + hist
+        chosen = tl.max(tl.where(from_top >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+        count = tl.sum(tl.where(bins == chosen, hist, 0), axis=0)
+        base += (chosen.to(tl.uint64) << shift).to(tl.int64, bitcast=True)
+        next_shift = tl.maximum(shift - DIGIT, 0)
+        limit = tl.where(shift > 0, 1 << (shift - next_shift), 0)
+        count = tl.where(shift > 0, count, need)
+        shift = next_shift
+    n_out = 0
+    for start in range(0, src_len, CHUNK):
+        keys = tl.load(src + start + offs, mask=start + offs < src_len, other=NO_KEY_C)
+        chosen_keys = keys >= base
+        slot = n_out + tl.cumsum(chosen_keys.to(tl.int32), axis=0) - 1
+        tl.store(row_out + slot * stride_oc, keys, mask=chosen_keys & (slot < TOPK))
+        n_out += tl.sum(chosen_keys.to(tl.int32), axis=0)
+    tl.debug_barrier()
+    offs_top = tl.arange(0, TOPK)
+    top = tl.load(row_out + offs_top * stride_oc, mask=offs_top < n_out, other=NO_KEY_C)
+    tl.debug_barrier()
+    tl.store(row_out + offs_top * stride_oc, tl.sort(top, descending=True))
+
+
+def select_topk_candidates_radix_v1(keys, kept, thresholds, k, out):
+    """The previous kernel's launcher (its CONFIG), writing `out`."""
+    chunk, num_warps, digit = V1_CONFIG[k]
+    scratch = torch.empty(keys.shape[0], 2 * k, dtype=torch.int64, device=keys.device)
+    select_topk_candidates_radix_v1_kernel[(keys.shape[0],)](
+        keys, keys.stride(0), kept, thresholds, scratch, out, out.stride(0), out.stride(1),
+        TOPK=k, SMALL=2 * k, CHUNK=chunk, DIGIT=digit, num_warps=num_warps)
+    return out
 
 
 def candidate_buffer(k: int, gen: torch.Generator):
@@ -61,6 +145,32 @@ def torch_top(keys, kept, thresholds, k):
     return select_topk_keys(torch.where(live & (keys >= thresholds[:, None]), keys, NO_KEY), k)
 
 
+def path_shares(keys, kept, thresholds, want, k):
+    """Fractions of rows by the bucket kernel's path (radix_select's CONFIG bucket resolution, BOUNDARY
+    and WINDOW): n <= K passing keys; boundary bucket over BOUNDARY keys (radix narrowing); every bucket
+    above the K-th at most WINDOW keys (window sorts); otherwise one sort of K."""
+    mantissa = radix_select.CONFIG[k][2]
+    nbins = 32 << mantissa
+    live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
+    passing = live & (keys >= thresholds.clamp(min=NO_KEY + 1)[:, None])
+    low = torch.where(passing, keys >> 32, 2**31).min(dim=1, keepdim=True).values
+    def bucket(x):
+        bits = ((x >> 32) - low).clamp(min=0).to(torch.float32).view(torch.int32)
+        return ((bits >> (23 - mantissa)) - ((127 << mantissa) - 1)).clamp(0, nbins - 1).long()
+    counts = torch.zeros(keys.shape[0], nbins, dtype=torch.int64, device="cuda")
+    counts.scatter_add_(1, bucket(keys), passing.long())
+    chosen = bucket(want[:, k - 1 : k])
+    boundary = counts.gather(1, chosen)[:, 0]
+    above = torch.arange(nbins, device="cuda")[None, :] > chosen
+    widest = torch.where(above, counts, 0).max(dim=1).values
+    small = passing.sum(1) <= k
+    narrowed = ~small & (boundary > radix_select.BOUNDARY)
+    windows = ~small & ~narrowed & (widest <= radix_select.WINDOW)
+    share = lambda m: float(m.float().mean())
+    return {"n<=K": share(small), "narrowed": share(narrowed), "windows": share(windows),
+            "sorted": share(~small & ~narrowed & ~windows)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for radix-select-probe.json")
@@ -69,7 +179,7 @@ def main():
     gen = torch.Generator(device="cuda")
     gen.manual_seed(15)
     report = {"device": torch.cuda.get_device_name(0), "rows": ROWS, "warm": WARM, "reps": REPS, "cases": []}
-    print(f"{'K':>5} {'threshold':>9} {'passing':>8} {'variant':>22} {'ms':>8} {'equal':>5}")
+    print(f"{'K':>5} {'threshold':>9} {'passing':>8} {'variant':>28} {'ms':>8} {'equal':>5}")
     for k in (512, 1024):
         keys, kept, scan_thresholds = candidate_buffer(k, gen)
         for thr_name, thresholds in (("scan", scan_thresholds), ("none", torch.full_like(scan_thresholds, NO_KEY))):
@@ -77,20 +187,24 @@ def main():
             live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
             passing = float((live & (keys >= thresholds[:, None])).sum(1).float().mean())
             case = {"k": k, "threshold": thr_name, "kept_mean": float(kept.float().mean()), "passing_mean": passing,
-                    "variants": {}}
-            runs = {"bitonic (old)": lambda: select_topk_candidates_triton(keys, kept, thresholds, k)}
+                    "paths": path_shares(keys, kept, thresholds, want, k), "variants": {}}
+            print(f"{k:>5} {thr_name:>9} rows by path: {case['paths']}", flush=True)
             out = torch.empty(ROWS, k, dtype=torch.int64, device="cuda")
-            runs["radix (CONFIG)"] = lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)
-            for chunk, warps, digit in VARIANTS:
-                runs[f"radix c{chunk} w{warps} d{digit}"] = (lambda c=chunk, w=warps, d=digit: select_topk_candidates_radix(
-                    keys, kept, thresholds, k, out=out, chunk=c, digit=d, num_warps=w))
+            runs = {"bitonic": lambda: select_topk_candidates_triton(keys, kept, thresholds, k),
+                    "radix v1 (previous)": lambda: select_topk_candidates_radix_v1(keys, kept, thresholds, k, out),
+                    "bucket (CONFIG)": lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)}
+            for tile_rows, warps, mantissa, window in VARIANTS[k]:
+                runs[f"bucket r{tile_rows} w{warps} m{mantissa} win{window}"] = (
+                    lambda t=tile_rows, w=warps, m=mantissa, n=window: select_topk_candidates_radix(
+                        keys, kept, thresholds, k, out=out, tile_rows=t, num_warps=w, mantissa=m, window=n))
             old = select_topk_candidates_triton(keys, kept, thresholds, k)
             for name, fn in runs.items():
+                out.fill_(7)  # a variant that leaves slots unwritten must not inherit the last one's answer
                 got = fn()
                 equal = bool(torch.equal(got, want)) and bool(torch.equal(got, old))
                 ms = cuda_ms(fn, reps=REPS, warm=WARM)
                 case["variants"][name] = {"ms": ms, "equal": equal}
-                print(f"{k:>5} {thr_name:>9} {passing:>8.0f} {name:>22} {ms:>8.4f} {str(equal):>5}", flush=True)
+                print(f"{k:>5} {thr_name:>9} {passing:>8.0f} {name:>28} {ms:>8.4f} {str(equal):>5}", flush=True)
             report["cases"].append(case)
             with open(os.path.join(args.out, "radix-select-probe.json"), "w") as f:
                 json.dump(report, f, indent=1)

@@ -1,11 +1,14 @@
-"""The radix-select candidate top-K (kernels/triton/radix_select.py) against torch's top-K of each
+"""The bucket-select candidate top-K (kernels/triton/radix_select.py) against torch's top-K of each
 row's passing keys (selection.select_topk_keys), bit for bit, at both supported K.
 
 Runs the real kernel in Triton's CPU interpreter where no GPU exists (tests/conftest.py). Each case
 draws a buffer of ordering keys (selection.make_keys of random float32 scores at distinct random
 positions, stale keys past `kept`) and thresholds as the scan makes them (score floors at or below
-the K-th best kept key), shaped to reach one path of the kernel: the compacted scratch row (at
-most 2 K passing keys) or the whole row, zero / one / several radix passes, the bit-0 pass.
+the K-th best kept key), shaped to reach one path of the kernel, and checks with ref_path (the
+kernel's bucket arithmetic in torch) that it does: n <= K passing keys (one sort of the scratch row);
+the compacted scratch row (at most 2 K pass) or the whole row; the boundary bucket ranked by a sort or
+by radix narrowing (zero / one / several passes, the bit-0 pass); the output row ordered by the two
+window sorts or by one sort of K.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import pytest
 import torch
 
 from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
+from litetopk.kernels.triton.radix_select import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
 from litetopk.kernels.triton.selection import select_topk_candidates_triton
+from litetopk.kernels.workspace import Scratch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -25,6 +29,37 @@ def ref_select(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor,
     """select_topk_keys over each row's first kept[r] keys at or above thresholds[r]."""
     live = torch.arange(keys.shape[1])[None, :] < kept[:, None]
     return select_topk_keys(torch.where(live & (keys >= thresholds[:, None]), keys, NO_KEY), k)
+
+
+def ref_bucket(keys: torch.Tensor, low_score: int, mantissa: int) -> torch.Tensor:
+    """The kernel's bucket: exponent and top `mantissa` bits of float32(score part - low_score), 1 + those
+    of 1.0, clamped to [0, 32 << mantissa) (int64 -> float32 rounds to nearest, as the kernel's u32 does)."""
+    bits = ((keys >> 32) - low_score).to(torch.float32).view(torch.int32)
+    return ((bits >> (23 - mantissa)) - ((127 << mantissa) - 1)).clamp(0, (32 << mantissa) - 1)
+
+
+def ref_path(keys, kept, thresholds, k, mantissa=None, boundary=BOUNDARY, window=WINDOW) -> list[str]:
+    """Per row, the kernel's path: "n<=K", or "small/..." / "row/..." (scratch row or whole buffer row)
+    then "narrowed" (boundary bucket over `boundary` keys), "windows" or "sorted" (one sort of K)."""
+    mantissa = mantissa or CONFIG.get(k, CONFIG[1024])[2]
+    paths = []
+    for r in range(keys.shape[0]):
+        row = keys[r, : int(kept[r])]
+        passing = row[row >= max(int(thresholds[r]), NO_KEY + 1)]
+        if passing.numel() <= k:
+            paths.append("n<=K")
+            continue
+        low = int((passing >> 32).min())
+        bucket = ref_bucket(passing, low, mantissa)
+        chosen = ref_bucket(torch.sort(passing, descending=True).values[k - 1 : k], low, mantissa)[0]
+        above = bucket[bucket > chosen]
+        widest = int(torch.bincount(above).max()) if above.numel() else 0
+        where = "row" if passing.numel() > 2 * k else "small"
+        if int((bucket == chosen).sum()) > boundary:
+            paths.append(f"{where}/narrowed")
+        else:
+            paths.append(f"{where}/windows" if widest <= window else f"{where}/sorted")
+    return paths
 
 
 def buffer_of(scores: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
@@ -79,46 +114,86 @@ def negative(rng, rows, capacity, k):
     return -np.exp(rng.standard_normal((rows, capacity)) * 4)
 
 
-# name -> (scores, kept per row as a fraction of capacity or an int, threshold rank in units of k or None)
+def log_spread(rng, rows, capacity, k):
+    """Score distances spread evenly over 20 doublings: about one key a bucket, the window sorts' case."""
+    return 1.0 + 2.0 ** (-20 + 20 * rng.random((rows, capacity)))
+
+
+def log_spread_and_a_tie(rng, rows, capacity, k):
+    """log_spread with 40 keys of one top score: one bucket above the K-th holds more than WINDOW keys."""
+    scores = log_spread(rng, rows, capacity, k)
+    scores[:, 7:47] = 1.75
+    return scores
+
+
+# name -> (scores, kept per row as a fraction of capacity or an int, threshold rank in units of k or None,
+#          the path every row takes: ref_path, or its prefix)
 CASES = {
-    "scan thresholds, compacted (<= 2K pass)": (tail_of_window, [1.0, 0.6], 1.2),
-    "threshold at the K-th key": (gaussian, [0.8, 0.5], 1.0),
-    "no threshold, whole row (> 2K pass)": (gaussian, [1.0, 0.75], None),
-    "threshold below 2K keys: whole row": (gaussian, [1.0, 1.0], 2.5),
-    "heavy ties in score, positions decide": (tied_scores, [1.0, 0.6], 1.3),
-    "-0.0 and +0.0 fold, negative scores": (signed_zeros, [1.0, 0.7], 1.1),
-    "all keys in one first-pass bucket": (one_bucket, [0.6, 1.0], 1.3),
-    "negative scores only": (negative, [0.9, 0.4], 1.5),
-    "fewer than K kept, and an empty row": (gaussian, [300, 0], None),
-    "exactly K kept": (gaussian, ["k", "k"], 1.0),
+    "scan thresholds, compacted (<= 2K pass)": (tail_of_window, [1.0, 0.6], 1.2, "small/"),
+    "threshold at the K-th key": (gaussian, [0.8, 0.5], 1.0, "n<=K"),
+    "no threshold, whole row (> 2K pass)": (gaussian, [1.0, 0.75], None, "row/"),
+    "threshold below 2K keys: whole row": (gaussian, [1.0, 1.0], 2.5, "row/"),
+    "heavy ties in score, positions decide": (tied_scores, [1.0, 0.6], 1.3, "small/narrowed"),
+    "-0.0 and +0.0 fold, negative scores": (signed_zeros, [1.0, 0.7], 1.1, ""),
+    "all keys in one first-pass bucket": (one_bucket, [0.6, 1.0], 1.3, "small/narrowed"),
+    "negative scores only": (negative, [0.9, 0.4], 1.5, "small/"),
+    "a key a bucket: window sorts": (log_spread, [1.0, 0.8], 1.5, "small/windows"),
+    "a wide bucket above the K-th: one sort of K": (log_spread_and_a_tie, [1.0, 0.8], 1.5, "small/sorted"),
+    "fewer than K kept, and an empty row": (gaussian, [300, 0], None, "n<=K"),
+    "exactly K kept": (gaussian, ["k", "k"], 1.0, "n<=K"),
 }
 
 
 # K = 1024 on the cases whose shape depends on K (the interpreter's tl.sort of 1024 keys is slow).
 AT_1024 = ["scan thresholds, compacted (<= 2K pass)", "no threshold, whole row (> 2K pass)",
-           "heavy ties in score, positions decide", "all keys in one first-pass bucket", "exactly K kept"]
+           "heavy ties in score, positions decide", "all keys in one first-pass bucket",
+           "a key a bucket: window sorts", "exactly K kept"]
+
+
+def case_inputs(name, k, seed):
+    """(keys [2, 3 k], kept [2], thresholds [2]) of CASES[name]."""
+    make_scores, kept_spec, rank, _ = CASES[name]
+    rng = np.random.default_rng(seed)
+    capacity = 3 * k
+    keys = buffer_of(make_scores(rng, 2, capacity, k), rng)
+    kept = torch.tensor([k if f == "k" else (f if isinstance(f, int) else int(f * capacity)) for f in kept_spec])
+    return keys, kept, floor_at_rank(keys, kept, None if rank is None else int(rank * k))
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("name, k", [(name, 512) for name in CASES] + [(name, 1024) for name in AT_1024])
 def test_radix_select_equals_torch_topk(name, k, seed):
-    make_scores, kept_spec, rank = CASES[name]
-    rng = np.random.default_rng(seed)
-    capacity = 3 * k
-    keys = buffer_of(make_scores(rng, 2, capacity, k), rng)
-    kept = torch.tensor([k if f == "k" else (f if isinstance(f, int) else int(f * capacity)) for f in kept_spec])
-    thresholds = floor_at_rank(keys, kept, None if rank is None else int(rank * k))
+    keys, kept, thresholds = case_inputs(name, k, seed)
+    paths = ref_path(keys, kept, thresholds, k)
+    assert all(p.startswith(CASES[name][3]) for p in paths), f"{name}, K={k}: the case reaches {paths}"
     got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k)
     want = ref_select(keys, kept, thresholds, k)
     assert got.dtype == torch.int64 and got.shape == (2, k), name
     for r in range(2):
-        assert torch.equal(got[r].cpu(), want[r]), f"{name}, K={k}: row {r} (kept {int(kept[r])})"
+        assert torch.equal(got[r].cpu(), want[r]), f"{name}, K={k}: row {r} (kept {int(kept[r])}, {paths[r]})"
+
+
+# The probe's sweep: other bucket resolutions, boundary sizes, window lengths (0: always one sort of K),
+# tiles and warps; each on the cases whose path it changes.
+VARIANTS = [dict(mantissa=3), dict(mantissa=6, window=8), dict(boundary=16), dict(window=0),
+            dict(tile_rows=4, num_warps=2)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{a}={b}" for a, b in v.items()))
+@pytest.mark.parametrize("name", ["scan thresholds, compacted (<= 2K pass)", "a key a bucket: window sorts"])
+def test_radix_select_variants_give_the_same_keys(name, variant, seed):
+    keys, kept, thresholds = case_inputs(name, 512, seed)
+    got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), 512, **variant)
+    want = ref_select(keys, kept, thresholds, 512)
+    assert torch.equal(got.cpu(), want), f"{name}, {variant}: {ref_path(keys, kept, thresholds, 512, **variant)}"
 
 
 @pytest.mark.interpret
 def test_radix_select_equals_the_bitonic_kernel_and_writes_out(seed):
     """The same keys as select_topk_candidates_triton; `out` with a row stride is written in place,
-    its other columns untouched; int32 kept; thresholds at score floors from score_floor_keys."""
+    its other columns untouched; the buffers carved from a caller workspace (Scratch); int32 kept;
+    thresholds at score floors from score_floor_keys."""
     rng = np.random.default_rng(seed)
     k, capacity = 512, 1536
     scores = rng.standard_normal((2, capacity)).astype(np.float32)
@@ -128,8 +203,12 @@ def test_radix_select_equals_the_bitonic_kernel_and_writes_out(seed):
     thresholds = score_floor_keys(kth)
     wide = torch.full((2, 2 * k), 7, dtype=torch.int64, device=DEVICE)
     out = wide[:, 1 : 1 + k]
-    got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k, out=out)
+    workspace = torch.zeros(1 << 16, dtype=torch.uint8, device=DEVICE)
+    scratch = Scratch(DEVICE, workspace)
+    got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k, out=out,
+                                       scratch=scratch)
     assert got.data_ptr() == out.data_ptr()
+    assert 0 < scratch.used <= workspace.numel() and bool(workspace.any()), "the buffers are not the workspace's"
     old = select_topk_candidates_triton(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k)
     assert torch.equal(out.cpu(), old.cpu())
     assert torch.equal(out.cpu(), ref_select(keys, kept.long(), thresholds, k))
