@@ -58,7 +58,7 @@ def certify(problem: PrefillProblem, scan: CandidateScan, capacity: int, status:
         status, kept, overflow, repaired = certificate_triton(problem, scan.appended, capacity, status)
     else:
         status, kept, overflow, repaired = certificate_torch(problem, scan.appended, capacity, status)
-    top = select_candidates(scan.keys, kept, scan.thresholds, problem.topk)
+    top = select_candidates(scan.keys, kept, scan.thresholds, problem.topk, problem.scratch)
     return Certified(top=top, status=status, repaired=repaired, scan=scan, overflow=overflow)
 
 
@@ -96,7 +96,7 @@ def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Ce
         capacity = max(sub.max_end, 1)
         scan = backend.scan_candidates(sub, safe, capacity)
         # capacity >= every window: nothing overflows, every appended key is kept
-        top = select_candidates(scan.keys, scan.appended, scan.thresholds, sub.topk)
+        top = select_candidates(scan.keys, scan.appended, scan.thresholds, sub.topk, sub.scratch)
         repair_scatter_triton(chosen, sub, scan, top, capacity, state)
         return
     failing = _capacity_only(state.status)
@@ -132,4 +132,4 @@ def _rescan(sub: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) ->
     scan = backend.scan_candidates(sub, safe, capacity)
     status, kept, _, _ = certificate_torch(sub, scan.appended, capacity, torch.zeros_like(sub.row_status))
     certified = (status == 0) & ~scan.nonfinite
-    return select_candidates(scan.keys, kept, scan.thresholds, sub.topk), certified
+    return select_candidates(scan.keys, kept, scan.thresholds, sub.topk, sub.scratch), certified

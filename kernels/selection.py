@@ -16,6 +16,7 @@ import torch
 
 from .devices import runs_triton_stages
 from .errors import InputError
+from .workspace import Scratch
 
 NO_KEY = -(2**63)
 _LOW32 = 0xFFFFFFFF
@@ -98,15 +99,16 @@ def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.T
     raise InputError(f"selector={selector!r} is not known; use 'torch' or 'flashinfer'")
 
 
-def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int) -> torch.Tensor:
+def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
+                      scratch: Scratch | None = None) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of the scan's buffer
     `keys` [rows, capacity] (NO_KEY after them), sorted descending, NO_KEY padded. `thresholds` are at
     or below the k-th best key of every row whose scan certifies (other rows are repaired or publish
     nothing); the Triton twin (kernels/triton/radix_select.py: a radix select above the threshold,
     then a sort of K keys) uses them, the torch code needs none. Runs the twin where
-    devices.runs_triton_stages says so."""
+    devices.runs_triton_stages says so, its buffers from `scratch` (the problem's; None: the allocator)."""
     if runs_triton_stages(keys.device):
         from .triton.radix_select import select_topk_candidates_radix
 
-        return select_topk_candidates_radix(keys, kept, thresholds, k)
+        return select_topk_candidates_radix(keys, kept, thresholds, k, scratch=scratch)
     return select_topk_keys(keys, k)
