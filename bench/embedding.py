@@ -1,7 +1,9 @@
 """What an embedding serving engine sees of litetopk_prefill (issue 14): host time, GPU idle time,
 eager vs CUDA-graph replay, host syncs, and out= buffers; one process, on a CUDA device.
 
-For each (keys, K): a causal prefill of Q rows (bench.common.problems), then
+For each (keys, K): a causal prefill of Q rows (bench.common.problems) and one caller-owned
+workspace sized for it (allocate_workspace; its bytes and sizing time are in the JSON), which every
+call below runs on, then
 - sync check: one eager call under torch.cuda.set_sync_debug_mode("error") (raises on any sync);
 - host ms: wall time from the call to its return (no synchronization; the GPU is still busy);
 - eager ms: CUDA events around one call (median of reps), graph ms: the same call captured once
@@ -26,14 +28,15 @@ import torch
 
 from bench.common.problems import prefill_problem
 from bench.common.timing import cuda_ms
-from litetopk.kernels import litetopk_prefill
+from litetopk.kernels import allocate_workspace, litetopk_prefill
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
 
 
-def _call(problem, out=None):
+def _call(problem, out=None, workspace=None):
     kwargs = {k: v for k, v in problem.items() if k not in ("topk", "max_seq_len")}
-    return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"])
+    return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"],
+                            workspace=workspace)
 
 
 def _kernel_ms(fn) -> float:
@@ -49,12 +52,16 @@ def _kernel_ms(fn) -> float:
 def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     problem = prefill_problem(rows, keys * 4, topk, seed)
     problem["max_seq_len"] = keys
+    t0 = time.perf_counter()
+    workspace = allocate_workspace(rows, keys, topk, device="cuda")  # every call below runs on it
+    sizing_s = time.perf_counter() - t0
+    call = lambda p=problem, out=None: _call(p, out, workspace)  # noqa: E731
     for _ in range(2):  # compile and warm up
-        _call(problem)
+        call()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _call(problem)
+        call()
         syncs = "none"
     except RuntimeError as exc:
         syncs = f"sync: {str(exc).splitlines()[0][:120]}"
@@ -64,38 +71,38 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     host = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        _call(problem)
+        call()
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
-    eager = cuda_ms(lambda: _call(problem), reps=reps, warm=0)
-    kernels = _kernel_ms(lambda: _call(problem))
+    eager = cuda_ms(call, reps=reps, warm=0)
+    kernels = _kernel_ms(call)
     # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
-    out = {name: torch.empty_like(getattr(_call(problem), name)) for name in FIELDS}
+    out = {name: torch.empty_like(getattr(call(), name)) for name in FIELDS}
     static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        _call(static, out)  # warm-up on the side stream, as torch.cuda.graphs asks
+        call(static, out)  # warm-up on the side stream, as torch.cuda.graphs asks
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     graph_error = None
     try:
         with torch.cuda.graph(graph):
-            _call(static, out)
+            call(static, out)
         fresh = prefill_problem(rows, keys * 4, topk, seed + 1)
         for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
             static[name].copy_(fresh[name])
         graph.replay()
         torch.cuda.synchronize()
         fresh["max_seq_len"] = keys
-        want = _call({**static})
+        want = call({**static})
         equal = all(torch.equal(out[n], getattr(want, n)) for n in FIELDS)
         replay = cuda_ms(graph.replay, reps=reps, warm=1)
     except Exception as exc:  # reported in the table and the JSON, never hidden
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
                 kernel_ms=kernels, idle_ms=eager - kernels, graph_ms=replay, graph_equal=equal,
-                graph_error=graph_error)
+                graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s)
 
 
 def main(argv=None) -> int:
