@@ -147,7 +147,7 @@ class RegionSlice(_Strict):
     generation: int = Field(ge=1)
     offset: int = Field(0, ge=0, le=2**50)
     dtype: DTypeName
-    shape: list[Dim] = Field(max_length=4)
+    shape: list[Dim] = Field(max_length=5)  # AITER's kv_cache [pages, 1, 4, 64, 16] has five
 
 
 class InlineTensor(_Strict):
@@ -178,7 +178,12 @@ class TopKRequest(_Strict):
 
     q_fp4: RegionSlice
     q_scale: RegionSlice
-    kv_cache: RegionSlice
+    kv_cache: RegionSlice = Field(description="uint8 [num_pages, 4352] (our format, or a view of 4352-byte pages "
+                                  "such as [num_pages, 64, 1, 68]); with kv_scale, AITER's values uint8 "
+                                  "[num_pages, 1, 4, 64, 16] (docs/cache-layouts.md)")
+    kv_scale: RegionSlice | None = Field(None, description="AITER's cache format: its scales, uint8 "
+                                         "[num_pages, 1, 4, 64], one page per kv_cache page; omitted for our "
+                                         "format (a cache is always a region, never inline)")
     weights: RegionSlice
     block_table: TensorArg
     row_to_batch: TensorArg

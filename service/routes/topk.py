@@ -2,8 +2,9 @@
 
     parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
                          are parsed in a thread, so that a large inline body never stalls the loop
-    admit (event loop)   topk, backend, regions (the caller's own), bounds, inline lengths, output
-                         regions (read-write, read by no input): fail fast, no lease
+    admit (event loop)   topk, backend, the cache's format (ours, or AITER's kv_cache + kv_scale pair),
+                         regions (the caller's own), bounds, inline lengths, output regions
+                         (read-write, read by no input): fail fast, no lease
     execute (worker)     lease regions -> tensors on the device -> operator (checks the inputs'
                          dtypes and shapes: bad_dtype / bad_shape) -> row faults ->
                          results into output regions or to the host -> release leases
@@ -35,6 +36,7 @@ from litetopk.clients.wire import (
     result_shape,
 )
 from litetopk.kernels import RowFaultError, RowStatus, litetopk_prefill
+from litetopk.kernels.cache_layout import AITER_SCALE_SHAPE, AITER_VALUE_SHAPE
 from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
 
@@ -55,6 +57,7 @@ _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"ty
 router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+OPTIONAL_INPUTS = ("kv_scale",)  # passed by keyword when given
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 
 
@@ -81,6 +84,31 @@ def _check_output(name: str, ref: RegionSlice, rows: int, topk: int) -> None:
         raise ServiceError("bad_shape", f"out.{name} must have shape {want}, got {list(ref.shape)}")
 
 
+def _check_cache_format(req: TopKRequest) -> None:
+    """The cache is ours (`kv_cache` alone) or AITER's pair (docs/cache-layouts.md): with `kv_scale`,
+    kv_cache must be uint8 [P, 1, 4, 64, 16] and kv_scale uint8 [P, 1, 4, 64] (the same P). Our
+    format's own shape is the operator's to check; an AITER-shaped kv_cache without kv_scale is
+    named here, since the operator would only say that it is not ours."""
+    cache, scale = req.kv_cache, req.kv_scale
+    aiter_values = [*AITER_VALUE_SHAPE]
+    if scale is None:
+        if list(cache.shape[1:]) == aiter_values:
+            raise ServiceError("bad_shape", f"kv_cache {list(cache.shape)} is AITER's values tensor: send its scales "
+                               f"as kv_scale (uint8 [{cache.shape[0]}, {', '.join(map(str, AITER_SCALE_SHAPE))}])")
+        return
+    for name, ref, page in (("kv_cache", cache, aiter_values), ("kv_scale", scale, [*AITER_SCALE_SHAPE])):
+        if ref.dtype != "uint8":
+            raise ServiceError("bad_dtype", f"{name} must be uint8 with kv_scale (AITER's format), got {ref.dtype}")
+        if len(ref.shape) != 1 + len(page) or list(ref.shape[1:]) != page:
+            wanted = f"[num_pages, {', '.join(map(str, page))}]"
+            hint = " (our format's kv_cache takes no kv_scale)" if name == "kv_cache" else ""
+            raise ServiceError("bad_shape", f"{name} must be {wanted} with kv_scale (AITER's format), got "
+                               f"{list(ref.shape)}{hint}")
+    if cache.shape[0] != scale.shape[0]:
+        raise ServiceError("bad_shape", f"kv_scale must have one page per kv_cache page: kv_cache has "
+                           f"{cache.shape[0]} pages, kv_scale {scale.shape[0]}")
+
+
 def admit(req: TopKRequest, state: ServiceState, principal: Principal) -> None:
     """Every check that needs no device: raise the request's error before it is queued.
 
@@ -88,16 +116,19 @@ def admit(req: TopKRequest, state: ServiceState, principal: Principal) -> None:
     InputDtypeError / InputShapeError, answered `bad_dtype` / `bad_shape`); admission checks what
     the operator cannot see: regions (the caller's own) and their bounds, inline data against its
     shape, and the output regions the results are written into (read-write regions that no input
-    of this request reads).
+    of this request reads). The cache's format (kv_scale given or not) is checked first.
     """
     check_topk(req.topk)
     if req.backend not in ("auto", state.backend):
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
                            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
     alive: dict = {}  # owners found alive while admitting this request (each read once)
+    _check_cache_format(req)
     read: set[str] = set()  # the regions the inputs read
-    for name in INPUTS:
+    for name in (*INPUTS, *OPTIONAL_INPUTS):
         arg = getattr(req, name)
+        if arg is None:
+            continue
         if isinstance(arg, InlineTensor):
             if len(arg.data) != math.prod(arg.shape):
                 raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
@@ -144,11 +175,12 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
 
     try:
         inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
+        kv_scale = tensor("kv_scale", req.kv_scale) if req.kv_scale is not None else None
         # Output regions stay where they live (host or device): the results are copied into them.
         outs = {n: region_view(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
         mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
-                                  backend=state.settings.backend, repair=req.repair)
+                                  backend=state.settings.backend, repair=req.repair, kv_scale=kv_scale)
         if state.device.type == "cuda" and marks is not None:
             torch.cuda.current_stream(state.device).synchronize()  # the fault scan below waits anyway
         mark(("op", time.perf_counter()))
