@@ -27,6 +27,9 @@ Access = Annotated[Literal["read_only", "read_write"], Field(
 Ticket = Annotated[str, Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 # 64 bytes in standard base64: 88 characters, the last data character carrying 2 bits (A, Q, g or w).
 EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
+# Values one inline tensor may hold: it bounds what a parsed body costs the event loop (unpickling
+# 4 x 65536 values from the parser process: ~8 ms; service/routes/topk.py BodyParser).
+INLINE_VALUES_MAX = 2**16
 
 
 class _Strict(BaseModel):
@@ -151,11 +154,12 @@ class RegionSlice(_Strict):
 
 
 class InlineTensor(_Strict):
-    """Small int32 metadata sent in the body: `data` is the flat C-ordered list of `shape`."""
+    """Small int32 metadata sent in the body: `data` is the flat C-ordered list of `shape`, at most
+    INLINE_VALUES_MAX values (larger metadata goes in a region, as the clients do past 1024)."""
 
     dtype: Literal["int32"] = "int32"
     shape: list[Dim] = Field(max_length=2)
-    data: list[Int32]
+    data: list[Int32] = Field(max_length=INLINE_VALUES_MAX)
 
 
 TensorArg = Union[RegionSlice, InlineTensor]
@@ -232,7 +236,7 @@ class Problem(BaseModel):
 
 
 __all__ = [
-    "CudaIpcRegistration", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
+    "CudaIpcRegistration", "INLINE_VALUES_MAX", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
     "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKJsonResponse",
     "TopKRequest", "TorchIpcFields",
 ]
