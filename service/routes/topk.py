@@ -19,6 +19,8 @@ import asyncio
 import json
 import math
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -258,25 +260,38 @@ def validate_body(body: bytes) -> TopKRequest | list[dict]:
         return [{"loc": ("body", *e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors[:VALIDATION_ERRORS_MAX]]
 
 
+PARSER_NICENESS = 10  # the parser yields the CPU to the service's event loop and device worker
+
+
+def _start_parser_process() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the service stops it
+    os.nice(PARSER_NICENESS)
+
+
 class BodyParser:
     """One parser process (spawned on first use) that validates large bodies: the service's GIL is
     held only to hand the bytes over and to unpickle the (small: inline data is bounded by the
-    schema) request. A parser process that died is replaced for the next body."""
+    schema) request. The process runs at PARSER_NICENESS, ignores SIGINT (the service's own
+    shutdown ends it) and exits with the service; one that died is replaced for the next body."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _submit(self, body: bytes):
+        """(pool, future): starting the process and pickling the body happen here, in a thread."""
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-            return self._pool
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start_parser_process)
+            pool = self._pool
+        return pool, pool.submit(validate_body, body)
 
     async def parse(self, body: bytes) -> TopKRequest | list[dict]:
-        pool = self._executor()
+        pool = None
         try:
-            return await asyncio.wrap_future(pool.submit(validate_body, body))
+            pool, future = await asyncio.to_thread(self._submit, body)
+            return await asyncio.wrap_future(future)
         except BrokenProcessPool as exc:
             with self._lock:
                 if self._pool is pool:

@@ -1,17 +1,23 @@
-"""Security scenarios against real service processes (issue 16): shutdown paths, socket directory."""
+"""Security scenarios against real service processes (issue 16): shutdown paths, socket directory,
+another uid, sealed memory its owner cannot shrink, takeover attempts by another principal, /livez
+while a large body is parsed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.servers import ServiceProcess
+from tests.servers import service  # noqa: F401  (the shared live-service fixture)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -88,3 +94,72 @@ print(json.dumps(out))
         assert "Traceback" not in process.log(), process.log()[-3000:]
     finally:
         process.stop()
+
+
+# ------------------------------------------------------------------- /livez while a body is parsed
+
+LIVEZ_MAX_S = 0.050  # issue 16: a behaviour bound, generous (a probe takes ~2 ms here)
+BODY_BYTES = 16 * 2**20
+PROBE_INTERVAL_S = 0.005  # the probing test leaves the CPU to the service between probes
+
+
+def _sixteen_mib_body(kind: str) -> bytes:
+    """A /v1/topk body of just under 16 MiB (the default MAX_REQUEST_BYTES): `too_long` holds one
+    inline tensor of ~1.5 million values (refused once parsed: at most INLINE_VALUES_MAX);
+    `valid` four inline tensors of INLINE_VALUES_MAX values padded with whitespace (it parses, then
+    names a region that does not exist)."""
+    from litetopk.service.schemas import INLINE_VALUES_MAX
+
+    ref = {"region": "rnothere", "generation": 1, "offset": 0, "dtype": "uint8", "shape": [1]}
+    body = {n: ref for n in ("q_fp4", "q_scale", "kv_cache", "weights")} | {"topk": 512}
+    if kind == "too_long":
+        n = (BODY_BYTES - 4096) // 11
+        body |= {n: ref for n in ("row_to_batch", "starts", "ends")}
+        body["block_table"] = {"dtype": "int32", "shape": [n], "data": [1234567890] * n}
+    else:
+        for name in ("block_table", "row_to_batch", "starts", "ends"):
+            body[name] = {"dtype": "int32", "shape": [INLINE_VALUES_MAX], "data": [-123456789] * INLINE_VALUES_MAX}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return raw[:-1] + b" " * (BODY_BYTES - len(raw)) + b"}"
+
+
+def _livez_while_posting(service, body: bytes) -> tuple[list[float], httpx.Response]:
+    """Latencies of /livez probes sent on a second connection while `body` is posted to /v1/topk."""
+    done, answer = threading.Event(), {}
+
+    def post():
+        try:
+            with httpx.Client(base_url=service.url, headers=service.auth, timeout=60) as http:
+                answer["response"] = http.post("/v1/topk", content=body, headers={"content-type": "application/json"})
+        finally:
+            done.set()
+
+    latencies = []
+    with httpx.Client(base_url=service.url, timeout=10) as probe:
+        probe.get("/livez")  # the probe's connection is open before the body is sent
+        sender = threading.Thread(target=post)
+        sender.start()
+        while not done.is_set():
+            started = time.perf_counter()
+            assert probe.get("/livez").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(PROBE_INTERVAL_S)
+        sender.join()
+    return latencies, answer["response"]
+
+
+@pytest.mark.parametrize("kind, code", [("too_long", "validation_error"), ("valid", "unknown_region")])
+def test_livez_answers_while_a_16_mib_body_is_parsed(service, kind, code):
+    """Issue 16: large /v1/topk bodies are parsed off the event loop (in the parser process, since
+    pydantic holds the GIL: from a thread /livez stalled ~250 ms here). The first large body also
+    starts the parser process; every repetition is measured."""
+    body = _sixteen_mib_body(kind)
+    assert len(body) == BODY_BYTES
+    worst = []
+    for _ in range(3):
+        latencies, response = _livez_while_posting(service, body)
+        assert response.json()["code"] == code, response.text[:500]
+        assert len(latencies) >= 5, f"only {len(latencies)} probes while the body was in flight"
+        worst.append(max(latencies))
+    assert max(worst) <= LIVEZ_MAX_S, f"/livez took up to {[round(w * 1e3, 1) for w in worst]} ms"
+    assert service.process.poll() is None
