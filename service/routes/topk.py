@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import asyncio
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -62,6 +63,7 @@ PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
 router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
+log = logging.getLogger("litetopk.service")
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 OPTIONAL_INPUTS = ("kv_scale",)  # passed by keyword when given
@@ -105,7 +107,8 @@ def _check_cache_format(req: TopKRequest) -> None:
         return
     for name, ref, page in (("kv_cache", cache, aiter_values), ("kv_scale", scale, [*AITER_SCALE_SHAPE])):
         if ref.dtype != "uint8":
-            raise ServiceError("bad_dtype", f"{name} must be uint8 with kv_scale (AITER's format), got {ref.dtype}")
+            raise ServiceError("bad_dtype", f"{name} must be uint8 in AITER's format (kv_cache + kv_scale), "
+                               f"got {ref.dtype}")
         if len(ref.shape) != 1 + len(page) or list(ref.shape[1:]) != page:
             wanted = f"[num_pages, {', '.join(map(str, page))}]"
             hint = " (our format's kv_cache takes no kv_scale)" if name == "kv_cache" else ""
@@ -272,31 +275,45 @@ class BodyParser:
     """One parser process (spawned on first use) that validates large bodies: the service's GIL is
     held only to hand the bytes over and to unpickle the (small: inline data is bounded by the
     schema) request. The process runs at PARSER_NICENESS, ignores SIGINT (the service's own
-    shutdown ends it) and exits with the service; one that died is replaced for the next body."""
+    shutdown ends it) and exits with the service; when it dies (killed, out of memory), another is
+    started and the body parsed once more."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
 
-    def _submit(self, body: bytes):
-        """(pool, future): starting the process and pickling the body happen here, in a thread."""
+    async def parse(self, body: bytes) -> TopKRequest | list[dict]:
+        """`validate_body(body)` in the parser process (a process that died is replaced once per body)."""
+        try:
+            return await self._parse_once(body)
+        except BrokenProcessPool:
+            log.warning("the body parser process died; starting another")
+        try:
+            return await self._parse_once(body)
+        except BrokenProcessPool as exc:
+            raise ServiceError("internal_error", "the body parser process died twice on this body") from exc
+
+    async def _parse_once(self, body: bytes) -> TopKRequest | list[dict]:
+        pool = await asyncio.to_thread(self._pool_started)  # spawning is slow: never on the event loop
+        try:
+            future = await asyncio.to_thread(pool.submit, validate_body, body)
+            return await asyncio.wrap_future(future)
+        except BrokenProcessPool:
+            self._forget(pool)
+            raise
+
+    def _pool_started(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_start_parser_process)
-            pool = self._pool
-        return pool, pool.submit(validate_body, body)
+            return self._pool
 
-    async def parse(self, body: bytes) -> TopKRequest | list[dict]:
-        pool = None
-        try:
-            pool, future = await asyncio.to_thread(self._submit, body)
-            return await asyncio.wrap_future(future)
-        except BrokenProcessPool as exc:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            raise ServiceError("internal_error", "the body parser process died; send the request again") from exc
+    def _forget(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 BODY_PARSER = BodyParser()

@@ -364,3 +364,26 @@ def test_livez_answers_while_a_16_mib_body_is_parsed(service, kind, code):
         worst.append(max(latencies))
     assert max(worst) <= LIVEZ_MAX_S, f"/livez took up to {[round(w * 1e3, 1) for w in worst]} ms"
     assert service.process.poll() is None
+
+
+def _parser_processes(service) -> list[int]:
+    """Pids of the service's parser processes (its spawned children, not the resource tracker)."""
+    children = subprocess.run(["pgrep", "-P", str(service.pid)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in children
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_killed_parser_process_is_replaced(service):
+    """The body parser is a process of its own: killed, the next large body starts another and answers."""
+    body = _sixteen_mib_body("valid")
+    with httpx.Client(base_url=service.url, headers=service.auth, timeout=60) as http:
+        def post() -> httpx.Response:
+            return http.post("/v1/topk", content=body, headers={"content-type": "application/json"})
+
+        assert post().json()["code"] == "unknown_region"
+        (parser,) = _parser_processes(service)
+        os.kill(parser, signal.SIGKILL)
+        assert post().json()["code"] == "unknown_region", "the body is parsed by a new parser process"
+        assert _parser_processes(service) not in ([], [parser])
+    assert service.process.poll() is None
+    assert "the body parser process died; starting another" in service.log()
