@@ -1,8 +1,8 @@
 """/v1/topk: one `litetopk_prefill` call on the pinned device, inputs named by region or inline.
 
     parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
-                         are parsed in a parser process (`BodyParser`): pydantic holds the GIL while
-                         it parses (a 16 MiB body: ~250 ms), so a thread would stall the loop too
+                         are validated in the parser process (service/body_parser.py): pydantic
+                         holds the GIL while it parses, so a thread would stall the loop too
     admit (event loop)   topk, backend, the cache's format (ours, or AITER's kv_cache + kv_scale pair),
                          regions (the caller's own), bounds, inline lengths, output regions
                          (read-write, read by no input): fail fast, no lease
@@ -17,15 +17,8 @@ from __future__ import annotations
 import array
 import asyncio
 import json
-import logging
 import math
-import multiprocessing
-import os
-import signal
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +41,7 @@ from litetopk.kernels.cache_layout import AITER_SCALE_SHAPE, AITER_VALUE_SHAPE
 from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
 
+from ..body_parser import BodyParser
 from ..errors import PROBLEM_JSON, ServiceError
 from ..principals import Principal, get_principal
 from ..regions import owner_alive
@@ -63,7 +57,6 @@ PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
 router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
-log = logging.getLogger("litetopk.service")
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 OPTIONAL_INPUTS = ("kv_scale",)  # passed by keyword when given
@@ -259,64 +252,11 @@ def validate_body(body: bytes) -> TopKRequest | list[dict]:
     try:
         return TopKRequest.model_validate_json(body)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False, include_context=False)
-        return [{"loc": ("body", *e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors[:VALIDATION_ERRORS_MAX]]
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)[:VALIDATION_ERRORS_MAX]
+        return [{"loc": ("body", *e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
 
 
-PARSER_NICENESS = 10  # the parser yields the CPU to the service's event loop and device worker
-
-
-def _start_parser_process() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the service stops it
-    os.nice(PARSER_NICENESS)
-
-
-class BodyParser:
-    """One parser process (spawned on first use) that validates large bodies: the service's GIL is
-    held only to hand the bytes over and to unpickle the (small: inline data is bounded by the
-    schema) request. The process runs at PARSER_NICENESS, ignores SIGINT (the service's own
-    shutdown ends it) and exits with the service; when it dies (killed, out of memory), another is
-    started and the body parsed once more."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-
-    async def parse(self, body: bytes) -> TopKRequest | list[dict]:
-        """`validate_body(body)` in the parser process (a process that died is replaced once per body)."""
-        try:
-            return await self._parse_once(body)
-        except BrokenProcessPool:
-            log.warning("the body parser process died; starting another")
-        try:
-            return await self._parse_once(body)
-        except BrokenProcessPool as exc:
-            raise ServiceError("internal_error", "the body parser process died twice on this body") from exc
-
-    async def _parse_once(self, body: bytes) -> TopKRequest | list[dict]:
-        pool = await asyncio.to_thread(self._pool_started)  # spawning is slow: never on the event loop
-        try:
-            future = await asyncio.to_thread(pool.submit, validate_body, body)
-            return await asyncio.wrap_future(future)
-        except BrokenProcessPool:
-            self._forget(pool)
-            raise
-
-    def _pool_started(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start_parser_process)
-            return self._pool
-
-    def _forget(self, pool: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._pool is pool:
-                self._pool = None
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-BODY_PARSER = BodyParser()
+BODY_PARSER = BodyParser(validate_body)
 
 
 async def parse_request(request: Request) -> TopKRequest:
