@@ -279,6 +279,17 @@ async def test_async_client_concurrent_calls(service, problem, transport):
         assert cache.id not in {r["id"] for r in await other.regions()}, "close() unregistered the client's regions"
 
 
+@pytest.mark.asyncio
+async def test_async_client_takes_aiter_cache_format(service, problem):
+    from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+
+    values, scales = aiter_pages_from_litetopk(problem.kv_cache)
+    async with AsyncTopKClient(uds=service.uds) as client:
+        scale = await client.register(scales, access="read_only")
+        got = await client.topk(problem.q_fp4, problem.q_scale, values, *problem.args()[3:], topk=512, kv_scale=scale)
+    assert results_equal(got, reference(problem)) == []
+
+
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):
     p = make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
     p.weights[3, 0] = float("inf")
