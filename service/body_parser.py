@@ -5,10 +5,11 @@ a thread stalls the event loop as much as parsing on it. `BodyParser(validate)` 
 `validate(body)` in one parser process instead; the service's GIL is held only to hand the bytes
 over and to unpickle the answer (the caller keeps that small: /v1/topk's schema bounds inline data).
 
-    started   on the first body, from a thread (spawning is slow), at PARSER_NICENESS from its
-              first instruction (this module is torch-free: the process lowers its priority
-              before it imports `validate`'s module), SIGINT ignored (the service's shutdown
-              ends it: it exits when the service does);
+    started   by `start()` when the service starts (the /v1/topk router's lifespan; else on the
+              first body), from a thread (spawning is slow), at PARSER_NICENESS from its first
+              instruction (this module is torch-free: the process lowers its priority before it
+              imports `validate`'s module), SIGINT ignored; `close()` ends it (it also exits
+              when the service does);
     died      (killed, out of memory): another is started and the body parsed once more; a body
               on which it dies twice is `internal_error`.
 """
@@ -71,6 +72,19 @@ class BodyParser:
                 self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_start_parser_process)
             return self._pool
+
+    def start(self) -> None:
+        """Spawn the parser process now (without waiting for it), so that no request pays for the
+        spawn; it imports `validate`'s module with the first body (niced: the event loop does not
+        notice), and `close()` need not wait for that import. Blocking: call it from a thread."""
+        self._pool_created().submit(os.getpid)
+
+    def close(self) -> None:
+        """End the parser process (blocking: call it from a thread); a later body starts another."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _forget(self, pool: ProcessPoolExecutor) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -56,7 +57,20 @@ _BODY = {"requestBody": {"required": True, "content": {JSON_MEDIA_TYPE: {
 PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
-router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
+
+
+@contextlib.asynccontextmanager
+async def _body_parser_running(app):
+    """The router's lifespan (merged into the app's): the body parser process lives as long as the
+    service, started before any request so that no request pays for its start."""
+    await asyncio.to_thread(BODY_PARSER.start)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(BODY_PARSER.close)
+
+
+router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS, lifespan=_body_parser_running)
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 OPTIONAL_INPUTS = ("kv_scale",)  # passed by keyword when given
