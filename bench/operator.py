@@ -7,7 +7,11 @@ events, and checks outside timing that LiteTopK equals the dense path exactly (e
 Prints a table, writes bench/results/operator-<tag>.json (GPU, versions, command) and a PNG.
 
     python -m bench.operator --model deepseek-v4-flash --rows 8192 --raw-context 262144
-    python -m bench.operator --model all --raw-context 262144 524288 786432
+    python -m bench.operator --model all --raw-context 262144 524288 786432 --spread 0 1
+
+--spread takes one or more block-scale spreads (bench/common/problems.py): 0 draws every block
+scale from one binade, 1 from three (hundreds of wide vectors per problem, closer to real indexer
+activations); each spread is its own point, so the table reports both (issue 15 item 4).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def worker(args) -> dict:
     from bench.common.problems import MODELS, call_args, prefill_problem
 
     topk = MODELS[args.model]
-    problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread)
+    problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread[0])
     pos, kw = call_args(problem)
     variants = {"lite": lambda: litetopk_prefill(*pos, **kw, backend=args.backend)}
     selectors = []
@@ -125,13 +129,13 @@ def worker(args) -> dict:
     }
 
 
-def run_point(args, model: str, raw: int) -> dict:
-    """Median over fresh processes of one (model, raw context) point."""
+def run_point(args, model: str, raw: int, spread: int) -> dict:
+    """Median over fresh processes of one (model, raw context, spread) point."""
     runs = []
     for proc in range(args.processes):
         cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
-               "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(args.spread),
+               "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(spread),
                "--selectors", *args.selectors, *(["--lean"] if args.lean else [])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
@@ -139,7 +143,7 @@ def run_point(args, model: str, raw: int) -> dict:
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     names = runs[0]["median_ms"].keys()
     point = {
-        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows, "spread": args.spread,
+        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows, "spread": spread,
         "median_ms": {n: statistics.median(r["median_ms"][n] for r in runs) for n in names},
         "per_process": runs,
     }
@@ -159,12 +163,12 @@ def report(args, points: list[dict]) -> None:
 
     table = Table(title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} (median of {args.processes} processes)")
     names = list(points[0]["median_ms"].keys())
-    for col in ["model", "C4 keys", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms", "cand mean/max", "repaired", "exact"]:
+    for col in ["model", "C4 keys", "spread", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms", "cand mean/max", "repaired", "exact"]:
         table.add_column(col)
     for p in points:
         r0 = p["per_process"][0]
         speed = " ".join(f"{p[k]:.2f}x" for k in p if k.startswith("speedup_vs_"))
-        table.add_row(p["model"], str(p["c4_context"]), *[f"{p['median_ms'][n]:.3f}" for n in names], speed,
+        table.add_row(p["model"], str(p["c4_context"]), str(p["spread"]), *[f"{p['median_ms'][n]:.3f}" for n in names], speed,
                       f"{p['lite_tflops']:.0f}", f"{p['fp8_floor_ms']:.2f}",
                       f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]), str(p["exact_all_processes"]))
     Console().print(table)
@@ -183,10 +187,12 @@ def report(args, points: list[dict]) -> None:
         return
     fig, axes = plt.subplots(1, len({p["model"] for p in points}), figsize=(12, 4.5), squeeze=False)
     for ax, model in zip(axes[0], sorted({p["model"] for p in points})):
-        pts = [p for p in points if p["model"] == model]
-        xs = [p["c4_context"] for p in pts]
-        for n in names:
-            ax.plot(xs, [p["median_ms"][n] for p in pts], marker="o", label=n)
+        for spread in sorted({p["spread"] for p in points}):
+            pts = [p for p in points if p["model"] == model and p["spread"] == spread]
+            xs = [p["c4_context"] for p in pts]
+            for n in names:
+                ax.plot(xs, [p["median_ms"][n] for p in pts], marker="o", linestyle="-" if spread == 0 else ":",
+                        label=f"{n} (spread {spread})")
         ax.plot(xs, [p["fp8_floor_ms"] for p in pts], linestyle="--", color="gray", label="FP8 scoring floor")
         ax.set_title(model)
         ax.set_xlabel("C4 keys (S)")
@@ -213,7 +219,8 @@ def main() -> None:
                         help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
                              "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--spread", type=int, default=0, help="block-scale spread of the random data (bench/common/problems.py)")
+    parser.add_argument("--spread", type=int, nargs="+", default=[0],
+                        help="block-scale spreads of the random data, one point each (module docstring)")
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--tag", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -222,7 +229,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     models = ["deepseek-v4-flash", "deepseek-v4-pro"] if args.model == "all" else [args.model]
-    points = [run_point(args, m, raw) for m in models for raw in args.raw_context]
+    points = [run_point(args, m, raw, spread) for m in models for raw in args.raw_context for spread in args.spread]
     report(args, points)
 
 

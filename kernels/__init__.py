@@ -3,6 +3,7 @@
 Pipeline, one module a stage: mxfp4 (codec) -> cache_layout (pages) -> validation (one layer for
 every backend) -> backends (reference.py, triton/, flydsl/) -> pipeline (LiteTopK method and
 dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public);
+workspace holds a call's intermediate buffers (allocate_workspace / workspace_bytes: caller-owned);
 devices holds the vendor checks (is_cuda, is_gfx950) every layer uses.
 """
 
@@ -25,6 +26,7 @@ from .problems import random_problem
 from .result import TopKResult
 from .status import RowStatus
 from .validation import SUPPORTED_TOPK
+from .workspace import allocate_workspace, workspace_bytes
 
 __all__ = [
     "BACKEND_NAMES",
@@ -43,6 +45,7 @@ __all__ = [
     "SlotOverflowError",
     "TopKResult",
     "UnsupportedTopKError",
+    "allocate_workspace",
     "dense_topk_prefill",
     "dequantize_mxfp4",
     "litetopk_prefill",
@@ -51,4 +54,5 @@ __all__ = [
     "random_problem",
     "resolve_backend",
     "unpack_kv_cache",
+    "workspace_bytes",
 ]

@@ -31,7 +31,8 @@ INT32_MAX = 2**31 - 1
 
 
 def result_buffers(rows: int, k: int, device: torch.device, out: Mapping[str, torch.Tensor] | None) -> dict:
-    """The tensors a TopKResult of [rows, K] is written into: out's where given, new ones elsewhere."""
+    """The tensors a TopKResult of [rows, K] is written into: out's where given, new ones elsewhere
+    (from torch's allocator, never the workspace: the result outlives the call)."""
     given = dict(out or {})
     return {name: given[name] if name in given else torch.empty(shape_of(rows, k), dtype=dtype, device=device)
             for name, (shape_of, dtype) in RESULT_FIELDS.items()}

@@ -18,6 +18,7 @@ from .backend import ScoringBackend
 from .devices import runs_triton_stages
 from .selection import NO_KEY, score_floor_keys
 from .validation import PrefillProblem
+from .workspace import Scratch
 
 
 def calibrate(problem: PrefillProblem, backend: ScoringBackend, sample_size: int,
@@ -25,24 +26,50 @@ def calibrate(problem: PrefillProblem, backend: ScoringBackend, sample_size: int
     """(thresholds, ceilings) int64 keys [rows] (module docstring); `offset` is added to every
     calibrated threshold score (fault injection for tests; 0.0 in production)."""
     k = problem.topk
-    no_threshold = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=problem.device)
-    stride = problem.max_end // sample_size if sample_size > 0 else 0
-    if stride < 2 or -(-problem.max_end // stride) < k:
-        return no_threshold, None  # the sample would be (nearly) the whole window, or too small
+    stride = sample_stride(problem.max_end, sample_size, k)
+    if stride == 0:
+        return problem.scratch.full(problem.num_rows, NO_KEY, torch.int64), None
     sample, _ = backend.score_dense(problem, stride)
-    return calibration_keys(sample, k, max(1, k // (2 * stride)), offset)
+    return calibration_keys(sample, k, max(1, k // (2 * stride)), offset, scratch=problem.scratch)
 
 
-def calibration_keys(sample: torch.Tensor, k: int, ceiling_rank: int,
-                     offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_stride(max_end: int, sample_size: int, k: int) -> int:
+    """The stride of the calibration sample for the window bound `max_end`; 0: no sample (the
+    sample would be (nearly) the whole window, stride < 2, or hold fewer than K keys)."""
+    stride = max_end // sample_size if sample_size > 0 else 0
+    return 0 if stride < 2 or -(-max_end // stride) < k else stride
+
+
+def shape_changes(max_end: int, sample_size: int, k: int) -> list[int]:
+    """The window bounds e <= max_end after which the calibration's shapes jump (sorted, max_end
+    included): the largest e without a sample, and for each stride the largest e sampled with it.
+    Between two of them every buffer of a call grows with e (the sample has ceil(e / stride)
+    columns; without a sample the candidate buffer holds max(capacity, e) keys), so the largest
+    call at any e <= max_end is the largest at one of these (workspace.workspace_bytes)."""
+    if sample_size <= 0:
+        return [max_end]
+    ends = {max_end}
+    unsampled = min(max_end, 2 * sample_size - 1)  # stride < 2
+    for stride in range(2, max_end // sample_size + 1):
+        last = min(max_end, (stride + 1) * sample_size - 1)  # the last e of this stride
+        if sample_stride(last, sample_size, k):
+            ends.add(last)
+        if sample_size < k:  # e in [stride * sample_size, last] goes without a sample while ceil(e / stride) < k
+            unsampled = max(unsampled, min(last, stride * (k - 1)))
+    ends.add(unsampled)
+    return sorted(ends)
+
+
+def calibration_keys(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float = 0.0,
+                     scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(thresholds, ceilings) int64 keys [rows] of the calibration sample float32 [rows, n]: the
     score-floor key of the sample's k-th best score plus `offset`, and of its ceiling_rank-th best;
     NO_KEY where that k-th best is not finite or the sample row holds a NaN, and for a ceiling that is
-    not finite."""
+    not finite. `scratch`: where the Triton twin's output comes from (None: the allocator)."""
     if runs_triton_stages(sample.device):
         from .triton.calibration import calibration_keys_triton
 
-        return calibration_keys_triton(sample, k, ceiling_rank, offset)
+        return calibration_keys_triton(sample, k, ceiling_rank, offset, scratch=scratch)
     return calibration_keys_torch(sample, k, ceiling_rank, offset)
 
 

@@ -8,21 +8,27 @@ OVERFLOW or UNDERFILLED (only for rows without an input fault, which report that
 
 Device repair (repair=True). Up to `repair_rows` failing rows (the first ones by index) are rescanned
 at once with a buffer that holds their whole window (capacity max_end: it cannot overflow) from a
-safe threshold (the K-th best kept key of an overflowed row, a lower bound of its true K-th best;
-none for an underfilled row); certified rows get their answer, status 0 and repaired = 1, the rest
+safe threshold (the K-th best key of an overflowed row's selection, state.top[row, K - 1]: K real keys
+of its window, so a lower bound of its true K-th best; none for an underfilled row); certified rows get their answer, status 0 and repaired = 1, the rest
 SELECTOR_FAILURE. The slots are fixed: a launch over `repair_rows` padding rows when nothing failed
 costs a few microseconds. Rows beyond that capacity keep their capacity bit (they publish nothing);
 `complete_repair` (operator check=True, outside graph capture) rescans them on a synchronizing path.
+
+Launches (runs_triton_stages): the certificate is one kernel (kernels/triton/certify.py) plus the
+selection; the repair is the slot choice + gather (one kernel, kernels/triton/repair.py), the subset's
+operands (one), the rescan (prepare, buffer, two scoring variants, its outputs), its selection and the
+scatter back (one). The torch code here is their twin on other devices.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .backend import CandidateScan, ScoringBackend
-from .selection import NO_KEY, kth_key, select_candidates
+from .devices import runs_triton_stages
+from .selection import NO_KEY, select_candidates
 from .status import CAPACITY_EVENTS, RowStatus, set_status_bit
 from .validation import PrefillProblem
 
@@ -44,23 +50,29 @@ class Certified:
     overflow: torch.Tensor
 
 
-def _certificate(problem: PrefillProblem, scan: CandidateScan, capacity: int):
-    """(kept int64, overflow bool, underfilled bool) [rows] of a scan (module docstring)."""
-    kept = scan.appended.clamp(max=capacity)
-    overflow = scan.appended > capacity
-    return kept, overflow, ~overflow & (kept < problem.window_lengths.clamp(max=problem.topk))
-
-
 def certify(problem: PrefillProblem, scan: CandidateScan, capacity: int, status: torch.Tensor) -> Certified:
     """Certificate bits of every row (module docstring) and the selection of its candidates."""
-    k = problem.topk
-    kept, overflow, underfilled = _certificate(problem, scan, capacity)
+    if runs_triton_stages(problem.device):
+        from .triton.certify import certificate_triton
+
+        status, kept, overflow, repaired = certificate_triton(problem, scan.appended, capacity, status)
+    else:
+        status, kept, overflow, repaired = certificate_torch(problem, scan.appended, capacity, status)
+    top = select_candidates(scan.keys, kept, scan.thresholds, problem.topk)
+    return Certified(top=top, status=status, repaired=repaired, scan=scan, overflow=overflow)
+
+
+def certificate_torch(problem: PrefillProblem, appended: torch.Tensor, capacity: int, status: torch.Tensor):
+    """(status int32 with OVERFLOW / UNDERFILLED for rows without a bit, kept int64, overflow bool,
+    repaired int32 zeros) [rows] of a scan's appended counts (module docstring), in torch ops; the
+    Triton twin is kernels/triton/certify.py."""
+    kept = appended.clamp(max=capacity)
+    overflow = appended > capacity
+    underfilled = ~overflow & (kept < problem.window_lengths.clamp(max=problem.topk))
     answerable = status == 0
     status = set_status_bit(status, overflow & answerable, RowStatus.OVERFLOW)
     status = set_status_bit(status, underfilled & answerable, RowStatus.UNDERFILLED)
-    top = select_candidates(scan.keys, kept, scan.thresholds, k)
-    repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
-    return Certified(top=top, status=status, repaired=repaired, scan=scan, overflow=overflow)
+    return status, kept, overflow, problem.scratch.zeros(problem.num_rows, torch.int32)
 
 
 def _capacity_only(status: torch.Tensor) -> torch.Tensor:
@@ -69,17 +81,31 @@ def _capacity_only(status: torch.Tensor) -> torch.Tensor:
 
 def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Certified,
                      repair_rows: int = REPAIR_ROWS) -> None:
-    """Rescan up to `repair_rows` capacity-event rows exactly (module docstring), updating `state`."""
+    """Rescan up to `repair_rows` capacity-event rows exactly (module docstring), updating `state`.
+    The slot choice and the scatter back run as two Triton kernels where devices.runs_triton_stages
+    says so (kernels/triton/repair.py), in torch ops elsewhere; the rescan is the backend's scan."""
     rows = problem.num_rows
     slots = min(rows, repair_rows)
     if slots == 0:
+        return
+    if runs_triton_stages(problem.device):
+        from .triton.repair import repair_scatter_triton, repair_slots_triton
+
+        chosen, picked, safe, gathered = repair_slots_triton(problem, state.status, state.overflow, state.top, slots)
+        sub = replace(problem, **gathered, parent=problem, parent_rows=picked)
+        capacity = max(sub.max_end, 1)
+        scan = backend.scan_candidates(sub, safe, capacity)
+        # capacity >= every window: nothing overflows, every appended key is kept
+        top = select_candidates(scan.keys, scan.appended, scan.thresholds, sub.topk)
+        repair_scatter_triton(chosen, sub, scan, top, capacity, state)
         return
     failing = _capacity_only(state.status)
     index = torch.arange(rows, device=problem.device)
     chosen = torch.sort(torch.where(failing, index, rows)).values[:slots]  # failing rows first, then `rows`
     live = chosen < rows
     picked = torch.where(live, chosen, 0)
-    safe = torch.where(state.overflow[picked], kth_key(state.scan.keys[picked], problem.topk), NO_KEY)
+    # An overflowed row's K-th best kept key: K real keys of its window, so at most its true K-th best.
+    safe = torch.where(state.overflow[picked], state.top[picked, problem.topk - 1], NO_KEY)
     top, certified = _rescan(problem.subset(picked, live), backend, safe)
     # Scatter back through a spare row (index `rows`) that takes the padding slots.
     target = torch.where(live, chosen, rows)
@@ -104,6 +130,6 @@ def _rescan(sub: PrefillProblem, backend: ScoringBackend, safe: torch.Tensor) ->
     any window (max_end keys), from the safe thresholds `safe`."""
     capacity = max(sub.max_end, 1)
     scan = backend.scan_candidates(sub, safe, capacity)
-    kept, overflow, underfilled = _certificate(sub, scan, capacity)
-    certified = ~overflow & ~underfilled & ~scan.nonfinite
+    status, kept, _, _ = certificate_torch(sub, scan.appended, capacity, torch.zeros_like(sub.row_status))
+    certified = (status == 0) & ~scan.nonfinite
     return select_candidates(scan.keys, kept, scan.thresholds, sub.topk), certified

@@ -21,7 +21,7 @@ from .devices import is_cuda, is_gfx950
 from .errors import DeviceError, InputError, LiteTopKError
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
 from .result import TopKResult
-from .validation import check_out, validate_prefill
+from .validation import validate_prefill
 
 BACKEND_NAMES = ("auto", "reference", "triton", "flydsl")
 
@@ -45,13 +45,26 @@ def _load_backend(name: str) -> ScoringBackend:
 _BACKENDS: dict[str, ScoringBackend] = {}
 
 
+def _resolve(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if is_cuda(device) else "flydsl" if is_gfx950(device) else "reference"
+    return name
+
+
 def get_backend(name: str, device: torch.device) -> ScoringBackend:
     """The backend `name` ("auto" resolved for `device`), checked to run on `device`."""
-    if name == "auto":
-        name = "triton" if is_cuda(device) else "flydsl" if is_gfx950(device) else "reference"
+    name = _resolve(name, device)
     if name not in _BACKENDS:
         _BACKENDS[name] = _load_backend(name)
     backend = _BACKENDS[name]
+    backend.check_device(device)
+    return backend
+
+
+def new_backend(name: str, device: torch.device) -> ScoringBackend:
+    """A new instance of the backend `name` ("auto" resolved for `device`), checked to run on `device`
+    (workspace sizing: its cached operands go with it, not with the shared instance)."""
+    backend = _load_backend(_resolve(name, device))
     backend.check_device(device)
     return backend
 
@@ -63,7 +76,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def _on_device(device: torch.device, backend: ScoringBackend):
+def on_device(device: torch.device, backend: ScoringBackend):
     """Make `device` current and translate foreign failures into DeviceError."""
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
@@ -75,16 +88,11 @@ def _on_device(device: torch.device, backend: ScoringBackend):
         raise DeviceError(f"the {backend.name} backend failed on {device}: {exc}") from exc
 
 
-def _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, kv_scale) -> dict:
-    return dict(q_fp4=q_fp4, q_scale=q_scale, kv_cache=kv_cache, block_table=block_table, weights=weights,
-                row_to_batch=row_to_batch, starts=starts, ends=ends, kv_scale=kv_scale)
-
-
 def litetopk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
     tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
-    check: bool = False,
+    check: bool = False, workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """Top-`topk` keys of every query row by the fused LiteTopK method (CONTRACT.md §1-§4).
 
@@ -106,16 +114,16 @@ def litetopk_prefill(
     calibration stride are sized from it (default max_pages * 64: pass it when the block table is
     much wider than the longest window). `check=True` is the one synchronizing convenience: it
     repairs any capacity events left beyond the device repair's capacity, then raises RowFaultError
-    for faulty rows (never use it under graph capture).
+    for faulty rows (never use it under graph capture). `workspace` (allocate_workspace / workspace_bytes:
+    a uint8 device tensor, reused across calls, one call at a time) holds every explicit intermediate
+    buffer of the call (kernels/workspace.py says which); without it they come from torch's allocator.
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace,
     )
-    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-                                          kv_scale))
     chosen = get_backend(backend, problem.device)
-    with _on_device(problem.device, chosen):
+    with on_device(problem.device, chosen):
         return run_litetopk(problem, chosen, repair=repair, tuning=tuning or LiteTopKTuning(), out=out, check=check)
 
 
@@ -123,21 +131,21 @@ def dense_topk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
     out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None, check: bool = False,
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """The dense baseline: the full float32 [rows, max_end] score matrix, then an exact top-K.
 
     Same arguments and result as `litetopk_prefill`; `selector` picks the value top-k doing the
     bulk of the selection ("torch" or "flashinfer"); the answer does not depend on it. Its tie
-    check reads tied rows on the host (the dense path is the baseline, not the embeddable op).
+    check reads tied rows on the host (the dense path is the baseline, not the embeddable op). Its
+    `workspace` is sized with workspace_bytes(..., dense=True): it holds the score matrix.
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale,
+        topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace,
     )
-    out = check_out(out, problem, _inputs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-                                          kv_scale))
     chosen = get_backend(backend, problem.device)
-    with _on_device(problem.device, chosen):
+    with on_device(problem.device, chosen):
         return run_dense(problem, chosen, selector=selector, out=out, check=check)
 
 

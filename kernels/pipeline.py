@@ -13,6 +13,8 @@ Rows that fail the certificate are capacity events: with repair=True the device 
 exactly (up to certify.REPAIR_ROWS per call; `check=True` finishes any beyond that on a synchronizing
 path and then raises for faulty rows); with repair=False they keep their status bit and publish
 nothing. Each stage runs inside torch.profiler.record_function("litetopk.<stage>") for timelines.
+Every stage takes its explicit buffers from `problem.scratch` (workspace.py): the caller's workspace
+when one is given, torch's allocator otherwise; the published result goes into `out` or new tensors.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     if repair:
         with record_function("litetopk.repair"):
             repair_on_device(problem, backend, state, tuning.repair_rows)
-            if check:
-                complete_repair(problem, backend, state)
+            if check:  # a data-dependent number of rescans: outside the workspace (workspace.Scratch)
+                with problem.scratch.from_allocator():
+                    complete_repair(problem, backend, state)
     with record_function("litetopk.assemble"):
         result = assemble_result(state.top, problem.row_to_batch, problem.block_table, state.status, state.repaired,
                                  scan.appended, out)
@@ -95,7 +98,7 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
     with record_function("litetopk.dense_select"):
         top = select_topk_dense(scores, problem.topk, selector)
     status = _scoring_faults(problem, backend, nonfinite)
-    repaired = torch.zeros(problem.num_rows, dtype=torch.int32, device=problem.device)
+    repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
     with record_function("litetopk.assemble"):
         result = assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired,
                                  problem.window_lengths, out)

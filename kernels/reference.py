@@ -13,7 +13,9 @@ still float64-accurate (relative error below 2^-40 of its largest term).
 
 Tiling: rows in chunks, keys in blocks, so that one block of dots holds at most
 `block_elements` float64 values (default 2^22, 32 MiB); no [rows, S] tensor is allocated by
-`scan_candidates`.
+`scan_candidates`. The outputs (score matrix, candidate buffer and scan state) come from
+`problem.scratch` (the caller's workspace, workspace.py); the blocks' temporaries, whose number
+depends on the windows, from torch's allocator.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ class ReferenceBackend(ScoringBackend):
         """(scores float32 [rows, ceil(max_end / stride)], column c = position c * stride, -inf
         outside windows; nonfinite bool [rows])."""
         columns = -(-problem.max_end // stride)
-        scores = torch.full((problem.num_rows, columns), float("-inf"), device=problem.device)
-        nonfinite = torch.zeros(problem.num_rows, dtype=torch.bool, device=problem.device)
+        scores = problem.scratch.full((problem.num_rows, columns), float("-inf"), torch.float32)
+        nonfinite = problem.scratch.zeros(problem.num_rows, torch.bool)
         for rows in self._row_chunks(problem):
             for positions, in_window in self._blocks(problem, rows, stride):
                 block = self.score_positions(problem, rows, positions)
@@ -119,11 +121,10 @@ class ReferenceBackend(ScoringBackend):
         raised to the K-th best key it holds (a lower bound of its true K-th best key); it needs no
         `ceilings`."""
         rows_total = problem.num_rows
-        device = problem.device
-        buffer = torch.full((rows_total, capacity), NO_KEY, dtype=torch.int64, device=device)
-        appended = torch.zeros(rows_total, dtype=torch.int64, device=device)
-        thresholds = thresholds.clone()
-        nonfinite = torch.zeros(rows_total, dtype=torch.bool, device=device)
+        buffer = problem.scratch.full((rows_total, capacity), NO_KEY, torch.int64)
+        appended = problem.scratch.zeros(rows_total, torch.int64)
+        thresholds = problem.scratch.empty(rows_total, torch.int64).copy_(thresholds)
+        nonfinite = problem.scratch.zeros(rows_total, torch.bool)
         for rows in self._row_chunks(problem):
             for positions, in_window in self._blocks(problem, rows, 1):
                 scores = self.score_positions(problem, rows, positions)

@@ -20,20 +20,23 @@ import torch
 from .cache_layout import PAGE_SIZE
 from .devices import runs_triton_stages
 from .status import RowStatus, set_status_bit
+from .workspace import Scratch
 
 #: Smallest page id whose slots (page * PAGE_SIZE + offset) are all beyond int32.
 FIRST_UNMAPPABLE_PAGE = 2**31 // PAGE_SIZE
 
 
 def row_checks(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-               starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+               starts: torch.Tensor, ends: torch.Tensor, max_end: int,
+               scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(status int32 [rows], effective int32 [3, rows]) of shape-checked inputs (weights float32
     [rows, 64]); the module docstring says which bit means what. Runs the Triton twin where
-    devices.runs_triton_stages says so, the torch code below elsewhere."""
+    devices.runs_triton_stages says so (its outputs from `scratch`; None: the allocator), the torch
+    code below elsewhere."""
     if runs_triton_stages(weights.device):
         from .triton.row_checks import row_checks_triton
 
-        return row_checks_triton(block_table, num_pages, weights, row_to_batch, starts, ends, max_end)
+        return row_checks_triton(block_table, num_pages, weights, row_to_batch, starts, ends, max_end, scratch=scratch)
     return row_checks_torch(block_table, num_pages, weights, row_to_batch, starts, ends, max_end)
 
 

@@ -65,7 +65,9 @@ def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> 
     Entries outside a row's window must be -inf. `selector` names the value top-k that does the
     bulk of the work ("torch": torch.topk; "flashinfer": flashinfer.top_k); it is asked for k+1
     values so that a tie across the k-th place is detected, and only such rows are re-selected
-    with ordering keys. The answer is the same for every selector.
+    with ordering keys. The answer is the same for every selector. Every tensor here is a torch
+    op's result or, for a matrix of no column, a new tensor from the allocator (not the workspace:
+    workspace.py says why).
     """
     rows, width = scores.shape
     take = min(k + 1, width)

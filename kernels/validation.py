@@ -28,7 +28,7 @@ from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCach
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
 from .result import RESULT_FIELDS
 from .row_checks import row_checks
-from .workspace import Scratch
+from .workspace import ALIGNMENT, Scratch
 
 SUPPORTED_TOPK = (512, 1024)
 
@@ -112,7 +112,7 @@ def check_topk(topk: int) -> int:
 
 def validate_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
-    max_seq_len: int | None = None, kv_scale=None,
+    max_seq_len: int | None = None, kv_scale=None, out=None, workspace: torch.Tensor | None = None,
 ) -> PrefillProblem:
     """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
 
@@ -120,7 +120,9 @@ def validate_prefill(
     shapes, dtypes and devices alone; row-level faults become bits of `row_status` instead (module
     docstring), computed on the device. `max_seq_len` (optional) bounds every window end; buffers
     and grids are sized from it (default: the block table's max_pages * 64). `kv_scale` given: the
-    cache is in AITER's format (`describe_kv_cache`).
+    cache is in AITER's format (`describe_kv_cache`). `out` (check_out) and `workspace`
+    (check_workspace) are checked before anything runs; the problem's Scratch carves the workspace
+    from the row checks on.
     """
     check_topk(topk)
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
@@ -144,16 +146,20 @@ def validate_prefill(
     if len(set(devices.values())) != 1:
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise InputError(f"all tensors must be on one device; got {listing}")
+    inputs = {**tensors, "kv_cache": kv_cache, "kv_scale": kv_scale}
+    check_out(out, rows, topk, q_fp4.device, inputs)
+    check_workspace(workspace, q_fp4.device, inputs, out)
+    scratch = Scratch(q_fp4.device, workspace)
     weights = weights.float().contiguous()
     table_end = block_table.shape[1] * PAGE_SIZE
     max_end = table_end if max_seq_len is None else min(max_seq_len, table_end)
-    status, effective = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end)
+    status, effective = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end,
+                                   scratch=scratch)
     eff_rtb, eff_starts, eff_ends = effective.unbind(0)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, cache=cache, block_table=block_table, weights=weights,
         row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
-        row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end,
-        scratch=Scratch(q_fp4.device),
+        row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end, scratch=scratch,
     )
 
 
@@ -165,31 +171,56 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), tensor.data_ptr() + extent * tensor.element_size()
 
 
-def check_out(out, problem: PrefillProblem, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+def check_out(out, rows: int, k: int, device: torch.device, inputs: dict[str, torch.Tensor | None]) -> None:
     """Check caller-owned result buffers: a mapping from TopKResult field names (RESULT_FIELDS) to tensors
-    of that field's shape and dtype on the problem's device (any strides, e.g. `buf[a:b, :K]`), no two
-    of them and none of them and an input overlapping in memory. Raises InputError naming the field."""
+    of that field's shape ([rows, k] or [rows]) and dtype on `device` (any strides, e.g. `buf[a:b, :K]`),
+    no two of them and none of them and an input overlapping in memory. Raises InputError naming the field."""
     if out is None:
-        return None
+        return
     if not isinstance(out, dict):
         raise InputError(f"out must be a dict of result fields to tensors, got {type(out).__name__}")
-    rows, k = problem.num_rows, problem.topk
     for name, tensor in out.items():
         if name not in RESULT_FIELDS:
             raise InputError(f"out[{name!r}] is not a result field; fields: {tuple(RESULT_FIELDS)}")
         shape_of, dtype = RESULT_FIELDS[name]
         _require_strided(tensor, f"out[{name!r}]", dtype, shape_of(rows, k))
-        if tensor.device != problem.device:
-            raise InputError(f"out[{name!r}] is on {tensor.device}; the inputs are on {problem.device}")
+        if tensor.device != device:
+            raise InputError(f"out[{name!r}] is on {tensor.device}; the inputs are on {device}")
         if not _no_self_overlap(tensor):
             raise InputError(f"out[{name!r}] has elements that share memory (a stride of 0 or overlapping rows)")
-    spans = [(f"out[{n!r}]", _byte_span(t)) for n, t in out.items()]
-    spans += [(n, _byte_span(t)) for n, t in inputs.items() if isinstance(t, torch.Tensor)]
-    for i, (name_a, (lo_a, hi_a)) in enumerate(spans):
+    _check_disjoint({f"out[{n!r}]": t for n, t in out.items()}, inputs)
+
+
+def check_workspace(workspace, device: torch.device, inputs: dict[str, torch.Tensor | None], out) -> None:
+    """Check a caller-owned workspace (workspace.py): a 1-D contiguous uint8 tensor on `device` whose
+    data pointer is a multiple of ALIGNMENT, overlapping no input and no `out` tensor. Its size is
+    checked as the call carves it (Scratch: InputError naming the bytes needed)."""
+    if workspace is None:
+        return
+    if not isinstance(workspace, torch.Tensor):
+        raise InputError(f"workspace must be a torch.Tensor (allocate_workspace(...)), got {type(workspace).__name__}")
+    if workspace.dtype != torch.uint8 or workspace.ndim != 1 or not workspace.is_contiguous():
+        raise InputError(f"workspace must be a 1-D contiguous uint8 tensor (allocate_workspace(...)), got "
+                         f"{str(workspace.dtype).removeprefix('torch.')} of shape {list(workspace.shape)} "
+                         f"and strides {list(workspace.stride())}")
+    if workspace.device != device:
+        raise InputError(f"workspace is on {workspace.device}; the inputs are on {device}")
+    if workspace.data_ptr() % ALIGNMENT:
+        raise InputError(f"workspace must start on a {ALIGNMENT}-byte boundary (data_ptr % {ALIGNMENT} = "
+                         f"{workspace.data_ptr() % ALIGNMENT}); allocate_workspace(...) returns one that does")
+    outs = {f"out[{n!r}]": t for n, t in (out or {}).items()}
+    _check_disjoint({"workspace": workspace}, {**inputs, **outs})
+
+
+def _check_disjoint(written: dict[str, torch.Tensor], others: dict[str, torch.Tensor | None]) -> None:
+    """InputError when a tensor of `written` overlaps another of `written` or one of `others` in memory."""
+    spans = [(n, _byte_span(t)) for n, t in written.items()]
+    spans += [(n, _byte_span(t)) for n, t in others.items() if isinstance(t, torch.Tensor)]
+    for i, (name_a, (lo_a, hi_a)) in enumerate(spans[:len(written)]):
         for name_b, (lo_b, hi_b) in spans[i + 1:]:
-            if lo_a < hi_b and lo_b < hi_a and (name_a.startswith("out") or name_b.startswith("out")):
-                raise InputError(f"{name_a} overlaps {name_b} in memory; outputs must not alias inputs or each other")
-    return dict(out)
+            if lo_a < hi_b and lo_b < hi_a:
+                raise InputError(f"{name_a} overlaps {name_b} in memory; outputs and the workspace must not alias "
+                                 "inputs or each other")
 
 
 def _no_self_overlap(tensor: torch.Tensor) -> bool:

@@ -5,7 +5,8 @@ Lifespan:
          write the TCP bearer token (0600, beside the socket), open the fd socket (host memory is
          handed over there), start the device worker, log where the service listens, queue the
          warm-up (a tiny random problem: /readyz turns ready and "ready" is logged when it has
-         run), start the periodic check that retires regions of dead owners;
+         run; the same job then allocates the device's operator workspace, sized from the limits,
+         and runs the problem once more on it), start the periodic check that retires regions of dead owners;
   stop   refuse new work (`shutting_down`), let the worker finish everything queued, release
          every region, close the fd socket and remove it and the token file.
 """
@@ -22,11 +23,11 @@ import torch
 from fastapi import FastAPI
 
 from litetopk.clients.memfd import FD_SOCKET_NAME
-from litetopk.kernels import litetopk_prefill, pack_kv_cache, quantize_mxfp4, resolve_backend
+from litetopk.kernels import SUPPORTED_TOPK, litetopk_prefill, pack_kv_cache, quantize_mxfp4, resolve_backend
 
 from . import __version__
 from .errors import install_error_handlers
-from .executor import DeviceExecutor
+from .executor import DeviceExecutor, WorkspaceLimits
 from .fdpass import FdSocket
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
@@ -56,18 +57,39 @@ def warmup_problem(device: torch.device, seed: int = 0) -> tuple[tuple, dict]:
     return args, {"topk": 512}
 
 
-async def _warm_up(state: ServiceState) -> None:
-    if not state.settings.warmup:
-        state.ready.set()
-        return
+def workspace_limits(settings: ServiceSettings, device: torch.device) -> WorkspaceLimits:
+    """What the device's operator workspace is sized for (settings max_rows, max_keys, max_batch)."""
+    return WorkspaceLimits(settings.row_limit(device), settings.max_keys, settings.max_batch)
 
-    def run():
+
+async def _warm_up(state: ServiceState) -> None:
+    settings, executor = state.settings, state.executor
+
+    def allocate():
+        limits = workspace_limits(settings, state.device)
+        nbytes = executor.allocate_workspace(limits, settings.backend)
+        log.info("workspace: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s", nbytes / 2**20,
+                 state.device, limits.max_rows, limits.max_keys, limits.max_batch, SUPPORTED_TOPK)
+
+    def run():  # one job: the warm-up, then the workspace, then the warm-up again on it
         args, kwargs = warmup_problem(state.device)
-        litetopk_prefill(*args, **kwargs, backend=state.settings.backend).raise_for_status()
+        litetopk_prefill(*args, **kwargs, backend=settings.backend).raise_for_status()
+        allocate()
+        litetopk_prefill(*args, **kwargs, backend=settings.backend,
+                         workspace=executor.workspace_for(args[0], args[3])).raise_for_status()
+
+    if not settings.warmup:  # ready at once; the requests queue behind the workspace's job
+        state.ready.set()
+        try:
+            await executor.run(allocate, timeout=max(settings.request_timeout_s, 600.0))
+        except Exception as exc:  # requests then answer not_ready (executor.workspace_for)
+            state.warmup_error = f"{type(exc).__name__}: {exc}"
+            log.error("workspace allocation failed on %s: %s", state.device, state.warmup_error)
+        return
 
     started = time.perf_counter()
     try:
-        await state.executor.run(run, timeout=max(state.settings.request_timeout_s, 600.0))
+        await executor.run(run, timeout=max(settings.request_timeout_s, 600.0))
     except Exception as exc:  # reported by /readyz (not_ready) and the log; the process stays up
         state.warmup_error = f"{type(exc).__name__}: {exc}"
         log.error("warm-up failed on %s: %s", state.device, state.warmup_error)
@@ -172,4 +194,4 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
     return app
 
 
-__all__ = ["create_app", "warmup_problem"]
+__all__ = ["create_app", "warmup_problem", "workspace_limits"]

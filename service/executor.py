@@ -3,6 +3,11 @@
     event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
                  <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
 
+The worker also holds the device's one operator workspace (kernels/workspace.py): allocated once
+at start, after the warm-up, on the worker thread (`allocate_workspace`), sized from the service's
+limits (max rows, max keys, max sequences, every supported K), and handed to every operator call
+(`workspace_for`): one worker thread, so never two calls on it at once; no request allocates one.
+
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
 request timed out while queued) is skipped. `close()` stops admissions (`shutting_down`) and
@@ -34,10 +39,21 @@ from typing import Any, Callable
 
 import torch
 
+from litetopk.kernels import SUPPORTED_TOPK, allocate_workspace
+
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 
 log = logging.getLogger("litetopk.service")
+
+
+@dataclass(frozen=True)
+class WorkspaceLimits:
+    """What the workspace is sized for (settings max_rows, max_keys, max_batch)."""
+
+    max_rows: int
+    max_keys: int
+    max_batch: int
 
 
 @dataclass(eq=False)
@@ -64,7 +80,34 @@ class DeviceExecutor:
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
         self.stream = None
+        self.workspace: torch.Tensor | None = None  # allocate_workspace(); read by the jobs on the worker
+        self.limits: WorkspaceLimits | None = None
         metrics.queue_depth.set_function(self._queue.qsize)
+
+    def allocate_workspace(self, limits: WorkspaceLimits, backend: str) -> int:
+        """Allocate the operator workspace for `limits` on the device (call it on the worker thread,
+        from a job, once); returns its size in bytes."""
+        if threading.current_thread() is not self._thread:
+            raise RuntimeError("allocate_workspace runs on the device worker thread (submit it as a job)")
+        self.workspace = allocate_workspace(limits.max_rows, limits.max_keys, SUPPORTED_TOPK, device=self.device,
+                                            backend=backend, max_batch=limits.max_batch)
+        self.limits = limits
+        return self.workspace.numel()
+
+    def workspace_for(self, q_fp4: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+        """The workspace for a call with these queries and block table: ServiceError `invalid_input`
+        when it has more rows or sequences than the limits, `not_ready` before allocate_workspace."""
+        if self.workspace is None or self.limits is None:
+            raise ServiceError("not_ready", "the device workspace is not allocated yet (warm-up running or failed)")
+        rows = q_fp4.shape[0] if q_fp4.ndim else 0
+        batch = block_table.shape[0] if block_table.ndim else 0
+        limits = self.limits
+        for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
+                                            ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
+            if count > limit:
+                raise ServiceError("invalid_input", f"{count} {what}: this service serves at most {limit} a request "
+                                   f"(LITETOPK_{setting}); split the request")
+        return self.workspace
 
     def start(self) -> None:
         self._thread.start()
@@ -151,4 +194,4 @@ def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
         future.set_exception(value)
 
 
-__all__ = ["DeviceExecutor"]
+__all__ = ["DeviceExecutor", "WorkspaceLimits"]

@@ -75,6 +75,12 @@ class ServiceSettings(BaseSettings):
                                             "'GPU-<uuid>' (the visible GPU with that UUID, nvidia-smi -L)")
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
         "auto", description="operator backend; 'auto' picks by device (kernels.operator)")
+    max_rows: int = Field(0, ge=0, description="query rows per request; the device workspace is sized for it "
+                                               "(larger requests: invalid_input). 0: 8192 on a GPU, 256 on the CPU")
+    max_keys: int = Field(65536, ge=1, description="longest key window (compressed positions) a row may see; the "
+                                                   "workspace is sized for it (rows beyond it: invalid_row)")
+    max_batch: int = Field(16, ge=1, description="sequences (block-table rows) per request; the workspace is sized "
+                                                 "for it (larger requests: invalid_input)")
     queue_size: int = Field(64, ge=1, description="requests waiting for the device worker before 429")
     max_request_bytes: int = Field(16 * 2**20, ge=1024, description="largest request body (413 above)")
     request_timeout_s: float = Field(60.0, gt=0, description="queue wait + device time per request (504 above)")
@@ -128,6 +134,11 @@ class ServiceSettings(BaseSettings):
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", 0)
         return device
+
+    def row_limit(self, device: torch.device) -> int:
+        """`max_rows`, or where it is 0 the default for `device`'s type: 8192 on a GPU (a prefill chunk),
+        256 on the CPU (the reference backend; its workspace sizing runs the operator at the bounds)."""
+        return self.max_rows or (8192 if device.type == "cuda" else 256)
 
     def socket_group_id(self) -> int | None:
         """The gid `uds_group` names (None when empty); ValueError for a group this host does not know."""

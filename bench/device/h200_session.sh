@@ -15,10 +15,10 @@ for step in $STEPS; do
     gluon) OUT=$RES timeout ${GLUON_TIMEOUT:-300} python3 -m bench.probes.gluon_probe 2>&1 | tail -12 ;;
     wide) OUT=$RES timeout ${WIDE_TIMEOUT:-200} python3 -m bench.probes.gluon_wide_probe 2>&1 | tail -4 ;;
     split) OUT=$RES timeout 200 python3 -m bench.probes.gluon_split_probe 2>&1 | tail -4 ;;
-    tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning 2>&1 | tail -16 ;;
+    tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning --keys ${TUNING_KEYS:-65536} 2>&1 | grep -v "^results" | tail -30 ;;
     check) timeout 100 python3 -m bench.checks.production --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
     bench) timeout ${BENCH_TIMEOUT:-150} python3 -m bench.operator --model all --raw-context ${RAW:-262144} --processes ${PROCS:-3} \
-             --selectors torch --out "$RES" --tag h200 2>&1 | tail -12 ;;
+             --selectors ${SELECTORS:-torch} --spread ${SPREADS:-0} --out "$RES" --tag ${BENCH_TAG:-h200} 2>&1 | tail -16 ;;
     service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/device/gpu_service_check.sh 2>&1 | tail -25 ;;
     servicediag)  # the service alone on cuda:0: its own log up to readiness
       require_wheels
@@ -30,8 +30,10 @@ for step in $STEPS; do
     gputests) timeout 150 python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py \
                 tests/kernels/test_embedding_gpu.py tests/kernels/test_radix_select.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -8 ;;
     embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --out "$RES" 2>&1 | tail -16 ;;
+    layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
+    hosttime) OUT=$RES timeout 100 python3 -m bench.probes.host_time 2>&1 | tail -12 ;;
     radix) timeout 100 python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests embed radix)" >&2 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests embed radix layouts hosttime)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .

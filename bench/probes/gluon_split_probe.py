@@ -165,14 +165,15 @@ def on_device(out_dir: str) -> dict:
     problem = validate_prefill(*args, **kw)
     backend = TritonBackend(scoring_kernel="gluon")
     ops = backend.operands(problem)
-    rows_, batch_, _ = ops.schedule
+    rows_, batch_ = ops.schedule.rows, ops.schedule.batch
 
     def split():
         width = problem.max_end
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device="cuda")
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device="cuda")
         score_split_dense_kernel[(rows_.shape[0],)](
-            ops.k_lo, ops.kfac, ops.q_lo, ops.wq, ops.rowfac, rows_, batch_, problem.starts, problem.ends, ops.s_pad,
+            ops.keys.k_lo, ops.keys.kfac, ops.q_lo, ops.wq, ops.rowfac, rows_, batch_, problem.starts, problem.ends,
+            ops.keys.s_pad,
             out, width, problem.max_end, nonfinite, **CONSTANTS, **OPTIONS)
         return out
 

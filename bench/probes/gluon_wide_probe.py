@@ -16,6 +16,7 @@ import torch
 from litetopk.kernels import LiteTopKTuning
 from litetopk.kernels.pipeline import calibrate, run_litetopk
 from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.decode import FLAG_WIDE
 from litetopk.kernels.validation import validate_prefill
 
 from bench.common.problems import call_args, prefill_problem
@@ -32,9 +33,11 @@ def main() -> None:
         res = {}
         backends = {"gluon": TritonBackend(scoring_kernel="gluon"), "triton": TritonBackend(scoring_kernel="triton")}
         ops = backends["gluon"].operands(problem)
-        res["any_wide"] = ops.any_wide
-        res["wide_tiles"] = int(ops.tile_wide.sum()) if ops.any_wide else 0
-        res["wide_programs"] = int(ops.prog_q_wide.sum()) if ops.any_wide else 0
+        res["any_wide"] = bool((ops.keys.flags & FLAG_WIDE).any())
+        res["wide_tiles"] = int((ops.keys.tile_wide != 0).sum())
+        res["tiles"] = int(ops.keys.tile_wide.numel())
+        res["wide_programs"] = int((ops.schedule.q_wide != 0).sum())
+        res["programs"] = int(ops.schedule.q_wide.numel())
         if spread:
             scores = {n: b.score_dense(problem) for n, b in backends.items()}
             res["dense_equal"] = all(torch.equal(x, y) for x, y in zip(scores["gluon"], scores["triton"]))
@@ -43,7 +46,7 @@ def main() -> None:
             res["lite_equal"] = all(torch.equal(getattr(lite["gluon"], f), getattr(lite["triton"], f)) for f in FIELDS)
             del lite
         for name, be in backends.items() if spread else (("gluon", backends["gluon"]),):
-            thr, ceil = calibrate(problem, be, tuning)
+            thr, ceil = calibrate(problem, be, tuning.sample_size)
             res[f"{name}_dense"] = cuda_ms(lambda: be.score_dense(problem), reps=5, warm=1)
             res[f"{name}_scan"] = cuda_ms(lambda: be.scan_candidates(problem, thr, tuning.capacity(topk), ceilings=ceil),
                                           reps=5, warm=1)

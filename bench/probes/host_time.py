@@ -1,30 +1,139 @@
 """Where the host time of one warm litetopk_prefill call goes (torch.profiler, CPU + CUDA): the ops
-and ranges with the most self CPU time, and the number of launches. Prints a table, writes JSON.
+and ranges with the most self CPU time, and the number of launches, in all and by pipeline stage (the
+innermost `litetopk.<stage>` profiler range around each launch). Prints a table, writes JSON.
 
-    python -m bench.probes.host_time --out DIR
+    python -m bench.probes.host_time --out DIR                  # on a CUDA device
+    TRITON_INTERPRET=1 python -m bench.probes.host_time --cpu    # launches only, on the CPU
+
+--cpu counts without a GPU what the CUDA path would launch: the Triton stages run under Triton's
+interpreter (devices.runs_triton_stages is made to answer True for the call), each interpreted
+kernel launch counts one, and so does each torch op called outside a kernel that would run a device
+kernel (an op other than a view or an allocation, or one that calls such an op). torch ops that
+launch several kernels on CUDA (a sort) count one, so the CUDA count is a little higher.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import time
+from collections import Counter
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from bench.common.problems import prefill_problem
-from litetopk.kernels import litetopk_prefill
+from litetopk.kernels import LiteTopKTuning, litetopk_prefill
+
+#: torch ops that launch no device kernel (views and allocations).
+NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
+    "empty", "empty_like", "empty_strided", "view", "_unsafe_view", "reshape", "as_strided", "slice", "select",
+    "unbind", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute", "narrow", "alias", "detach", "lift_fresh",
+    "contiguous", "resize_", "set_", "to", "_reshape_alias", "split", "chunk", "view_as", "expand_as", "flatten",
+    "unflatten", "diagonal", "result_type", "is_nonzero", "_local_scalar_dense", "item", "numpy_T"))
+CUDA_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+TRITON_RANGE = "triton:"
+
+
+def _stage_of(event) -> str:
+    """The innermost litetopk.* range around a profiler event ('(outside)' where there is none)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("litetopk."):
+            return parent.name
+        parent = parent.cpu_parent
+    return "(outside)"
+
+
+def _launches_kernel(event) -> bool:
+    if event.name.startswith(TRITON_RANGE):
+        return True
+    if any(_launches_kernel(child) for child in event.cpu_children):
+        return True
+    return event.name.startswith("aten::") and event.name not in NO_KERNEL_OPS
+
+
+def _is_top_level_op(event) -> bool:
+    if not (event.name.startswith("aten::") or event.name.startswith(TRITON_RANGE)):
+        return False
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::") or parent.name.startswith(TRITON_RANGE):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def launches_by_stage(events, on_cpu: bool) -> Counter:
+    """Kernel launches per pipeline stage of a profiled call (module docstring)."""
+    if on_cpu:
+        picked = [e for e in events if _is_top_level_op(e) and _launches_kernel(e)]
+    else:
+        picked = [e for e in events if e.name in CUDA_LAUNCHES]
+    return Counter(_stage_of(e) for e in picked)
+
+
+@contextlib.contextmanager
+def triton_stages_on_cpu():
+    """Run the Triton twins of every stage on the CPU (interpreter), each launch in a profiler range
+    'triton:<kernel>' (a probe's patch, undone on exit)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--cpu needs TRITON_INTERPRET=1 in the environment (set before triton is imported)")
+    patched = [(m, m.runs_triton_stages) for name, m in list(sys.modules.items())
+               if name.startswith("litetopk.kernels") and hasattr(m, "runs_triton_stages")]
+    run = InterpretedFunction.run
+
+    def counted_run(self, *args, **kwargs):
+        with record_function(TRITON_RANGE + self.fn.__name__):
+            return run(self, *args, **kwargs)
+
+    InterpretedFunction.run = counted_run
+    for module, _ in patched:
+        module.runs_triton_stages = lambda device: True
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
+        for module, original in patched:
+            module.runs_triton_stages = original
+
+
+def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: int = 3) -> Counter:
+    """Launches per stage of one LiteTopK call on the CPU with the Triton stages (module docstring),
+    calibrated from a sample of keys // 4 (the production path's stages); the counts do not depend on
+    the sizes (the grids do)."""
+    problem = prefill_problem(rows, keys * 4, topk, seed, device="cpu")
+    k = problem.pop("topk")
+    tuning = LiteTopKTuning(sample_size=keys // 4)
+    call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton", tuning=tuning)  # noqa: E731
+    with triton_stages_on_cpu():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+    return launches_by_stage(prof.events(), on_cpu=True)
+
+
+def _print_stages(counts: Counter) -> None:
+    print(f"launches {sum(counts.values())}")
+    for stage, n in sorted(counts.items(), key=lambda item: -item[1]):
+        print(f"  {stage:<28} {n:5d}")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     parser.add_argument("--rows", type=int, default=8192)
     parser.add_argument("--keys", type=int, default=65536)
     parser.add_argument("--topk", type=int, default=512)
+    parser.add_argument("--cpu", action="store_true", help="count launches on the CPU (module docstring); no JSON")
     args = parser.parse_args(argv)
+    if args.cpu:
+        _print_stages(count_launches_cpu(topk=args.topk))
+        return 0
     problem = prefill_problem(args.rows, args.keys * 4, args.topk, 3)
     topk = problem.pop("topk")
     call = lambda: litetopk_prefill(**problem, topk=topk, max_seq_len=args.keys)  # noqa: E731
@@ -43,16 +152,18 @@ def main(argv=None) -> int:
                 cuda_ms=e.device_time_total / 1e3) for e in rows[:40]]
     ranges = [dict(name=e.key, cpu_ms=e.cpu_time_total / 1e3, cuda_ms=e.device_time_total / 1e3)
               for e in prof.key_averages() if e.key.startswith("litetopk.")]
-    launches = sum(e.count for e in prof.key_averages() if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
-    print(f"host ms (unprofiled) {host:.2f}; launches {launches}")
+    by_stage = launches_by_stage(prof.events(), on_cpu=False)
+    launches = sum(by_stage.values())
+    print(f"host ms (unprofiled) {host:.2f}")
+    _print_stages(by_stage)
     for r in ranges:
         print(f"  range {r['name']:<28} cpu {r['cpu_ms']:8.3f} ms  cuda {r['cuda_ms']:8.3f} ms")
     for r in top:
         print(f"  {r['name'][:60]:<60} x{r['calls']:<5} self cpu {r['self_cpu_ms']:8.3f} ms")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host-time-h200.json"), "w") as fh:
-        json.dump(dict(command="python -m bench.probes.host_time", host_ms=host, launches=launches, ranges=ranges,
-                       top=top), fh, indent=1)
+        json.dump(dict(command="python -m bench.probes.host_time", host_ms=host, launches=launches,
+                       launches_by_stage=dict(by_stage), ranges=ranges, top=top), fh, indent=1)
     return 0
 
 

@@ -6,7 +6,12 @@ an MI355X verifies it with the commands in README.md, "gfx950 backend (FlyDSL)".
 
     FlyDSLBackend            the ScoringBackend: check_device, score_dense, scan_candidates
     score_fp4.py             the kernel (math, tiling, limits, precision bound in its docstring)
+    key_addressing.py        where the kernel reads a key in either cache format (no flydsl needed)
     compile.py               compile every kernel variant for gfx950 without a device (CI)
+
+The cache is read in place in either format ("litetopk" at any 4-byte-aligned page stride, or
+AITER's kv_cache / kv_scale pair, each at its own stride): the format is a compile-time constant
+of the kernel (compiled_configurations), the page strides launch arguments (launch_arguments).
 
 Only the scoring runs here; calibration, certificate, selection, page mapping and repair are the
 shared code of pipeline.py / selection.py. `check_device` raises BackendUnavailableError on any
@@ -19,10 +24,11 @@ import torch
 
 from ..backend import CandidateScan, ScoringBackend
 from ..devices import is_gfx950
-from ..cache_layout import PAGE_BYTES
-from ..errors import BackendUnavailableError, InputError
+from ..cache_layout import CACHE_FORMATS
+from ..errors import BackendUnavailableError
 from ..selection import NO_KEY
 from ..validation import PrefillProblem
+from .key_addressing import cache_operands
 
 #: What this backend needs, in the words of its errors.
 REQUIREMENT = "a ROCm device of architecture gfx950 (AMD MI350X / MI355X) and the flydsl package (0.4.2)"
@@ -50,35 +56,10 @@ class FlyDSLBackend(ScoringBackend):
             raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; the inputs are on {found}")
         _kernel_module()
 
-    def _launch(self, problem: PrefillProblem, *, scan: bool, out: torch.Tensor, out_cols: int, stride: int,
-                thresholds_in: torch.Tensor, thresholds: torch.Tensor, appended: torch.Tensor,
-                histogram: torch.Tensor, nonfinite: torch.Tensor) -> None:
-        kernel = _kernel_module()
-        cache = problem.cache
-        if cache.format != "litetopk" or cache.value_page_stride != PAGE_BYTES:
-            raise InputError(
-                "the flydsl kernel reads our cache format with 4352-byte pages only (not yet AITER's "
-                f"format or a page stride of {cache.value_page_stride} bytes); convert with "
-                "litetopk_pages_from_aiter / .contiguous(), or use backend='reference'"
-            )
-        rows = problem.num_rows
-        sampled = -(-problem.max_end // stride)
-        if rows == 0 or sampled == 0:
-            return
-        grid_x = -(-rows // kernel.WAVES_PER_BLOCK)
-        grid_y = -(-sampled // kernel.KEYS_PER_CHUNK)
-        import flydsl.expr as fx
-
-        stream = fx.Stream(torch.cuda.current_stream(problem.device))
-        kernel.score_fp4_flydsl(
-            problem.q_fp4.view(torch.int32).reshape(-1), problem.q_scale.view(torch.int32).reshape(-1),
-            cache.values.reshape(-1).view(torch.int32), problem.block_table.reshape(-1),
-            problem.weights.reshape(-1), problem.row_to_batch, problem.starts, problem.ends,
-            out.reshape(-1), thresholds_in, thresholds, appended, histogram, nonfinite,
-            rows, problem.block_table.shape[1], out_cols, stride, problem.topk,
-            float(torch.tensor(problem.weight_scale, dtype=torch.float32)), grid_x, grid_y, scan,
-            stream=stream,
-        )
+    def _launch(self, problem: PrefillProblem, **buffers) -> None:
+        arguments = launch_arguments(problem, **buffers)
+        if arguments is not None:
+            _kernel_module().score_fp4_flydsl(**arguments, stream=_stream(problem.device))
 
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores float32 [rows, ceil(max_end / stride)], column c = position c * stride, -inf
@@ -113,9 +94,46 @@ class FlyDSLBackend(ScoringBackend):
         return CandidateScan(keys=keys, appended=appended, thresholds=raised, nonfinite=nonfinite.bool())
 
 
+def launch_arguments(problem: PrefillProblem, *, scan: bool, out: torch.Tensor, out_cols: int, stride: int,
+                     thresholds_in: torch.Tensor, thresholds: torch.Tensor, appended: torch.Tensor,
+                     histogram: torch.Tensor, nonfinite: torch.Tensor) -> dict | None:
+    """The arguments of score_fp4.score_fp4_flydsl, by name, for one call over `problem` (None when
+    there is nothing to score): the cache of either format is passed in place as the operands of
+    key_addressing.cache_operands (InputError for value pages that are not 4-byte aligned), its
+    format as the compile-time CACHE_FORMAT."""
+    rows = problem.num_rows
+    sampled = -(-problem.max_end // stride)
+    if rows == 0 or sampled == 0:
+        return None
+    kernel = _kernel_module()
+    value_words, scale_bytes, value_page_words, scale_page_stride = cache_operands(problem.cache)
+    return dict(
+        q_words=problem.q_fp4.view(torch.int32).reshape(-1),
+        q_scale_words=problem.q_scale.view(torch.int32).reshape(-1),
+        kv_value_words=value_words, kv_scale_bytes=scale_bytes, block_table=problem.block_table.reshape(-1),
+        weights=problem.weights.reshape(-1), row_to_batch=problem.row_to_batch, starts=problem.starts,
+        ends=problem.ends, out=out.reshape(-1), thresholds_in=thresholds_in, thresholds=thresholds,
+        appended=appended, histogram=histogram, nonfinite=nonfinite,
+        num_rows=rows, max_pages=problem.block_table.shape[1], value_page_words=value_page_words,
+        scale_page_stride=scale_page_stride, out_cols=out_cols, stride=stride, topk=problem.topk,
+        weight_scale=float(torch.tensor(problem.weight_scale, dtype=torch.float32)),
+        grid_x=-(-rows // kernel.WAVES_PER_BLOCK), grid_y=-(-sampled // kernel.KEYS_PER_CHUNK),
+        SCAN=scan, CACHE_FORMAT=problem.cache.format,
+    )
+
+
+def _stream(device: torch.device):
+    """The FlyDSL stream of `device`'s current stream; none for the CPU placeholders of the
+    compile-only build (compile.py), which launches nothing."""
+    import flydsl.expr as fx
+
+    return fx.Stream(torch.cuda.current_stream(device) if device.type == "cuda" else None)
+
+
 def compiled_configurations() -> tuple[dict, ...]:
-    """The fixed configurations compiled per process (the JIT caches one binary for each)."""
-    return ({"SCAN": False}, {"SCAN": True})
+    """The fixed configurations compiled per process (the JIT caches one binary for each): the
+    dense and the scan epilogue, each for both cache formats."""
+    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format} for cache_format in CACHE_FORMATS for scan in (False, True))
 
 
-__all__ = ["REQUIREMENT", "FlyDSLBackend", "compiled_configurations"]
+__all__ = ["REQUIREMENT", "FlyDSLBackend", "compiled_configurations", "launch_arguments"]

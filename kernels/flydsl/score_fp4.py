@@ -38,9 +38,20 @@ D[4 * (l // 16) + r][l % 16], r = 0..3. MFMA g (g = 0..3) maps A row 4G + r to h
 Tiling: one wave (64 lanes) per query row, WAVES_PER_BLOCK rows per workgroup; the query row
 (64 heads x 16 bytes per lane, 4 scale words) and its 16 weights stay in registers. grid.y
 splits the sampled positions into chunks of TILES_PER_CHUNK tiles of KEYS_PER_TILE keys; a
-tile gathers 16 keys through the block table (page p: 64 keys, values at byte 64 * slot, scales
-at byte 4096 + 4 * slot; each lane loads 16 bytes of values and one scale word). All addresses
-are int64.
+tile gathers 16 keys through the block table: position j of sequence b is token t = j % 64 of
+page p = block_table[b, j // 64], and lane l (key l % 16 of the tile, group G = l // 16) loads
+that key's 16 value bytes of group G as 4 words and its scale byte of group G.
+
+Cache formats (docs/cache-layouts.md), read in place; CACHE_FORMAT is a compile-time constant
+(one binary per (SCAN, CACHE_FORMAT)), the page strides are launch arguments; key_addressing.py
+holds the address arithmetic (the host tests evaluate the same functions):
+    "litetopk"  one tensor, pages value_page_stride bytes apart (any multiple of 4 >= 4352):
+                value word p * value_page_words + t * 16 + G * 4, scale byte
+                p * scale_page_stride + 4096 + t * 4 + G (scale_page_stride = value_page_stride)
+    "aiter"     kv_cache [pages, 1, 4, 64, 16] and kv_scale [pages, 1, 4, 64], each with its own
+                page stride: value word p * value_page_words + G * 256 + t * 4, scale byte
+                p * scale_page_stride + G * 64 + (t % 16) * 4 + t // 16
+Every page x stride product and every address is int64.
 
 Epilogue, SCAN = False (dense): score[i, j] is stored to out[i * out_cols + j] (the host fills
 -inf); SCAN = True (fused filter): key = ordered_bits(score) * 2^32 + (2^32 - 1 - j)
@@ -56,8 +67,9 @@ the window sets the row's nonfinite flag. Positions are j = m * stride (m intege
 calibration sample uses the same kernel.
 
 Limits: H = 64, D = 128 (CONTRACT.md); rows < 2^31 / 64; positions < 2^31; pages and every
-address int64. The kernel assumes validated input (validation.py): windows inside the block
-table and live pages inside the cache.
+address int64; the value pages 4-byte aligned (start and stride; key_addressing.cache_operands
+raises InputError otherwise), scale pages at any byte stride. The kernel assumes validated input
+(validation.py): windows inside the block table and live pages inside the cache.
 """
 
 from __future__ import annotations
@@ -70,11 +82,10 @@ from flydsl.expr import llvm as fxllvm
 from flydsl.expr.enum import AtomicOrdering
 from flydsl.expr.typing import Vector
 
-from ..cache_layout import NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, VALUE_BYTES
+from ..cache_layout import NUM_HEADS, PAGE_SIZE, VALUE_BYTES
+from .key_addressing import KEY_ADDRESSING, key_scale_byte, key_value_word
 
-HEAD_WORDS = VALUE_BYTES // 4  # 64 bytes of packed E2M1 per head vector / key, as int32 words
-PAGE_WORDS = PAGE_BYTES // 4  # one cache page as int32 words
-PAGE_SCALE_WORD = PAGE_VALUE_BYTES // 4  # first scale word of a page
+HEAD_WORDS = VALUE_BYTES // 4  # 64 bytes of packed E2M1 per head vector, as int32 words
 WAVE = 64
 KEYS_PER_TILE = 16
 TILES_PER_CHUNK = 16
@@ -101,7 +112,8 @@ def _load_relaxed(ptr, dtype):
 def score_fp4_flydsl_kernel(
     q_words: fx.Tensor,  # int32 [rows * 64 * 16]: q_fp4 viewed as words
     q_scale_words: fx.Tensor,  # int32 [rows * 64]: the 4 scale bytes of a head vector
-    kv_words: fx.Tensor,  # int32 [num_pages * 1088]: the paged cache viewed as words
+    kv_value_words: fx.Tensor,  # int32: the cache's value bytes as words (key_addressing.cache_operands)
+    kv_scale_bytes: fx.Tensor,  # uint8: the cache's scale bytes (key_addressing.cache_operands)
     block_table: fx.Tensor,  # int32 [batch * max_pages]
     weights: fx.Tensor,  # float32 [rows * 64]
     row_to_batch: fx.Tensor,  # int32 [rows]
@@ -115,11 +127,14 @@ def score_fp4_flydsl_kernel(
     nonfinite: fx.Tensor,  # int32 [rows]
     num_rows: fx.Int32,
     max_pages: fx.Int32,
+    value_page_words: fx.Int64,  # value page stride / 4
+    scale_page_stride: fx.Int64,  # scale page stride, bytes
     out_cols: fx.Int64,  # dense: columns of out; scan: capacity
     stride: fx.Int32,
     topk: fx.Int32,
     weight_scale: fx.Float32,
     SCAN: fx.Constexpr[bool],
+    CACHE_FORMAT: fx.Constexpr[str],  # "litetopk" or "aiter" (key_addressing.KEY_ADDRESSING)
 ):
     tid = gpu.thread_idx.x
     lane = tid % WAVE
@@ -129,6 +144,8 @@ def score_fp4_flydsl_kernel(
     row64 = fx.Int64(row_c)
     key_lane = lane % KEYS_PER_TILE  # the key (B column) of this lane in a tile
     group = lane // KEYS_PER_TILE  # K block of the operands; head group of the result
+    group64 = fx.Int64(group)
+    addressing = KEY_ADDRESSING[CACHE_FORMAT]
 
     # The query row stays in registers: operand and scale of MFMA g for this lane.
     a_head_base = (key_lane // 4) * 16 + (key_lane % 4)  # + 4 g: head of A row (lane % 16)
@@ -167,11 +184,11 @@ def score_fp4_flydsl_kernel(
         pos = valid.select(m, m_lo) * stride  # invalid lanes re-read a valid key
         pos64 = fx.Int64(pos)
         page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE), fx.Int32))
-        slot = pos64 % PAGE_SIZE
-        page_word = page * PAGE_WORDS
-        k_op = _load(fx.get_iter(kv_words) + (page_word + slot * HEAD_WORDS + fx.Int64(group) * 4), fx.Int32, 4)
-        k_sword = _load(fx.get_iter(kv_words) + (page_word + PAGE_SCALE_WORD + slot), fx.Int32)
-        k_scale = (k_sword >> (group * 8)) & 0xFF
+        token = pos64 % PAGE_SIZE
+        value_word = key_value_word(addressing, page, token, group64, value_page_words)
+        k_op = _load(fx.get_iter(kv_value_words) + value_word, fx.Int32, 4)
+        scale_byte = key_scale_byte(addressing, page, token, group64, scale_page_stride)
+        k_scale = fx.Int32(_load(fx.get_iter(kv_scale_bytes) + scale_byte, fx.Int8)) & 0xFF
 
         # t[h] = w[h] * relu(dot[h]) for this lane's 16 heads 16 G + 4 g + r, in head order.
         terms = []
@@ -236,7 +253,8 @@ def score_fp4_flydsl_kernel(
 def score_fp4_flydsl(
     q_words: fx.Tensor,
     q_scale_words: fx.Tensor,
-    kv_words: fx.Tensor,
+    kv_value_words: fx.Tensor,
+    kv_scale_bytes: fx.Tensor,
     block_table: fx.Tensor,
     weights: fx.Tensor,
     row_to_batch: fx.Tensor,
@@ -250,6 +268,8 @@ def score_fp4_flydsl(
     nonfinite: fx.Tensor,
     num_rows: fx.Int32,
     max_pages: fx.Int32,
+    value_page_words: fx.Int64,
+    scale_page_stride: fx.Int64,
     out_cols: fx.Int64,
     stride: fx.Int32,
     topk: fx.Int32,
@@ -257,11 +277,15 @@ def score_fp4_flydsl(
     grid_x: fx.Int32,
     grid_y: fx.Int32,
     SCAN: fx.Constexpr[bool],
+    CACHE_FORMAT: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
-    """Launcher: grid (ceil(rows / WAVES_PER_BLOCK), chunks of sampled positions), 256 threads."""
+    """Launcher: grid (ceil(rows / WAVES_PER_BLOCK), chunks of sampled positions), 256 threads;
+    one binary per (SCAN, CACHE_FORMAT). The cache operands and page strides come from
+    key_addressing.cache_operands."""
     score_fp4_flydsl_kernel(
-        q_words, q_scale_words, kv_words, block_table, weights, row_to_batch, starts, ends, out,
-        thresholds_in, thresholds, appended, histogram, nonfinite,
-        num_rows, max_pages, out_cols, stride, topk, weight_scale, SCAN,
+        q_words, q_scale_words, kv_value_words, kv_scale_bytes, block_table, weights, row_to_batch, starts,
+        ends, out, thresholds_in, thresholds, appended, histogram, nonfinite,
+        num_rows, max_pages, value_page_words, scale_page_stride, out_cols, stride, topk, weight_scale,
+        SCAN, CACHE_FORMAT,
     ).launch(grid=(grid_x, grid_y, 1), block=(WAVE * WAVES_PER_BLOCK, 1, 1), stream=stream)

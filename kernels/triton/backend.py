@@ -4,7 +4,11 @@ Per call the backend decodes the live keys and the queries once into exact int8 
 (decode.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
 the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one
 sequence each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel
-in dense or scan mode on the current stream. Nothing is read back on the host. Runs on an NVIDIA CUDA
+in dense or scan mode on the current stream. Nothing is read back on the host. The glue between the
+kernels is Triton kernels too (decode.py's bookkeeping, schedule.py, repair.py's subset operands,
+certify.py's scan outputs) where devices.runs_triton_stages says so, their torch twins elsewhere: a
+LiteTopK call is ~45 launches (bench.probes.host_time --cpu counts them). Buffers come from
+problem.scratch (workspace.py). Runs on an NVIDIA CUDA
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
@@ -26,12 +30,17 @@ import torch
 from torch.profiler import record_function
 
 from ..backend import CandidateScan, ScoringBackend
-from ..devices import is_cuda
+from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
-from .decode import FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, prepare_queries_fp4_triton
-from .schedule import build_row_schedule, build_schedule
+from .certify import finish_scan_triton
+from .decode import (
+    FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton,
+    unsupported_rows_triton,
+)
+from .repair import subset_operands_torch, subset_operands_triton
+from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
@@ -76,8 +85,8 @@ class KeyOperands:
     kfac: torch.Tensor  # float32 [B, s_pad]
     s_pad: int
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
-    batch_wide: torch.Tensor  # int8 [B, 1]: the sequence holds a wide key (for strided scans)
-    flags_of_keys: torch.Tensor  # int32 [B, s_pad]: each key's decode flags
+    batch_wide: torch.Tensor  # int8 [B, 4]: byte 0 of int32 word b: sequence b holds a wide key (strided scans)
+    flags_of_keys: torch.Tensor  # int8 [B, s_pad]: each key's decode flags
     flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (decode.py)
 
 
@@ -90,14 +99,10 @@ class Operands:
     q_hi: torch.Tensor
     wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
-    q_wide: torch.Tensor  # bool [rows]: a head vector of the row needs a hi operand
+    q_wide: torch.Tensor  # bool [rows]: a live row with a head vector that needs a hi operand
     q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
     gluon: bool  # score with score_fp4_gluon_kernel (else score_fp4_kernel); see the module docstring
-    schedule: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # schedule.build_schedule
-    prog_q_wide: torch.Tensor  # int8 [programs]: a row of the program holds a wide query vector
-    spans: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (rows, span) of the schedule for the narrow
-    #   and the wide kernel variant: the variant that does not apply (some live vector is wide, or none
-    #   is: a device flag) gets rows -1 and spans (0, 0), so its programs do no work and write nothing
+    schedule: Schedule  # schedule.py: the programs, with the narrow and the wide variant's rows and spans
 
 
 class TritonBackend(ScoringBackend):
@@ -153,52 +158,35 @@ class TritonBackend(ScoringBackend):
 
     def _decode(self, problem: PrefillProblem) -> Operands:
         batch = problem.block_table.shape[0]
-        dev = problem.device
-        need = torch.zeros(batch, dtype=torch.int32, device=dev)
-        need.scatter_reduce_(0, problem.row_to_batch.long(), problem.ends, reduce="amax")
+        scratch = problem.scratch
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        summary = torch.zeros(3, dtype=torch.int32, device=dev)  # OR of key flags, of query flags, weights refused
-        k_lo, k_hi, _, k_flags, kfac = decode_keys_fp4_triton(problem.cache, problem.block_table, need, s_pad,
-                                                              summary[0:1])
+        # summary: OR of the key flags, of the query flags, weights refused (decode.py)
+        need, summary, batch_wide = decode_prologue_triton(problem.row_to_batch, problem.ends, batch, scratch)
+        k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
+            problem.cache, problem.block_table, need, s_pad, summary[0:1], batch_wide, block_keys=self.block_keys,
+            scratch=scratch)
         live_rows = problem.ends > problem.starts
-        q_lo, q_hi, _, q_flags, wq, rowfac, refused = prepare_queries_fp4_triton(
-            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3])
-        k_flags = k_flags.to(torch.int32)
-        q_flags = q_flags.to(torch.int32)
-        tile_wide = ((k_flags & FLAG_WIDE) != 0).view(batch, -1, self.block_keys).any(dim=2)
-        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide.to(torch.int8).contiguous(),
-                           batch_wide=tile_wide.any(dim=1, keepdim=True).to(torch.int8).contiguous(),
+        q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
+            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3], problem.weight_scale, scratch)
+        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
-        if problem.weight_scale != 1.0:
-            rowfac = rowfac * problem.weight_scale
-        q_wide = ((q_flags & FLAG_WIDE) != 0).any(dim=1)  # masked to live rows in _with_schedule
-        q_unsupported = ((q_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused != 0)
-        return self._with_schedule(problem, keys, q_lo, q_hi, wq.contiguous(), rowfac.contiguous(), q_wide,
-                                   q_unsupported)
+        return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
 
     def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
-        rows = problem.parent_rows
-        return self._with_schedule(problem, parent.keys, parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows],
-                                   parent.rowfac[rows], parent.q_wide[rows], parent.q_unsupported[rows])
+        """The operands of a subset (the repair's rows: one row a program, scanned only), gathered from
+        its parent's (kernels/triton/repair.py)."""
+        subset_operands = subset_operands_triton if runs_triton_stages(problem.device) else subset_operands_torch
+        with record_function("litetopk.schedule"):
+            q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule = subset_operands(problem, parent, self.block_rows)
+        return Operands(parent.keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported,
+                        gluon=self._use_gluon(problem.device), schedule=schedule)
 
     def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
-        live_rows = problem.ends > problem.starts
         with record_function("litetopk.schedule"):
-            if problem.parent is None:
-                schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends,
-                                          problem.block_table.shape[0], self.block_rows)
-            else:  # a subset is the repair's few rows, scanned only
-                schedule = build_row_schedule(problem.row_to_batch, problem.starts, problem.ends, self.block_rows)
-        prog_rows = schedule[0].long()
-        q_wide = q_wide & live_rows
-        prog_q_wide = torch.where(prog_rows >= 0, q_wide[prog_rows.clamp_min(0)], False).any(dim=1)
-        wide = (((keys.flags[0] | keys.flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
-        # The variant that does not apply gets no rows and empty spans: its programs neither score nor
-        # write (nonfinite flags, raised thresholds) over the other variant's results.
-        spans = tuple((torch.where(on.bool(), schedule[0], -1).contiguous(), (schedule[2] * on).contiguous())
-                      for on in (1 - wide, wide))
+            schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends, problem.block_table.shape[0],
+                                      self.block_rows, q_wide, keys.flags, problem.scratch)
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
-                        schedule=schedule, prog_q_wide=prog_q_wide.to(torch.int8).contiguous(), spans=spans)
+                        schedule=schedule)
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
         """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
@@ -206,6 +194,9 @@ class TritonBackend(ScoringBackend):
         (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
         asked (after the scan is enqueued: off the path to the first scoring launch)."""
         ops = self.operands(problem)
+        if runs_triton_stages(problem.device):
+            return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
+                                           problem.ends, ops.q_unsupported, problem.scratch)
         prefix = torch.nn.functional.pad(((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
                                          (1, 0))
         b = problem.row_to_batch.long()
@@ -229,20 +220,19 @@ class TritonBackend(ScoringBackend):
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
                 nonfinite=None):
         """Launch the narrow and the wide variant of the scoring kernel over the schedule's fixed grid;
-        the device flag in ops.spans leaves one of them without work (Operands)."""
-        prog_rows, prog_batch, _ = ops.schedule
-        if prog_rows.shape[0] == 0:
+        the device flag in ops.schedule.variants leaves one of them without work (Operands)."""
+        schedule = ops.schedule
+        if schedule.programs == 0:
             return
-        dev = problem.device
-        unused64 = torch.empty(1, dtype=torch.int64, device=dev)
-        unused32 = torch.empty(1, dtype=torch.float32, device=dev)
+        unused64 = problem.scratch.empty(1, torch.int64)
+        unused32 = problem.scratch.empty(1, torch.float32)
         keys = ops.keys
         tile_wide = keys.tile_wide if stride == 1 else keys.batch_wide
-        grid = (prog_rows.shape[0],)
-        for any_wide, (variant_rows, span) in zip((False, True), ops.spans):
+        grid = (schedule.programs,)
+        for any_wide, (variant_rows, span) in zip((False, True), schedule.variants):
             args = (
                 keys.k_lo, keys.k_hi, keys.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
-                ops.rowfac, variant_rows, prog_batch, span, ops.prog_q_wide, problem.starts, problem.ends,
+                ops.rowfac, variant_rows, schedule.batch, span, schedule.q_wide, problem.starts, problem.ends,
                 keys.s_pad,
                 out if out is not None else unused32, out_width, problem.max_end, stride,
                 thresholds if thresholds is not None else unused32,
@@ -272,10 +262,10 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
-        out = torch.empty(problem.num_rows, width, dtype=torch.float32, device=problem.device)
-        nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device=problem.device)
+        out = problem.scratch.empty((problem.num_rows, width), torch.float32)
+        nonfinite = problem.scratch.zeros(problem.num_rows, torch.int8)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
-        return out, nonfinite.bool()
+        return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
                         ceilings: torch.Tensor | None = None) -> CandidateScan:
@@ -284,11 +274,21 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins)
-        buffer = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=dev)
+        buffer = problem.scratch.full((rows, capacity), NO_KEY, torch.int64)
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
                      appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])
-        raised = scan["raised"]
-        final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
-        return CandidateScan(keys=buffer, appended=scan["appended"].long(), thresholds=final,
-                             nonfinite=scan["nonfinite"].bool())
+        if runs_triton_stages(dev):
+            final, appended, nonfinite = finish_scan_triton(thresholds, scan, problem.scratch)
+        else:
+            final, appended, nonfinite = finish_scan_torch(thresholds, scan)
+        return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite)
+
+
+def finish_scan_torch(thresholds: torch.Tensor, scan: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs: the
+    threshold, raised to the score-floor key of the scan's raised threshold score where it rose (torch;
+    Triton twin: kernels/triton/certify.py)."""
+    raised = scan["raised"]
+    final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
+    return final, scan["appended"].long(), scan["nonfinite"].bool()

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..workspace import Scratch
 from .scoring import NO_KEY_C, _ordered_bits, _scores_of_ordered
 
 
@@ -48,11 +49,13 @@ def kth_largest_scores_kernel(
         tl.store(out_ptr + row * 2 + tl.arange(0, 2), found)
 
 
-def _kth_largest(scores: torch.Tensor, ranks: tuple[int, int], offset: float, keys: bool) -> torch.Tensor:
+def _kth_largest(scores: torch.Tensor, ranks: tuple[int, int], offset: float, keys: bool,
+                 scratch: Scratch | None = None) -> torch.Tensor:
     rows, width = scores.shape
     if width < max(ranks):
         raise ValueError(f"rank {max(ranks)} of rows of {width} values")
-    out = torch.empty(rows, 2, dtype=torch.int64 if keys else torch.float32, device=scores.device)
+    scratch = scratch if scratch is not None else Scratch(scores.device)
+    out = scratch.empty((rows, 2), torch.int64 if keys else torch.float32)
     if rows:
         block = triton.next_power_of_2(width)
         kth_largest_scores_kernel[(rows,)](scores.contiguous(), width, out, offset, RANK_A=ranks[0],
@@ -70,13 +73,13 @@ def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int]) -> t
     return _kth_largest(scores, ranks, 0.0, keys=False)
 
 
-def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int,
-                            offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float,
+                            scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ScoringBackend.calibration_keys in one kernel: (thresholds, ceilings) int64 [rows] of
     the calibration sample float32 [rows, n] (the K-th best plus `offset`, and the ceiling_rank-th
     best, as score-floor keys; NO_KEY where the K-th best is not finite or the row holds a NaN, and
-    for a ceiling that is not finite)."""
-    keys = _kth_largest(sample, (k, ceiling_rank), offset, keys=True)
+    for a ceiling that is not finite). The output comes from `scratch` (None: the allocator)."""
+    keys = _kth_largest(sample, (k, ceiling_rank), offset, keys=True, scratch=scratch)
     return keys[:, 0], keys[:, 1]
 
 

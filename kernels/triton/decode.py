@@ -16,7 +16,19 @@ Keys are read in place through the block table from a cache in either format (ca
 value byte (t, g, b) at page * value_page_stride + t * TOKEN_STRIDE + g * GROUP_STRIDE + b, scale
 (t, g) at page * scale_page_stride + SCALE_OFFSET + token_offset(t) + g * SCALE_GROUP_STRIDE, page
 products in int64); positions >= `need[b]` or on an invalid page decode to zero. Queries are read
-in place. Tiling: VB vectors per program, 128 elements each.
+in place. Tiling: VB vectors per program, 128 elements each; for keys VB = BLOCK_KEYS of the scoring
+kernels, so that one program decodes one key tile.
+
+The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
+torch op on the host path (one launch each):
+    decode_prologue_kernel   need[b] (largest window end of sequence b's rows), the zeroed summary
+                             words and batch_wide
+    _decode_keys_kernel      + tile_wide[b, tile] (a key of the tile is wide), batch_wide[b] |= it
+    _decode_queries_kernel   + per row: q_wide (a live row with a wide head vector), q_unsupported
+                             (a head vector of spread > 7, or head weights refused), rowfac * weight_scale
+    unsupported_rows_kernel  TritonBackend.unsupported_rows (reads a row's window only when the key
+                             summary holds FLAG_UNSUPPORTED)
+Their torch definitions (any / OR over the per-vector flags) are what the tests compare them with.
 """
 
 from __future__ import annotations
@@ -26,11 +38,14 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE, KVCache
+from ..workspace import Scratch
 
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
 FLAG_NAN_SCALE = 4
 FLAG_NAN_SCALE_C = tl.constexpr(FLAG_NAN_SCALE)
+FLAG_WIDE_C = tl.constexpr(FLAG_WIDE)
+FLAG_UNSUPPORTED_C = tl.constexpr(FLAG_UNSUPPORTED)
 #: Head-weight range of the scoring epilogue (scoring.py): every nonzero scaled weight |wq| is
 #: >= 2^MIN_SCALED_EXPONENT, and |w * 2^(q_exp - 129)| stays below 2^MAX_WEIGHT_EXPONENT.
 MIN_SCALED_EXPONENT = 23
@@ -114,7 +129,7 @@ def _summarize_flags(summary_ptr, flags, live):
 @triton.jit
 def _decode_keys_kernel(values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride,
                         need_ptr, num_pages, s_pad, lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
-                        VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr,
+                        tile_wide_ptr, batch_wide_ptr, VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr,
                         SCALE_OFFSET: tl.constexpr, SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr):
     b = tl.program_id(1)
     pos = tl.program_id(0) * VB + tl.arange(0, VB)
@@ -137,6 +152,10 @@ def _decode_keys_kernel(values_ptr, scales_ptr, value_page_stride, scale_page_st
     kfac_bits = tl.where((flags & FLAG_NAN_SCALE_C) != 0, 0x7FC00000, kfac_bits)
     tl.store(kfac_ptr + out_vec, kfac_bits.to(tl.float32, bitcast=True))
     _summarize_flags(summary_ptr, flags, live)
+    # This program's VB positions are one key tile of the scoring kernels (VB = BLOCK_KEYS).
+    tile_wide = tl.max(((flags & FLAG_WIDE_C) != 0).to(tl.int32), axis=0)  # positions not read decode to 0
+    tl.store(tile_wide_ptr + b.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), tile_wide.to(tl.int8))
+    tl.atomic_or(batch_wide_ptr + b, tile_wide, sem="relaxed")
 
 
 @triton.jit
@@ -170,7 +189,8 @@ def _scale_head_weights(w, m):
 
 @triton.jit
 def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
-                           w_ptr, live_ptr, wq_ptr, rowfac_ptr, range_ptr, VB: tl.constexpr, WEIGHTS: tl.constexpr):
+                           w_ptr, live_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
+                           VB: tl.constexpr, WEIGHTS: tl.constexpr):
     vec = tl.program_id(0) * VB + tl.arange(0, VB)
     live = vec < num_vectors
     vec = tl.where(live, vec, num_vectors)  # the output has one spare row for masked lanes
@@ -185,36 +205,75 @@ def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, 
         wq, rowfac, out_of_range = _scale_head_weights(w, m)
         wq = tl.where((flags & FLAG_NAN_SCALE_C) != 0, float("nan"), wq)
         tl.store(wq_ptr + row.to(tl.int64) * VB + offs_h, wq, mask=row_ok)
-        tl.store(rowfac_ptr + row, rowfac, mask=row_ok)
-        refused = out_of_range & (tl.load(live_ptr + row, mask=row_ok, other=0) != 0)
+        tl.store(rowfac_ptr + row, rowfac * weight_scale, mask=row_ok)
+        live_row = tl.load(live_ptr + row, mask=row_ok, other=0) != 0
+        refused = out_of_range & live_row
         tl.store(range_ptr + row, refused.to(tl.int8), mask=row_ok)
         tl.atomic_or(summary_ptr + 1, refused.to(tl.int32), sem="relaxed")
+        wide = tl.max(((flags & FLAG_WIDE_C) != 0).to(tl.int32), axis=0) > 0
+        unsupported = tl.max(((flags & FLAG_UNSUPPORTED_C) != 0).to(tl.int32), axis=0) > 0
+        tl.store(q_wide_ptr + row, (wide & live_row).to(tl.int8), mask=row_ok)
+        tl.store(q_unsupported_ptr + row, (unsupported | refused).to(tl.int8), mask=row_ok)
+
+
+@triton.jit
+def decode_prologue_kernel(rtb_ptr, ends_ptr, rows, need_ptr, summary_ptr, batch_wide_ptr, batch,
+                           SUMMARY: tl.constexpr, BLOCK: tl.constexpr):
+    """need[b] = max(0, largest window end of sequence b's rows); zeroes summary [SUMMARY] and batch_wide [batch]."""
+    b = tl.program_id(0)
+    need = tl.zeros([BLOCK], dtype=tl.int32)
+    for r0 in range(0, rows, BLOCK):
+        offs_r = r0 + tl.arange(0, BLOCK)
+        mask_r = offs_r < rows
+        mine = mask_r & (tl.load(rtb_ptr + offs_r, mask=mask_r, other=-1) == b)
+        need = tl.maximum(need, tl.load(ends_ptr + offs_r, mask=mine, other=0))
+    tl.store(need_ptr + b, tl.max(need, axis=0), mask=b < batch)
+    tl.store(batch_wide_ptr + b, 0, mask=b < batch)
+    offs_s = tl.arange(0, SUMMARY)
+    tl.store(summary_ptr + offs_s, tl.zeros([SUMMARY], dtype=tl.int32), mask=b == 0)
+
+
+def decode_prologue_triton(row_to_batch: torch.Tensor, ends: torch.Tensor, batch: int, scratch: Scratch):
+    """(need int32 [batch]: the positions decode_keys_fp4_triton decodes per sequence, the largest window
+    end of its rows (0 for none); summary int32 [4] and batch_wide int32 [batch], zeroed) in one launch."""
+    need = scratch.empty(batch, torch.int32)
+    summary = scratch.empty(4, torch.int32)
+    batch_wide = scratch.empty(batch, torch.int32)
+    decode_prologue_kernel[(max(batch, 1),)](row_to_batch, ends, row_to_batch.shape[0], need, summary, batch_wide,
+                                             batch, SUMMARY=4, BLOCK=1024)
+    return need, summary, batch_wide
 
 
 def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
-                           summary: torch.Tensor | None = None):
-    """Decode positions [0, need[b]) of every sequence b of `cache` (either format, read in place) into (lo, hi int8 [B, s_pad, 128],
-    exponent int32 [B, s_pad], flags int8 [B, s_pad], kfac float32 [B, s_pad] = 2^(exponent - 127)
-    or NaN for a NaN scale); see the module docstring. The flags of the decoded vectors are ORed
-    into the int32 `summary[0]` when given."""
+                           summary: torch.Tensor | None = None, batch_wide: torch.Tensor | None = None, *,
+                           block_keys: int = VECTORS_PER_PROGRAM, scratch: Scratch | None = None):
+    """Decode positions [0, need[b]) of every sequence b of `cache` (either format, read in place) into
+    (lo, hi int8 [B, s_pad, 128], exponent int32 [B, s_pad], flags int8 [B, s_pad], kfac float32
+    [B, s_pad] = 2^(exponent - 127) or NaN for a NaN scale, tile_wide int8 [B, s_pad / block_keys]: a
+    key tile of the scoring kernels holds a wide key, batch_wide int32 [B]: the sequence does); see the
+    module docstring. s_pad is a multiple of block_keys (a power of two >= 16). The flags of the decoded
+    vectors are ORed into the int32 `summary[0]` and the tiles' wide bits into `batch_wide`, which must
+    be zeroed when given (decode_prologue_triton)."""
     batch = block_table.shape[0]
-    dev = cache.device
-    lo = torch.empty(batch, s_pad, 128, dtype=torch.int8, device=dev)
-    hi = torch.empty_like(lo)
-    exp = torch.empty(batch, s_pad, dtype=torch.int32, device=dev)
-    flags = torch.empty(batch, s_pad, dtype=torch.int8, device=dev)
-    kfac = torch.empty(batch, s_pad, dtype=torch.float32, device=dev)
-    summary = summary if summary is not None else torch.zeros(1, dtype=torch.int32, device=dev)
-    grid = (triton.cdiv(s_pad, VECTORS_PER_PROGRAM), batch)
+    scratch = scratch or Scratch(cache.device)
+    lo = scratch.empty((batch, s_pad, 128), torch.int8)
+    hi = scratch.empty((batch, s_pad, 128), torch.int8)
+    exp = scratch.empty((batch, s_pad), torch.int32)
+    flags = scratch.empty((batch, s_pad), torch.int8)
+    kfac = scratch.empty((batch, s_pad), torch.float32)
+    tile_wide = scratch.empty((batch, s_pad // block_keys), torch.int8)
+    summary = summary if summary is not None else scratch.zeros(1, torch.int32)
+    batch_wide = batch_wide if batch_wide is not None else scratch.zeros(batch, torch.int32)
+    grid = (s_pad // block_keys, batch)
     _decode_keys_kernel[grid](
         cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, block_table,
         block_table.stride(0), need, cache.num_pages, s_pad,
-        lo.view(torch.int16), hi.view(torch.int16), exp, flags, kfac, summary,
-        VB=VECTORS_PER_PROGRAM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
+        lo.view(torch.int16), hi.view(torch.int16), exp, flags, kfac, summary, tile_wide, batch_wide,
+        VB=block_keys, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
         GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
         SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales,
     )
-    return lo, hi, exp, flags, kfac
+    return lo, hi, exp, flags, kfac, tile_wide, batch_wide
 
 
 def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summary: torch.Tensor | None = None):
@@ -225,28 +284,71 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summar
 
 
 def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None = None,
-                               live_rows: torch.Tensor | None = None, summary: torch.Tensor | None = None):
+                               live_rows: torch.Tensor | None = None, summary: torch.Tensor | None = None,
+                               weight_scale: float = 1.0, scratch: Scratch | None = None):
     """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and bool
-    `live_rows [rows]` also the scoring kernel's head weights: (wq float32 [rows, 64], rowfac
-    float32 [rows], refused int8 [rows]) as scoring.py's docstring defines them (NaN where a scale
-    byte is NaN); refused marks the live rows outside the supported weight range, and `summary[1]`
-    (int32, when given) gets 1 when there is one."""
+    `live_rows [rows]` also the scoring kernel's head weights and row flags: (wq float32 [rows, 64],
+    rowfac float32 [rows] (times weight_scale, in float32), refused int8 [rows], q_wide bool [rows],
+    q_unsupported bool [rows]) as scoring.py's docstring defines them (NaN where a scale byte is NaN);
+    refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
+    given) gets 1 when there is one; q_wide: a live row with a wide head vector; q_unsupported: a row
+    with a head vector of spread > 7, or refused."""
     rows, heads = q_fp4.shape[:2]
     n = rows * heads
     dev = q_fp4.device
-    lo = torch.empty(n + 1, 128, dtype=torch.int8, device=dev)
-    hi = torch.empty_like(lo)
-    exp = torch.empty(n + 1, dtype=torch.int32, device=dev)
-    flags = torch.empty(n + 1, dtype=torch.int8, device=dev)
+    scratch = scratch or Scratch(dev)
+    lo = scratch.empty((n + 1, 128), torch.int8)
+    hi = scratch.empty((n + 1, 128), torch.int8)
+    exp = scratch.empty(n + 1, torch.int32)
+    flags = scratch.empty(n + 1, torch.int8)
     grid = (triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM),)
-    summary = summary if summary is not None else torch.zeros(2, dtype=torch.int32, device=dev)
+    summary = summary if summary is not None else scratch.zeros(2, torch.int32)
     with_weights = weights is not None
-    wq = torch.empty(rows, heads, dtype=torch.float32, device=dev) if with_weights else exp
-    rowfac = torch.empty(rows, dtype=torch.float32, device=dev) if with_weights else exp
-    refused = torch.empty(rows, dtype=torch.int8, device=dev) if with_weights else flags
+    if with_weights:
+        wq = scratch.empty((rows, heads), torch.float32)
+        rowfac = scratch.empty(rows, torch.float32)
+        refused, q_wide, q_unsupported = (scratch.empty(rows, torch.int8) for _ in range(3))
+    else:
+        wq = rowfac = exp
+        refused = q_wide = q_unsupported = flags
     _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
                                  weights if with_weights else exp, live_rows if with_weights else flags,
-                                 wq, rowfac, refused, VB=VECTORS_PER_PROGRAM, WEIGHTS=with_weights)
+                                 wq, rowfac, refused, float(weight_scale), q_wide, q_unsupported,
+                                 VB=VECTORS_PER_PROGRAM, WEIGHTS=with_weights)
     decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
                exp[:n].view(rows, heads), flags[:n].view(rows, heads))
-    return decoded + ((wq, rowfac, refused) if with_weights else ())
+    if not with_weights:
+        return decoded
+    return decoded + (wq, rowfac, refused, q_wide.view(torch.bool), q_unsupported.view(torch.bool))
+
+
+@triton.jit
+def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_ptr, ends_ptr, q_unsupported_ptr,
+                            out_ptr, BLOCK: tl.constexpr):
+    """out[row] = a live row whose query is unsupported or whose window holds an unsupported key;
+    the window is read only when the key summary says some decoded key is unsupported."""
+    row = tl.program_id(0)
+    start = tl.load(starts_ptr + row)
+    end = tl.load(ends_ptr + row)
+    b = tl.load(rtb_ptr + row).to(tl.int64)
+    bad_keys = 0
+    if (tl.load(summary_ptr) & FLAG_UNSUPPORTED_C) != 0:
+        for p0 in range(start, end, BLOCK):
+            offs = p0 + tl.arange(0, BLOCK)
+            flags = tl.load(key_flags_ptr + b * s_pad + offs, mask=offs < end, other=0).to(tl.int32)
+            bad_keys += tl.sum(((flags & FLAG_UNSUPPORTED_C) != 0).to(tl.int32), axis=0)
+    bad = (tl.load(q_unsupported_ptr + row) != 0) | (bad_keys > 0)
+    tl.store(out_ptr + row, ((end > start) & bad).to(tl.int8))
+
+
+def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
+                            starts: torch.Tensor, ends: torch.Tensor, q_unsupported: torch.Tensor,
+                            scratch: Scratch) -> torch.Tensor:
+    """bool [rows]: TritonBackend.unsupported_rows in one launch, from the keys' decode flags int8
+    [B, s_pad], the decode summary (int32, summary[0]: OR of the key flags) and the rows' q_unsupported."""
+    rows = starts.shape[0]
+    out = scratch.empty(rows, torch.int8)
+    if rows:
+        unsupported_rows_kernel[(rows,)](key_flags, key_flags.shape[1], summary, row_to_batch, starts, ends,
+                                         q_unsupported.view(torch.int8), out, BLOCK=256)
+    return out.view(torch.bool)

@@ -16,6 +16,7 @@ import triton.language as tl
 from ..cache_layout import NUM_HEADS, PAGE_SIZE
 from ..row_checks import FIRST_UNMAPPABLE_PAGE
 from ..status import RowStatus
+from ..workspace import Scratch
 
 BLOCK_PAGES = 256
 
@@ -59,11 +60,14 @@ def row_checks_kernel(
 
 
 def row_checks_triton(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                      starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels.row_checks.row_checks_torch in one kernel: (status int32 [rows], effective int32 [3, rows])."""
+                      starts: torch.Tensor, ends: torch.Tensor, max_end: int,
+                      scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels.row_checks.row_checks_torch in one kernel: (status int32 [rows], effective int32 [3, rows]),
+    from `scratch` (None: the allocator)."""
     rows = row_to_batch.shape[0]
-    status = torch.empty(rows, dtype=torch.int32, device=weights.device)
-    effective = torch.empty(3, rows, dtype=torch.int32, device=weights.device)
+    scratch = scratch if scratch is not None else Scratch(weights.device)
+    status = scratch.empty(rows, torch.int32)
+    effective = scratch.empty((3, rows), torch.int32)
     if rows:
         batch, max_pages = block_table.shape
         row_checks_kernel[(rows,)](

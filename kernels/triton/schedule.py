@@ -1,24 +1,60 @@
-"""The scoring kernels' schedule, built on the device (torch ops: no host round trip, capturable).
+"""The scoring kernels' schedule, built on the device (three Triton launches on CUDA; the torch code
+below is its twin elsewhere, the same bits, tested): no host round trip, capturable.
 
 A program of the scoring kernels (scoring.py, scoring_gluon.py) owns up to BLOCK_ROWS rows of one
-sequence and walks the union of their windows. The schedule says which:
-    rows  int32 [programs, BLOCK_ROWS]  row indices, -1 padding; lanes fill from the first
-    batch int32 [programs]              the rows' sequence
-    span  int32 [programs, 2]           (smallest start, largest end) of the rows' windows
+sequence and walks the union of their windows. The schedule (class Schedule) says which:
+    rows     int32 [programs, BLOCK_ROWS]  row indices, -1 padding; lanes fill from the first
+    batch    int32 [programs]              the rows' sequence
+    span     int32 [programs, 2]           (smallest start, largest end) of the rows' windows
+    q_wide   int8 [programs]               a row of the program holds a wide query vector
+    variants ((rows, span) narrow, (rows, span) wide): the schedule for the scoring kernel's narrow
+             and wide variant; the one that does not apply (a device flag: some live vector is wide,
+             or none is) gets rows -1 and spans (0, 0), so its programs do no work and write nothing.
 Rows are grouped by sequence and ordered by start inside it (consecutive rows of a causal prefill
-share most keys), BLOCK_ROWS to a program, and the programs with the longest spans come first (the
-tail of the grid is short work). Rows with an empty window (rows at fault, the first tokens of a
-causal prefill) form programs of their own, last among the live ones, with span (0, 1): in dense
-mode they write -inf across their rows (nothing else covers those rows), in scan mode they find
-nothing. The grid has `max_programs` programs, a bound from shapes alone; the programs past the
-ones used have no rows and span (0, 0), and do no work in either mode.
+share most keys; ties keep row order), BLOCK_ROWS to a program, and the programs with the longest
+spans come first (ties keep program order; the tail of the grid is short work). Rows with an empty
+window (rows at fault, the first tokens of a causal prefill) form programs of their own, last among
+the live ones, with span (0, 1): in dense mode they write -inf across their rows (nothing else
+covers those rows), in scan mode they find nothing. The grid has `max_programs` programs, a bound
+from shapes alone; the programs past the ones used have no rows and span (0, 0), and do no work.
 
-Cost: ~20 small launches over [rows] (a sort, a cumsum, scatters), independent of the window.
+Triton (runs_triton_stages): the two sorts are ranks (a row's place = the rows ordered before it,
+counted in BLOCK x BLOCK tiles: rows^2 compares over rows / BLOCK programs; not yet timed on the
+H200: 67 M compares at 8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win):
+    schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes
+    schedule_programs_kernel  each program's rows, sequence, span and q_wide, in that order
+    schedule_order_kernel     each program's place by span length; writes the Schedule
+The repair's schedule (one row a program, row order) is written by kernels/triton/repair.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import triton
+import triton.language as tl
+
+from ..devices import runs_triton_stages
+from ..workspace import Scratch
+from .decode import FLAG_WIDE
+
+BLOCK = 64  # rows (programs) a program of the schedule kernels ranks, and the tile it compares them in
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What the scoring kernels launch over (module docstring)."""
+
+    rows: torch.Tensor  # int32 [programs, block_rows]
+    batch: torch.Tensor  # int32 [programs]
+    span: torch.Tensor  # int32 [programs, 2]
+    q_wide: torch.Tensor  # int8 [programs]
+    variants: tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def programs(self) -> int:
+        return self.rows.shape[0]
 
 
 def max_programs(rows: int, batch: int, block_rows: int) -> int:
@@ -31,9 +67,29 @@ def max_programs(rows: int, batch: int, block_rows: int) -> int:
 
 
 def build_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, batch: int,
-                   block_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows, batch, span) of the module docstring for effective row metadata (int32 [rows] each;
-    rows with an empty window have row_to_batch 0), on their device."""
+                   block_rows: int, q_wide: torch.Tensor, flags: torch.Tensor, scratch: Scratch) -> Schedule:
+    """The Schedule (module docstring) of effective row metadata (int32 [rows] each; rows with an
+    empty window have row_to_batch 0), bool `q_wide` [rows] (a live row with a wide query vector)
+    and the decode summary `flags` int32 [2] (the variant is wide where FLAG_WIDE is in flags[0] |
+    flags[1]). Runs the Triton kernels where devices.runs_triton_stages says so, torch elsewhere."""
+    if runs_triton_stages(row_to_batch.device):
+        return build_schedule_triton(row_to_batch, starts, ends, batch, block_rows, q_wide, flags, scratch)
+    return build_schedule_torch(row_to_batch, starts, ends, batch, block_rows, q_wide, flags)
+
+
+def with_variants(rows: torch.Tensor, batch: torch.Tensor, span: torch.Tensor, q_wide: torch.Tensor,
+                  flags: torch.Tensor) -> Schedule:
+    """A Schedule from its rows, batch and span (torch): q_wide [rows] gathered per program, and the
+    narrow / wide variants from the decode summary `flags`."""
+    prog_q_wide = torch.where(rows >= 0, q_wide[rows.clamp_min(0).long()], False).any(dim=1)
+    wide = (((flags[0] | flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
+    variants = tuple((torch.where(on.bool(), rows, -1).contiguous(), (span * on).contiguous())
+                     for on in (1 - wide, wide))
+    return Schedule(rows, batch, span, prog_q_wide.to(torch.int8).contiguous(), variants)
+
+
+def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags) -> Schedule:
+    """build_schedule in torch ops (any device; ~25 launches)."""
     n = row_to_batch.shape[0]
     dev = row_to_batch.device
     programs = max_programs(n, batch, block_rows)
@@ -64,18 +120,152 @@ def build_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch
     prog_end = torch.where(empty_group[:programs], 1, prog_end)
     span = torch.stack([prog_start[:programs], prog_end], dim=1)
     by_work = torch.argsort(span[:, 0] - span[:, 1], stable=True)  # longest first; unused programs (0) last
-    return (prog_rows[by_work].contiguous(), prog_batch[:programs][by_work].to(torch.int32).contiguous(),
-            span[by_work].to(torch.int32).contiguous())
+    return with_variants(prog_rows[by_work].contiguous(), prog_batch[:programs][by_work].to(torch.int32).contiguous(),
+                         span[by_work].to(torch.int32).contiguous(), q_wide, flags)
 
 
-def build_row_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                       block_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The schedule of a handful of rows (the repair's): one row a program, in row order, span =
-    the row's window ((0, 0) for an empty one: no work). Five launches instead of build_schedule's
-    twenty; for scan mode only (an empty row's dense columns are not written)."""
+@triton.jit
+def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
+    """(group, sort key) of rows `offs`: the sequence (batch for an empty window) and group << 32 | start
+    (0 for an empty window), the torch code's argsort key."""
+    start = tl.load(starts_ptr + offs, mask=mask, other=0)
+    live = tl.load(ends_ptr + offs, mask=mask, other=0) > start
+    group = tl.where(live, tl.load(rtb_ptr + offs, mask=mask, other=0), batch)
+    return group, (group.to(tl.int64) << 32) | tl.where(live, start, 0).to(tl.int64)
+
+
+@triton.jit
+def schedule_rank_kernel(
+    rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
+    order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x3, indexed by place: row, group, first lane
+    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask_i = offs_i < n
+    group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
+    place = tl.zeros([BLOCK], dtype=tl.int32)
+    lower = tl.zeros([BLOCK], dtype=tl.int32)  # rows of earlier groups
+    for j0 in range(0, n, BLOCK):
+        offs_j = j0 + tl.arange(0, BLOCK)
+        mask_j = offs_j < n
+        group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
+        before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None])
+                                                      & (offs_j[None, :] < offs_i[:, None]))
+        place += tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
+        lower += tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
+    tl.store(order_ptr + place, offs_i, mask=mask_i)
+    tl.store(group_at_ptr + place, group_i, mask=mask_i)
+    tl.store(first_at_ptr + place, ((place - lower) % BLOCK_ROWS == 0).to(tl.int32), mask=mask_i)
+
+
+@triton.jit
+def schedule_programs_kernel(
+    order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs
+    starts_ptr, ends_ptr, q_wide_ptr,                   # int32 [n] x2, int8 [n]
+    rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
+    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_r = pid * BLOCK + tl.arange(0, BLOCK)
+    mask_r = offs_r < n
+    first = tl.load(first_at_ptr + offs_r, mask=mask_r, other=0)
+    earlier = 0
+    for j0 in range(0, pid * BLOCK, BLOCK):  # first lanes at earlier places: programs before this block's
+        earlier += tl.sum(tl.load(first_at_ptr + j0 + tl.arange(0, BLOCK)), axis=0)
+    program = earlier + tl.cumsum(first, axis=0) - 1
+    opens = mask_r & (first != 0)
+    group = tl.load(group_at_ptr + offs_r, mask=mask_r, other=-1)
+    # A program's rows: the places r .. r + BLOCK_ROWS - 1 of its first lane r that are in its group.
+    offs_l = tl.arange(0, LANES)
+    at = offs_r[:, None] + offs_l[None, :]
+    lane_ok = opens[:, None] & (offs_l[None, :] < BLOCK_ROWS) & (at < n)
+    lane_ok &= tl.load(group_at_ptr + at, mask=lane_ok, other=-1) == group[:, None]
+    rows = tl.where(lane_ok, tl.load(order_ptr + at, mask=lane_ok, other=0), -1)
+    ends = tl.load(ends_ptr + rows, mask=lane_ok, other=0)
+    empty = group == batch
+    prog_end = tl.where(empty, 1, tl.maximum(tl.max(ends, axis=1), 0))
+    first_row = tl.load(order_ptr + offs_r, mask=opens, other=0)  # the smallest start of its program
+    prog_start = tl.where(empty, 0, tl.load(starts_ptr + first_row, mask=opens, other=0))
+    q_wide = tl.max(tl.load(q_wide_ptr + rows, mask=lane_ok, other=0).to(tl.int32), axis=1)
+    tl.store(rows_ptr + program[:, None] * BLOCK_ROWS + offs_l[None, :], rows,
+             mask=opens[:, None] & (offs_l[None, :] < BLOCK_ROWS))
+    tl.store(prog_batch_ptr + program, tl.where(empty, 0, group), mask=opens)
+    tl.store(span_ptr + program * 2, prog_start, mask=opens)
+    tl.store(span_ptr + program * 2 + 1, prog_end, mask=opens)
+    tl.store(prog_q_wide_ptr + program, q_wide.to(tl.int8), mask=opens)
+
+
+@triton.jit
+def _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, at, start, end, wide, mask):
+    """Write (start, end) at program `at` of the schedule, and of the variant that applies ((0, 0) in the other)."""
+    tl.store(span_ptr + at * 2, start, mask=mask)
+    tl.store(span_ptr + at * 2 + 1, end, mask=mask)
+    tl.store(narrow_span_ptr + at * 2, tl.where(wide, 0, start), mask=mask)
+    tl.store(narrow_span_ptr + at * 2 + 1, tl.where(wide, 0, end), mask=mask)
+    tl.store(wide_span_ptr + at * 2, tl.where(wide, start, 0), mask=mask)
+    tl.store(wide_span_ptr + at * 2 + 1, tl.where(wide, end, 0), mask=mask)
+
+
+@triton.jit
+def schedule_order_kernel(
+    first_at_ptr, n, programs, flags_ptr,              # int32 [n]; int; int32 [2] (decode summary)
+    rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
+    out_rows_ptr, out_batch_ptr, out_span_ptr, out_q_wide_ptr,  # the Schedule, by place
+    narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
+    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+):
+    offs_p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask_p = offs_p < programs
+    used = 0
+    for j0 in range(0, n, BLOCK):
+        offs_j = j0 + tl.arange(0, BLOCK)
+        used += tl.sum(tl.load(first_at_ptr + offs_j, mask=offs_j < n, other=0), axis=0)
+    valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0)
+    start_p = tl.load(span_ptr + offs_p * 2, mask=valid_p, other=0)
+    end_p = tl.load(span_ptr + offs_p * 2 + 1, mask=valid_p, other=0)
+    work_p = start_p - end_p
+    place = tl.zeros([BLOCK], dtype=tl.int32)
+    for q0 in range(0, programs, BLOCK):
+        offs_q = q0 + tl.arange(0, BLOCK)
+        valid_q = offs_q < used
+        work_q = tl.load(span_ptr + offs_q * 2, mask=valid_q, other=0) \
+            - tl.load(span_ptr + offs_q * 2 + 1, mask=valid_q, other=0)
+        before = (work_q[None, :] < work_p[:, None]) | ((work_q[None, :] == work_p[:, None])
+                                                        & (offs_q[None, :] < offs_p[:, None]))
+        place += tl.sum((before & (offs_q < programs)[None, :]).to(tl.int32), axis=1)
+    offs_l = tl.arange(0, LANES)
+    lanes = mask_p[:, None] & (offs_l[None, :] < BLOCK_ROWS)
+    rows = tl.load(rows_ptr + offs_p[:, None] * BLOCK_ROWS + offs_l[None, :], mask=lanes & valid_p[:, None], other=-1)
+    wide = ((tl.load(flags_ptr) | tl.load(flags_ptr + 1)) & WIDE) != 0
+    out_lanes = out_rows_ptr + place[:, None] * BLOCK_ROWS + offs_l[None, :]
+    tl.store(out_lanes, rows, mask=lanes)
+    tl.store(narrow_rows_ptr + place[:, None] * BLOCK_ROWS + offs_l[None, :], tl.where(wide, -1, rows), mask=lanes)
+    tl.store(wide_rows_ptr + place[:, None] * BLOCK_ROWS + offs_l[None, :], tl.where(wide, rows, -1), mask=lanes)
+    tl.store(out_batch_ptr + place, tl.load(prog_batch_ptr + offs_p, mask=valid_p, other=0), mask=mask_p)
+    tl.store(out_q_wide_ptr + place, tl.load(prog_q_wide_ptr + offs_p, mask=valid_p, other=0), mask=mask_p)
+    _store_span(out_span_ptr, narrow_span_ptr, wide_span_ptr, place, start_p, end_p, wide, mask_p)
+
+
+def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags,
+                          scratch: Scratch) -> Schedule:
+    """build_schedule in three launches (module docstring); buffers from `scratch`."""
     n = row_to_batch.shape[0]
-    prog_rows = torch.full((n, block_rows), -1, dtype=torch.int32, device=row_to_batch.device)
-    prog_rows[:, 0] = torch.arange(n, dtype=torch.int32, device=row_to_batch.device)
-    live = ends > starts
-    span = torch.stack([torch.where(live, starts, 0), torch.where(live, ends, 0)], dim=1)
-    return prog_rows, row_to_batch.to(torch.int32).contiguous(), span.to(torch.int32).contiguous()
+    programs = max_programs(n, batch, block_rows)
+    i32 = torch.int32
+    out = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32), scratch.empty((programs, 2), i32),
+           scratch.empty(programs, torch.int8)]
+    variants = tuple((scratch.empty((programs, block_rows), i32), scratch.empty((programs, 2), i32)) for _ in range(2))
+    if n:
+        order, group_at, first_at = (scratch.empty(n, i32) for _ in range(3))
+        by_program = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32),
+                      scratch.empty((programs, 2), i32), scratch.empty(programs, torch.int8)]
+        lanes = triton.next_power_of_2(block_rows)
+        schedule_rank_kernel[(triton.cdiv(n, BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at, first_at,
+                                                       BLOCK_ROWS=block_rows, BLOCK=BLOCK)
+        schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
+            order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program,
+            BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK)
+        schedule_order_kernel[(triton.cdiv(programs, BLOCK),)](
+            first_at, n, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
+            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, WIDE=FLAG_WIDE)
+    return Schedule(*out, variants=variants)

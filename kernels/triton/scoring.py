@@ -53,6 +53,7 @@ import triton.language as tl
 
 from ..cache_layout import HEAD_DIM, NUM_HEADS
 from ..selection import NO_KEY
+from ..workspace import Scratch
 
 HEADS = NUM_HEADS
 NUM_BINS = 32
@@ -286,19 +287,20 @@ def prepare_scan_kernel(
              mask=live[:, None])
 
 
-def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS) -> dict:
+def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
+                        scratch: Scratch | None = None) -> dict:
     """The scan's per-row inputs and zeroed outputs from the calibration's int64 keys, in one launch:
     thr (float32: the threshold key's score, -inf for NO_KEY: the kernel admits every score >= it),
     raised (its copy, which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins
     from the threshold's score to the ceiling's; both 0 (no histogram) without a ceiling, where the
     width is not finite, or where the bins would be too narrow for float32 to place a score in its
-    bin reliably, < 2^-16 of the scores), and appended int32, hist int32 [rows, NB], nonfinite int8, zeroed."""
+    bin reliably, < 2^-16 of the scores), and appended int32, hist int32 [rows, NB], nonfinite int8, zeroed.
+    All from `scratch` (the problem's: the caller's workspace; None: the allocator)."""
     rows = thresholds.shape[0]
-    dev = thresholds.device
-    made = {name: torch.empty(rows, dtype=torch.float32, device=dev) for name in ("thr", "raised", "hist_lo", "hist_width")}
-    made.update(appended=torch.empty(rows, dtype=torch.int32, device=dev),
-                hist=torch.empty(rows, num_bins, dtype=torch.int32, device=dev),
-                nonfinite=torch.empty(rows, dtype=torch.int8, device=dev))
+    scratch = scratch if scratch is not None else Scratch(thresholds.device)
+    made = {name: scratch.empty(rows, torch.float32) for name in ("thr", "raised", "hist_lo", "hist_width")}
+    made.update(appended=scratch.empty(rows, torch.int32), hist=scratch.empty((rows, num_bins), torch.int32),
+                nonfinite=scratch.empty(rows, torch.int8))
     if rows:
         block = 128
         prepare_scan_kernel[(triton.cdiv(rows, block),)](

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..workspace import Scratch
 from .scoring import NO_KEY_C
 
 
@@ -53,19 +54,22 @@ def select_topk_candidates_kernel(
 
 
 def select_topk_candidates_triton(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor,
-                                  k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                                  k: int, out: torch.Tensor | None = None,
+                                  scratch: Scratch | None = None) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of `keys` [rows, capacity]
     (selection.make_keys), sorted descending, NO_KEY padded. thresholds int64 [rows] must be at or
-    below each row's k-th best kept key (NO_KEY: none), as the LiteTopK scan's final thresholds are."""
+    below each row's k-th best kept key (NO_KEY: none), as the LiteTopK scan's final thresholds are.
+    `out` (when not given) and the compaction rows come from `scratch` (None: the allocator)."""
     rows, capacity = keys.shape
-    out = torch.empty(rows, k, dtype=torch.int64, device=keys.device) if out is None else out
+    scratch = scratch if scratch is not None else Scratch(keys.device)
+    out = scratch.empty((rows, k), torch.int64) if out is None else out
     if rows == 0:
         return out
     full = triton.next_power_of_2(max(capacity, k))
     small = min(2 * k, full)
-    scratch = torch.empty(rows if small < full else 1, small, dtype=torch.int64, device=keys.device)
+    compacted = scratch.empty((rows if small < full else 1, small), torch.int64)
     select_topk_candidates_kernel[(rows,)](
-        keys.contiguous(), capacity, kept.to(torch.int64).contiguous(), thresholds.contiguous(), scratch, out,
+        keys.contiguous(), capacity, kept.to(torch.int64).contiguous(), thresholds.contiguous(), compacted, out,
         TOPK=k, FULL=full, SMALL=small, num_warps=max(4, min(16, full // 512)),
     )
     return out

@@ -193,11 +193,15 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
     try:
         inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
         kv_scale = tensor("kv_scale", req.kv_scale) if req.kv_scale is not None else None
-        # Output regions stay where they live (host or device): the results are copied into them.
+        # Output regions stay where they live (host or device): those on the operator's device are its
+        # `out=` (written in place, zero copy), the others get one copy below.
         outs = {n: region_view(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
+        direct = {n: view for n, view in outs.items() if view.device == state.device}
         mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
-                                  backend=state.settings.backend, repair=req.repair, kv_scale=kv_scale)
+                                  backend=state.settings.backend, repair=req.repair, out=direct or None,
+                                  max_seq_len=state.settings.max_keys, kv_scale=kv_scale,
+                                  workspace=state.executor.workspace_for(inputs[0], inputs[3]))
         if state.device.type == "cuda" and marks is not None:
             torch.cuda.current_stream(state.device).synchronize()  # the fault scan below waits anyway
         mark(("op", time.perf_counter()))
@@ -211,8 +215,9 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
                 raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
                                    "died while the request ran; its memory cannot be trusted")
         mark(("checks", time.perf_counter()))
-        for name, dst in outs.items():  # a host region on a GPU service: one D2H copy, straight into it
-            dst.copy_(getattr(result, name))
+        for name, dst in outs.items():
+            if name not in direct:  # a host region on a GPU service: the one D2H copy stays, straight into it
+                dst.copy_(getattr(result, name))
         fields = {n: getattr(result, n).cpu() for n in RESULT_FIELDS if n not in outs}
         mark(("write", time.perf_counter()))
         outcome = _Outcome(fields=fields, written=list(outs), rows=int(result.status.shape[0]), topk=req.topk,

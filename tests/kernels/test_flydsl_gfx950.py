@@ -6,7 +6,8 @@ skipped with the reason. On an MI355X:
 Exactness: the kernel's head sum runs in the reference's float32 order and each per-head dot is
 exact while a dot's four block exponents span at most 9 binades (score_fp4.py), which the
 `spread=1` problems keep; those cases compare bit for bit. The `spread=3` case compares with the
-float64 oracle within its rounding bound, tie-aware.
+float64 oracle within its rounding bound, tie-aware. The same keys in every cache layout (ours at
+any page stride, AITER's) give the same answer bit for bit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from litetopk.kernels import dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.operator import get_backend, is_gfx950
 from litetopk.kernels.selection import NO_KEY, kth_key, make_keys
 from litetopk.kernels.validation import validate_prefill
-from tests.problems import make_problem, oracle_scores
+from tests.kernels.test_aiter_layout import in_device
+from tests.kernels.test_flydsl_addressing import LAYOUTS, cache_in_layout
+from tests.problems import make_problem, oracle_scores, results_equal
 
 
 def _gfx950() -> torch.device | None:
@@ -124,3 +127,33 @@ def test_reruns_are_bit_identical(seed):
     second = litetopk_prefill(*p.args(), topk=p.topk, backend="flydsl")
     for name in ("values", "raw_indices", "physical_indices", "counts", "status"):
         assert torch.equal(getattr(first, name), getattr(second, name)), f"rerun: {name} differs"
+
+
+def _in_layout(p, layout: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(kv_cache, kv_scale) on DEVICE holding p's keys in `layout`, strides and offsets kept."""
+    placed = cache_in_layout(layout, p.kv_cache.cpu(), np.random.default_rng(seed))
+    return tuple(None if t is None else in_device(t, DEVICE) for t in placed)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
+def test_dense_scores_in_every_layout_equal_reference_bit_for_bit(seed, layout):
+    p = _problem(seed, dict(seq_lens=[3000, 700], rows_per_seq=4, topk=512))
+    kv_cache, kv_scale = _in_layout(p, layout, seed)
+    problem = validate_prefill(p.q_fp4, p.q_scale, kv_cache, *p.args()[3:], topk=p.topk, kv_scale=kv_scale)
+    ours, ours_nf = get_backend("flydsl", DEVICE).score_dense(problem)
+    ref, ref_nf = get_backend("reference", DEVICE).score_dense(_validated(p))
+    diff = (ours != ref) & ~(torch.isneginf(ours) & torch.isneginf(ref))
+    assert not bool(diff.any()), f"{layout}: {int(diff.sum())} scores differ, first at {torch.nonzero(diff)[:5].tolist()}"
+    assert torch.equal(ours_nf, ref_nf), f"{layout}: nonfinite flags differ"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
+def test_litetopk_in_every_layout_equals_our_contiguous_layout(seed, layout):
+    p = _problem(seed, dict(seq_lens=[9000, 300], rows_per_seq=3, topk=1024))
+    kv_cache, kv_scale = _in_layout(p, layout, seed)
+    first = litetopk_prefill(*p.args(), topk=p.topk, backend="flydsl")
+    args = list(p.args())
+    args[2] = kv_cache
+    other = litetopk_prefill(*args, topk=p.topk, backend="flydsl", kv_scale=kv_scale)
+    assert int(first.counts.sum()) > 0, f"seed {seed}: the case must publish keys"
+    assert not results_equal(first, other), f"{layout}: {results_equal(first, other)} differ from [pages, 4352]"

@@ -12,7 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import InputDtypeError, InputError, InputShapeError, dense_topk_prefill, litetopk_prefill
+from litetopk.kernels import (
+    InputDtypeError,
+    InputError,
+    InputShapeError,
+    allocate_workspace,
+    dense_topk_prefill,
+    litetopk_prefill,
+)
 from tests.problems import make_problem
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -134,3 +141,19 @@ def test_out_must_be_a_dict(seed):
     p = problem(seed)
     with pytest.raises(InputError, match="out must be a dict"):
         call("litetopk", p, out=[torch.zeros(6, dtype=torch.int32)])
+
+
+@pytest.mark.parametrize("operator", list(OPERATORS))
+def test_out_and_workspace_together(operator, seed):
+    """`out` views and a reused workspace in one call: the bits of a plain call, twice over."""
+    p = problem(seed)
+    rows = p.q_fp4.shape[0]
+    want = call(operator, p)
+    workspace = allocate_workspace(rows, p.block_table.shape[1] * 64, p.topk, device="cpu", backend="reference",
+                                   max_batch=p.block_table.shape[0], dense=operator == "dense")
+    for attempt in range(2):
+        out, _ = strided_out(rows, p.topk)
+        got = call(operator, p, out=out, workspace=workspace)
+        for name in FIELDS:
+            assert getattr(got, name).data_ptr() == out[name].data_ptr(), f"{operator}: {name} is not the caller's"
+            assert torch.equal(getattr(got, name), getattr(want, name)), f"{operator}, call {attempt}: {name} differs"

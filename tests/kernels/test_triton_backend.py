@@ -30,6 +30,7 @@ from litetopk.kernels.triton.decode import (
     prepare_queries_fp4_triton,
 )
 from litetopk.kernels.validation import validate_prefill
+from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
 from tests.problems import make_problem, oracle_scores, random_fp4
 
@@ -101,8 +102,13 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     live[7] = False  # ... but not refused: the row has no window
     qs[8, 2, 0] = 255  # a NaN scale byte: that head's weight is NaN
     summary = torch.zeros(2, dtype=torch.int32, device=DEVICE)
-    _, _, exp, flags, wq, rowfac, refused = prepare_queries_fp4_triton(
+    _, _, exp, flags, wq, rowfac, refused, q_wide, q_unsupported = prepare_queries_fp4_triton(
         q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), torch.from_numpy(live).to(DEVICE), summary)
+    # the row flags as torch ops define them from the per-vector flags
+    vector_flags = flags.cpu().int()
+    want_wide = ((vector_flags & FLAG_WIDE) != 0).any(dim=1) & torch.from_numpy(live)
+    want_unsupported = ((vector_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused.cpu() != 0)
+    assert torch.equal(q_wide.cpu(), want_wide) and torch.equal(q_unsupported.cpu(), want_unsupported), f"seed {seed}"
     exp, flags, wq, rowfac, refused = exp.cpu().numpy(), flags.cpu().numpy(), wq.cpu().numpy(), rowfac.cpu().numpy(), refused.cpu().numpy()
     scaled_true, shift, out_of_range = ref_head_weight_scaling(w, exp)
     assert refused.astype(bool).tolist() == (out_of_range & live).tolist(), f"seed {seed}"
@@ -124,9 +130,14 @@ def test_decode_keys_reads_through_the_block_table(seed):
     p = make_problem(seed, seq_lens=[300, 170], rows_per_seq=1, spread=2)
     need = torch.tensor([300, 170], dtype=torch.int32)
     summary = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    lo, hi, exp, flags, kfac = decode_keys_fp4_triton(describe_kv_cache(p.kv_cache.to(DEVICE)), p.block_table.to(DEVICE), need.to(DEVICE),
-                                                      320, summary)
+    lo, hi, exp, flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
+        describe_kv_cache(p.kv_cache.to(DEVICE)), p.block_table.to(DEVICE), need.to(DEVICE), 320, summary)
     lo, hi, exp, flags, kfac = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int(), kfac.cpu()
+    # the key tiles' wide bits (64 keys a tile) and the sequences', as the torch definition has them
+    want_tiles = ((flags & FLAG_WIDE) != 0).view(2, -1, 64).any(dim=2)
+    assert torch.equal(tile_wide.cpu(), want_tiles.to(torch.int8)), f"tile_wide, seed {seed}"
+    assert torch.equal(batch_wide.cpu(), want_tiles.any(dim=1).to(torch.int32)), f"batch_wide, seed {seed}"
+    assert bool(want_tiles.any()), f"seed {seed}: spread 2 must give wide keys"
     nan_scale = (flags & FLAG_NAN_SCALE) != 0
     assert torch.equal(kfac.double()[~nan_scale], torch.exp2(exp.double() - 127)[~nan_scale]), f"kfac, seed {seed}"
     assert bool(kfac[nan_scale].isnan().all()), f"kfac of a NaN scale, seed {seed}"
@@ -296,8 +307,10 @@ def test_scan_threshold_only_rises_and_stays_safe(refresh, num_bins, seed):
 def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, where: str) -> None:
     """build_schedule's invariants (schedule.py docstring) against the row metadata it was given."""
     n = row_to_batch.shape[0]
-    rows, prog_batch, span = (t.cpu() for t in build_schedule(row_to_batch.to(DEVICE), starts.to(DEVICE),
-                                                              ends.to(DEVICE), batch, block_rows))
+    no_flags = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    schedule = build_schedule(row_to_batch.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), batch, block_rows,
+                              torch.zeros(n, dtype=torch.bool, device=DEVICE), no_flags, Scratch(DEVICE))
+    rows, prog_batch, span = schedule.rows.cpu(), schedule.batch.cpu(), schedule.span.cpu()
     rtb, starts, ends = row_to_batch.tolist(), starts.tolist(), ends.tolist()
     assert rows.dtype == prog_batch.dtype == span.dtype == torch.int32, where
     programs = max_programs(n, batch, block_rows)
@@ -353,9 +366,14 @@ def test_schedule_covers_every_row_once_within_one_sequence(block_rows, seq_lens
     check_schedule(problem.row_to_batch.cpu(), problem.starts.cpu(), problem.ends.cpu(), len(seq_lens), block_rows,
                    where)
     # the backend launches exactly this schedule
-    ops_schedule = TritonBackend(block_rows=block_rows).operands(problem).schedule
-    want = build_schedule(problem.row_to_batch, problem.starts, problem.ends, len(seq_lens), block_rows)
-    assert all(torch.equal(a, b) for a, b in zip(ops_schedule, want)), where
+    ops = TritonBackend(block_rows=block_rows).operands(problem)
+    want = build_schedule(problem.row_to_batch, problem.starts, problem.ends, len(seq_lens), block_rows, ops.q_wide,
+                          ops.keys.flags, Scratch(DEVICE))
+    assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f)) for f in ("rows", "batch", "span", "q_wide")), where
+    wide = bool(((ops.keys.flags[0] | ops.keys.flags[1]) & FLAG_WIDE) != 0)
+    busy, idle = ops.schedule.variants[::-1] if wide else ops.schedule.variants
+    assert torch.equal(busy[0], ops.schedule.rows) and torch.equal(busy[1], ops.schedule.span), where
+    assert bool((idle[0] == -1).all()) and not bool(idle[1].any()), f"{where}: the variant that does not apply"
 
 
 @pytest.mark.parametrize("block_rows", [1, 4])
@@ -446,7 +464,7 @@ def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
     gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
     where = f"[{name}] seed {seed}"
     assert gluon.operands(problem).gluon and not twin.operands(problem).gluon, f"{where}: the kernels asked for"
-    wide = bool(twin.operands(problem).spans[1][1].any())  # the wide variant has the work (a device flag)
+    wide = bool(twin.operands(problem).schedule.variants[1][1].any())  # the wide variant has the work (a device flag)
     assert wide == ("wide" in name), f"{where}: the case's wide vectors"
     for stride in (1, 5):
         g_scores, g_flags = gluon.score_dense(problem, stride=stride)

@@ -1,0 +1,76 @@
+"""Compile the pipeline's glue kernels (decode bookkeeping, schedule, certificate, repair) for sm_90
+without a GPU, as the backend launches them: CI runs them under the interpreter only, which accepts
+code that the compiler refuses (loop-carried types, tuple loops); this build catches that.
+
+    python -m litetopk.kernels.triton.compile_glue_sm90 OUT_DIR
+writes OUT_DIR/<kernel>.{cubin,ptx,ttgir,sass} and OUT_DIR/summary.json (REG, STACK, SHARED per
+kernel, as cuobjdump reports them). Argument types: pointers int32 and scalars int32 unless listed in TYPES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import certify, decode, repair, schedule
+from .compile_sm90 import compile_sm90, resource_usage
+
+_KEYS = dict(VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
+_SCHEDULE = dict(BLOCK_ROWS=2, LANES=2)
+#: kernel -> (constexpr arguments, argument types that are not int32 pointers / int32 scalars)
+KERNELS = {
+    decode.decode_prologue_kernel: (dict(SUMMARY=4, BLOCK=1024), {}),
+    decode._decode_keys_kernel: (_KEYS, dict(values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64",
+                                             scale_page_stride="i64", lo_ptr="*i16", hi_ptr="*i16", flags_ptr="*i8",
+                                             kfac_ptr="*fp32", tile_wide_ptr="*i8")),
+    decode._decode_queries_kernel: (dict(VB=64, WEIGHTS=True), dict(
+        q_ptr="*u8", qs_ptr="*u8", lo_ptr="*i16", hi_ptr="*i16", flags_ptr="*i8", w_ptr="*fp32", live_ptr="*i1",
+        wq_ptr="*fp32", rowfac_ptr="*fp32", range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8",
+        q_unsupported_ptr="*i8")),
+    decode.unsupported_rows_kernel: (dict(BLOCK=256), dict(key_flags_ptr="*i8", q_unsupported_ptr="*i8",
+                                                           out_ptr="*i8")),
+    schedule.schedule_rank_kernel: (dict(BLOCK_ROWS=2, BLOCK=schedule.BLOCK), {}),
+    schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK), dict(q_wide_ptr="*i8",
+                                                                                    prog_q_wide_ptr="*i8")),
+    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK, WIDE=decode.FLAG_WIDE),
+                                     dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8")),
+    repair.repair_slots_kernel: (dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK), dict(
+        overflow_ptr="*i8", top_ptr="*i64", q_ptr="*u8", qs_ptr="*u8", w_ptr="*fp32", chosen_ptr="*i64",
+        picked_ptr="*i64", safe_ptr="*i64", sub_q_ptr="*u8", sub_qs_ptr="*u8", sub_w_ptr="*fp32")),
+    repair.subset_operands_kernel: (dict(_SCHEDULE, WIDE=decode.FLAG_WIDE), dict(
+        parent_rows_ptr="*i64", q_lo_ptr="*i8", q_hi_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32",
+        q_wide_ptr="*i8", q_unsupported_ptr="*i8", sub_lo_ptr="*i8", sub_hi_ptr="*i8", sub_wq_ptr="*fp32",
+        sub_rowfac_ptr="*fp32", sub_wide_ptr="*i8", sub_unsupported_ptr="*i8", prog_wide_ptr="*i8")),
+    repair.repair_scatter_kernel: (dict(TOPK=512, SELECTOR_FAILURE=32), dict(
+        chosen_ptr="*i64", sub_top_ptr="*i64", appended_ptr="*i64", nonfinite_ptr="*i8", top_ptr="*i64")),
+    certify.finish_scan_kernel: (dict(BLOCK=certify.BLOCK), dict(
+        thresholds_ptr="*i64", thr_ptr="*fp32", raised_ptr="*fp32", nonfinite_ptr="*i8", final_ptr="*i64",
+        appended64_ptr="*i64", nonfinite_out_ptr="*i8")),
+    certify.certificate_kernel: (dict(TOPK=512, OVERFLOW=1, UNDERFILLED=2, BLOCK=certify.BLOCK), dict(
+        appended_ptr="*i64", kept_ptr="*i64", overflow_ptr="*i8")),
+}
+
+
+def argument_types(kernel, constants: dict, types: dict) -> dict:
+    """Every non-constexpr argument's type: `types`, else int32 pointer (*_ptr) or int32 scalar."""
+    return {name: types.get(name, "*i32" if name.endswith("_ptr") else "i32")
+            for name in kernel.arg_names if name not in constants}
+
+
+def main(out_dir: str) -> int:
+    os.makedirs(out_dir, exist_ok=True)
+    summary = {}
+    for kernel, (constants, types) in KERNELS.items():
+        name = kernel.fn.__name__
+        path = os.path.join(out_dir, name)
+        compile_sm90(kernel, argument_types(kernel, constants, types), constants, dict(num_warps=4), path)
+        summary[name] = resource_usage(path)
+    with open(os.path.join(out_dir, "summary.json"), "w") as fh:
+        json.dump(summary, fh, indent=1)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

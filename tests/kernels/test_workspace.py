@@ -1,0 +1,272 @@
+"""The caller-owned workspace (issue 14 item 1): `workspace_bytes` / `allocate_workspace` and
+`workspace=` on both operators.
+
+The size is exact: a call with max_rows rows, max_batch sequences and windows up to the bound
+succeeds on a workspace of workspace_bytes(...) and (in these cases, where the largest call is the
+one at the bounds) fails with InputError naming the bytes on one byte less; smaller calls fit, calls
+at a bound below where the calibration sample is wider too; two calls on one workspace give the bits of a call without
+one. Run on the reference backend (CPU) and on the Triton backend under the interpreter (the torch
+stages then run beside the Triton kernels, as on CPU CI).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from litetopk.kernels import (
+    InputError,
+    LiteTopKTuning,
+    allocate_workspace,
+    dense_topk_prefill,
+    litetopk_prefill,
+    random_problem,
+    workspace_bytes,
+)
+from litetopk.kernels.calibration import sample_stride, shape_changes
+from litetopk.kernels.operator import get_backend
+from litetopk.kernels.pipeline import run_litetopk
+from litetopk.kernels.validation import validate_prefill
+from litetopk.kernels.workspace import ALIGNMENT
+from tests.problems import make_problem
+
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+OPERATORS = {"litetopk": litetopk_prefill, "dense": dense_topk_prefill}
+SMALL_SAMPLE = LiteTopKTuning(sample_size=160)  # windows of a few hundred keys take a strided sample
+
+
+def call(operator, p, backend, **kw):
+    return OPERATORS[operator](*p.args(), topk=p.topk, weight_scale=p.weight_scale, backend=backend, **kw)
+
+
+def same_bits(got, want, where: str) -> None:
+    for name in FIELDS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), f"{where}: {name} differs from the call without"
+
+
+def bound_of(p) -> int:
+    """The problem's window bound: its block table's width (the operators' default max_end)."""
+    return p.block_table.shape[1] * 64
+
+
+def sizing(operator, p, backend, tuning=None, **bounds) -> dict:
+    kw = dict(max_rows=p.q_fp4.shape[0], max_seq_len=bound_of(p), topk=p.topk, device="cpu", backend=backend,
+              max_batch=p.block_table.shape[0], dense=operator == "dense", tuning=tuning)
+    return {**kw, **bounds}
+
+
+CASES = {  # name: (operator, backend, seq_lens, rows_per_seq, topk, tuning)
+    "reference litetopk K=512": ("litetopk", "reference", [700, 300], 3, 512, None),
+    "reference litetopk K=1024 sampled": ("litetopk", "reference", [1500], 4, 1024, LiteTopKTuning(sample_size=300)),
+    "reference litetopk K=512 sampled, 3 sequences": ("litetopk", "reference", [900, 650, 200], 2, 512, SMALL_SAMPLE),
+    "reference dense K=512": ("dense", "reference", [700, 300], 3, 512, None),
+    "reference dense K=1024": ("dense", "reference", [1300], 3, 1024, None),
+    "triton litetopk K=512": ("litetopk", "triton", [600, 200], 2, 512, None),
+    "triton dense K=1024": ("dense", "triton", [1100], 2, 1024, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exact_at_the_bounds(case, seed):
+    operator, backend, seq_lens, rows_per_seq, topk, tuning = CASES[case]
+    p = make_problem(seed, seq_lens=seq_lens, rows_per_seq=rows_per_seq, topk=topk, spread=1)
+    kw = {} if operator == "dense" else {"tuning": tuning}
+    want = call(operator, p, backend, **kw)
+    nbytes = workspace_bytes(**sizing(operator, p, backend, tuning))
+    assert nbytes > 0 and nbytes % ALIGNMENT == 0, f"{case}: {nbytes} bytes"
+    workspace = allocate_workspace(**sizing(operator, p, backend, tuning))
+    assert workspace.numel() == nbytes and workspace.dtype == torch.uint8 and workspace.data_ptr() % ALIGNMENT == 0
+    first = call(operator, p, backend, workspace=workspace, **kw)
+    second = call(operator, p, backend, workspace=workspace, **kw)
+    same_bits(first, want, f"{case}, seed {seed}, first call")
+    same_bits(second, want, f"{case}, seed {seed}, second call on the same workspace")
+    with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
+        call(operator, p, backend, workspace=workspace[:-1], **kw)
+
+
+@pytest.mark.parametrize("operator", list(OPERATORS))
+def test_smaller_calls_fit(operator, seed):
+    """Fewer rows, fewer sequences and shorter bounds all fit the workspace sized for the largest."""
+    tuning = SMALL_SAMPLE
+    kw = {} if operator == "dense" else {"tuning": tuning}
+    big = make_problem(seed, seq_lens=[1100, 900], rows_per_seq=4, topk=512)
+    workspace = allocate_workspace(**sizing(operator, big, "reference", tuning))
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        length = int(torch.randint(100, 1100, (1,), generator=gen))
+        rows = int(torch.randint(1, 5, (1,), generator=gen))
+        batch = int(torch.randint(1, 3, (1,), generator=gen))
+        p = make_problem(seed + length, seq_lens=[length] * batch, rows_per_seq=rows, topk=512)
+        assert bound_of(p) <= bound_of(big)
+        same_bits(call(operator, p, "reference", workspace=workspace, **kw), call(operator, p, "reference", **kw),
+                  f"{operator}: {batch} x {length} keys, {rows} rows a sequence (seed {seed})")
+
+
+def test_a_larger_call_names_the_bytes_it_needs(seed):
+    small = make_problem(seed, seq_lens=[300], rows_per_seq=2, topk=512)
+    workspace = allocate_workspace(**sizing("litetopk", small, "reference"))
+    more_rows = make_problem(seed, seq_lens=[300], rows_per_seq=5, topk=512)
+    with pytest.raises(InputError, match=r"this call needs at least \d+ \(size it with workspace_bytes"):
+        call("litetopk", more_rows, "reference", workspace=workspace)
+
+
+def used_by(p, backend: str, tuning, **kw) -> int:
+    """Scratch.used of one LiteTopK call of `p` (the bytes it carves)."""
+    problem = validate_prefill(*p.args(), topk=p.topk, **kw)
+    run_litetopk(problem, get_backend(backend, problem.device), repair=True, tuning=tuning)
+    return problem.scratch.used
+
+
+def test_the_bound_is_the_largest_over_every_sample_shape(seed):
+    """Below the bound the calibration changes its sample's shape (shape_changes): a call at bound
+    1535 (stride 2: 768 sampled columns) carves more than one at 1536 (stride 3: 512 columns); the
+    sizing for 1536 covers both."""
+    tuning = LiteTopKTuning(sample_size=512)
+    p = make_problem(seed, seq_lens=[1530], rows_per_seq=4, topk=512)  # block table 25 pages: bound 1600
+    used = {end: used_by(p, "reference", tuning, max_seq_len=end) for end in (1535, 1536)}
+    assert used[1535] > used[1536], f"the case needs a bound whose call is smaller than one below it: {used}"
+    sized = dict(max_rows=4, topk=512, device="cpu", backend="reference", tuning=tuning)
+    assert workspace_bytes(max_seq_len=1536, **sized) == max(used_by(p, "reference", tuning, max_seq_len=end)
+                                                             for end in shape_changes(1536, 512, 512))
+    workspace = allocate_workspace(max_seq_len=1536, **sized)
+    same_bits(call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=1535),
+              call("litetopk", p, "reference", tuning=tuning, max_seq_len=1535), "bound 1535 in a workspace for 1536")
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_scratch_counts_what_workspace_bytes_says(backend, seed):
+    """Scratch.used of a call with random data at the bounds (no workspace) equals workspace_bytes."""
+    p = make_problem(seed, seq_lens=[500, 400], rows_per_seq=2, topk=512, spread=1)
+    assert used_by(p, backend, LiteTopKTuning()) == workspace_bytes(**sizing("litetopk", p, backend))
+
+
+@pytest.mark.parametrize("sample_size,k,bound", [(0, 512, 900), (4096, 512, 70000), (128, 512, 2000), (100, 300, 5000),
+                                                 (7, 20, 400)])
+def test_shape_changes_cover_every_bound(sample_size, k, bound):
+    """For every e <= bound, a listed end e' >= e has the same sample stride (0: no sample)."""
+    ends = shape_changes(bound, sample_size, k)
+    assert ends == sorted(set(ends)) and ends[-1] == bound and all(0 <= e <= bound for e in ends)
+    best = {}
+    for end in ends:
+        stride = sample_stride(end, sample_size, k)
+        best[stride] = max(best.get(stride, -1), end)
+    for e in range(0, bound + 1, max(1, bound // 4000)):
+        stride = sample_stride(e, sample_size, k)
+        assert best.get(stride, -1) >= e, f"e={e} (stride {stride}) is not covered by {ends}"
+
+
+def bad_workspaces(p) -> dict:
+    n = 1 << 20
+    raw = torch.empty(n + 2 * ALIGNMENT, dtype=torch.uint8)
+    aligned = -raw.data_ptr() % ALIGNMENT
+    return {
+        "int32": (torch.zeros(n // 4, dtype=torch.int32), "1-D contiguous uint8"),
+        "2-D": (torch.zeros(2, n // 2, dtype=torch.uint8), "1-D contiguous uint8"),
+        "strided": (torch.zeros(2 * n, dtype=torch.uint8)[::2], "1-D contiguous uint8"),
+        "misaligned": (raw[aligned + 1:aligned + 1 + n], f"{ALIGNMENT}-byte boundary"),
+        "meta device": (torch.empty(n, dtype=torch.uint8, device="meta"), "is on meta"),
+        "not a tensor": (bytearray(n), "must be a torch.Tensor"),
+        "the cache": (aligned_cache(p), "workspace overlaps kv_cache"),
+    }
+
+
+def aligned_cache(p) -> torch.Tensor:
+    """Move p's cache into an aligned uint8 buffer and return that buffer (a workspace over the cache)."""
+    n = p.kv_cache.numel()
+    raw = torch.empty(n + ALIGNMENT, dtype=torch.uint8)
+    start = -raw.data_ptr() % ALIGNMENT
+    p.kv_cache = raw[start:start + n].view(p.kv_cache.shape).copy_(p.kv_cache)
+    return raw[start:start + n]
+
+
+@pytest.mark.parametrize("operator", list(OPERATORS))
+@pytest.mark.parametrize("case", list(bad_workspaces(make_problem(0, seq_lens=[300], rows_per_seq=2))))
+def test_bad_workspace_is_an_input_error(case, operator, seed):
+    p = make_problem(seed, seq_lens=[300], rows_per_seq=2, topk=512)
+    workspace, words = bad_workspaces(p)[case]
+    cache = p.kv_cache.clone()
+    with pytest.raises(InputError) as info:
+        call(operator, p, "reference", workspace=workspace)
+    assert words in str(info.value), f"{case}: {info.value}"
+    assert torch.equal(p.kv_cache, cache), f"{case}: the cache was written"
+
+
+def test_workspace_overlapping_an_out_tensor(seed):
+    p = make_problem(seed, seq_lens=[300], rows_per_seq=2, topk=512)
+    workspace = allocate_workspace(**sizing("litetopk", p, "reference"))
+    counts = workspace[:8].view(torch.int32)
+    with pytest.raises(InputError, match=r"workspace overlaps out\['counts'\]"):
+        call("litetopk", p, "reference", workspace=workspace, out={"counts": counts})
+
+
+@pytest.mark.parametrize("bad", [dict(max_rows=-1), dict(max_seq_len=1.5), dict(max_batch=0), dict(topk=256),
+                                 dict(topk=(512, 2048))])
+def test_bad_bounds(bad):
+    kw = dict(max_rows=4, max_seq_len=1000, topk=512, device="cpu", backend="reference", **{})
+    kw.update(bad)
+    with pytest.raises(InputError):
+        workspace_bytes(**kw)
+
+
+def test_a_set_of_k_takes_the_largest():
+    kw = dict(max_rows=3, max_seq_len=900, device="cpu", backend="reference")
+    both = workspace_bytes(topk=(512, 1024), **kw)
+    assert both == max(workspace_bytes(topk=512, **kw), workspace_bytes(topk=1024, **kw))
+
+
+def test_the_embedding_docs_example_runs():
+    """docs/operator-embedding.md's workspace example (its one plain `python` block there), as written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operator-embedding.md").read_text()
+    section = re.search(r"^## Caller-owned workspace\n(.*?)^## ", text, flags=re.S | re.M)
+    assert section, "docs/operator-embedding.md has no '## Caller-owned workspace' section"
+    blocks = re.findall(r"^```python\n(.*?)^```", section.group(1), flags=re.S | re.M)
+    assert len(blocks) == 1, f"expected one runnable python block, found {len(blocks)}"
+    exec(compile(blocks[0], "operator-embedding.md", "exec"), {})
+
+
+@pytest.mark.gpu
+def test_on_cuda_exact_sync_free_and_capturable(seed):
+    """The Triton path on a CUDA device: exact at the bounds, no host sync with a workspace, and a
+    graph captured on a fixed workspace and `out` replays new input contents to the eager bits."""
+    p = random_problem(40, [3000, 5000], 512, device="cuda", seed=seed)
+    fresh = random_problem(40, [3000, 5000], 512, device="cuda", seed=seed + 1)
+    bounds = dict(max_rows=40, max_seq_len=bound_of(p), topk=512, device="cuda", max_batch=2)
+    workspace = allocate_workspace(**bounds)
+    assert workspace.numel() == workspace_bytes(**bounds)
+    same_bits(call("litetopk", p, "auto", workspace=workspace), call("litetopk", p, "auto"), f"cuda, seed {seed}")
+    with pytest.raises(InputError, match="this call needs at least"):
+        call("litetopk", p, "auto", workspace=workspace[:-1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call("litetopk", p, "auto", workspace=workspace)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out = {name: torch.full_like(getattr(call("litetopk", p, "auto"), name), -7) for name in FIELDS}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call("litetopk", p, "auto", out=out, workspace=workspace)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call("litetopk", p, "auto", out=out, workspace=workspace)
+    for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
+        getattr(p, name).copy_(getattr(fresh, name))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = call("litetopk", p, "auto")
+    for name in FIELDS:
+        assert torch.equal(out[name], getattr(want, name)), f"seed {seed}: {name} differs after replay"
+
+
+def test_dense_with_an_empty_window_bound_fits(seed):
+    """The dense path at window bound 0 has no score matrix to select from; its [rows, K] answer is
+    not carved (it would outgrow the matrix of a short bound): a workspace sized for one holds the call."""
+    p = make_problem(seed, seq_lens=[100], rows_per_seq=3, topk=512)
+    workspace = allocate_workspace(3, 128, 512, device="cpu", backend="reference", dense=True)
+    same_bits(call("dense", p, "reference", workspace=workspace, max_seq_len=0),
+              call("dense", p, "reference", max_seq_len=0), "dense at bound 0")
