@@ -5,11 +5,13 @@ Every operation is written once as a *flow*: a generator that yields HTTP calls
 value. `TopKClient` drives flows with httpx.Client, `AsyncTopKClient` with httpx.AsyncClient;
 nothing else differs between them.
 
-`topk(...)` takes the arguments of `litetopk.kernels.litetopk_prefill`. Each tensor argument may
+`topk(...)` takes the arguments of `litetopk.kernels.litetopk_prefill`, the cache in either format
+(ours: `kv_cache` alone; AITER's: `kv_cache` values plus `kv_scale=`, docs/cache-layouts.md). Each
+tensor argument may
 be a Region, a RegionSlice, a tensor inside a region this client registered (sent as a reference),
 or a plain tensor: small row metadata (block_table, row_to_batch, starts, ends; at most
 INLINE_MAX_VALUES values) then travels inline as JSON; larger metadata (as int32) and a large
-CPU tensor (q_fp4, q_scale, kv_cache, weights) are copied into a pooled scratch shared-memory
+CPU tensor (q_fp4, q_scale, kv_cache, kv_scale, weights) are copied into a pooled scratch shared-memory
 region; a large CUDA tensor is registered by IPC handle for the call. Register what
 you reuse (the cache above all) once with `register(tensor, access="read_only")`.
 
@@ -58,7 +60,7 @@ from .wire import (
 Call = tuple[str, str, dict]
 Flow = Generator[Call, httpx.Response, Any]
 
-LARGE_INPUTS = ("q_fp4", "q_scale", "kv_cache", "weights")
+LARGE_INPUTS = ("q_fp4", "q_scale", "kv_cache", "kv_scale", "weights")
 SMALL_INPUTS = ("block_table", "row_to_batch", "starts", "ends")
 INPUT_ORDER = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 ACCEPT = {"auto": f"{JSON_MEDIA_TYPE}, {BINARY_MEDIA_TYPE}", "json": JSON_MEDIA_TYPE, "binary": BINARY_MEDIA_TYPE}
@@ -200,10 +202,12 @@ class _Flows:
             return region
 
     def topk(self, args: tuple, *, topk: int, weight_scale: float = 1.0, backend: str = "auto",
-             repair: bool = True, out: dict | None = None, result_format: str = "auto") -> Flow:
+             repair: bool = True, out: dict | None = None, result_format: str = "auto", kv_scale=None) -> Flow:
         if len(args) != len(INPUT_ORDER):
             raise TypeError(f"topk() takes {len(INPUT_ORDER)} tensors ({', '.join(INPUT_ORDER)}), got {len(args)}")
         named = dict(zip(INPUT_ORDER, args))
+        if kv_scale is not None:  # AITER's cache format: kv_cache holds its values
+            named["kv_scale"] = kv_scale
         body: dict[str, Any] = {}
         staged: list[tuple[str, torch.Tensor]] = []  # large CPU tensors to copy into scratch
         temporary: list[Region] = []
@@ -211,8 +215,7 @@ class _Flows:
         results: Region | None = None  # scratch the service writes large results into
         collect: dict[str, RegionSlice] = {}
         try:
-            for name in INPUT_ORDER:
-                value = named[name]
+            for name, value in named.items():
                 ref = self._reference(value)
                 if ref is not None:
                     body[name] = ref.to_wire()
@@ -385,11 +388,15 @@ class TopKClient(_ClientBase):
 
     def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
              topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-             out: dict | None = None, result_format: str = "auto") -> TopKResult:
-        """`litetopk_prefill` on the service. `out` maps result fields to regions written in place."""
+             out: dict | None = None, result_format: str = "auto", kv_scale=None) -> TopKResult:
+        """`litetopk_prefill` on the service. `out` maps result fields to regions written in place.
+
+        kv_scale  None (our cache format: `kv_cache` uint8 [pages, 4352]) or AITER's scales uint8
+                  [pages, 1, 4, 64], `kv_cache` then being AITER's values [pages, 1, 4, 64, 16];
+                  like every tensor argument a tensor, a Region or a RegionSlice."""
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
         return self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
-                                            repair=repair, out=out, result_format=result_format))
+                                            repair=repair, out=out, result_format=result_format, kv_scale=kv_scale))
 
     def regions(self) -> list[dict]:
         return self._drive(self._flows.list_regions())
@@ -444,10 +451,11 @@ class AsyncTopKClient(_ClientBase):
 
     async def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
                    topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-                   out: dict | None = None, result_format: str = "auto") -> TopKResult:
+                   out: dict | None = None, result_format: str = "auto", kv_scale=None) -> TopKResult:
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
         return await self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
-                                                  repair=repair, out=out, result_format=result_format))
+                                                  repair=repair, out=out, result_format=result_format,
+                                                  kv_scale=kv_scale))
 
     async def regions(self) -> list[dict]:
         return await self._drive(self._flows.list_regions())

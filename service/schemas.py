@@ -27,6 +27,9 @@ Access = Annotated[Literal["read_only", "read_write"], Field(
 Ticket = Annotated[str, Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 # 64 bytes in standard base64: 88 characters, the last data character carrying 2 bits (A, Q, g or w).
 EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
+# Values one inline tensor may hold: it bounds what a parsed body costs the event loop (unpickling
+# 4 x 65536 values from the parser process: ~8 ms; service/routes/topk.py BodyParser).
+INLINE_VALUES_MAX = 2**16
 
 
 class _Strict(BaseModel):
@@ -147,15 +150,16 @@ class RegionSlice(_Strict):
     generation: int = Field(ge=1)
     offset: int = Field(0, ge=0, le=2**50)
     dtype: DTypeName
-    shape: list[Dim] = Field(max_length=4)
+    shape: list[Dim] = Field(max_length=5)  # AITER's kv_cache [pages, 1, 4, 64, 16] has five
 
 
 class InlineTensor(_Strict):
-    """Small int32 metadata sent in the body: `data` is the flat C-ordered list of `shape`."""
+    """Small int32 metadata sent in the body: `data` is the flat C-ordered list of `shape`, at most
+    INLINE_VALUES_MAX values (larger metadata goes in a region, as the clients do past 1024)."""
 
     dtype: Literal["int32"] = "int32"
     shape: list[Dim] = Field(max_length=2)
-    data: list[Int32]
+    data: list[Int32] = Field(max_length=INLINE_VALUES_MAX)
 
 
 TensorArg = Union[RegionSlice, InlineTensor]
@@ -178,7 +182,12 @@ class TopKRequest(_Strict):
 
     q_fp4: RegionSlice
     q_scale: RegionSlice
-    kv_cache: RegionSlice
+    kv_cache: RegionSlice = Field(description="uint8 [num_pages, 4352] (our format, or a view of 4352-byte pages "
+                                  "such as [num_pages, 64, 1, 68]); with kv_scale, AITER's values uint8 "
+                                  "[num_pages, 1, 4, 64, 16] (docs/cache-layouts.md)")
+    kv_scale: RegionSlice | None = Field(None, description="AITER's cache format: its scales, uint8 "
+                                         "[num_pages, 1, 4, 64], one page per kv_cache page; omitted for our "
+                                         "format (a cache is always a region, never inline)")
     weights: RegionSlice
     block_table: TensorArg
     row_to_batch: TensorArg
@@ -227,7 +236,7 @@ class Problem(BaseModel):
 
 
 __all__ = [
-    "CudaIpcRegistration", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
+    "CudaIpcRegistration", "INLINE_VALUES_MAX", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
     "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKJsonResponse",
     "TopKRequest", "TorchIpcFields",
 ]

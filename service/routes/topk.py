@@ -1,9 +1,11 @@
 """/v1/topk: one `litetopk_prefill` call on the pinned device, inputs named by region or inline.
 
     parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
-                         are parsed in a thread, so that a large inline body never stalls the loop
-    admit (event loop)   topk, backend, regions (the caller's own), bounds, inline lengths, output
-                         regions (read-write, read by no input): fail fast, no lease
+                         are validated in the parser process (service/body_parser.py): pydantic
+                         holds the GIL while it parses, so a thread would stall the loop too
+    admit (event loop)   topk, backend, the cache's format (ours, or AITER's kv_cache + kv_scale pair),
+                         regions (the caller's own), bounds, inline lengths, output regions
+                         (read-write, read by no input): fail fast, no lease
     execute (worker)     lease regions -> tensors on the device -> operator (checks the inputs'
                          dtypes and shapes: bad_dtype / bad_shape) -> row faults ->
                          results into output regions or to the host -> release leases
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -35,9 +38,11 @@ from litetopk.clients.wire import (
     result_shape,
 )
 from litetopk.kernels import RowFaultError, RowStatus, litetopk_prefill
+from litetopk.kernels.cache_layout import AITER_SCALE_SHAPE, AITER_VALUE_SHAPE
 from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
 
+from ..body_parser import BodyParser
 from ..errors import PROBLEM_JSON, ServiceError
 from ..principals import Principal, get_principal
 from ..regions import owner_alive
@@ -52,9 +57,23 @@ _BODY = {"requestBody": {"required": True, "content": {JSON_MEDIA_TYPE: {
 PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
-router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS)
+
+
+@contextlib.asynccontextmanager
+async def _body_parser_running(app):
+    """The router's lifespan (merged into the app's): the body parser process lives as long as the
+    service, started before any request so that no request pays for its start."""
+    await asyncio.to_thread(BODY_PARSER.start)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(BODY_PARSER.close)
+
+
+router = APIRouter(prefix="/v1", tags=["topk"], responses=_PROBLEMS, lifespan=_body_parser_running)
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+OPTIONAL_INPUTS = ("kv_scale",)  # passed by keyword when given
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 
 
@@ -81,6 +100,32 @@ def _check_output(name: str, ref: RegionSlice, rows: int, topk: int) -> None:
         raise ServiceError("bad_shape", f"out.{name} must have shape {want}, got {list(ref.shape)}")
 
 
+def _check_cache_format(req: TopKRequest) -> None:
+    """The cache is ours (`kv_cache` alone) or AITER's pair (docs/cache-layouts.md): with `kv_scale`,
+    kv_cache must be uint8 [P, 1, 4, 64, 16] and kv_scale uint8 [P, 1, 4, 64] (the same P). Our
+    format's own shape is the operator's to check; an AITER-shaped kv_cache without kv_scale is
+    named here, since the operator would only say that it is not ours."""
+    cache, scale = req.kv_cache, req.kv_scale
+    aiter_values = [*AITER_VALUE_SHAPE]
+    if scale is None:
+        if list(cache.shape[1:]) == aiter_values:
+            raise ServiceError("bad_shape", f"kv_cache {list(cache.shape)} is AITER's values tensor: send its scales "
+                               f"as kv_scale (uint8 [{cache.shape[0]}, {', '.join(map(str, AITER_SCALE_SHAPE))}])")
+        return
+    for name, ref, page in (("kv_cache", cache, aiter_values), ("kv_scale", scale, [*AITER_SCALE_SHAPE])):
+        if ref.dtype != "uint8":
+            raise ServiceError("bad_dtype", f"{name} must be uint8 in AITER's format (kv_cache + kv_scale), "
+                               f"got {ref.dtype}")
+        if len(ref.shape) != 1 + len(page) or list(ref.shape[1:]) != page:
+            wanted = f"[num_pages, {', '.join(map(str, page))}]"
+            hint = " (our format's kv_cache takes no kv_scale)" if name == "kv_cache" else ""
+            raise ServiceError("bad_shape", f"{name} must be {wanted} with kv_scale (AITER's format), got "
+                               f"{list(ref.shape)}{hint}")
+    if cache.shape[0] != scale.shape[0]:
+        raise ServiceError("bad_shape", f"kv_scale must have one page per kv_cache page: kv_cache has "
+                           f"{cache.shape[0]} pages, kv_scale {scale.shape[0]}")
+
+
 def admit(req: TopKRequest, state: ServiceState, principal: Principal) -> None:
     """Every check that needs no device: raise the request's error before it is queued.
 
@@ -88,16 +133,19 @@ def admit(req: TopKRequest, state: ServiceState, principal: Principal) -> None:
     InputDtypeError / InputShapeError, answered `bad_dtype` / `bad_shape`); admission checks what
     the operator cannot see: regions (the caller's own) and their bounds, inline data against its
     shape, and the output regions the results are written into (read-write regions that no input
-    of this request reads).
+    of this request reads). The cache's format (kv_scale given or not) is checked first.
     """
     check_topk(req.topk)
     if req.backend not in ("auto", state.backend):
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
                            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
     alive: dict = {}  # owners found alive while admitting this request (each read once)
+    _check_cache_format(req)
     read: set[str] = set()  # the regions the inputs read
-    for name in INPUTS:
+    for name in (*INPUTS, *OPTIONAL_INPUTS):
         arg = getattr(req, name)
+        if arg is None:
+            continue
         if isinstance(arg, InlineTensor):
             if len(arg.data) != math.prod(arg.shape):
                 raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
@@ -144,6 +192,7 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
 
     try:
         inputs = [tensor(n, getattr(req, n)) for n in INPUTS]
+        kv_scale = tensor("kv_scale", req.kv_scale) if req.kv_scale is not None else None
         # Output regions stay where they live (host or device): those on the operator's device are its
         # `out=` (written in place, zero copy), the others get one copy below.
         outs = {n: region_view(n, r) for n, r in req.out if r is not None} if req.out is not None else {}
@@ -151,7 +200,7 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
         mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
                                   backend=state.settings.backend, repair=req.repair, out=direct or None,
-                                  max_seq_len=state.settings.max_keys,
+                                  max_seq_len=state.settings.max_keys, kv_scale=kv_scale,
                                   workspace=state.executor.workspace_for(inputs[0], inputs[3]))
         if state.device.type == "cuda" and marks is not None:
             torch.cuda.current_stream(state.device).synchronize()  # the fault scan below waits anyway
@@ -214,17 +263,29 @@ def _encode(outcome: _Outcome, binary: bool) -> Response:
     return Response(json.dumps(doc, separators=(",", ":"), allow_nan=False), media_type=JSON_MEDIA_TYPE)
 
 
-async def parse_request(request: Request) -> TopKRequest:
-    """The body as a TopKRequest (strict); parsed in a thread when larger than PARSE_ON_LOOP_MAX_BYTES
-    (pydantic's JSON parser lets the event loop run meanwhile: /livez stays responsive)."""
-    body = await request.body()
+VALIDATION_ERRORS_MAX = 32  # errors reported for one body (a 16 MiB body could hold millions)
+
+
+def validate_body(body: bytes) -> TopKRequest | list[dict]:
+    """The body as a TopKRequest (strict), or its first VALIDATION_ERRORS_MAX errors (loc, msg, type)."""
     try:
-        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-            return await asyncio.to_thread(TopKRequest.model_validate_json, body)
         return TopKRequest.model_validate_json(body)
     except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
-        raise RequestValidationError(errors) from None
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)[:VALIDATION_ERRORS_MAX]
+        return [{"loc": ("body", *e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+
+
+BODY_PARSER = BodyParser(validate_body)
+
+
+async def parse_request(request: Request) -> TopKRequest:
+    """The body as a TopKRequest (strict); parsed in the parser process when larger than
+    PARSE_ON_LOOP_MAX_BYTES, so that /livez answers while a large body is parsed."""
+    body = await request.body()
+    parsed = await BODY_PARSER.parse(body) if len(body) > PARSE_ON_LOOP_MAX_BYTES else validate_body(body)
+    if isinstance(parsed, list):
+        raise RequestValidationError(parsed)
+    return parsed
 
 
 @router.post("/topk", summary="Top-k index selection (litetopk_prefill) on the pinned device",

@@ -112,6 +112,30 @@ def test_slices_of_registered_regions_travel_by_reference(problem):
     assert body["q_fp4"]["region"] != meta.id
 
 
+def test_kv_scale_travels_as_a_region_like_the_cache(problem):
+    from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+
+    values, scales = aiter_pages_from_litetopk(problem.kv_cache)
+    client, recorder = recording_client()
+    args = list(problem.args())
+    args[2] = values
+
+    def sent(**options) -> dict:
+        with pytest.raises(ServiceProblem):
+            client.topk(*args, topk=512, **options)
+        return json.loads([r for r in recorder.requests if r.url.path == "/v1/topk"][-1].content)
+
+    staged = sent(kv_scale=scales)
+    assert staged["kv_scale"]["region"] == staged["kv_cache"]["region"] == "r1", "plain tensors: one scratch"
+    registered = client.register(scales, access="read_only")
+    by_region = sent(kv_scale=registered)
+    assert by_region["kv_scale"] == {"region": registered.id, "generation": 1, "offset": 0, "dtype": "uint8",
+                                     "shape": [problem.kv_cache.shape[0], 1, 4, 64]}
+    assert by_region["kv_cache"]["shape"] == [problem.kv_cache.shape[0], 1, 4, 64, 16]
+    args[2] = problem.kv_cache
+    assert "kv_scale" not in sent(), "our format sends no kv_scale"
+
+
 def test_close_unregisters_everything(problem):
     client, recorder = recording_client()
     a = client.register(torch.zeros(4))
@@ -253,6 +277,17 @@ async def test_async_client_concurrent_calls(service, problem, transport):
         assert cache.id in mine
     async with AsyncTopKClient(service.url, token=service.token) as other:
         assert cache.id not in {r["id"] for r in await other.regions()}, "close() unregistered the client's regions"
+
+
+@pytest.mark.asyncio
+async def test_async_client_takes_aiter_cache_format(service, problem):
+    from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+
+    values, scales = aiter_pages_from_litetopk(problem.kv_cache)
+    async with AsyncTopKClient(uds=service.uds) as client:
+        scale = await client.register(scales, access="read_only")
+        got = await client.topk(problem.q_fp4, problem.q_scale, values, *problem.args()[3:], topk=512, kv_scale=scale)
+    assert results_equal(got, reference(problem)) == []
 
 
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):

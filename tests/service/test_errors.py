@@ -4,6 +4,7 @@ service where a CPU service can produce it, else through the one mapping functio
 from __future__ import annotations
 
 import base64
+import json
 import os
 import uuid
 from pathlib import Path
@@ -24,6 +25,7 @@ from litetopk.kernels import (
     SlotOverflowError,
     UnsupportedTopKError,
 )
+from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.service import CODES
 from litetopk.service.errors import as_service_error, row_fault_code
 from tests.problems import make_problem
@@ -170,6 +172,59 @@ def test_tensor_reference_checks(client, http, problem, field, change, code):
     body[field] = {**body[field], **change}
     doc = assert_problem(http.post("/v1/topk", json=body), code)
     assert field in doc["detail"], doc
+
+
+@pytest.fixture(scope="module")
+def aiter_cache(client, problem):
+    """The problem's cache in AITER's format, as two read-write regions: (values, scales) wire slices."""
+    values, scales = aiter_pages_from_litetopk(problem.kv_cache)
+    return client.register(values).slice().to_wire(), client.register(scales).slice().to_wire()
+
+
+def _pages(ref: dict, pages: int) -> dict:
+    return {**ref, "shape": [pages, *ref["shape"][1:]]}
+
+
+@pytest.mark.parametrize("case", ["ours-with-kv_scale", "page-counts-differ", "kv_scale-int32", "kv_scale-shape",
+                                  "aiter-without-kv_scale", "kv_scale-out-of-bounds", "kv_scale-inline",
+                                  "out-aliases-kv_scale"])
+def test_inconsistent_cache_formats_are_refused(client, http, problem, aiter_cache, case):
+    """Both cache formats at the HTTP edge: every inconsistent pair is a 422 (409) with a code that
+    says what to change, the service stays up, and the consistent pair answers."""
+    values, scales = aiter_cache
+    pages = problem.kv_cache.shape[0]
+    body = body_for(client, problem, kv_cache=values, kv_scale=scales)
+    code, says = {
+        "ours-with-kv_scale": ("bad_shape", "takes no kv_scale"),
+        "page-counts-differ": ("bad_shape", "one page per kv_cache page"),
+        "kv_scale-int32": ("bad_dtype", "uint8"),
+        "kv_scale-shape": ("bad_shape", "[num_pages, 1, 4, 64]"),
+        "aiter-without-kv_scale": ("bad_shape", "send its scales as kv_scale"),
+        "kv_scale-out-of-bounds": ("out_of_bounds", "kv_scale"),
+        "kv_scale-inline": ("validation_error", "kv_scale"),
+        "out-aliases-kv_scale": ("output_aliases_input", "out.counts"),
+    }[case]
+    if case == "ours-with-kv_scale":
+        body["kv_cache"] = body_for(client, problem)["kv_cache"]
+    elif case == "page-counts-differ":
+        body["kv_scale"] = _pages(scales, pages - 1)
+    elif case == "kv_scale-int32":
+        body["kv_scale"] = {**scales, "dtype": "int32", "shape": [pages, 1, 4, 16]}
+    elif case == "kv_scale-shape":
+        body["kv_scale"] = {**scales, "shape": [pages, 1, 4, 32]}
+    elif case == "aiter-without-kv_scale":
+        del body["kv_scale"]
+    elif case == "kv_scale-out-of-bounds":
+        body["kv_scale"] = {**scales, "offset": 64}
+    elif case == "kv_scale-inline":
+        body["kv_scale"] = {"dtype": "int32", "shape": [1], "data": [0]}
+    else:
+        body["out"] = {"counts": {**scales, "dtype": "int32", "shape": [8]}}
+    doc = assert_problem(http.post("/v1/topk", json=body), code)
+    assert says in (doc["detail"] + json.dumps(doc.get("errors", ""))), doc
+    assert http.get("/livez").status_code == 200
+    consistent = body_for(client, problem, kv_cache=values, kv_scale=scales)
+    assert http.post("/v1/topk", json=consistent).status_code == 200, "the consistent pair still answers"
 
 
 def test_inline_length_must_match_shape(client, http, problem):

@@ -67,8 +67,8 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     out_values = torch.full((rows, topk), float("nan"))
     out_slots = torch.full((rows, topk), -7, dtype=torch.int32)
     table = FakeTable({**inputs, "values": out_values, "physical_indices": out_slots})
-    request = SimpleNamespace(**{name: object() for name in route.INPUTS}, topk=topk, weight_scale=1.0, repair=True,
-                              out=[("values", object()), ("physical_indices", object())])
+    request = SimpleNamespace(**{name: object() for name in route.INPUTS}, kv_scale=None, topk=topk, weight_scale=1.0,
+                              repair=True, out=[("values", object()), ("physical_indices", object())])
     state = SimpleNamespace(device=torch.device("meta"), table=table, settings=SimpleNamespace(backend="auto", max_keys=64),
                             executor=SimpleNamespace(workspace_for=lambda q_fp4, block_table: None))
     outcome = route.execute(request, state, SimpleNamespace(uid=0))

@@ -14,6 +14,7 @@ import torch
 
 from litetopk.clients import RegionProblem, TopKClient
 from litetopk.kernels import litetopk_prefill
+from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from tests.problems import make_problem, results_equal
 from tests.servers import start_service
 
@@ -46,6 +47,23 @@ def test_cuda_ipc_regions_equal_in_process(gpu_service):
         got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, out={"values": values})
         assert results_equal(got, want) == []
         assert got.values.data_ptr() == values.tensor.data_ptr(), "the service wrote into the caller's GPU memory"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
+def test_aiter_cache_format_by_cuda_ipc_answers_as_ours(gpu_service):
+    """AITER's kv_cache + kv_scale pair registered by CUDA IPC (two regions, read in place on the
+    device): the service's answer equals its answer for our format and the in-process one."""
+    p = make_problem(33, seq_lens=[700, 690], rows_per_seq=4).to("cuda:0")
+    values, scales = aiter_pages_from_litetopk(p.kv_cache)
+    want = litetopk_prefill(*p.args(), topk=p.topk, backend="auto")
+    with TopKClient(uds=gpu_service.uds) as client:
+        cache, scale = client.register(values, access="read_only"), client.register(scales, access="read_only")
+        assert (cache.kind, scale.kind) == ("cuda_ipc", "cuda_ipc")
+        got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, kv_scale=scale)
+        assert results_equal(got, want) == []
+        assert results_equal(client.topk(*p.args(), topk=p.topk), want) == [], "our format on the same service"
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """/v1/topk against a live service: answers equal (torch.equal, every field) to the in-process
-reference operator, over TCP and the Unix socket, in JSON and binary, into output regions."""
+reference operator, over TCP and the Unix socket, in JSON and binary, into output regions, with
+the cache in either format (ours, or AITER's kv_cache + kv_scale pair)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from litetopk.clients import TopKClient
 from litetopk.kernels import litetopk_prefill
+from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from tests.problems import make_problem, results_equal
 
 CASES = {
@@ -82,3 +84,27 @@ def test_reruns_are_bit_identical(client):
     p = make_problem(**CASES["window-k512"])
     first = client.topk(*p.args(), topk=p.topk)
     assert results_equal(first, client.topk(*p.args(), topk=p.topk)) == []
+
+
+def test_aiter_cache_format_answers_as_ours(client, seed):
+    """One random problem, its cache in our format and in AITER's (kernels.aiter_layout), as plain
+    tensors, as two regions and as two slices of one region: every answer equal to ours."""
+    p = make_problem(seed, seq_lens=[700, 690], rows_per_seq=4, topk=512)
+    values, scales = aiter_pages_from_litetopk(p.kv_cache)
+    ours = client.topk(*p.args(), topk=p.topk)
+    assert results_equal(ours, ref_topk(p)) == []
+    args = list(p.args())
+
+    def aiter(cache, kv_scale):
+        args[2] = cache
+        return client.topk(*args, topk=p.topk, kv_scale=kv_scale)
+
+    assert results_equal(aiter(values, scales), ours) == [], "plain tensors (staged)"
+    cache, scale = client.register(values, access="read_only"), client.register(scales, access="read_only")
+    assert results_equal(aiter(cache, scale), ours) == [], "two regions"
+    both = client.register(torch.cat([values.flatten(), scales.flatten()]), access="read_only")
+    split = values.numel()
+    got = aiter(both.tensor[:split].view(values.shape), both.tensor[split:].view(scales.shape))
+    assert results_equal(got, ours) == [], "two slices of one region"
+    for region in (cache, scale, both):
+        client.unregister(region)
