@@ -31,9 +31,10 @@ import torch
 from .aiter_layout import unshuffle_q_scale_aiter
 from .errors import InputError, RowFaultError
 from .operator import litetopk_prefill
-from .result import TopKResult
+from .result import RESULT_FIELDS, TopKResult
 from .status import RowStatus
 from .validation import SUPPORTED_TOPK
+from .workspace import allocate_workspace
 
 FP4_LITETOPK_SUPPORTED_TOPKS = SUPPORTED_TOPK
 DEFAULT_TOPK = 512
@@ -77,24 +78,32 @@ class FP4LiteTopKResult(NamedTuple):
 
 @dataclass(frozen=True)
 class FP4LiteTopKWorkspace:
-    """What `allocate_fp4_litetopk_workspace` returns: the shape of the calls it serves.
-
-    Our operator still allocates its own scratch per call; this object only checks that a call
-    fits the workspace it names (rows <= row_capacity, same topk and device), as AITER's does."""
+    """What `allocate_fp4_litetopk_workspace` returns: the calls it serves (rows <= row_capacity, the
+    same topk; checked as AITER's) and, when it was sized for a window bound, the operator's
+    caller-owned workspace for them (`buffer`, kernels.workspace.allocate_workspace: every
+    intermediate buffer of a call is carved from it; None: the call allocates its own)."""
 
     row_capacity: int
     topk: int
     device: torch.device
+    buffer: torch.Tensor | None = None
 
 
-def allocate_fp4_litetopk_workspace(rows: int, device, *, topk: int = DEFAULT_TOPK, **_aiter_sizes) -> FP4LiteTopKWorkspace:
-    """AITER's workspace allocator's signature; see FP4LiteTopKWorkspace. Raises InputError for
-    rows <= 0 or an unsupported topk."""
+def allocate_fp4_litetopk_workspace(rows: int, device, *, topk: int = DEFAULT_TOPK, max_seq_len: int | None = None,
+                                    max_batch: int = 1, backend: str = "auto",
+                                    **_aiter_sizes) -> FP4LiteTopKWorkspace:
+    """AITER's workspace allocator's signature; see FP4LiteTopKWorkspace. With `max_seq_len` (and
+    `max_batch` sequences) the workspace holds the operator's buffers for every call within those
+    bounds (sized by running the operator once per calibration shape on `device`: seconds on a GPU
+    at production sizes). Raises InputError for rows <= 0 or an unsupported topk."""
     if rows <= 0:
         raise InputError(f"rows must be positive, got {rows}")
     if topk not in SUPPORTED_TOPK:
         raise InputError(f"topk={topk!r} is not supported; supported: {SUPPORTED_TOPK}")
-    return FP4LiteTopKWorkspace(row_capacity=rows, topk=topk, device=torch.device(device))
+    buffer = None
+    if max_seq_len is not None:
+        buffer = allocate_workspace(rows, max_seq_len, topk, device=device, backend=backend, max_batch=max_batch)
+    return FP4LiteTopKWorkspace(row_capacity=rows, topk=topk, device=torch.device(device), buffer=buffer)
 
 
 def aiter_status(status: torch.Tensor) -> torch.Tensor:
@@ -119,15 +128,27 @@ def _check_aiter_tuning(sample_len, num_buckets, refresh_every, merge_cap, max_s
         )
 
 
-def _write_out(out: FP4LiteTopKResult, result: FP4LiteTopKResult) -> FP4LiteTopKResult:
-    """Copy `result` into the caller's `out` tensors (each must have the field's dtype and shape)."""
-    for name, dst, src in zip(FP4LiteTopKResult._fields, out, result):
-        if not isinstance(dst, torch.Tensor) or dst.dtype != src.dtype or dst.shape != src.shape or dst.device != src.device:
-            raise InputError(
-                f"out.{name} must be {str(src.dtype).removeprefix('torch.')} {list(src.shape)} on {src.device}"
-            )
-        dst.copy_(src)
-    return out
+#: AITER's result field -> ours (RESULT_FIELDS), for the fields written in place through `out=`.
+_OUR_FIELD = {"values": "values", "raw_indices": "raw_indices", "physical_indices": "physical_indices",
+              "counts": "counts", "candidate_counts": "candidates", "status": "status"}
+
+
+def _out_mapping(out: FP4LiteTopKResult | None, rows: int, topk: int, device) -> dict | None:
+    """AITER's `out` tensors checked against each field's dtype and shape (InputError naming AITER's
+    field), as litetopk_prefill's `out=` mapping; `status` is left out: it holds AITER's bits, mapped
+    into it after the call."""
+    if out is None:
+        return None
+    mapping = {}
+    for name, dst in zip(FP4LiteTopKResult._fields, out):
+        shape_of, dtype = RESULT_FIELDS[_OUR_FIELD[name]]
+        shape = shape_of(rows, topk)
+        if (not isinstance(dst, torch.Tensor) or dst.dtype != dtype or tuple(dst.shape) != shape
+                or dst.device != torch.device(device)):
+            raise InputError(f"out.{name} must be {str(dtype).removeprefix('torch.')} {list(shape)} on {device}")
+        if name != "status":
+            mapping[_OUR_FIELD[name]] = dst
+    return mapping
 
 
 def flydsl_pa_mqa_litetopk_fp4_prefill(
@@ -157,8 +178,10 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
     - the same: a window ending past `max_seq_len` or a bad batch / page fails only that row
       (STATUS_INVALID_INDEX); `enforce_status=True` asserts every row is OK on the device
       (`torch._assert_async`, no host sync) or, on the CPU, raises RowFaultError.
-    - `workspace` only checks the call's shape; q_scale is unshuffled into a new rows x 256-byte
-      tensor (the cache, q_fp4, weights and metadata are not copied).
+    - `workspace` checks the call's shape and, when allocated with max_seq_len, is the operator's
+      workspace; `out` fields are written in place by the operator (status: AITER's bits, copied in);
+      q_scale is unshuffled into a new rows x 256-byte tensor (the cache, q_fp4, weights and
+      metadata are not copied).
     """
     if topk not in SUPPORTED_TOPK:
         raise InputError(f"FP4 LiteTopK requires topk in {SUPPORTED_TOPK}, got {topk}")
@@ -169,17 +192,19 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
         raise InputError("workspace is incompatible with this LiteTopK call (rows or topk)")
     guard = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
     with guard:
-        # A window past max_seq_len is a bad row (INVALID_ROW -> STATUS_INVALID_INDEX): a [rows] op.
-        if isinstance(local_ends, torch.Tensor) and isinstance(row_to_batch, torch.Tensor):
-            row_to_batch = torch.where(local_ends > max_seq_len, -1, row_to_batch).to(row_to_batch.dtype)
+        # A window past max_seq_len is a bad row (INVALID_ROW -> STATUS_INVALID_INDEX): validation's.
+        device = q_fp4.device if isinstance(q_fp4, torch.Tensor) else torch.device("cpu")
         result = litetopk_prefill(
             q_fp4, unshuffle_q_scale_aiter(q_scale), kv_cache, block_tables, weights, row_to_batch,
             local_starts, local_ends, topk=topk, weight_scale=weight_scale, backend=backend,
-            repair=repair, kv_scale=kv_scale,
+            repair=repair, kv_scale=kv_scale, max_seq_len=max_seq_len,
+            out=_out_mapping(out, q_scale.shape[0], topk, device),
+            workspace=workspace.buffer if workspace is not None else None,
         )
         answer = as_aiter_result(result)
-        if out is not None:
-            answer = _write_out(out, answer)  # one copy; the lead's `out=` replaces it
+        if out is not None:  # every field but status was written in place; status gets AITER's bits
+            out.status.copy_(answer.status)
+            answer = answer._replace(status=out.status)
         if enforce_status:
             _enforce(answer.status)
     return answer

@@ -133,6 +133,23 @@ def test_out_tensors_are_written_in_place(seed):
         flydsl_pa_mqa_litetopk_fp4_prefill(*aiter_args(p), out=bad, backend="reference")
 
 
+def test_a_workspace_sized_for_max_seq_len_serves_the_call(seed):
+    """allocate_fp4_litetopk_workspace(..., max_seq_len=) holds the operator's buffers: the call runs on
+    it (an allocator-free call gives the same answer) and a workspace for fewer rows is refused."""
+    p = make_problem(seed, seq_lens=[700, 300], rows_per_seq=2, spread=1)
+    args = aiter_args(p)
+    rows, k, max_seq_len = p.q_fp4.shape[0], p.topk, args[9]
+    workspace = allocate_fp4_litetopk_workspace(rows, "cpu", topk=k, max_seq_len=max_seq_len,
+                                                max_batch=p.block_table.shape[0], backend="reference")
+    assert workspace.buffer is not None and workspace.buffer.numel() > 0, f"seed {seed}: no buffer"
+    workspace.buffer.fill_(0xA5)  # poisoned: the call must not read what it did not write
+    got = flydsl_pa_mqa_litetopk_fp4_prefill(*args, workspace=workspace, backend="reference")
+    assert_same_answer(got, ours(p), f"seed {seed}")
+    small = allocate_fp4_litetopk_workspace(rows - 1, "cpu", topk=k)
+    with pytest.raises(InputError, match="workspace is incompatible"):
+        flydsl_pa_mqa_litetopk_fp4_prefill(*args, workspace=small, backend="reference")
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(sample_len=4096), "sample_len=4096 is not supported"),
     (dict(merge_cap=1024), "merge_cap=1024 is not supported"),
