@@ -1,5 +1,5 @@
 """Stage 5, selection: ordering keys and the exact top-K, shared by every backend (torch; the
-candidate top-K's Triton twin is kernels/triton/selection.py, the same bits).
+candidate top-K's Triton twin is kernels/triton/radix_select.py, the same bits).
 
 Ordering keys. A (score, position) pair becomes one int64 key whose integer order is the total
 order of CONTRACT.md §1 (score descending, then position ascending):

@@ -19,7 +19,6 @@ import torch
 
 from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
 from litetopk.kernels.triton.radix_select import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
-from litetopk.kernels.triton.selection import select_topk_candidates_triton
 from litetopk.kernels.workspace import Scratch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,8 +189,8 @@ def test_radix_select_variants_give_the_same_keys(name, variant, seed):
 
 
 @pytest.mark.interpret
-def test_radix_select_equals_the_bitonic_kernel_and_writes_out(seed):
-    """The same keys as select_topk_candidates_triton; `out` with a row stride is written in place,
+def test_radix_select_writes_out_from_a_workspace(seed):
+    """`out` with a row stride is written in place,
     its other columns untouched; the buffers carved from a caller workspace (Scratch); int32 kept;
     thresholds at score floors from score_floor_keys."""
     rng = np.random.default_rng(seed)
@@ -209,8 +208,6 @@ def test_radix_select_equals_the_bitonic_kernel_and_writes_out(seed):
                                        scratch=scratch)
     assert got.data_ptr() == out.data_ptr()
     assert 0 < scratch.used <= workspace.numel() and bool(workspace.any()), "the buffers are not the workspace's"
-    old = select_topk_candidates_triton(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k)
-    assert torch.equal(out.cpu(), old.cpu())
     assert torch.equal(out.cpu(), ref_select(keys, kept.long(), thresholds, k))
     assert bool((wide[:, 0] == 7).all()) and bool((wide[:, 1 + k :] == 7).all()), "columns outside out written"
 

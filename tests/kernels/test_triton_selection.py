@@ -1,9 +1,10 @@
-"""The Triton selections (kernels/triton/selection.py) against a plain sort of each row.
+"""The Triton selections against a plain sort of each row.
 
 Runs the real kernels in Triton's CPU interpreter without a GPU (tests/conftest.py), compiled with
-one. The candidate top-K: both of its paths, the compacted one (at most 2 K keys at or above the
-row's threshold) and the whole-row one (no threshold, or too many keys above it), rows with fewer
-than K kept keys, an empty row, and stale keys past `kept` that must be ignored. The calibration's
+one. The candidate top-K (kernels/triton/radix_select.py, the selection stage): the compacted path
+(at most 2 K keys at or above the row's threshold) and the whole-row one (no threshold, or too many
+keys above it), rows with fewer than K kept keys, an empty row, and stale keys past `kept` that must
+be ignored, against Python's sort (independent of the torch twin tests/kernels/test_radix_select.py uses). The calibration's
 order statistics: ties, signed zeros, infinities and a width that is not a power of two. The
 one-kernel assembly (kernels/triton/assembly.py): every field equal to the torch assembly's
 (kernels/assembly.py), and the same status bits for a slot that cannot be published.
@@ -21,7 +22,7 @@ from litetopk.kernels.calibration import calibration_keys_torch
 from litetopk.kernels.selection import NO_KEY, make_keys
 from litetopk.kernels.triton.assembly import assemble_into_triton
 from litetopk.kernels.triton.calibration import calibration_keys_triton, kth_largest_scores_triton
-from litetopk.kernels.triton.selection import select_topk_candidates_triton
+from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512
@@ -62,7 +63,7 @@ def test_select_topk_candidates_equals_a_sort(name, seed):
     keys = random_buffer(np.random.default_rng(seed), kept)
     live_rows = [sorted(keys[r, :kept[r]].tolist(), reverse=True) for r in range(len(kept))]
     thresholds = torch.tensor([NO_KEY if rank is None else live_rows[r][rank - 1] for r, rank in enumerate(ranks)])
-    got = select_topk_candidates_triton(keys.to(DEVICE), torch.tensor(kept).to(DEVICE), thresholds.to(DEVICE), K)
+    got = select_topk_candidates_radix(keys.to(DEVICE), torch.tensor(kept).to(DEVICE), thresholds.to(DEVICE), K)
     assert got.shape == (len(kept), K), name
     for r in range(len(kept)):
         want = ref_top_keys(live_rows[r], K)
