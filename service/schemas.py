@@ -220,6 +220,9 @@ class ServiceInfo(BaseModel):
     max_request_bytes: int
     request_timeout_s: float
     fd_socket: str | None = Field(description="the socket host memory is handed over on (litetopk.clients.memfd)")
+    max_rows: int = Field(description="query rows a request may send (the device workspace is sized for it)")
+    max_keys: int = Field(description="the longest key window a row may see (window end); longer: invalid_row")
+    max_batch: int = Field(description="sequences (block-table rows) a request may send")
     version: str
 
 

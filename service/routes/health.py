@@ -44,4 +44,5 @@ async def info(state: ServiceState = Depends(get_state)) -> ServiceInfo:
     return ServiceInfo(device=str(state.device), device_uuid=state.table.uuid, backend=state.backend,
                        supported_topk=list(SUPPORTED_TOPK), queue_size=s.queue_size,
                        max_request_bytes=s.max_request_bytes, request_timeout_s=s.request_timeout_s,
-                       fd_socket=state.fd_socket, version=service.__version__)
+                       fd_socket=state.fd_socket, max_rows=s.row_limit(state.device), max_keys=s.max_keys,
+                       max_batch=s.max_batch, version=service.__version__)

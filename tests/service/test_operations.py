@@ -42,6 +42,7 @@ def test_livez_readyz_info(service):
         assert http.get("/readyz").json() == {"status": "ready", "device": "cpu", "backend": "reference"}
         info = http.get("/v1/info").json()
     assert info["backend"] == "reference" and info["supported_topk"] == [512, 1024] and info["device_uuid"] is None
+    assert info["max_rows"] == 256 and info["max_keys"] == 65536 and info["max_batch"] == 16, info  # CPU defaults
 
 
 def test_openapi_lists_the_routes(service):
