@@ -10,11 +10,8 @@ sequence and walks the union of their windows. The schedule (class Schedule) say
     variants ((rows, span) narrow, (rows, span) wide): the schedule for the scoring kernel's narrow
              and wide variant; the one that does not apply (a device flag: some live vector is wide,
              or none is) gets rows -1 and spans (0, 0), so its programs do no work and write nothing.
-Rows are grouped by sequence, the rows holding a wide query vector first inside it (so they share
-programs: only such programs run the wide variant's hi products on every key step, measured +37 %
-on spread-1 data with wide rows paired with narrow ones, bench/results/gluon-wide-h200-v12.json),
-then ordered by start (consecutive rows of a causal prefill share most keys; ties keep row order),
-BLOCK_ROWS to a program, and the programs with the longest
+Rows are grouped by sequence and ordered by start inside it (consecutive rows of a causal prefill
+share most keys; ties keep row order), BLOCK_ROWS to a program, and the programs with the longest
 spans come first (ties keep program order; the tail of the grid is short work). Rows with an empty
 window (rows at fault, the first tokens of a causal prefill) form programs of their own, last among
 the live ones, with span (0, 1): in dense mode they write -inf across their rows (nothing else
@@ -98,8 +95,7 @@ def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int
     programs = max_programs(n, batch, block_rows)
     live = ends > starts
     group = torch.where(live, row_to_batch.long(), batch)  # the empty rows: one group after the sequences
-    narrow = (~q_wide.bool()).long()
-    order = torch.argsort((group << 33) | (narrow << 32) | torch.where(live, starts.long(), 0), stable=True)
+    order = torch.argsort((group << 32) | torch.where(live, starts.long(), 0), stable=True)
     group_of = group[order]
     index = torch.arange(n, device=dev)
     opens = torch.ones(n, dtype=torch.bool, device=dev)
@@ -129,32 +125,30 @@ def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int
 
 
 @triton.jit
-def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, q_wide_ptr, offs, mask, batch):
-    """(group, sort key) of rows `offs`: the sequence (batch for an empty window) and
-    group << 33 | narrow << 32 | start (start 0 for an empty window; narrow: the row holds no wide
-    query vector), the torch code's argsort key."""
+def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
+    """(group, sort key) of rows `offs`: the sequence (batch for an empty window) and group << 32 | start
+    (0 for an empty window), the torch code's argsort key."""
     start = tl.load(starts_ptr + offs, mask=mask, other=0)
     live = tl.load(ends_ptr + offs, mask=mask, other=0) > start
     group = tl.where(live, tl.load(rtb_ptr + offs, mask=mask, other=0), batch)
-    narrow = (tl.load(q_wide_ptr + offs, mask=mask, other=0) == 0).to(tl.int64)
-    return group, (group.to(tl.int64) << 33) | (narrow << 32) | tl.where(live, start, 0).to(tl.int64)
+    return group, (group.to(tl.int64) << 32) | tl.where(live, start, 0).to(tl.int64)
 
 
 @triton.jit
 def schedule_rank_kernel(
-    rtb_ptr, starts_ptr, ends_ptr, q_wide_ptr, n, batch,  # int32 [n] x3 (effective metadata), int8 [n]; ints
+    rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
     order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x3, indexed by place: row, group, first lane
     BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask_i = offs_i < n
-    group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, q_wide_ptr, offs_i, mask_i, batch)
+    group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
     place = tl.zeros([BLOCK], dtype=tl.int32)
     lower = tl.zeros([BLOCK], dtype=tl.int32)  # rows of earlier groups
     for j0 in range(0, n, BLOCK):
         offs_j = j0 + tl.arange(0, BLOCK)
         mask_j = offs_j < n
-        group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, q_wide_ptr, offs_j, mask_j, batch)
+        group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
         before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None])
                                                       & (offs_j[None, :] < offs_i[:, None]))
         place += tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
@@ -266,8 +260,7 @@ def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: in
         by_program = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32),
                       scratch.empty((programs, 2), i32), scratch.empty(programs, torch.int8)]
         lanes = triton.next_power_of_2(block_rows)
-        schedule_rank_kernel[(triton.cdiv(n, BLOCK),)](row_to_batch, starts, ends, q_wide.view(torch.int8), n, batch,
-                                                       order, group_at, first_at,
+        schedule_rank_kernel[(triton.cdiv(n, BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at, first_at,
                                                        BLOCK_ROWS=block_rows, BLOCK=BLOCK)
         schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
             order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program,

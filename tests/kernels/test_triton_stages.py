@@ -54,22 +54,6 @@ def test_schedule_kernels_equal_the_torch_schedule(rows, batch, block_rows, wide
         assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1]), f"{where}: variant {variant}"
 
 
-@pytest.mark.parametrize("rows, batch, block_rows", [(40, 1, 2), (150, 3, 2), (70, 2, 4)])
-def test_rows_with_wide_queries_share_programs(rows, batch, block_rows, seed):
-    """Only programs holding a wide row run the hi products on every step: the schedule packs a
-    sequence's wide rows together, so there are ceil(wide rows / BLOCK_ROWS) such programs a sequence."""
-    gen = torch.Generator().manual_seed(seed)
-    rtb, starts, ends = random_metadata(gen, rows, batch)
-    live = ends > starts
-    q_wide = (torch.rand(rows, generator=gen) < 0.2) & live
-    flags = torch.tensor([1, 0], dtype=torch.int32)
-    want = sum(-(-int((q_wide & (rtb == b)).sum()) // block_rows) for b in range(batch))
-    for build in (build_schedule_torch, lambda *a: build_schedule_triton(*a, Scratch("cpu"))):
-        schedule = build(rtb, starts, ends, batch, block_rows, q_wide, flags)
-        got = int((schedule.q_wide != 0).sum())
-        assert got == want, f"rows {rows}, batch {batch}, block_rows {block_rows}, seed {seed}: {got} wide programs, want {want}"
-
-
 def _call(p, tuning, triton_stages: bool):
     run = lambda: litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, backend="triton",  # noqa: E731
                                    tuning=tuning)
