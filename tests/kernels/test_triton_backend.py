@@ -308,9 +308,12 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
     """build_schedule's invariants (schedule.py docstring) against the row metadata it was given."""
     n = row_to_batch.shape[0]
     no_flags = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    # every third live row holds a wide query vector: the order and the spans must not depend on it
+    q_wide = (torch.arange(n) % 3 == 1) & (ends > starts)
     schedule = build_schedule(row_to_batch.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), batch, block_rows,
-                              torch.zeros(n, dtype=torch.bool, device=DEVICE), no_flags, Scratch(DEVICE))
+                              q_wide.to(DEVICE), no_flags, Scratch(DEVICE))
     rows, prog_batch, span = schedule.rows.cpu(), schedule.batch.cpu(), schedule.span.cpu()
+    prog_q_wide = schedule.q_wide.cpu()
     rtb, starts, ends = row_to_batch.tolist(), starts.tolist(), ends.tolist()
     assert rows.dtype == prog_batch.dtype == span.dtype == torch.int32, where
     programs = max_programs(n, batch, block_rows)
@@ -337,6 +340,8 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
             assert span[prog].tolist() == [min(starts[r] for r in members), max(ends[r] for r in members)], \
                 f"{where}: program {prog}: the span covers exactly its rows' windows"
             assert [starts[r] for r in members] == sorted(starts[r] for r in members), f"{where}: ordered by start"
+            assert bool(prog_q_wide[prog]) == any(bool(q_wide[r]) for r in members), \
+                f"{where}: program {prog}: q_wide is whether a row of it holds a wide query vector"
     per_seq = [sum(1 for r in live if rtb[r] == b) for b in range(batch)]
     assert kinds["live"] == sum(-(-c // block_rows) for c in per_seq), f"{where}: live programs {kinds}"
     assert kinds["empty"] == -(-len(empty) // block_rows), f"{where}: empty-row programs {kinds}"
