@@ -95,7 +95,10 @@ def allocate_fp4_litetopk_workspace(rows: int, device, *, topk: int = DEFAULT_TO
     """AITER's workspace allocator's signature; see FP4LiteTopKWorkspace. With `max_seq_len` (and
     `max_batch` sequences) the workspace holds the operator's buffers for every call within those
     bounds (sized by running the operator once per calibration shape on `device`: seconds on a GPU
-    at production sizes). Raises InputError for rows <= 0 or an unsupported topk."""
+    at production sizes). One workspace serves one call at a time: calls on different streams need
+    one each. `_aiter_sizes` takes AITER's other sizing keywords for signature compatibility; our
+    operator sizes from the bounds above and does not use them. Raises InputError for rows <= 0 or
+    an unsupported topk."""
     if rows <= 0:
         raise InputError(f"rows must be positive, got {rows}")
     if topk not in SUPPORTED_TOPK:

@@ -64,15 +64,15 @@ class FlyDSLBackend(ScoringBackend):
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores float32 [rows, ceil(max_end / stride)], column c = position c * stride, -inf
         outside windows; nonfinite bool [rows])."""
-        device = problem.device
+        scratch = problem.scratch  # every buffer from the caller's workspace when there is one
         rows = problem.num_rows
         columns = -(-problem.max_end // stride)
-        scores = torch.full((rows, columns), float("-inf"), dtype=torch.float32, device=device)
-        nonfinite = torch.zeros(rows, dtype=torch.int32, device=device)
-        unused = torch.zeros(max(rows, 1), dtype=torch.int64, device=device)
+        scores = scratch.full((rows, columns), float("-inf"), torch.float32)
+        nonfinite = scratch.zeros(rows, torch.int32)
+        unused = scratch.zeros(max(rows, 1), torch.int64)
         self._launch(problem, scan=False, out=scores, out_cols=columns, stride=stride,
                      thresholds_in=unused, thresholds=unused, appended=unused,
-                     histogram=torch.zeros(1, dtype=torch.int32, device=device), nonfinite=nonfinite)
+                     histogram=scratch.zeros(1, torch.int32), nonfinite=nonfinite)
         return scores, nonfinite.bool()
 
     def scan_candidates(
@@ -81,13 +81,13 @@ class FlyDSLBackend(ScoringBackend):
     ) -> CandidateScan:
         """Fused scan (score_fp4.py, SCAN=True) of every position of each window; the kernel
         ranges its histogram from the threshold itself and does not use `ceilings`."""
-        device = problem.device
+        scratch = problem.scratch  # every buffer from the caller's workspace when there is one
         rows = problem.num_rows
-        keys = torch.full((rows, capacity), NO_KEY, dtype=torch.int64, device=device)
-        appended = torch.zeros(rows, dtype=torch.int64, device=device)
-        raised = thresholds.to(torch.int64).clone()
-        histogram = torch.zeros(rows * 64, dtype=torch.int32, device=device)
-        nonfinite = torch.zeros(rows, dtype=torch.int32, device=device)
+        keys = scratch.full((rows, capacity), NO_KEY, torch.int64)
+        appended = scratch.zeros(rows, torch.int64)
+        raised = scratch.empty(rows, torch.int64).copy_(thresholds)
+        histogram = scratch.zeros(rows * 64, torch.int32)
+        nonfinite = scratch.zeros(rows, torch.int32)
         self._launch(problem, scan=True, out=keys, out_cols=capacity, stride=1,
                      thresholds_in=thresholds.to(torch.int64).contiguous(), thresholds=raised,
                      appended=appended, histogram=histogram, nonfinite=nonfinite)
