@@ -108,6 +108,16 @@ def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_p
 
 
 @gluon.jit
+def _narrow_relu_bits(lo_tile, q_smem, acc_layout: gl.constexpr, BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
+    """relu(k_lo . q_lo) of one key step (no hi operand), as float32: the int8 wgmma's int32 dots,
+    0 <= relu(x) < 2^21, whose bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)."""
+    acc = warpgroup_mma(lo_tile, q_smem.permute((1, 0)), gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout),
+                        use_acc=False, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
 def _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS: gl.constexpr, layout: gl.constexpr):
     """(rows, row_ok, starts, ends) [BLOCK_ROWS] of program pid in `layout`: -1 pads a short program,
     whose padding lanes read row 0 with an empty window (their columns score but stay outside it)."""
@@ -262,16 +272,9 @@ def score_fp4_gluon_kernel(
                 # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
                 relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
             else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
-                acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
-                                    gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
         else:
-            acc = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_smem.permute((1, 0)),
-                                gl.zeros([BLOCK_KEYS, N], gl.int32, mma), use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            # 0 <= relu(x) < 2^21: its bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)
-            relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
         terms = relu_sub * wq[None, :]
         scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
         pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
