@@ -131,7 +131,7 @@ def _check_aiter_tuning(sample_len, num_buckets, refresh_every, merge_cap, max_s
         )
 
 
-#: AITER's result field -> ours (RESULT_FIELDS), for the fields written in place through `out=`.
+#: AITER's result field -> ours (RESULT_FIELDS): how results are returned and `out` is written.
 _OUR_FIELD = {"values": "values", "raw_indices": "raw_indices", "physical_indices": "physical_indices",
               "counts": "counts", "candidate_counts": "candidates", "status": "status"}
 
@@ -215,10 +215,8 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
 
 def as_aiter_result(result: TopKResult) -> FP4LiteTopKResult:
     """Our TopKResult as AITER's FP4LiteTopKResult (status bits mapped; no other copy)."""
-    return FP4LiteTopKResult(
-        values=result.values, raw_indices=result.raw_indices, physical_indices=result.physical_indices,
-        counts=result.counts, candidate_counts=result.candidates, status=aiter_status(result.status),
-    )
+    fields = {name: getattr(result, ours) for name, ours in _OUR_FIELD.items()}
+    return FP4LiteTopKResult(**{**fields, "status": aiter_status(result.status)})
 
 
 def _enforce(status: torch.Tensor) -> None:
