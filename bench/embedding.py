@@ -29,8 +29,9 @@ import torch
 from bench.common.problems import prefill_problem
 from bench.common.timing import cuda_ms
 from litetopk.kernels import allocate_workspace, litetopk_prefill
+from litetopk.kernels.result import RESULT_FIELDS
 
-FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+FIELDS = tuple(RESULT_FIELDS)
 
 
 def _call(problem, out=None, workspace=None):
