@@ -4,14 +4,10 @@ needed, compile_glue_sm90) catches that, and checks that none of them spills."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from litetopk.kernels.triton.compile_glue_sm90 import KERNELS
+from tests.kernels.offline_compile import offline_summary
 
 NAMES = [kernel.fn.__name__ for kernel in KERNELS]
 
@@ -19,12 +15,7 @@ NAMES = [kernel.fn.__name__ for kernel in KERNELS]
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
     """compile_glue_sm90's summary, built once in a fresh process (no interpreter)."""
-    out = tmp_path_factory.mktemp("glue_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "litetopk.kernels.triton.compile_glue_sm90", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, f"sm_90 compile failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    return json.loads((out / "summary.json").read_text())
+    return offline_summary("litetopk.kernels.triton.compile_glue_sm90", tmp_path_factory.mktemp("glue_sm90"))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -6,26 +6,17 @@ Its results are checked against the Triton twin on the H200 (test_triton_backend
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
 from litetopk.kernels.triton.scoring_gluon import GLUON_MAX_REGISTERS
+from tests.kernels.offline_compile import offline_summary
 
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
     """compile_sm90's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
-    out = tmp_path_factory.mktemp("gluon_sm90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "litetopk.kernels.triton.compile_sm90", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, f"sm_90 compile failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return json.loads((out / "summary.json").read_text())
+    return offline_summary("litetopk.kernels.triton.compile_sm90", tmp_path_factory.mktemp("gluon_sm90"))
 
 
 # The scan spills one register under the cap: one store and one reload (L1) per step, measured
