@@ -144,6 +144,7 @@ def test_a_workspace_sized_for_max_seq_len_serves_the_call(seed):
     assert workspace.buffer is not None and workspace.buffer.numel() > 0, f"seed {seed}: no buffer"
     workspace.buffer.fill_(0xA5)  # poisoned: the call must not read what it did not write
     got = flydsl_pa_mqa_litetopk_fp4_prefill(*args, workspace=workspace, backend="reference")
+    assert not bool((workspace.buffer == 0xA5).all()), f"seed {seed}: the call did not run on the workspace"
     assert_same_answer(got, ours(p), f"seed {seed}")
     small = allocate_fp4_litetopk_workspace(rows - 1, "cpu", topk=k)
     with pytest.raises(InputError, match="workspace is incompatible"):
