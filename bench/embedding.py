@@ -9,7 +9,10 @@ call below runs on, then
 - eager ms: CUDA events around one call (median of reps), graph ms: the same call captured once
   in a CUDA graph with caller-owned `out` buffers and replayed;
 - GPU idle ms inside an eager call: eager ms minus the sum of kernel times from torch.profiler;
-- bit equality: graph replay after new input contents are copied in == an eager call on them.
+- bit equality: graph replay after new input contents are copied in == an eager call on them;
+- the graph runner (LiteTopKGraphs, kernels/graphs.py: the operator replayed from its own per-shape
+  graph, inputs staged): its host ms, call ms (CUDA events around the whole call: staging copies,
+  replay, result copies), GPU idle ms, no host sync, and its answer == the eager call's, bit for bit.
 Prints a table, writes JSON (with the command) and a PNG to --out.
 
     python -m bench.embedding --out bench/results --rows 8192 --keys 65536 196608
@@ -28,7 +31,7 @@ import torch
 
 from bench.common.problems import prefill_problem
 from bench.common.timing import cuda_ms
-from litetopk.kernels import allocate_workspace, litetopk_prefill
+from litetopk.kernels import LiteTopKGraphs, allocate_workspace, litetopk_prefill
 from litetopk.kernels.result import RESULT_FIELDS
 
 FIELDS = tuple(RESULT_FIELDS)
@@ -101,9 +104,49 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         replay = cuda_ms(graph.replay, reps=reps, warm=1)
     except Exception as exc:  # reported in the table and the JSON, never hidden
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
+    del graph, static, out
+    runner = _runner(problem, rows, keys, topk, reps)
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
                 kernel_ms=kernels, idle_ms=eager - kernels, graph_ms=replay, graph_equal=equal,
-                graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s)
+                graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
+
+
+def _runner(problem, rows: int, keys: int, topk: int, reps: int) -> dict:
+    """The graph runner's columns (module docstring): runner_* keys."""
+    t0 = time.perf_counter()
+    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
+    setup_s = time.perf_counter() - t0
+    kwargs = {k: v for k, v in problem.items() if k != "topk"}
+    call = lambda: graphs(**kwargs, topk=topk)  # noqa: E731
+    t0 = time.perf_counter()
+    call()  # runs and captures
+    torch.cuda.synchronize()
+    capture_s = time.perf_counter() - t0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+        syncs = "none"
+    except RuntimeError as exc:
+        syncs = f"sync: {str(exc).splitlines()[0][:120]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    ms = cuda_ms(call, reps=reps, warm=1)
+    kernels = _kernel_ms(call)
+    fresh = prefill_problem(rows, keys * 4, topk, 99)
+    for name in ("q_fp4", "q_scale", "weights"):
+        kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
+    got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
+    equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
+    return dict(runner_syncs=syncs, runner_host_ms=statistics.median(host), runner_ms=ms, runner_kernel_ms=kernels,
+                runner_idle_ms=ms - kernels, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
+                runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
 
 
 def main(argv=None) -> int:
@@ -124,12 +167,15 @@ def main(argv=None) -> int:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
             results.append(measure(args.rows, keys, topk, args.reps, args.seed))
     table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
-    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "kernels ms", "idle ms", "graph ms", "graph == eager"):
+    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "kernels ms", "idle ms", "graph ms", "graph == eager",
+                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner == eager"):
         table.add_column(col)
     for r in results:
         table.add_row(str(r["keys"]), str(r["topk"]), r["syncs"], f"{r['host_ms']:.2f}", f"{r['eager_ms']:.2f}",
                       f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['graph_ms']:.2f}",
-                      str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""))
+                      str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
+                      r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
+                      f"{r['runner_idle_ms']:.3f}", str(r["runner_equal"]))
     Console().print(table)
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -144,9 +190,10 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [f"{r['keys'] // 1024}k K={r['topk']}" for r in results]
     x = range(len(results))
-    for offset, key, name in ((-0.3, "host_ms", "host (call -> return)"), (-0.1, "eager_ms", "eager"),
-                              (0.1, "graph_ms", "graph replay"), (0.3, "idle_ms", "GPU idle in call")):
-        ax.bar([i + offset for i in x], [r[key] for r in results], width=0.2, label=name)
+    bars = (("host_ms", "host (call -> return)"), ("eager_ms", "eager"), ("graph_ms", "graph replay"),
+            ("idle_ms", "GPU idle in call"), ("runner_host_ms", "runner host"), ("runner_ms", "runner call"))
+    for j, (key, name) in enumerate(bars):
+        ax.bar([i - 0.375 + 0.15 * j for i in x], [r[key] for r in results], width=0.15, label=name)
     ax.set_xticks(list(x), labels)
     ax.set_ylabel("ms")
     ax.legend()

@@ -4,6 +4,7 @@ Pipeline, one module a stage: mxfp4 (codec) -> cache_layout (pages) -> validatio
 every backend) -> backends (reference.py, triton/, flydsl/) -> pipeline (LiteTopK method and
 dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public);
 workspace holds a call's intermediate buffers (allocate_workspace / workspace_bytes: caller-owned);
+graphs replays the operator from per-signature CUDA graphs (LiteTopKGraphs: host time off the call);
 devices holds the vendor checks (is_cuda, is_gfx950) every layer uses.
 """
 
@@ -19,6 +20,7 @@ from .errors import (
     SlotOverflowError,
     UnsupportedTopKError,
 )
+from .graphs import LiteTopKGraphs
 from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from .operator import BACKEND_NAMES, dense_topk_prefill, litetopk_prefill, resolve_backend
 from .pipeline import LiteTopKTuning
@@ -39,6 +41,7 @@ __all__ = [
     "InputError",
     "InputShapeError",
     "LiteTopKError",
+    "LiteTopKGraphs",
     "LiteTopKTuning",
     "RowFaultError",
     "RowStatus",

@@ -110,20 +110,13 @@ def check_topk(topk: int) -> int:
     return topk
 
 
-def validate_prefill(
+def check_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
     max_seq_len: int | None = None, kv_scale=None, out=None, workspace: torch.Tensor | None = None,
-) -> PrefillProblem:
-    """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
-
-    Raises InputError (or UnsupportedTopKError) for anything that makes the call meaningless, from
-    shapes, dtypes and devices alone; row-level faults become bits of `row_status` instead (module
-    docstring), computed on the device. `max_seq_len` (optional) bounds every window end; buffers
-    and grids are sized from it (default: the block table's max_pages * 64). `kv_scale` given: the
-    cache is in AITER's format (`describe_kv_cache`). `out` (check_out) and `workspace`
-    (check_workspace) are checked before anything runs; the problem's Scratch carves the workspace
-    from the row checks on.
-    """
+) -> tuple[KVCache, int]:
+    """The host half of `validate_prefill`: every check that reads shapes, dtypes, strides, devices
+    and addresses only (never a tensor's contents, launches nothing). Returns (the cache described,
+    max_end: the static bound of every window end). Raises as `validate_prefill` says."""
     check_topk(topk)
     if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                     or max_seq_len < 0):
@@ -149,10 +142,29 @@ def validate_prefill(
     inputs = {**tensors, "kv_cache": kv_cache, "kv_scale": kv_scale}
     check_out(out, rows, topk, q_fp4.device, inputs)
     check_workspace(workspace, q_fp4.device, inputs, out)
+    table_end = block_table.shape[1] * PAGE_SIZE
+    return cache, table_end if max_seq_len is None else min(max_seq_len, table_end)
+
+
+def validate_prefill(
+    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
+    max_seq_len: int | None = None, kv_scale=None, out=None, workspace: torch.Tensor | None = None,
+) -> PrefillProblem:
+    """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
+
+    Raises InputError (or UnsupportedTopKError) for anything that makes the call meaningless, from
+    shapes, dtypes and devices alone (`check_prefill`); row-level faults become bits of `row_status`
+    instead (module docstring), computed on the device. `max_seq_len` (optional) bounds every window
+    end; buffers and grids are sized from it (default: the block table's max_pages * 64). `kv_scale`
+    given: the cache is in AITER's format (`describe_kv_cache`). `out` (check_out) and `workspace`
+    (check_workspace) are checked before anything runs; the problem's Scratch carves the workspace
+    from the row checks on.
+    """
+    cache, max_end = check_prefill(
+        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
+        weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace)
     scratch = Scratch(q_fp4.device, workspace)
     weights = weights.float().contiguous()
-    table_end = block_table.shape[1] * PAGE_SIZE
-    max_end = table_end if max_seq_len is None else min(max_seq_len, table_end)
     status, effective = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end,
                                    scratch=scratch)
     eff_rtb, eff_starts, eff_ends = effective.unbind(0)

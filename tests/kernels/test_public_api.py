@@ -17,12 +17,12 @@ CONTRACT_NAMES = {
 #: Further names the package exports on purpose: the error tree (errors.py), the status bits, the
 #: backend names and the name `backend="auto"` resolves to (docs/contract.md), the page size in
 #: bytes, the LiteTopK tuning knobs, the quick start's problem builder and the caller-owned workspace's
-#: sizing and allocation (docs/operator-embedding.md). A new public name is a
+#: sizing and allocation and the graph runner (docs/operator-embedding.md). A new public name is a
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
     "BACKEND_NAMES", "resolve_backend", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
     "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
-    "BackendUnavailableError", "DeviceError", "allocate_workspace", "workspace_bytes",
+    "BackendUnavailableError", "DeviceError", "allocate_workspace", "workspace_bytes", "LiteTopKGraphs",
 }
 
 

@@ -1,0 +1,233 @@
+"""LiteTopKGraphs: `litetopk_prefill` replayed from one CUDA graph per call signature.
+
+Why. An eager call enqueues ~45 launches from Python: ~5 ms of host time at Q = 8192 on the H200,
+and the GPU waits for the host during the short stages before the scan (bench/results/
+host-time-h200.json). A runner captures each call signature once and replays it:
+
+    graphs = LiteTopKGraphs(8192, 65536, (512, 1024), device="cuda:0", max_batch=16)
+    result = graphs(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
+                    topk=512, out={"physical_indices": buf[:rows, :512]})
+
+A call (same arguments and result as litetopk_prefill, same bits; no host synchronization):
+1. the host checks of litetopk_prefill (validation.check_prefill: the same InputErrors);
+2. the queries, weights, block table and row metadata are copied into the runner's staging arena
+   (fixed addresses; ~38 MB at 8,192 rows: tens of microseconds of copies on the device);
+3. the graph of the call's signature is replayed on the current stream. The signature: rows, the
+   block table's shape, the weights' dtype, K, weight_scale, max_seq_len, repair, and the cache
+   (kv_cache, kv_scale) by address, shape and strides: the cache is read in place, as an engine
+   keeps it (one tensor for the whole run); the runner holds a reference to every cache it has a
+   graph of (so the address stays valid), a new cache address is a new signature. On a miss the
+   call runs the operator eagerly on the staged inputs (this call's answer; Triton compiles here)
+   and then captures it (one device synchronization, ~tens of ms);
+4. the result fields are copied out of the arena: into `out` (caller-owned), the others into one
+   new allocation.
+
+Rules. Calls are bounded as the workspace is (allocate_workspace: rows <= max_rows, sequences <=
+max_batch, window bound <= max_seq_len, K in `topk`; beyond them InputError). A block table wider
+than max_seq_len / 64 pages grows the arena (every graph dropped; `stats["arena_regrowths"]`).
+At most `max_graphs` signatures are kept (the least recently used is dropped). All graphs share the
+runner's workspace, arena and memory pool: one call at a time (not thread-safe); a call on another
+stream than the last first waits for the last call's work. Under the caller's own graph capture a
+call runs the operator directly (the caller's graph holds it). check=True synchronizes: with repair,
+rows left with a capacity event are finished by the eager operator (litetopk_prefill check=True),
+then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
+interpreter) a "graph" is the captured call itself, re-run on the staged buffers: the same staging
+and bits, no host savings; that is how CI tests the staging (tests/kernels/test_graphs.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
+from .errors import InputError
+from .operator import litetopk_prefill, resolve_backend
+from .pipeline import LiteTopKTuning
+from .result import RESULT_FIELDS, TopKResult
+from .status import CAPACITY_EVENTS
+from .validation import check_prefill
+from .workspace import ALIGNMENT, allocate_workspace
+
+#: The inputs copied into the arena before every replay (the cache is read in place).
+STAGED_INPUTS = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")
+
+
+@dataclass(eq=False)
+class _Captured:
+    """One signature: its staged inputs and result fields (views of the arena) and its replay."""
+
+    staged: dict[str, torch.Tensor]
+    fields: dict[str, torch.Tensor]
+    results: torch.Tensor  # uint8 view of the arena spanning every result field (one copy out)
+    run: Callable[[], TopKResult]  # the operator on the staged tensors
+    replay: Callable[[], object] | None = None
+    keep: tuple = field(default_factory=tuple)  # the graph, the cache tensors it reads
+
+
+def _address(tensor: torch.Tensor | None):
+    if tensor is None:
+        return None
+    return tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype
+
+
+def _carve(arena: torch.Tensor, specs: Sequence[tuple[str, tuple, torch.dtype]]) -> tuple[dict, int]:
+    """Views of `arena` (uint8, None: count only) for (name, shape, dtype) specs, in order, each on an
+    ALIGNMENT boundary; returns (views, bytes used)."""
+    views, used = {}, 0
+    for name, shape, dtype in specs:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if arena is not None:
+            views[name] = arena[used:used + nbytes].view(dtype).view(shape)
+        used += -(-nbytes // ALIGNMENT) * ALIGNMENT
+    return views, used
+
+
+def _staging_specs(rows: int, table_shape: tuple, weights_dtype: torch.dtype, topk: int):
+    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8), ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
+              ("block_table", table_shape, torch.int32), ("weights", (rows, NUM_HEADS), weights_dtype)]
+    inputs += [(name, (rows,), torch.int32) for name in ("row_to_batch", "starts", "ends")]
+    fields = [(name, shape_of(rows, topk), dtype) for name, (shape_of, dtype) in RESULT_FIELDS.items()]
+    return inputs, fields
+
+
+class LiteTopKGraphs:
+    """litetopk_prefill from per-signature CUDA graphs on one device (module docstring)."""
+
+    def __init__(self, max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
+                 tuning: LiteTopKTuning | None = None, max_batch: int = 1, max_graphs: int = 8):
+        """A runner for calls within the bounds (allocate_workspace's arguments, which size its workspace
+        and its staging arena up front); `max_graphs` signatures kept at once."""
+        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
+            raise InputError(f"max_graphs must be an int >= 1, got {max_graphs!r}")
+        self.device = torch.device(device)
+        self.backend = resolve_backend(backend, self.device)
+        self.tuning = tuning or LiteTopKTuning()
+        self.max_graphs = max_graphs
+        self.max_rows, self.max_batch = max_rows, max_batch
+        self.workspace = allocate_workspace(max_rows, max_seq_len, topk, device=self.device, backend=self.backend,
+                                            tuning=self.tuning, max_batch=max_batch)
+        ks = (topk,) if isinstance(topk, int) else tuple(topk)
+        inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32, max(ks))
+        self._arena = torch.empty(_carve(None, inputs + fields)[1], dtype=torch.uint8, device=self.device)
+        self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self._cuda_graphs = self.device.type == "cuda"
+        self._pool = torch.cuda.graph_pool_handle() if self._cuda_graphs else None
+        self._last_stream = None
+        #: captures, replays, evictions, arena_regrowths (a signature larger than the arena: every graph dropped)
+        self.stats: Counter = Counter()
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the staging arena (inputs and result fields of the largest signature so far)."""
+        return self._arena.numel()
+
+    def __call__(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk: int,
+                 weight_scale: float = 1.0, repair: bool = True, out: Mapping[str, torch.Tensor] | None = None,
+                 max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
+                 check: bool = False) -> TopKResult:
+        """litetopk_prefill(...) with this runner's backend, tuning and workspace (module docstring)."""
+        inputs = dict(q_fp4=q_fp4, q_scale=q_scale, block_table=block_table, weights=weights,
+                      row_to_batch=row_to_batch, starts=starts, ends=ends)
+        options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)
+        check_prefill(kv_cache=kv_cache, out=out, **inputs, **options)
+        if q_fp4.device != self.device:
+            raise InputError(f"the inputs are on {q_fp4.device}; this runner serves {self.device}")
+        for what, count, bound in (("query rows", q_fp4.shape[0], self.max_rows),
+                                   ("sequences (block_table rows)", block_table.shape[0], self.max_batch)):
+            if count > bound:
+                raise InputError(f"{count} {what}: this runner was built for at most {bound} (LiteTopKGraphs bounds)")
+        if self._cuda_graphs and torch.cuda.is_current_stream_capturing():
+            return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=repair,
+                                    tuning=self.tuning, out=out, check=check, workspace=self.workspace)
+        if self._cuda_graphs:
+            with torch.cuda.device(self.device):
+                captured = self._replay(inputs, kv_cache, options, repair)
+        else:
+            captured = self._replay(inputs, kv_cache, options, repair)
+        result = self._publish(captured, out)
+        if check and repair and bool(((result.status & int(CAPACITY_EVENTS)) != 0).any()):
+            return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=True,
+                                    tuning=self.tuning, out=out, check=True, workspace=self.workspace)
+        return result.raise_for_status() if check else result
+
+    def _replay(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> _Captured:
+        """Stage the inputs and replay (or, on a miss, run and capture) the signature's graph."""
+        if self._cuda_graphs:
+            stream = torch.cuda.current_stream(self.device)
+            if self._last_stream is not None and stream != self._last_stream:
+                stream.wait_stream(self._last_stream)
+            self._last_stream = stream
+        key = (tuple(inputs["block_table"].shape), inputs["q_fp4"].shape[0], inputs["weights"].dtype, options["topk"],
+               float(options["weight_scale"]), options["max_seq_len"], bool(repair), _address(kv_cache),
+               _address(options["kv_scale"]))
+        captured = self._graphs.get(key)
+        if captured is not None:
+            self._graphs.move_to_end(key)
+            for name, view in captured.staged.items():
+                view.copy_(inputs[name])
+            captured.replay()
+            self.stats["replays"] += 1
+            return captured
+        captured = self._stage(inputs, kv_cache, options, repair)
+        self._graphs[key] = captured
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+            self.stats["evictions"] += 1
+        for name, view in captured.staged.items():
+            view.copy_(inputs[name])
+        captured.run()  # this call's answer; compiles and warms every kernel before the capture
+        if self._cuda_graphs:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):  # synchronizes the device first
+                captured.run()
+            captured.replay, captured.keep = graph.replay, (graph, kv_cache, options["kv_scale"])
+        else:
+            captured.replay, captured.keep = captured.run, (kv_cache, options["kv_scale"])
+        self.stats["captures"] += 1
+        return captured
+
+    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> _Captured:
+        """The arena views of a new signature (the arena grows, dropping every graph, when it is too small)."""
+        input_specs, field_specs = _staging_specs(inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape),
+                                                  inputs["weights"].dtype, options["topk"])
+        _, nbytes = _carve(None, input_specs + field_specs)
+        if nbytes > self._arena.numel():
+            self._graphs.clear()
+            self._arena = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self.stats["arena_regrowths"] += 1
+        views, _ = _carve(self._arena, input_specs + field_specs)
+        _, inputs_end = _carve(None, input_specs)
+        staged = {name: views[name] for name in STAGED_INPUTS}
+        fields = {name: views[name] for name in RESULT_FIELDS}
+        last = field_specs[-1]
+        results_end = inputs_end + _carve(None, field_specs[:-1])[1] + math.prod(last[1]) * last[2].itemsize
+        backend, tuning, workspace = self.backend, self.tuning, self.workspace
+
+        def run() -> TopKResult:
+            return litetopk_prefill(kv_cache=kv_cache, **staged, **options, backend=backend, repair=repair,
+                                    tuning=tuning, out=fields, workspace=workspace)
+
+        return _Captured(staged=staged, fields=fields, results=self._arena[inputs_end:results_end], run=run)
+
+    def _publish(self, captured: _Captured, out: Mapping[str, torch.Tensor] | None) -> TopKResult:
+        """The result fields out of the arena: into `out`, the others into one new allocation."""
+        given = dict(out or {})
+        for name, dst in given.items():
+            dst.copy_(captured.fields[name])
+        fields = dict(given)
+        if len(given) < len(RESULT_FIELDS):
+            block = captured.results.clone()  # one allocation and one copy for every field not in `out`
+            base = captured.results.data_ptr()
+            for name, view in captured.fields.items():
+                if name not in given:
+                    start = view.data_ptr() - base
+                    fields[name] = block[start:start + view.numel() * view.element_size()].view(view.dtype).view(view.shape)
+        return TopKResult(**fields)
+
+
+__all__ = ["LiteTopKGraphs", "STAGED_INPUTS"]

@@ -1,0 +1,158 @@
+"""LiteTopKGraphs (kernels/graphs.py) on the CPU: the staging, signatures, eviction and publishing of
+the per-signature graph runner, against litetopk_prefill on the same inputs, bit for bit.
+
+On the CPU a "graph" is the captured call re-run on the staging arena (the module docstring), so
+every test here checks what the CUDA path shares with it: the inputs copied into the arena, the
+result fields copied out of it, the cache read in place by address. The CUDA graphs themselves are
+tested on a GPU in test_graphs_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from litetopk.kernels import InputDtypeError, InputError, LiteTopKGraphs, RowFaultError, litetopk_prefill, random_problem
+from litetopk.kernels.result import RESULT_FIELDS
+
+FIELDS = tuple(RESULT_FIELDS)
+BOUNDS = dict(max_rows=48, max_seq_len=8192, topk=(512, 1024), device="cpu", backend="reference", max_batch=2)
+
+
+def problem(seed: int, rows: int = 24, keys=(2600, 1900), topk: int = 512, **kw):
+    return random_problem(rows, list(keys), topk, seed=seed, **kw)
+
+
+def eager(p, **kw):
+    return litetopk_prefill(*p.args(), **p.kwargs(), backend="reference", max_seq_len=kw.pop("max_seq_len", None), **kw)
+
+
+def refill(p, fresh) -> None:
+    """New contents in p's own tensors (same addresses: the same signature)."""
+    for name in ("q_fp4", "q_scale", "kv_cache", "weights", "starts", "ends", "row_to_batch", "block_table"):
+        getattr(p, name).copy_(getattr(fresh, name))
+
+
+def assert_same(got, want, case: str) -> None:
+    for name in FIELDS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), f"{case}: field {name} differs"
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return LiteTopKGraphs(**BOUNDS)
+
+
+def test_replays_on_new_contents_equal_eager_calls(graphs, seed):
+    p = problem(seed)
+    first = graphs(*p.args(), **p.kwargs())
+    assert_same(first, eager(p), f"seed {seed}: the capturing call")
+    kept = {name: getattr(first, name).clone() for name in FIELDS}
+    before = graphs.stats["replays"]
+    for step in range(1, 3):
+        refill(p, problem(seed + step))
+        got = graphs(*p.args(), **p.kwargs())
+        assert_same(got, eager(p), f"seed {seed}: replay {step}")
+    assert graphs.stats["replays"] == before + 2, graphs.stats
+    for name in FIELDS:  # the first result owns its memory: later replays never write into it
+        assert torch.equal(getattr(first, name), kept[name]), f"seed {seed}: replays changed the first result's {name}"
+
+
+@pytest.mark.parametrize("case", ["rows", "topk", "bf16 weights", "weight_scale", "max_seq_len", "repair"])
+def test_each_signature_part_gets_its_own_graph(graphs, case, seed):
+    p = problem(seed)
+    graphs(*p.args(), **p.kwargs())
+    variant = {"rows": problem(seed, rows=18), "topk": problem(seed, topk=1024),
+               "bf16 weights": problem(seed, weights_dtype=torch.bfloat16),
+               "weight_scale": problem(seed, weight_scale=0.375)}.get(case, p)
+    variant.kv_cache = p.kv_cache if variant.kv_cache.shape == p.kv_cache.shape else variant.kv_cache
+    kw = {"max_seq_len": 3000} if case == "max_seq_len" else {"repair": False} if case == "repair" else {}
+    captures = graphs.stats["captures"]
+    got = graphs(*variant.args(), **variant.kwargs(), **kw)
+    assert graphs.stats["captures"] == captures + 1, f"{case}: no new capture ({graphs.stats})"
+    assert_same(got, eager(variant, **kw), f"seed {seed}: {case}")
+    again = graphs(*p.args(), **p.kwargs())  # the first signature still replays its own graph
+    assert_same(again, eager(p), f"seed {seed}: {case}, back to the first signature")
+
+
+def test_the_cache_is_read_in_place_and_a_new_cache_address_is_a_new_signature(graphs, seed):
+    p = problem(seed)
+    graphs(*p.args(), **p.kwargs())
+    p.kv_cache.copy_(problem(seed + 1).kv_cache)  # same address, new keys: the replay reads them
+    captures = graphs.stats["captures"]
+    assert_same(graphs(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: cache rewritten in place")
+    assert graphs.stats["captures"] == captures
+    p.kv_cache = p.kv_cache.clone()  # another address
+    assert_same(graphs(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: cache at a new address")
+    assert graphs.stats["captures"] == captures + 1
+
+
+def test_caller_owned_out_is_written_in_place_and_the_rest_is_new_memory(graphs, seed):
+    p = problem(seed)
+    rows, k = p.q_fp4.shape[0], p.topk
+    buf = torch.full((rows + 3, k + 5), -7, dtype=torch.int32)
+    status = torch.full((rows, 2), -7, dtype=torch.int32)
+    out = {"physical_indices": buf[1:1 + rows, :k], "status": status[:, 1]}
+    got = graphs(*p.args(), **p.kwargs(), out=out)
+    assert got.physical_indices is out["physical_indices"] and got.status is out["status"]
+    assert_same(got, eager(p), f"seed {seed}: out=")
+    assert (buf[0] == -7).all() and (buf[1 + rows:] == -7).all() and (buf[:, k:] == -7).all(), "wrote outside the views"
+    assert (status[:, 0] == -7).all(), "wrote outside the status view"
+    arena = (graphs._arena.data_ptr(), graphs._arena.data_ptr() + graphs.arena_bytes)
+    for name in FIELDS:
+        assert not arena[0] <= getattr(got, name).data_ptr() < arena[1], f"{name} lies in the staging arena"
+
+
+def test_the_least_recently_used_graph_is_dropped(seed):
+    small = LiteTopKGraphs(**{**BOUNDS, "topk": 512}, max_graphs=2)
+    problems = [problem(seed, rows=rows) for rows in (10, 12, 14)]
+    for p in problems:
+        small(*p.args(), **p.kwargs())
+    assert small.stats["evictions"] == 1 and len(small._graphs) == 2, small.stats
+    small(*problems[2].args(), **problems[2].kwargs())
+    assert small.stats["replays"] == 1
+    got = small(*problems[0].args(), **problems[0].kwargs())  # dropped: captured again
+    assert small.stats["captures"] == 4, small.stats
+    assert_same(got, eager(problems[0]), f"seed {seed}: after eviction")
+
+
+def test_a_signature_beyond_the_arena_grows_it(seed):
+    small = LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "topk": 512}, max_graphs=4)
+    p = problem(seed, rows=8)
+    small(*p.args(), **p.kwargs())
+    wide = problem(seed, rows=8)
+    wide.block_table = torch.nn.functional.pad(wide.block_table, (0, 400), value=0)  # 8192 keys beyond the bound
+    got = small(*wide.args(), **wide.kwargs(), max_seq_len=4500)
+    assert small.stats["arena_regrowths"] == 1 and len(small._graphs) == 1, small.stats
+    assert_same(got, eager(wide, max_seq_len=4500), f"seed {seed}: grown arena")
+
+
+def test_bad_arguments_are_the_operators_input_errors(graphs, seed):
+    p = problem(seed)
+    with pytest.raises(InputDtypeError, match="weights must be float32 or bfloat16"):
+        graphs(*p.args()[:4], p.weights.double(), *p.args()[5:], **p.kwargs())
+    with pytest.raises(InputError, match="overlaps"):
+        graphs(*p.args(), **p.kwargs(), out={"counts": p.starts})
+    too_many = problem(seed, rows=60)
+    with pytest.raises(InputError, match="60 query rows: this runner was built for at most 48"):
+        graphs(*too_many.args(), **too_many.kwargs())
+    three = problem(seed, keys=(900, 900, 900))
+    with pytest.raises(InputError, match="3 sequences"):
+        graphs(*three.args(), **three.kwargs())
+    assert_same(graphs(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: after the errors")
+
+
+def test_check_raises_for_faulty_rows_like_the_operator(graphs, seed):
+    p = problem(seed)
+    p.weights[3, 5] = float("inf")
+    with pytest.raises(RowFaultError, match="row 3: NONFINITE"):
+        graphs(*p.args(), **p.kwargs(), check=True)
+    with pytest.raises(RowFaultError, match="row 3: NONFINITE"):
+        eager(p, check=True)
+
+
+def test_the_runner_rejects_bad_bounds():
+    with pytest.raises(InputError, match="max_graphs"):
+        LiteTopKGraphs(**BOUNDS, max_graphs=0)
+    with pytest.raises(InputError, match="max_rows"):
+        LiteTopKGraphs(**{**BOUNDS, "max_rows": -1})
