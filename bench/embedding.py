@@ -105,16 +105,16 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     except Exception as exc:  # reported in the table and the JSON, never hidden
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     del graph, static, out
-    runner = _runner(problem, rows, keys, topk, reps)
+    runner = _runner(problem, rows, keys, topk, reps, workspace)
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
                 kernel_ms=kernels, idle_ms=eager - kernels, graph_ms=replay, graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
 
-def _runner(problem, rows: int, keys: int, topk: int, reps: int) -> dict:
-    """The graph runner's columns (module docstring): runner_* keys."""
+def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> dict:
+    """The graph runner's columns (module docstring): runner_* keys (on the same workspace)."""
     t0 = time.perf_counter()
-    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
+    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda", workspace=workspace)
     setup_s = time.perf_counter() - t0
     kwargs = {k: v for k, v in problem.items() if k != "topk"}
     call = lambda: graphs(**kwargs, topk=topk)  # noqa: E731

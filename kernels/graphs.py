@@ -99,9 +99,11 @@ class LiteTopKGraphs:
     """litetopk_prefill from per-signature CUDA graphs on one device (module docstring)."""
 
     def __init__(self, max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
-                 tuning: LiteTopKTuning | None = None, max_batch: int = 1, max_graphs: int = 8):
+                 tuning: LiteTopKTuning | None = None, max_batch: int = 1, max_graphs: int = 8,
+                 workspace: torch.Tensor | None = None):
         """A runner for calls within the bounds (allocate_workspace's arguments, which size its workspace
-        and its staging arena up front); `max_graphs` signatures kept at once."""
+        and its staging arena up front); `max_graphs` signatures kept at once. `workspace`: one the caller
+        already allocated for these bounds (allocate_workspace), used instead of a new one."""
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
             raise InputError(f"max_graphs must be an int >= 1, got {max_graphs!r}")
         self.device = torch.device(device)
@@ -109,8 +111,8 @@ class LiteTopKGraphs:
         self.tuning = tuning or LiteTopKTuning()
         self.max_graphs = max_graphs
         self.max_rows, self.max_batch = max_rows, max_batch
-        self.workspace = allocate_workspace(max_rows, max_seq_len, topk, device=self.device, backend=self.backend,
-                                            tuning=self.tuning, max_batch=max_batch)
+        self.workspace = workspace if workspace is not None else allocate_workspace(
+            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning, max_batch=max_batch)
         ks = (topk,) if isinstance(topk, int) else tuple(topk)
         inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32, max(ks))
         self._arena = torch.empty(_carve(None, inputs + fields)[1], dtype=torch.uint8, device=self.device)
