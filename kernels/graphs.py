@@ -106,7 +106,10 @@ class LiteTopKGraphs:
         already allocated for these bounds (allocate_workspace), used instead of a new one."""
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
             raise InputError(f"max_graphs must be an int >= 1, got {max_graphs!r}")
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # the inputs' tensors name their device's index
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.backend = resolve_backend(backend, self.device)
         self.tuning = tuning or LiteTopKTuning()
         self.max_graphs = max_graphs
