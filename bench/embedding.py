@@ -8,7 +8,9 @@ call below runs on, then
 - host ms: wall time from the call to its return (no synchronization; the GPU is still busy);
 - eager ms: CUDA events around one call (median of reps), graph ms: the same call captured once
   in a CUDA graph with caller-owned `out` buffers and replayed;
-- GPU idle ms inside an eager call: eager ms minus the sum of kernel times from torch.profiler;
+- GPU idle ms inside an eager call: eager ms minus the GPU's busy time in the call (the union of its
+  kernels' and copies' intervals in torch.profiler's trace: what the call holds the GPU without
+  computing, the wait for the first launch included);
 - bit equality: graph replay after new input contents are copied in == an eager call on them;
 - the graph runner (LiteTopKGraphs, kernels/graphs.py: the operator replayed from its own per-shape
   graph, inputs staged): its host ms, call ms (CUDA events around the whole call: staging copies,
@@ -30,7 +32,7 @@ import time
 import torch
 
 from bench.common.problems import prefill_problem
-from bench.common.timing import cuda_ms
+from bench.common.timing import cuda_ms, gpu_activity_ms
 from litetopk.kernels import LiteTopKGraphs, allocate_workspace, litetopk_prefill
 from litetopk.kernels.result import RESULT_FIELDS
 
@@ -44,13 +46,8 @@ def _call(problem, out=None, workspace=None):
 
 
 def _kernel_ms(fn) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0
-               and not e.key.startswith("litetopk.")) / 1000.0
+    """GPU busy ms of one call (bench.common.timing.gpu_activity_ms: the union of its kernels and copies)."""
+    return gpu_activity_ms(fn)[1]
 
 
 def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
@@ -167,7 +164,7 @@ def main(argv=None) -> int:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
             results.append(measure(args.rows, keys, topk, args.reps, args.seed))
     table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
-    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "kernels ms", "idle ms", "graph ms", "graph == eager",
+    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "graph ms", "graph == eager",
                 "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner == eager"):
         table.add_column(col)
     for r in results:
@@ -176,7 +173,7 @@ def main(argv=None) -> int:
                       str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
                       r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
                       f"{r['runner_idle_ms']:.3f}", str(r["runner_equal"]))
-    Console().print(table)
+    Console(width=200).print(table)
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, results=results)

@@ -25,6 +25,29 @@ def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def gpu_activity_ms(fn) -> tuple[float, float]:
+    """(span, busy) ms of one profiled call of fn on the GPU: span from its first device activity's start to
+    its last one's end, busy the union of the device activities' intervals (kernels and copies; overlaps
+    counted once, so nothing is double counted), from torch.profiler's trace (CUPTI)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        return 0.0, 0.0
+    busy, (lo, hi) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            busy, lo = busy + hi - lo, start
+        hi = max(hi, end)
+    busy += hi - lo
+    return (max(end for _, end in spans) - spans[0][0]) / 1e3, busy / 1e3
+
+
 def json_logger(path: str, report: dict):
     """log(key, value): report[key] = value, printed, and the whole report rewritten to `path` (so a
     call cut short still leaves what it measured)."""

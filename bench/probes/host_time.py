@@ -5,6 +5,10 @@ innermost `litetopk.<stage>` profiler range around each launch). Prints a table,
     python -m bench.probes.host_time --out DIR                  # on a CUDA device
     TRITON_INTERPRET=1 python -m bench.probes.host_time --cpu    # launches only, on the CPU
 
+--runner times the phases of a warm LiteTopKGraphs call instead (kernels/graphs.py: host checks,
+staging copies, graph replay, result copies; medians of 50 calls, the device idle between calls) and
+profiles one call's host ops: $OUT/host-time-runner-h200.json.
+
 --cpu counts without a GPU what the CUDA path would launch: the Triton stages run under Triton's
 interpreter (devices.runs_triton_stages is made to answer True for the call), each interpreted
 kernel launch counts one, and so does each torch op called outside a kernel that would run a device
@@ -123,6 +127,48 @@ def _print_stages(counts: Counter) -> None:
         print(f"  {stage:<28} {n:5d}")
 
 
+def runner_phases(rows: int, keys: int, topk: int, reps: int = 50) -> dict:
+    """Host ms by phase of a warm LiteTopKGraphs call (module docstring), and its top host ops."""
+    from litetopk.kernels import LiteTopKGraphs
+    from litetopk.kernels.validation import check_prefill
+
+    problem = prefill_problem(rows, keys * 4, topk, 3)
+    problem.pop("topk")
+    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
+    call = lambda: graphs(**problem, topk=topk, max_seq_len=keys)  # noqa: E731
+    call()
+    call()
+    (captured,) = graphs._graphs.values()
+    inputs = {name: problem[name] for name in captured.staged}
+    phases = {name: [] for name in ("call", "check_prefill", "staging copies", "replay", "publish")}
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        phases["call"].append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        check_prefill(**problem, topk=topk, max_seq_len=keys)
+        t1 = time.perf_counter()
+        for name, view in captured.staged.items():
+            view.copy_(inputs[name])
+        t2 = time.perf_counter()
+        captured.replay()
+        t3 = time.perf_counter()
+        graphs._publish(captured, None)
+        t4 = time.perf_counter()
+        for name, (a, b) in (("check_prefill", (t0, t1)), ("staging copies", (t1, t2)), ("replay", (t2, t3)),
+                             ("publish", (t3, t4))):
+            phases[name].append(b - a)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    top = [dict(name=e.key, calls=e.count, self_cpu_us=e.self_cpu_time_total)
+           for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]]
+    return dict(rows=rows, keys=keys, topk=topk,
+                phases_ms={k: sorted(v)[len(v) // 2] * 1e3 for k, v in phases.items()}, top=top)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
@@ -130,7 +176,19 @@ def main(argv=None) -> int:
     parser.add_argument("--keys", type=int, default=65536)
     parser.add_argument("--topk", type=int, default=512)
     parser.add_argument("--cpu", action="store_true", help="count launches on the CPU (module docstring); no JSON")
+    parser.add_argument("--runner", action="store_true", help="phases of a LiteTopKGraphs call (module docstring)")
     args = parser.parse_args(argv)
+    if args.runner:
+        report = dict(command="python -m bench.probes.host_time --runner",
+                      results=[runner_phases(args.rows, args.keys, k) for k in (512, 1024)])
+        for r in report["results"]:
+            print(f"K={r['topk']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in r["phases_ms"].items()))
+            for t in r["top"][:12]:
+                print(f"    {t['name'][:50]:<50} x{t['calls']:<4} self {t['self_cpu_us']:8.1f} us")
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "host-time-runner-h200.json"), "w") as fh:
+            json.dump(report, fh, indent=1)
+        return 0
     if args.cpu:
         _print_stages(count_launches_cpu(topk=args.topk))
         return 0
