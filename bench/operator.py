@@ -9,6 +9,10 @@ Prints a table, writes bench/results/operator-<tag>.json (GPU, versions, command
     python -m bench.operator --model deepseek-v4-flash --rows 8192 --raw-context 262144
     python -m bench.operator --model all --raw-context 262144 524288 786432 --spread 0 1
 
+Variants: lite (litetopk_prefill), dense_<selector> (dense_topk_prefill), the lean dense baseline
+(kernel_only, lean_flashinfer: see lean_dense) and lite_graphs (LiteTopKGraphs: the same call
+replayed from the operator's own CUDA graph, what an engine embedding the operator runs).
+
 --spread takes one or more block-scale spreads (bench/common/problems.py): 0 draws every block
 scale from one binade, 1 from three (hundreds of wide vectors per problem, closer to real indexer
 activations); each spread is its own point, so the table reports both (issue 15 item 4).
@@ -79,6 +83,11 @@ def worker(args) -> dict:
         variants[f"dense_{selector}"] = (lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
     lean = lean_dense(args, pos, kw, topk) if args.lean else {}
     variants.update(lean)
+    if args.graphs:  # the same method replayed from the operator's own CUDA graph (kernels/graphs.py)
+        from litetopk.kernels import LiteTopKGraphs
+
+        graphs = LiteTopKGraphs(args.rows, pos[3].shape[1] * 64, topk, device=pos[0].device, backend=args.backend)
+        variants["lite_graphs"] = lambda: graphs(*pos, **kw)
     times = {name: [] for name in variants}
 
     def timed(fn):
@@ -99,6 +108,9 @@ def worker(args) -> dict:
     for selector in selectors:
         dense = variants[f"dense_{selector}"]()
         exact[selector] = all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS)
+    if args.graphs:
+        graphed = variants["lite_graphs"]()
+        exact["lite_graphs"] = all(torch.equal(getattr(lite, f), getattr(graphed, f)) for f in FIELDS)
     if "lean_flashinfer" in lean:  # the same scores, so the same sorted values (ties only reorder positions)
         exact["lean_flashinfer_values"] = torch.equal(lean["lean_flashinfer"]()[0], lite.values)
     torch.cuda.synchronize()
@@ -136,7 +148,8 @@ def run_point(args, model: str, raw: int, spread: int) -> dict:
         cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
                "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(spread),
-               "--selectors", *args.selectors, *(["--lean"] if args.lean else [])]
+               "--selectors", *args.selectors, *(["--lean"] if args.lean else []),
+               *(["--graphs"] if args.graphs else ["--no-graphs"])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -218,6 +231,9 @@ def main() -> None:
     parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
                              "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)")
+    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time LiteTopK replayed from its own per-shape CUDA graph (lite_graphs: "
+                             "LiteTopKGraphs, inputs staged; checked equal to lite)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--spread", type=int, nargs="+", default=[0],
                         help="block-scale spreads of the random data, one point each (module docstring)")
