@@ -68,6 +68,10 @@ class _Captured:
     replay: Callable[[], object] | None = None
     keep: tuple = field(default_factory=tuple)  # the graph, the cache tensors it reads
 
+    def stage(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        """Copy the caller's inputs into the staged tensors (one batched copy call)."""
+        torch._foreach_copy_(list(self.staged.values()), [inputs[name] for name in self.staged])
+
 
 def _address(tensor: torch.Tensor | None):
     if tensor is None:
@@ -113,7 +117,7 @@ class LiteTopKGraphs:
         self.backend = resolve_backend(backend, self.device)
         self.tuning = tuning or LiteTopKTuning()
         self.max_graphs = max_graphs
-        self.max_rows, self.max_batch = max_rows, max_batch
+        self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
         self.workspace = workspace if workspace is not None else allocate_workspace(
             max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning, max_batch=max_batch)
         ks = (topk,) if isinstance(topk, int) else tuple(topk)
@@ -139,11 +143,13 @@ class LiteTopKGraphs:
         inputs = dict(q_fp4=q_fp4, q_scale=q_scale, block_table=block_table, weights=weights,
                       row_to_batch=row_to_batch, starts=starts, ends=ends)
         options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)
-        check_prefill(kv_cache=kv_cache, out=out, **inputs, **options)
+        _, max_end = check_prefill(kv_cache=kv_cache, out=out, **inputs, **options)
         if q_fp4.device != self.device:
             raise InputError(f"the inputs are on {q_fp4.device}; this runner serves {self.device}")
         for what, count, bound in (("query rows", q_fp4.shape[0], self.max_rows),
-                                   ("sequences (block_table rows)", block_table.shape[0], self.max_batch)):
+                                   ("sequences (block_table rows)", block_table.shape[0], self.max_batch),
+                                   ("window bound (min(max_seq_len, block_table.shape[1] * 64))", max_end,
+                                    self.max_seq_len)):
             if count > bound:
                 raise InputError(f"{count} {what}: this runner was built for at most {bound} (LiteTopKGraphs bounds)")
         if self._cuda_graphs and torch.cuda.is_current_stream_capturing():
@@ -173,8 +179,7 @@ class LiteTopKGraphs:
         captured = self._graphs.get(key)
         if captured is not None:
             self._graphs.move_to_end(key)
-            for name, view in captured.staged.items():
-                view.copy_(inputs[name])
+            captured.stage(inputs)
             captured.replay()
             self.stats["replays"] += 1
             return captured
@@ -183,8 +188,7 @@ class LiteTopKGraphs:
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
             self.stats["evictions"] += 1
-        for name, view in captured.staged.items():
-            view.copy_(inputs[name])
+        captured.stage(inputs)
         captured.run()  # this call's answer; compiles and warms every kernel before the capture
         if self._cuda_graphs:
             graph = torch.cuda.CUDAGraph()
@@ -222,8 +226,8 @@ class LiteTopKGraphs:
     def _publish(self, captured: _Captured, out: Mapping[str, torch.Tensor] | None) -> TopKResult:
         """The result fields out of the arena: into `out`, the others into one new allocation."""
         given = dict(out or {})
-        for name, dst in given.items():
-            dst.copy_(captured.fields[name])
+        if given:
+            torch._foreach_copy_(list(given.values()), [captured.fields[name] for name in given])
         fields = dict(given)
         if len(given) < len(RESULT_FIELDS):
             block = captured.results.clone()  # one allocation and one copy for every field not in `out`

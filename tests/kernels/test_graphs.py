@@ -136,6 +136,10 @@ def test_bad_arguments_are_the_operators_input_errors(graphs, seed):
     too_many = problem(seed, rows=60)
     with pytest.raises(InputError, match="60 query rows: this runner was built for at most 48"):
         graphs(*too_many.args(), **too_many.kwargs())
+    longer = problem(seed, rows=8, keys=(4200, 1900))  # 69 pages a sequence: up to 4416 keys
+    with pytest.raises(InputError, match=r"4288 window bound .* at most 4096"):
+        LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "max_seq_len": 4096, "topk": 512})(
+            *longer.args(), **longer.kwargs(), max_seq_len=4288)
     three = problem(seed, keys=(900, 900, 900))
     with pytest.raises(InputError, match="3 sequences"):
         graphs(*three.args(), **three.kwargs())
