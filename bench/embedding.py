@@ -10,7 +10,8 @@ call below runs on, then
   in a CUDA graph with caller-owned `out` buffers and replayed;
 - GPU idle ms inside an eager call: eager ms minus the GPU's busy time in the call (the union of its
   kernels' and copies' intervals in torch.profiler's trace: what the call holds the GPU without
-  computing, the wait for the first launch included);
+  computing, the wait for the first launch included), and gaps ms: the idle time between the call's
+  first device activity and its last (the wait for the first launch excluded);
 - bit equality: graph replay after new input contents are copied in == an eager call on them;
 - the graph runner (LiteTopKGraphs, kernels/graphs.py: the operator replayed from its own per-shape
   graph, inputs staged): its host ms, call ms (CUDA events around the whole call: staging copies,
@@ -45,9 +46,11 @@ def _call(problem, out=None, workspace=None):
                             workspace=workspace)
 
 
-def _kernel_ms(fn) -> float:
-    """GPU busy ms of one call (bench.common.timing.gpu_activity_ms: the union of its kernels and copies)."""
-    return gpu_activity_ms(fn)[1]
+def _activity(fn) -> tuple[float, float]:
+    """(GPU busy ms, gaps ms) of one call (bench.common.timing.gpu_activity_ms): the union of its kernels'
+    and copies' intervals, and the idle time between its first device activity and its last."""
+    span, busy = gpu_activity_ms(fn)
+    return busy, span - busy
 
 
 def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
@@ -76,7 +79,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     eager = cuda_ms(call, reps=reps, warm=0)
-    kernels = _kernel_ms(call)
+    kernels, gaps = _activity(call)
     # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
     out = {name: torch.empty_like(getattr(call(), name)) for name in FIELDS}
     static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}
@@ -104,7 +107,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     del graph, static, out
     runner = _runner(problem, rows, keys, topk, reps, workspace)
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
-                kernel_ms=kernels, idle_ms=eager - kernels, graph_ms=replay, graph_equal=equal,
+                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, graph_ms=replay, graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
 
@@ -135,14 +138,14 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     ms = cuda_ms(call, reps=reps, warm=1)
-    kernels = _kernel_ms(call)
+    kernels, gaps = _activity(call)
     fresh = prefill_problem(rows, keys * 4, topk, 99)
     for name in ("q_fp4", "q_scale", "weights"):
         kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
     return dict(runner_syncs=syncs, runner_host_ms=statistics.median(host), runner_ms=ms, runner_kernel_ms=kernels,
-                runner_idle_ms=ms - kernels, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
+                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
                 runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
 
 
@@ -164,15 +167,15 @@ def main(argv=None) -> int:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
             results.append(measure(args.rows, keys, topk, args.reps, args.seed))
     table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
-    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "graph ms", "graph == eager",
-                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner == eager"):
+    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms", "graph == eager",
+                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager"):
         table.add_column(col)
     for r in results:
         table.add_row(str(r["keys"]), str(r["topk"]), r["syncs"], f"{r['host_ms']:.2f}", f"{r['eager_ms']:.2f}",
-                      f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['graph_ms']:.2f}",
+                      f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['gaps_ms']:.3f}", f"{r['graph_ms']:.2f}",
                       str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
                       r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
-                      f"{r['runner_idle_ms']:.3f}", str(r["runner_equal"]))
+                      f"{r['runner_idle_ms']:.3f}", f"{r['runner_gaps_ms']:.3f}", str(r["runner_equal"]))
     Console(width=200).print(table)
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -231,11 +231,12 @@ class LiteTopKGraphs:
         fields = dict(given)
         if len(given) < len(RESULT_FIELDS):
             block = captured.results.clone()  # one allocation and one copy for every field not in `out`
+            typed = {dtype: block.view(dtype) for dtype in {view.dtype for view in captured.fields.values()}}
             base = captured.results.data_ptr()
             for name, view in captured.fields.items():
-                if name not in given:
-                    start = view.data_ptr() - base
-                    fields[name] = block[start:start + view.numel() * view.element_size()].view(view.dtype).view(view.shape)
+                if name not in given:  # the same place in the block as in the arena
+                    offset = (view.data_ptr() - base) // view.element_size()
+                    fields[name] = typed[view.dtype].as_strided(view.shape, view.stride(), offset)
         return TopKResult(**fields)
 
 
