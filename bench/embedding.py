@@ -33,7 +33,7 @@ import time
 import torch
 
 from bench.common.problems import prefill_problem
-from bench.common.timing import cuda_ms, gpu_activity_ms
+from bench.common.timing import cuda_ms, gpu_activity
 from litetopk.kernels import LiteTopKGraphs, allocate_workspace, litetopk_prefill
 from litetopk.kernels.result import RESULT_FIELDS
 
@@ -46,11 +46,12 @@ def _call(problem, out=None, workspace=None):
                             workspace=workspace)
 
 
-def _activity(fn) -> tuple[float, float]:
-    """(GPU busy ms, gaps ms) of one call (bench.common.timing.gpu_activity_ms): the union of its kernels'
-    and copies' intervals, and the idle time between its first device activity and its last."""
-    span, busy = gpu_activity_ms(fn)
-    return busy, span - busy
+def _activity(fn) -> tuple[float, float, dict]:
+    """(GPU busy ms, gaps ms, the trace's summary) of one call (bench.common.timing.gpu_activity): the
+    union of its kernels' and copies' intervals, the idle time between its first device activity and
+    its last, and the longest gaps with the activities around them."""
+    activity = gpu_activity(fn)
+    return activity["busy_ms"], activity["span_ms"] - activity["busy_ms"], activity
 
 
 def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
@@ -79,7 +80,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     eager = cuda_ms(call, reps=reps, warm=0)
-    kernels, gaps = _activity(call)
+    kernels, gaps, trace = _activity(call)
     # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
     out = {name: torch.empty_like(getattr(call(), name)) for name in FIELDS}
     static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}
@@ -107,7 +108,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     del graph, static, out
     runner = _runner(problem, rows, keys, topk, reps, workspace)
     return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
-                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, graph_ms=replay, graph_equal=equal,
+                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay, graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
 
@@ -138,14 +139,14 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
         host.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     ms = cuda_ms(call, reps=reps, warm=1)
-    kernels, gaps = _activity(call)
+    kernels, gaps, trace = _activity(call)
     fresh = prefill_problem(rows, keys * 4, topk, 99)
     for name in ("q_fp4", "q_scale", "weights"):
         kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
     return dict(runner_syncs=syncs, runner_host_ms=statistics.median(host), runner_ms=ms, runner_kernel_ms=kernels,
-                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
+                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_trace=trace, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
                 runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
 
 

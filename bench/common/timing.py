@@ -25,27 +25,39 @@ def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def gpu_activity_ms(fn) -> tuple[float, float]:
-    """(span, busy) ms of one profiled call of fn on the GPU: span from its first device activity's start to
-    its last one's end, busy the union of the device activities' intervals (kernels and copies; overlaps
-    counted once, so nothing is double counted), from torch.profiler's trace (CUPTI)."""
+def gpu_activity(fn, top: int = 6) -> dict:
+    """One profiled call of fn on the GPU (torch.profiler's trace, CUPTI): span_ms from its first device
+    activity's start to its last one's end, busy_ms the union of the activities' intervals (kernels and
+    copies; overlaps counted once, nothing double counted), and the `top` longest gaps between them
+    (gap_us, the activity before and the one after)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
     if not spans:
-        return 0.0, 0.0
-    busy, (lo, hi) = 0.0, spans[0]
-    for start, end in spans[1:]:
+        return dict(span_ms=0.0, busy_ms=0.0, gaps=[])
+    busy, gaps = 0.0, []
+    lo, hi, last = spans[0]
+    for start, end, name in spans[1:]:
         if start > hi:
-            busy, lo = busy + hi - lo, start
-        hi = max(hi, end)
+            busy += hi - lo
+            gaps.append(dict(gap_us=start - hi, before=last[:60], after=name[:60]))
+            lo = start
+        if end >= hi:
+            hi, last = end, name
     busy += hi - lo
-    return (max(end for _, end in spans) - spans[0][0]) / 1e3, busy / 1e3
+    gaps.sort(key=lambda g: -g["gap_us"])
+    return dict(span_ms=(hi - spans[0][0]) / 1e3, busy_ms=busy / 1e3, gaps=gaps[:top], gap_count=len(gaps))
+
+
+def gpu_activity_ms(fn) -> tuple[float, float]:
+    """(span, busy) ms of one call of fn (gpu_activity)."""
+    activity = gpu_activity(fn)
+    return activity["span_ms"], activity["busy_ms"]
 
 
 def json_logger(path: str, report: dict):
