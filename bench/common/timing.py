@@ -54,12 +54,6 @@ def gpu_activity(fn, top: int = 6) -> dict:
     return dict(span_ms=(hi - spans[0][0]) / 1e3, busy_ms=busy / 1e3, gaps=gaps[:top], gap_count=len(gaps))
 
 
-def gpu_activity_ms(fn) -> tuple[float, float]:
-    """(span, busy) ms of one call of fn (gpu_activity)."""
-    activity = gpu_activity(fn)
-    return activity["span_ms"], activity["busy_ms"]
-
-
 def json_logger(path: str, report: dict):
     """log(key, value): report[key] = value, printed, and the whole report rewritten to `path` (so a
     call cut short still leaves what it measured)."""
