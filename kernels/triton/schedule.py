@@ -19,8 +19,8 @@ covers those rows), in scan mode they find nothing. The grid has `max_programs` 
 from shapes alone; the programs past the ones used have no rows and span (0, 0), and do no work.
 
 Triton (runs_triton_stages): the two sorts are ranks (a row's place = the rows ordered before it,
-counted in BLOCK x BLOCK tiles: rows^2 compares over rows / BLOCK programs; not yet timed on the
-H200: 67 M compares at 8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win):
+counted in RANK_BLOCK x RANK_TILE tiles: rows^2 compares over rows / RANK_BLOCK programs, 67 M at
+8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win):
     schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes
     schedule_programs_kernel  each program's rows, sequence, span and q_wide, in that order
     schedule_order_kernel     each program's place by span length; writes the Schedule
@@ -39,7 +39,13 @@ from ..devices import runs_triton_stages
 from ..workspace import Scratch
 from .decode import FLAG_WIDE
 
-BLOCK = 64  # rows (programs) a program of the schedule kernels ranks, and the tile it compares them in
+BLOCK = 64  # rows a program of schedule_programs_kernel lays out
+# The two ranks: RANK_BLOCK rows (programs) a program ranks, against RANK_TILE others at a time. Small
+# blocks give the grid several programs an SM (8,192 rows: 512 programs), which the rows^2 compares need
+# to hide their latency: with 64 x 64 tiles (128 programs, one an SM) the ranks took 0.19 + 0.08 ms on the
+# H200 at 8,192 rows (bench/results/stage-trace-*-v13*.json).
+RANK_BLOCK = 16
+RANK_TILE = 256
 
 
 @dataclass(frozen=True)
@@ -138,15 +144,15 @@ def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
 def schedule_rank_kernel(
     rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
     order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x3, indexed by place: row, group, first lane
-    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
 ):
     offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask_i = offs_i < n
     group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
     place = tl.zeros([BLOCK], dtype=tl.int32)
     lower = tl.zeros([BLOCK], dtype=tl.int32)  # rows of earlier groups
-    for j0 in range(0, n, BLOCK):
-        offs_j = j0 + tl.arange(0, BLOCK)
+    for j0 in range(0, n, TILE):
+        offs_j = j0 + tl.arange(0, TILE)
         mask_j = offs_j < n
         group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
         before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None])
@@ -212,21 +218,21 @@ def schedule_order_kernel(
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
     out_rows_ptr, out_batch_ptr, out_span_ptr, out_q_wide_ptr,  # the Schedule, by place
     narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
     offs_p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask_p = offs_p < programs
     used = 0
-    for j0 in range(0, n, BLOCK):
-        offs_j = j0 + tl.arange(0, BLOCK)
+    for j0 in range(0, n, TILE):
+        offs_j = j0 + tl.arange(0, TILE)
         used += tl.sum(tl.load(first_at_ptr + offs_j, mask=offs_j < n, other=0), axis=0)
     valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0)
     start_p = tl.load(span_ptr + offs_p * 2, mask=valid_p, other=0)
     end_p = tl.load(span_ptr + offs_p * 2 + 1, mask=valid_p, other=0)
     work_p = start_p - end_p
     place = tl.zeros([BLOCK], dtype=tl.int32)
-    for q0 in range(0, programs, BLOCK):
-        offs_q = q0 + tl.arange(0, BLOCK)
+    for q0 in range(0, programs, TILE):
+        offs_q = q0 + tl.arange(0, TILE)
         valid_q = offs_q < used
         work_q = tl.load(span_ptr + offs_q * 2, mask=valid_q, other=0) \
             - tl.load(span_ptr + offs_q * 2 + 1, mask=valid_q, other=0)
@@ -260,12 +266,13 @@ def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: in
         by_program = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32),
                       scratch.empty((programs, 2), i32), scratch.empty(programs, torch.int8)]
         lanes = triton.next_power_of_2(block_rows)
-        schedule_rank_kernel[(triton.cdiv(n, BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at, first_at,
-                                                       BLOCK_ROWS=block_rows, BLOCK=BLOCK)
+        schedule_rank_kernel[(triton.cdiv(n, RANK_BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at,
+                                                            first_at, BLOCK_ROWS=block_rows, BLOCK=RANK_BLOCK,
+                                                            TILE=RANK_TILE)
         schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
             order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program,
             BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK)
-        schedule_order_kernel[(triton.cdiv(programs, BLOCK),)](
+        schedule_order_kernel[(triton.cdiv(programs, RANK_BLOCK),)](
             first_at, n, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
-            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, WIDE=FLAG_WIDE)
+            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=RANK_BLOCK, TILE=RANK_TILE, WIDE=FLAG_WIDE)
     return Schedule(*out, variants=variants)
