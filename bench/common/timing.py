@@ -28,8 +28,9 @@ def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
 def gpu_activity(fn, top: int = 6) -> dict:
     """One profiled call of fn on the GPU (torch.profiler's trace, CUPTI): span_ms from its first device
     activity's start to its last one's end, busy_ms the union of the activities' intervals (kernels and
-    copies; overlaps counted once, nothing double counted), and the `top` longest gaps between them
-    (gap_us, the activity before and the one after)."""
+    copies; overlaps counted once, nothing double counted), the `top` longest gaps between them
+    (gap_us, the activity before and the one after), the number of activities, and the 2 x `top`
+    activities with the most device time (heaviest_us, by name)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -51,7 +52,12 @@ def gpu_activity(fn, top: int = 6) -> dict:
             hi, last = end, name
     busy += hi - lo
     gaps.sort(key=lambda g: -g["gap_us"])
-    return dict(span_ms=(hi - spans[0][0]) / 1e3, busy_ms=busy / 1e3, gaps=gaps[:top], gap_count=len(gaps))
+    by_name: dict[str, float] = {}
+    for start, end, name in spans:
+        by_name[name[:60]] = by_name.get(name[:60], 0.0) + end - start
+    heaviest = sorted(by_name.items(), key=lambda item: -item[1])[:2 * top]
+    return dict(span_ms=(hi - spans[0][0]) / 1e3, busy_ms=busy / 1e3, gaps=gaps[:top], gap_count=len(gaps),
+                activities=len(spans), heaviest_us=dict(heaviest))
 
 
 def json_logger(path: str, report: dict):
