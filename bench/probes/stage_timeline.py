@@ -3,9 +3,10 @@
 The pipeline marks its stages with `torch.profiler.record_function("litetopk.<stage>")` (row_checks,
 decode, schedule, calibrate, scan, certify, repair, select, assemble). This probe profiles REPS calls,
 each inside a `bench.call` range, and reads the exported chrome trace: for every stage its host start
-and host time (ms from the call's start), the GPU window of its kernels (Kineto's
-`gpu_user_annotation` of the same range) and their busy time; for the call, the GPU busy time and the
-GPU idle time inside its GPU window. Medians over the calls. Nothing is patched: a stage the pipeline
+and host time (ms from the call's start), the GPU window of its kernels, copies and memsets (each
+joined to its host launch by Kineto's correlation id; it belongs to the innermost stage range around
+that launch) and their busy time; for the call, the GPU busy time and the GPU idle time inside its
+GPU window. Medians over the calls. Nothing is patched: a stage the pipeline
 does not mark does not appear, and a trace with no `litetopk.` range at all is an error.
 
     source bench/device/gpu_env.sh && OUT=/tmp TAG=new python3 -m bench.probes.stage_timeline   # H200
@@ -35,7 +36,8 @@ def _inside(span: dict, start: float, end: float) -> bool:
 
 
 def _busy_us(kernels: list[dict], start: float, end: float) -> float:
-    """Microseconds of [start, end) covered by at least one kernel (the union of their intervals)."""
+    """Microseconds of [start, end) covered by at least one kernel (the union of their intervals;
+    `kernels` sorted by start)."""
     busy, edge = 0.0, start
     for k in kernels:
         a, b = max(k["ts"], edge), min(k["ts"] + k.get("dur", 0), end)
@@ -45,42 +47,57 @@ def _busy_us(kernels: list[dict], start: float, end: float) -> float:
     return busy
 
 
+def _device_activities(events: list[dict]) -> list[tuple[dict, dict]]:
+    """(device activity, its host launch) pairs, sorted by the activity's start: kernels, copies and
+    memsets joined to the runtime / driver call that launched them by Kineto's correlation id."""
+    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    pairs = [(e, launches.get(e.get("args", {}).get("correlation"))) for e in device]
+    return sorted(((e, launch) for e, launch in pairs if launch is not None), key=lambda pair: pair[0]["ts"])
+
+
 def call_stages(trace: dict) -> list[dict]:
     """Per `bench.call` range of a chrome trace: {"call": {...}, "stages": {name: {...}}}, times in ms
-    from the call's host start (ValueError when the trace holds no call or no `litetopk.` range)."""
+    from the call's host start (ValueError when the trace holds no call or no `litetopk.` range). A
+    device activity belongs to the innermost `litetopk.` range around its launch on the host."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     host_calls = _spans(events, "user_annotation", name=CALL)
-    gpu_calls = _spans(events, "gpu_user_annotation", name=CALL)
-    kernels = _spans(events, "kernel")
+    ranges = _spans(events, "user_annotation", prefix=PREFIX)
+    activities = _device_activities(events)
     if not host_calls:
         raise ValueError(f"no '{CALL}' range in the trace")
     calls = []
     for i, call in enumerate(host_calls):
         t0, t1 = call["ts"], call["ts"] + call["dur"]
-        gpu = gpu_calls[i] if i < len(gpu_calls) else None
-        g0, g1 = (gpu["ts"], gpu["ts"] + gpu["dur"]) if gpu else (t0, t1)
         stages: dict[str, dict] = {}
-        for span in _spans(events, "user_annotation", prefix=PREFIX):
-            if _inside(span, t0, t1):
-                row = stages.setdefault(span["name"][len(PREFIX):], {"host_start": (span["ts"] - t0) / 1e3,
-                                                                     "host_ms": 0.0, "calls": 0})
-                row["host_ms"] += span["dur"] / 1e3
-                row["calls"] += 1
-        for span in _spans(events, "gpu_user_annotation", prefix=PREFIX):
-            row = stages.get(span["name"][len(PREFIX):])
-            if row is None or not _inside(span, g0, g1):
-                continue
-            a, b = span["ts"], span["ts"] + span["dur"]
-            row["gpu_start"] = min(row.get("gpu_start", float("inf")), (a - t0) / 1e3)
-            row["gpu_end"] = max(row.get("gpu_end", float("-inf")), (b - t0) / 1e3)
-            row["gpu_busy_ms"] = row.get("gpu_busy_ms", 0.0) + _busy_us(kernels, a, b) / 1e3
+        inside = [span for span in ranges if _inside(span, t0, t1)]
+        for span in inside:
+            row = stages.setdefault(span["name"][len(PREFIX):], {"host_start": (span["ts"] - t0) / 1e3,
+                                                                 "host_ms": 0.0, "calls": 0})
+            row["host_ms"] += span["dur"] / 1e3
+            row["calls"] += 1
         if not stages:
             raise ValueError(f"call {i}: no '{PREFIX}<stage>' range inside it: does this commit's pipeline mark its stages?")
+        mine = [(e, launch) for e, launch in activities if t0 <= launch["ts"] <= t1]
+        by_stage: dict[str, list[dict]] = {}
+        for e, launch in mine:
+            around = [s for s in inside if s.get("tid") == launch.get("tid") and _inside(launch, s["ts"], s["ts"] + s["dur"])]
+            if around:
+                by_stage.setdefault(min(around, key=lambda s: s["dur"])["name"][len(PREFIX):], []).append(e)
+        for name, kernels in by_stage.items():
+            row = stages[name]
+            row["gpu_start"] = (kernels[0]["ts"] - t0) / 1e3
+            row["gpu_end"] = (max(k["ts"] + k.get("dur", 0) for k in kernels) - t0) / 1e3
+            row["gpu_busy_ms"] = _busy_us(kernels, kernels[0]["ts"], float("inf")) / 1e3
+            row["launches"] = len(kernels)
         summary = {"host_ms": (t1 - t0) / 1e3}
-        if gpu:  # a trace without device activity (a CPU run) has no GPU window
+        if mine:  # a trace without device activity (a CPU run) has no GPU window
+            kernels = [e for e, _ in mine]
+            g0, g1 = kernels[0]["ts"], max(k["ts"] + k.get("dur", 0) for k in kernels)
             busy = _busy_us(kernels, g0, g1) / 1e3
             summary.update(gpu_start=(g0 - t0) / 1e3, gpu_end=(g1 - t0) / 1e3, gpu_busy_ms=busy,
-                           gpu_idle_ms=(g1 - g0) / 1e3 - busy)
+                           gpu_idle_ms=(g1 - g0) / 1e3 - busy, launches=len(kernels))
         calls.append({"call": summary, "stages": stages})
     return calls
 
