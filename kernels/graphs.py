@@ -47,7 +47,7 @@ import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
 from .errors import InputError
-from .operator import litetopk_prefill, resolve_backend
+from .operator import get_backend, litetopk_prefill, on_device
 from .pipeline import LiteTopKTuning
 from .result import RESULT_FIELDS, TopKResult
 from .status import CAPACITY_EVENTS
@@ -120,7 +120,8 @@ class LiteTopKGraphs:
         if device.type == "cuda" and device.index is None:  # the inputs' tensors name their device's index
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        self.backend = resolve_backend(backend, self.device)
+        self._chosen = get_backend(backend, self.device)
+        self.backend = self._chosen.name
         self.tuning = tuning or LiteTopKTuning()
         self.max_graphs = max_graphs
         self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
@@ -161,12 +162,9 @@ class LiteTopKGraphs:
         if self._cuda_graphs and torch.cuda.is_current_stream_capturing():
             return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=repair,
                                     tuning=self.tuning, out=out, check=check, workspace=self.workspace)
-        if self._cuda_graphs:
-            with torch.cuda.device(self.device):
-                captured = self._replay(inputs, kv_cache, options, repair)
-        else:
+        with on_device(self.device, self._chosen):  # the device current; torch / CUDA failures -> DeviceError
             captured = self._replay(inputs, kv_cache, options, repair)
-        result = self._publish(captured, out)
+            result = self._publish(captured, out)
         if check and repair and bool(((result.status & int(CAPACITY_EVENTS)) != 0).any()):
             return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=True,
                                     tuning=self.tuning, out=out, check=True, workspace=self.workspace)
@@ -190,19 +188,20 @@ class LiteTopKGraphs:
             self.stats["replays"] += 1
             return captured
         captured = self._stage(inputs, kv_cache, options, repair)
-        self._graphs[key] = captured
-        if len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
-            self.stats["evictions"] += 1
         captured.stage(inputs)
         captured.run()  # this call's answer; compiles and warms every kernel before the capture
         if self._cuda_graphs:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):  # synchronizes the device first
+            # Synchronizes the device first; other threads' CUDA work does not invalidate the capture.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 captured.run()
             captured.replay, captured.keep = graph.replay, (graph, kv_cache, options["kv_scale"])
         else:
             captured.replay, captured.keep = captured.run, (kv_cache, options["kv_scale"])
+        self._graphs[key] = captured  # only once captured: a failed capture leaves no signature behind
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+            self.stats["evictions"] += 1
         self.stats["captures"] += 1
         return captured
 
