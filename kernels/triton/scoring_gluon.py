@@ -4,9 +4,12 @@ The math, the exact integer scheme, the float32 order and its bound are scoring.
     int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
 where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages
-q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key; the
-hi dots join by Horner's rule in the same accumulator (_wide_int_dots), and relu(int_dot) is
-converted once and scaled by 2^-149, as in scoring.py. The head sum is reduced in the layout the
+q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key (with
+cp.async, one step early: after the MMA of the step before, so the copy overlaps that step's
+epilogue; the tiles' wide flags are loaded one step ahead and the keys' factors before the MMA, so
+no load latency sits between a step's barrier and its MMA); the hi dots join by Horner's rule in
+the same accumulator (_wide_int_dots), and relu(int_dot) is converted once and scaled by 2^-149,
+as in scoring.py. A narrow step of the ANY_WIDE variant is the common case's step (the same bits). The head sum is reduced in the layout the
 Triton kernel gets for the same tile at BLOCK_ROWS = 2 (gl.sum over the same NVMMA layout), so the
 two kernels return the same bits (checked on the H200 by tests/kernels/test_triton_backend.py and
 bench/gluon_probe.py).
@@ -61,44 +64,48 @@ def _add(a, b):
 
 
 @gluon.jit
-def _issue_key_tile(step, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr, NUM_BUFFERS: gl.constexpr):
-    """Start the cp.async of key step `step` into its ring slot (nothing past the last step), then
-    close the copy group (an empty group keeps the wait counts uniform)."""
+def _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS: gl.constexpr, D: gl.constexpr,
+              STRIDED: gl.constexpr):
+    """(element offsets [BLOCK_KEYS, D], row mask [BLOCK_KEYS, 1]) of key step `step`'s tile in a
+    [B, s_pad, D] operand (nothing past the last step; contiguous tiles lie inside [0, s_pad))."""
     live = step < n_steps
     if STRIDED:
         pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-        ptrs = k_lo_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
-        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
-                                               mask=((pos < hi) & live)[:, None])
-    else:  # contiguous and inside [0, s_pad)
-        row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
-        ptrs = k_lo_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :]
-        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
-                                               mask=gl.full([BLOCK_KEYS, 1], 1, gl.int1, ptrs.type.layout) & live)
+        rows = (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
+        mask = ((pos < hi) & live)[:, None]
+    else:
+        rows = ((k_base + lo + step * BLOCK_KEYS).to(gl.int64) + offs_k)[:, None] * D + offs_d[None, :]
+        mask = gl.full([BLOCK_KEYS, 1], 1, gl.int1, rows.type.layout) & live
+    return rows, mask
+
+
+@gluon.jit
+def _issue_key_tile(step, n_steps, lo, stride, k_base, k_ptr, hi, smem, offs_k, offs_d,
+                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr):
+    """Start the cp.async of key step `step`'s tile of operand k_ptr (k_lo or k_hi) into `smem`
+    (nothing past the last step), then close the copy group (an empty group keeps the wait counts
+    uniform)."""
+    rows, mask = _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+    async_copy.async_copy_global_to_shared(smem, k_ptr + rows, mask=mask)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_ptr, k_base, lo, hi, step, stride,
-                   offs_k, offs_d, acc_layout: gl.constexpr, BLOCK_KEYS: gl.constexpr, N: gl.constexpr,
-                   D: gl.constexpr, STRIDED: gl.constexpr):
+def _tile_flag(flags_at, step, n_steps, STRIDED: gl.constexpr):
+    """Whether key step `step` (< n_steps, else false) needs k_hi: its tile's flag, or in strided mode
+    the sequence's (one flag at flags_at)."""
+    return gl.load(flags_at + (0 if STRIDED else step), mask=step < n_steps, other=0) != 0
+
+
+@gluon.jit
+def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, acc_layout: gl.constexpr,
+                   BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
     """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (decode.py),
     as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
-    into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29)."""
+    into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29).
+    A wide tile's k_hi is in k_hi_smem (copied during the step before, landed at this step's wait)."""
     acc = gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout)
-    if k_wide:  # this tile's k_hi, copied synchronously (wide tiles are rare)
-        if STRIDED:
-            pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-            ptrs = k_hi_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
-            async_copy.async_copy_global_to_shared(k_hi_smem, ptrs, mask=(pos < hi)[:, None])
-        else:
-            row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
-            async_copy.async_copy_global_to_shared(k_hi_smem, k_hi_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :])
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        gl.thread_barrier()
+    if k_wide:
         if q_wide:
             acc = warpgroup_mma(k_hi_smem, q_hi_smem.permute((1, 0)), acc, use_acc=False) * 16
         acc = warpgroup_mma(k_hi_smem, q_smem.permute((1, 0)), acc)
@@ -240,8 +247,19 @@ def score_fp4_gluon_kernel(
 
     offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
     for s in gl.static_range(NUM_BUFFERS - 1):
-        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
+        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS), offs_k, offs_d,
+                        BLOCK_KEYS, D, STRIDED)
+    if ANY_WIDE:
+        # A wide tile's k_hi is copied one step early: after the MMA of the step before (the last
+        # reader of k_hi_smem; a wgmma completes for the whole warpgroup), in its own copy group,
+        # which the ring of 2 waits for at the top of the tile's step with the tile's lo copy.
+        # The flags run one step ahead (loaded at the step before the copy that needs them).
+        gl.static_assert(NUM_BUFFERS == 2, "the k_hi copy is waited for by a ring of 2 key tiles")
+        flags_at = tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS)
+        k_wide = _tile_flag(flags_at, 0, n_steps, STRIDED)
+        if k_wide:
+            _issue_key_tile(0, n_steps, lo, stride, k_base, k_hi_ptr, hi, k_hi_smem, offs_k, offs_d,
+                            BLOCK_KEYS, D, STRIDED)
     gl.thread_barrier()
     fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
 
@@ -260,28 +278,32 @@ def score_fp4_gluon_kernel(
         # the previous step's wgmma (waited for by all four warps) before the overwrite issued next.
         async_copy.wait_group(NUM_BUFFERS - 2)
         fence_async_shared()
-        _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
+        _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi,
+                        ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
         gl.thread_barrier()
-        if ANY_WIDE:
-            k_wide = gl.load(tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS + step)) != 0
-            if k_wide | q_wide:
-                acc = _wide_int_dots(ring.index(step % NUM_BUFFERS), q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide,
-                                     k_hi_ptr, k_base, lo, hi, step, stride, offs_k, offs_d, mma, BLOCK_KEYS, N, D,
-                                     STRIDED)
-                # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
-                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-            else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
-                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
-        else:
-            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
-        terms = relu_sub * wq[None, :]
-        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
+        # the keys' factors are loaded before the MMA, so that their latency overlaps it
         pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
         if STRIDED:
             kfac = gl.load(kfac_ptr + k_base + pos, mask=pos < hi, other=0.0)
         else:
             kfac = gl.load(kfac_ptr + k_base + pos)
+        if ANY_WIDE:
+            k_wide_next = _tile_flag(flags_at, step + 1, n_steps, STRIDED)  # latency: overlaps the MMA below
+            if k_wide | q_wide:
+                acc = _wide_int_dots(ring.index(step % NUM_BUFFERS), q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide,
+                                     mma, BLOCK_KEYS, N)
+                # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
+                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+            else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
+                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+            if k_wide_next:  # this step's MMA, the last reader of k_hi_smem, has completed
+                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_hi_ptr, hi, k_hi_smem, offs_k, offs_d,
+                                BLOCK_KEYS, D, STRIDED)
+            k_wide = k_wide_next
+        else:
+            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+        terms = relu_sub * wq[None, :]
+        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
         scores = scores * rowfac[None, :] * kfac[:, None]
         if DENSE:
             in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
