@@ -48,6 +48,8 @@ def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str,
                               options=options)
     with open(path + ".cubin", "wb") as f:
         f.write(compiled.asm["cubin"])
+    with open(path + ".shared", "w") as f:  # the launch's dynamic shared memory, bytes (resource_usage reads it)
+        f.write(str(compiled.metadata.shared))
     for ext in ("ptx", "ttgir"):
         with open(f"{path}.{ext}", "w") as f:
             f.write(compiled.asm[ext])
@@ -59,10 +61,13 @@ def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str,
 
 
 def resource_usage(path: str) -> dict[str, int]:
-    """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them."""
+    """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them, and
+    "DYNAMIC_SHARED": the dynamic shared memory its launches ask for (bytes)."""
     usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path + ".cubin"],
                            capture_output=True, text=True, check=True).stdout
-    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    found = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    with open(path + ".shared") as f:
+        return dict(found, DYNAMIC_SHARED=int(f.read()))
 
 
 def innermost_mma_loop(sass: str) -> list[str]:
