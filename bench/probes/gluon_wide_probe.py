@@ -18,7 +18,9 @@ and per-step flag reads) against `narrow`; on spread-1 data wide_all - wide_no_k
 tiles' work, wide_all - wide_no_queries the wide query rows', wide_none - narrow the variant's cost.
 Each case says whether its dense scores equal the exact ones ("exact"). Counts: wide programs, wide
 key tiles (and the wide tiles a scan program's span crosses, mean), wide keys, wide query rows and
-wide heads per wide row. Prints a table, writes $OUT/gluon-wide.json.
+wide heads per wide row. And per compiled Gluon variant its registers, spills, dynamic shared memory
+and the programs per SM the driver allows it (cuOccupancyMaxActiveBlocksPerMultiprocessor: the
+scan's wide variant used to get 3, the others 4). Prints tables, writes $OUT/gluon-wide.json.
     source bench/device/gpu_env.sh && OUT=/tmp python3 -m bench.probes.gluon_wide_probe
 """
 
@@ -33,7 +35,10 @@ import torch
 from litetopk.kernels import LiteTopKTuning
 from litetopk.kernels.pipeline import calibrate, run_litetopk
 from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.backend import gluon_launch_options
+from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS, SCORE_TYPES, build_sm90
 from litetopk.kernels.triton.decode import FLAG_WIDE, decode_queries_fp4_triton
+from litetopk.kernels.triton.scoring_gluon import GLUON_NUM_WARPS, score_fp4_gluon_kernel
 from litetopk.kernels.validation import validate_prefill
 
 from bench.common.problems import call_args, prefill_problem
@@ -110,6 +115,26 @@ def split_times(problem, backend: TritonBackend, tuning, topk: int) -> dict:
     return out
 
 
+def occupancy(topk: int = 512) -> dict:
+    """Per Gluon variant as the backend launches it: registers, spilled bytes, dynamic shared memory
+    and programs per SM (the driver's occupancy answer; an error string where it could not answer)."""
+    from cuda.bindings import driver
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    out = {}
+    for name, mode in GLUON_VARIANTS.items():
+        constants, options = gluon_launch_options(topk=topk, **mode)
+        kernel = build_sm90(score_fp4_gluon_kernel, SCORE_TYPES, constants, options, source=GluonASTSource)
+        kernel._init_handles()  # loads it (and sets its shared memory limit, as a launch does)
+        err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(kernel.function), 32 * GLUON_NUM_WARPS, kernel.metadata.shared)
+        out[name] = dict(registers=kernel.n_regs, spilled_bytes=4 * kernel.n_spills,
+                         dynamic_shared=kernel.metadata.shared,
+                         programs_per_sm=int(per_sm) if err == driver.CUresult.CUDA_SUCCESS else f"error {err}")
+        print(f"{name:14s} {out[name]}", flush=True)
+    return out
+
+
 def print_table(name: str, counts: dict, times: dict) -> None:
     print(f"\n{name}: {counts}")
     base = times["narrow"]
@@ -142,6 +167,7 @@ def main() -> None:
         log(f"k{topk}_spread{spread}", res)
         del problem, gluon
         torch.cuda.empty_cache()
+    log("occupancy", occupancy())  # last: it needs cuda.bindings (cuda-python), which the timings do not
 
 
 if __name__ == "__main__":

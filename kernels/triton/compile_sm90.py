@@ -36,16 +36,21 @@ SCORE_TYPES = dict(
 )
 
 
-def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
-    """Compile `kernel` for sm_90 with `constants` and compiler `options` (num_warps, maxnreg, ...);
-    pointer arguments are declared 16-byte aligned, as the launcher's tensors are. Writes
-    path.{cubin,ptx,ttgir,sass} and returns the SASS text."""
+def build_sm90(kernel, types: dict, constants: dict, options: dict, source=ASTSource):
+    """triton.compile of `kernel` for sm_90 with `constants` and compiler `options` (num_warps,
+    maxnreg, ...); pointer arguments are declared 16-byte aligned, as the launcher's tensors are."""
     if "num_warps" in kernel.arg_names:  # a Gluon kernel's layouts read it as a constexpr argument
         constants = dict(constants, num_warps=options["num_warps"])
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")}
-    compiled = triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options)
+    return triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
+    """build_sm90, written to path.{cubin,ptx,ttgir,sass} (and path.shared: the dynamic shared
+    memory of its launches); returns the SASS text."""
+    compiled = build_sm90(kernel, types, constants, options, source)
     with open(path + ".cubin", "wb") as f:
         f.write(compiled.asm["cubin"])
     with open(path + ".shared", "w") as f:  # the launch's dynamic shared memory, bytes (resource_usage reads it)
