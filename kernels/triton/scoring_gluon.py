@@ -6,8 +6,8 @@ The math, the exact integer scheme, the float32 order and its bound are scoring.
 where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages
 q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key, into
 the ring's other slot (no k_hi buffer of its own: 48 KiB of shared memory a program, so 4 programs
-share an SM as in the common case; a separate 8 KiB buffer had put the scan's variant over the
-SM's 228 KiB, 3 programs). The k_hi copy and the next lo copy around a wide tile are issued after
+share an SM as in the common case; a separate 8 KiB buffer had put the wide variants at 56-56.5 KiB,
+over a quarter of the SM's 228 KiB with the 2 KiB static and reserved a block: 3 programs). The k_hi copy and the next lo copy around a wide tile are issued after
 the MMA of the step before them with cp.async (overlapping that step's epilogue; no synchronous
 copy); the tiles' wide flags are loaded one step ahead and the keys' factors before the MMA, so no
 load latency sits between a step's barrier and its MMA. The hi dots join by Horner's rule in the

@@ -3,11 +3,13 @@ shared memory lets as many programs share an SM as its registers do (4), and the
 keep no shared buffer of their own for a wide key tile's k_hi (it takes the other slot of the
 ring of key tiles, scoring_gluon.py).
 
-Why: before this check the scan's wide variant asked for 57,856 bytes of dynamic shared memory a
-program, and 4 x (57,856 + 1,024 static) is over the 228 KiB of shared memory of an H200
-multiprocessor, so the scan ran 3 programs per SM instead of 4 on every problem that holds a wide
-vector (the dense variant, 57,344 bytes, fit exactly); bench/NOTES.md, Next steps 2. The numbers
-are the compiler's own (compile_sm90's summary), built once in a fresh process without the
+Why: before this check the wide variants asked for 57,344 (dense) and 57,856 (scan) bytes of
+dynamic shared memory a program; with the cubin's 1 KiB static section and the driver's 1 KiB
+reserved a block, 4 programs need more than the 228 KiB of an H200 multiprocessor, so they ran 3
+programs per SM instead of 4 on every problem that holds a wide vector (the scan even without
+counting the reservation twice); bench/NOTES.md, Next steps 2. The count here is the conservative
+one (static section and reservation both); bench/probes/gluon_wide_probe.py asks the driver. The
+numbers are the compiler's own (compile_sm90's summary), built once in a fresh process without the
 interpreter."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from litetopk.kernels.triton.scoring_gluon import GLUON_BLOCK_KEYS, GLUON_MAX_RE
 from tests.kernels.offline_compile import offline_summary
 
 SHARED_PER_SM = 228 * 1024  # sm_90: shared memory of one multiprocessor (H100 / H200)
+RESERVED_PER_PROGRAM = 1024  # sm_90: shared memory the driver reserves for each resident block
 REGISTERS_PER_SM = 65536
 KEY_TILE = GLUON_BLOCK_KEYS * 128  # bytes of one int8 key tile (D = 128)
 
@@ -29,9 +32,9 @@ def summary(tmp_path_factory) -> dict:
 
 
 def programs_per_sm(info: dict) -> tuple[int, int]:
-    """(programs per SM its shared memory allows, programs per SM its registers allow). SHARED is the
-    cubin's static section: on sm_90 the 1 KiB the driver reserves for each block."""
-    per_program = info["DYNAMIC_SHARED"] + max(info["SHARED"], 1024)
+    """(programs per SM its shared memory allows, programs per SM its registers allow); SHARED is the
+    cubin's static section (cuobjdump), counted besides the driver's reservation."""
+    per_program = info["DYNAMIC_SHARED"] + info["SHARED"] + RESERVED_PER_PROGRAM
     return SHARED_PER_SM // per_program, REGISTERS_PER_SM // (info["REG"] * 32 * GLUON_NUM_WARPS)
 
 
