@@ -36,18 +36,25 @@ SCORE_TYPES = dict(
 )
 
 
-def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
-    """Compile `kernel` for sm_90 with `constants` and compiler `options` (num_warps, maxnreg, ...);
-    pointer arguments are declared 16-byte aligned, as the launcher's tensors are. Writes
-    path.{cubin,ptx,ttgir,sass} and returns the SASS text."""
+def build_sm90(kernel, types: dict, constants: dict, options: dict, source=ASTSource):
+    """triton.compile of `kernel` for sm_90 with `constants` and compiler `options` (num_warps,
+    maxnreg, ...); pointer arguments are declared 16-byte aligned, as the launcher's tensors are."""
     if "num_warps" in kernel.arg_names:  # a Gluon kernel's layouts read it as a constexpr argument
         constants = dict(constants, num_warps=options["num_warps"])
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")}
-    compiled = triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options)
+    return triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
+    """build_sm90, written to path.{cubin,ptx,ttgir,sass} (and path.shared: the dynamic shared
+    memory of its launches); returns the SASS text."""
+    compiled = build_sm90(kernel, types, constants, options, source)
     with open(path + ".cubin", "wb") as f:
         f.write(compiled.asm["cubin"])
+    with open(path + ".shared", "w") as f:  # the launch's dynamic shared memory, bytes (resource_usage reads it)
+        f.write(str(compiled.metadata.shared))
     for ext in ("ptx", "ttgir"):
         with open(f"{path}.{ext}", "w") as f:
             f.write(compiled.asm[ext])
@@ -59,10 +66,13 @@ def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str,
 
 
 def resource_usage(path: str) -> dict[str, int]:
-    """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them."""
+    """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them, and
+    "DYNAMIC_SHARED": the dynamic shared memory its launches ask for (bytes)."""
     usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path + ".cubin"],
                            capture_output=True, text=True, check=True).stdout
-    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    found = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
+    with open(path + ".shared") as f:
+        return dict(found, DYNAMIC_SHARED=int(f.read()))
 
 
 def innermost_mma_loop(sass: str) -> list[str]:

@@ -4,12 +4,18 @@ The math, the exact integer scheme, the float32 order and its bound are scoring.
     int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
 where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages
-q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key; the
-hi dots join by Horner's rule in the same accumulator (_wide_int_dots), and relu(int_dot) is
-converted once and scaled by 2^-149, as in scoring.py. The head sum is reduced in the layout the
-Triton kernel gets for the same tile at BLOCK_ROWS = 2 (gl.sum over the same NVMMA layout), so the
-two kernels return the same bits (checked on the H200 by tests/kernels/test_triton_backend.py and
-bench/gluon_probe.py).
+q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key, into
+the ring's other slot (no k_hi buffer of its own: 48 KiB of shared memory a program, so 4 programs
+share an SM as in the common case; a separate 8 KiB buffer had put the wide variants at 56-56.5 KiB,
+over a quarter of the SM's 228 KiB with the 2 KiB static and reserved a block: 3 programs). The k_hi copy and the next lo copy around a wide tile are issued after
+the MMA of the step before them with cp.async (overlapping that step's epilogue; no synchronous
+copy); the tiles' wide flags are loaded one step ahead and the keys' factors before the MMA, so no
+load latency sits between a step's barrier and its MMA. The hi dots join by Horner's rule in the
+same accumulator (_wide_int_dots), and relu(int_dot) is converted once and scaled by 2^-149, as in
+scoring.py. A narrow step of the ANY_WIDE variant is the common case's step (the same bits).
+The head sum is reduced in the layout the Triton kernel gets for the same tile at BLOCK_ROWS = 2
+(gl.sum over the same NVMMA layout), so the two kernels return the same bits (checked on the H200
+by tests/kernels/test_triton_backend.py, tests/kernels/test_wide_scoring.py and bench/gluon_probe.py).
 
 What Gluon buys over the Triton kernel (bench/NOTES.md, session 4): the register budget. One
 warpgroup (4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEYS = 64 keys per
@@ -35,7 +41,7 @@ scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is
 below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
 A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
-the CI-tested twin). The ANY_WIDE variants spill 2-6 registers (compile_sm90 summary).
+the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
 """
 
 from __future__ import annotations
@@ -61,47 +67,51 @@ def _add(a, b):
 
 
 @gluon.jit
-def _issue_key_tile(step, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr, NUM_BUFFERS: gl.constexpr):
-    """Start the cp.async of key step `step` into its ring slot (nothing past the last step), then
-    close the copy group (an empty group keeps the wait counts uniform)."""
+def _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS: gl.constexpr, D: gl.constexpr,
+              STRIDED: gl.constexpr):
+    """(element offsets [BLOCK_KEYS, D], row mask [BLOCK_KEYS, 1]) of key step `step`'s tile in a
+    [B, s_pad, D] operand (nothing past the last step; contiguous tiles lie inside [0, s_pad))."""
     live = step < n_steps
     if STRIDED:
         pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-        ptrs = k_lo_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
-        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
-                                               mask=((pos < hi) & live)[:, None])
-    else:  # contiguous and inside [0, s_pad)
-        row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
-        ptrs = k_lo_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :]
-        async_copy.async_copy_global_to_shared(ring.index(step % NUM_BUFFERS), ptrs,
-                                               mask=gl.full([BLOCK_KEYS, 1], 1, gl.int1, ptrs.type.layout) & live)
+        rows = (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
+        mask = ((pos < hi) & live)[:, None]
+    else:
+        rows = ((k_base + lo + step * BLOCK_KEYS).to(gl.int64) + offs_k)[:, None] * D + offs_d[None, :]
+        mask = gl.full([BLOCK_KEYS, 1], 1, gl.int1, rows.type.layout) & live
+    return rows, mask
+
+
+@gluon.jit
+def _issue_key_tile(step, n_steps, lo, stride, k_base, k_ptr, hi, smem, offs_k, offs_d,
+                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr):
+    """Start the cp.async of key step `step`'s tile of operand k_ptr (k_lo or k_hi) into `smem`
+    (nothing past the last step), then close the copy group (an empty group keeps the wait counts
+    uniform)."""
+    rows, mask = _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+    async_copy.async_copy_global_to_shared(smem, k_ptr + rows, mask=mask)
     async_copy.commit_group()
 
 
 @gluon.jit
-def _wide_int_dots(lo_tile, q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide, k_hi_ptr, k_base, lo, hi, step, stride,
-                   offs_k, offs_d, acc_layout: gl.constexpr, BLOCK_KEYS: gl.constexpr, N: gl.constexpr,
-                   D: gl.constexpr, STRIDED: gl.constexpr):
+def _tile_flag(flags_at, step, n_steps, STRIDED: gl.constexpr):
+    """Whether key step `step` (< n_steps, else false) needs k_hi: its tile's flag, or in strided mode
+    the sequence's (one flag at flags_at)."""
+    return gl.load(flags_at + (0 if STRIDED else step), mask=step < n_steps, other=0) != 0
+
+
+@gluon.jit
+def _wide_int_dots(lo_tile, hi_tile, q_smem, q_hi_smem, q_wide, k_wide, acc_layout: gl.constexpr,
+                   BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
     """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (decode.py),
     as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
-    into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29)."""
+    into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29).
+    hi_tile: a wide tile's k_hi (the ring slot the score kernel gives it)."""
     acc = gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout)
-    if k_wide:  # this tile's k_hi, copied synchronously (wide tiles are rare)
-        if STRIDED:
-            pos = lo + (step * BLOCK_KEYS + offs_k) * stride
-            ptrs = k_hi_ptr + (k_base + pos).to(gl.int64)[:, None] * D + offs_d[None, :]
-            async_copy.async_copy_global_to_shared(k_hi_smem, ptrs, mask=(pos < hi)[:, None])
-        else:
-            row0 = (k_base + lo + step * BLOCK_KEYS).to(gl.int64)
-            async_copy.async_copy_global_to_shared(k_hi_smem, k_hi_ptr + (row0 + offs_k)[:, None] * D + offs_d[None, :])
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        gl.thread_barrier()
+    if k_wide:
         if q_wide:
-            acc = warpgroup_mma(k_hi_smem, q_hi_smem.permute((1, 0)), acc, use_acc=False) * 16
-        acc = warpgroup_mma(k_hi_smem, q_smem.permute((1, 0)), acc)
+            acc = warpgroup_mma(hi_tile, q_hi_smem.permute((1, 0)), acc, use_acc=False) * 16
+        acc = warpgroup_mma(hi_tile, q_smem.permute((1, 0)), acc)
     if q_wide:
         acc = warpgroup_mma(lo_tile, q_hi_smem.permute((1, 0)), acc)
     return warpgroup_mma(lo_tile, q_smem.permute((1, 0)), acc * 16)
@@ -203,8 +213,6 @@ def score_fp4_gluon_kernel(
         q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
         q_hi_smem.store(gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide,
                                 other=0))
-        k_hi_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_KEYS, D],
-                                              gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
     n_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n % BLOCK_ROWS)
     wq = gl.load(wq_ptr + gl.where(n_rows >= 0, n_rows, 0).to(gl.int64) * H + offs_n // BLOCK_ROWS,
@@ -240,8 +248,22 @@ def score_fp4_gluon_kernel(
 
     offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
     for s in gl.static_range(NUM_BUFFERS - 1):
-        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
+        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS), offs_k, offs_d,
+                        BLOCK_KEYS, D, STRIDED)
+    if ANY_WIDE:
+        # A wide tile's k_hi takes the ring's other slot (no shared memory of its own: 4 programs
+        # still fit an SM), so the next lo tile is copied after the wide tile's MMA instead of at
+        # the top of its step. A copy into a slot is issued at the top of a step or after the MMA
+        # of the step before, the slot's last reader (the compiler puts a CTA barrier before such
+        # a copy: a write after the wgmma's read of the same buffer), and the ring of 2 waits for
+        # every copy group at the top of each step. The flags run one step ahead (loaded before
+        # the MMA of the step whose copies need them).
+        gl.static_assert(NUM_BUFFERS == 2, "the wide tiles' copies are written for a ring of 2 key tiles")
+        flags_at = tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS)
+        k_wide = _tile_flag(flags_at, 0, n_steps, STRIDED)
+        if k_wide:
+            _issue_key_tile(0, n_steps, lo, stride, k_base, k_hi_ptr, hi, ring.index(1), offs_k, offs_d,
+                            BLOCK_KEYS, D, STRIDED)
     gl.thread_barrier()
     fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
 
@@ -260,28 +282,41 @@ def score_fp4_gluon_kernel(
         # the previous step's wgmma (waited for by all four warps) before the overwrite issued next.
         async_copy.wait_group(NUM_BUFFERS - 2)
         fence_async_shared()
-        _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, STRIDED, NUM_BUFFERS)
-        gl.thread_barrier()
         if ANY_WIDE:
-            k_wide = gl.load(tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS + step)) != 0
-            if k_wide | q_wide:
-                acc = _wide_int_dots(ring.index(step % NUM_BUFFERS), q_smem, q_hi_smem, k_hi_smem, q_wide, k_wide,
-                                     k_hi_ptr, k_base, lo, hi, step, stride, offs_k, offs_d, mma, BLOCK_KEYS, N, D,
-                                     STRIDED)
-                # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
-                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-            else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
-                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+            if not k_wide:  # (a wide tile's k_hi holds the other slot until its MMA is done)
+                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
         else:
-            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
-        terms = relu_sub * wq[None, :]
-        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
+            _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi,
+                            ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+        gl.thread_barrier()
+        # the keys' factors are loaded before the MMA, so that their latency overlaps it
         pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
         if STRIDED:
             kfac = gl.load(kfac_ptr + k_base + pos, mask=pos < hi, other=0.0)
         else:
             kfac = gl.load(kfac_ptr + k_base + pos)
+        if ANY_WIDE:
+            k_wide_next = _tile_flag(flags_at, step + 1, n_steps, STRIDED)  # latency: overlaps the MMA below
+            if k_wide | q_wide:
+                acc = _wide_int_dots(ring.index(step % 2), ring.index((step + 1) % 2), q_smem, q_hi_smem, q_wide,
+                                     k_wide, mma, BLOCK_KEYS, N)
+                # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
+                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+            else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
+                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+            # this step's MMA, the last reader of both slots, has completed
+            if k_wide:  # the next lo tile into the slot this tile's k_hi held
+                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+            if k_wide_next:  # the next tile's k_hi into this tile's lo slot
+                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_hi_ptr, hi, ring.index(step % 2),
+                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+            k_wide = k_wide_next
+        else:
+            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+        terms = relu_sub * wq[None, :]
+        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
         scores = scores * rowfac[None, :] * kfac[:, None]
         if DENSE:
             in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])

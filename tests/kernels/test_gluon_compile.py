@@ -21,8 +21,10 @@ def summary(tmp_path_factory) -> dict:
 
 # The scan spills one register under the cap: one store and one reload (L1) per step, measured
 # cheaper than the 3 programs per SM that ~165 registers would leave (bench/NOTES.md, session 4).
-# The ANY_WIDE variants (problems holding a wide MXFP4 vector) spill up to 6.
-ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 24, "scan_wide": 24}
+# The ANY_WIDE variants (problems holding a wide MXFP4 vector) spill up to 10 (loop invariants reloaded
+# from L1; the price of their k_hi in the ring's other slot, which keeps 4 programs per SM:
+# test_wide_gluon_compile.py).
+ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 40, "scan_wide": 40}
 COMMON = ("dense", "strided", "scan")  # the ANY_WIDE false variants: the loop checks below are theirs
 
 
