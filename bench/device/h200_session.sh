@@ -31,7 +31,7 @@ for step in $STEPS; do
                 tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py tests/kernels/test_out_buffers.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -8 ;;
     gputests2)  # the same files in two pytest processes side by side (the GPU holds both), logs kept
       T=${GPUTESTS_TIMEOUT:-200}; O='-q -p no:cacheprovider -o addopts= -rf'
-      timeout $T python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py $O > "$RES/gputests-a.log" 2>&1 &
+      timeout $T python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py tests/kernels/test_wide_scoring.py $O > "$RES/gputests-a.log" 2>&1 &
       timeout $T python3 -m pytest tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py \
         tests/kernels/test_out_buffers.py $O > "$RES/gputests-b.log" 2>&1 &
       wait; tail -6 "$RES/gputests-a.log"; tail -6 "$RES/gputests-b.log" ;;
