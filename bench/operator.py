@@ -170,6 +170,19 @@ def run_point(args, model: str, raw: int, spread: int) -> dict:
     return point
 
 
+def write_json(args, points: list[dict]) -> str:
+    """Write the points measured so far to <out>/operator-<tag>.json (after every point: a run cut short
+    keeps what it measured); returns the path."""
+    models = args.model.split("-")[-1] if args.model != "all" else "flash-pro"
+    tag = args.tag or f"{args.backend}-{models}"
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"operator-{tag}.json")
+    with open(path, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "points": points}, f, indent=1)
+    return path
+
+
 def report(args, points: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -185,12 +198,7 @@ def report(args, points: list[dict]) -> None:
                       f"{p['lite_tflops']:.0f}", f"{p['fp8_floor_ms']:.2f}",
                       f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]), str(p["exact_all_processes"]))
     Console().print(table)
-    tag = args.tag or f"{args.backend}-{'-'.join(sorted({p['model'].split('-')[-1] for p in points}))}"
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"operator-{tag}.json")
-    with open(path, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "points": points}, f, indent=1)
+    path = write_json(args, points)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -245,7 +253,13 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     models = ["deepseek-v4-flash", "deepseek-v4-pro"] if args.model == "all" else [args.model]
-    points = [run_point(args, m, raw, spread) for m in models for raw in args.raw_context for spread in args.spread]
+    points = []
+    for m in models:
+        for raw in args.raw_context:
+            for spread in args.spread:
+                print(f"[operator] {m} raw={raw} spread={spread} ({args.processes} processes) ...", flush=True)
+                points.append(run_point(args, m, raw, spread))
+                write_json(args, points)
     report(args, points)
 
 
