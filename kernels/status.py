@@ -30,8 +30,9 @@ INPUT_FAULTS = (RowStatus.NONFINITE | RowStatus.INVALID_PAGE | RowStatus.INVALID
 
 
 def set_status_bit(status: torch.Tensor, condition: torch.Tensor, bit: RowStatus) -> torch.Tensor:
-    """`status | bit` where `condition` (bool [rows]) holds, on the device (int32 [rows], new tensor)."""
-    return status | torch.where(condition, int(bit), 0).to(torch.int32)
+    """`status | bit` where `condition` (bool [rows]) holds, on the device (int32 [rows], new tensor).
+    Two kernels (an OR with a Python int, a select): a where over scalars would add two fills and a cast."""
+    return torch.where(condition, status | int(bit), status)
 
 
 def describe(flags: int) -> str:
