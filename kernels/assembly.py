@@ -49,17 +49,15 @@ def assemble_result(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_ta
     if runs_triton_stages(top_keys.device):
         from .triton.assembly import assemble_into_triton
 
-        assemble_into_triton(top_keys, row_to_batch, block_table, status, buffers)
+        assemble_into_triton(top_keys, row_to_batch, block_table, status, repaired, candidates, buffers)
     else:
-        assemble_into_torch(top_keys, row_to_batch, block_table, status, buffers)
-    buffers["repaired"].copy_(repaired)
-    buffers["candidates"].copy_(candidates.clamp(max=INT32_MAX))
+        assemble_into_torch(top_keys, row_to_batch, block_table, status, repaired, candidates, buffers)
     return TopKResult(**buffers)
 
 
 def assemble_into_torch(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
-                        status: torch.Tensor, buffers: dict) -> None:
-    """The assembly in torch ops: writes values, raw_indices, physical_indices, counts, status."""
+                        status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor, buffers: dict) -> None:
+    """The assembly in torch ops: writes every result field into `buffers` (candidates clamped to int32)."""
     live = (top_keys != NO_KEY) & (status == 0)[:, None]
     _, positions = split_keys(top_keys)
     pos = torch.where(live, positions, 0).long()
@@ -74,3 +72,5 @@ def assemble_into_torch(top_keys: torch.Tensor, row_to_batch: torch.Tensor, bloc
     buffers["physical_indices"].copy_(torch.where(live, slots, -1))
     buffers["counts"].copy_(live.sum(dim=1))
     buffers["status"].copy_(status)
+    buffers["repaired"].copy_(repaired)
+    buffers["candidates"].copy_(candidates.clamp(max=INT32_MAX))

@@ -127,13 +127,17 @@ def sorted_top_keys(rng: np.random.Generator, rows: int, window: int, published:
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 
-def assemble_both(keys, row_to_batch, block_table, status) -> tuple[dict, dict]:
-    """(torch twin's buffers, Triton twin's buffers, moved to the CPU) of the same inputs."""
+def assemble_both(keys, row_to_batch, block_table, status, repaired=None, candidates=None) -> tuple[dict, dict]:
+    """(torch twin's buffers, Triton twin's buffers, moved to the CPU) of the same inputs (repaired and
+    candidates: zeros unless given)."""
     rows, k = keys.shape
+    repaired = torch.zeros(rows, dtype=torch.int32) if repaired is None else repaired
+    candidates = torch.zeros(rows, dtype=torch.int64) if candidates is None else candidates
     want = result_buffers(rows, k, keys.device, None)
-    assemble_into_torch(keys, row_to_batch, block_table, status, want)
+    assemble_into_torch(keys, row_to_batch, block_table, status, repaired, candidates, want)
     got = result_buffers(rows, k, torch.device(DEVICE), None)
-    assemble_into_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status)), got)
+    assemble_into_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status, repaired, candidates)),
+                         got)
     return want, {name: t.cpu() for name, t in got.items()}
 
 
@@ -145,18 +149,18 @@ def test_assemble_result_triton_equals_the_shared_assembly(seed):
     row_to_batch = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
     status = torch.tensor([0, 0, 4, 0, 0], dtype=torch.int32)  # row 2 failed: publishes nothing
     keys = sorted_top_keys(rng, 5, window, [K, 300, K, 0, K])
-    want, got = assemble_both(keys, row_to_batch, block_table, status)
-    for field in FIELDS:
+    repaired = torch.tensor([0, 1, 0, 0, 1], dtype=torch.int32)
+    candidates = torch.tensor([900, 300, 5, 0, 2**40])
+    want, got = assemble_both(keys, row_to_batch, block_table, status, repaired, candidates)
+    for field in (*FIELDS, "repaired", "candidates"):
         a, b = got[field], want[field]
         assert a.dtype == b.dtype and torch.equal(a, b), f"seed {seed}: field {field} differs"
     assert want["counts"].tolist() == [K, 300, 0, 0, K] and want["status"].tolist() == [0, 0, 4, 0, 0]
     # The full stage (torch on this device): repaired copied, candidates clamped to int32.
-    repaired = torch.tensor([0, 1, 0, 0, 0], dtype=torch.int32)
-    candidates = torch.tensor([900, 300, 5, 0, 2**40])
     result = assemble_result(keys, row_to_batch, block_table, status, repaired, candidates)
-    for field in FIELDS:
+    for field in (*FIELDS, "repaired", "candidates"):
         assert torch.equal(getattr(result, field), want[field]), field
-    assert result.repaired.tolist() == [0, 1, 0, 0, 0] and result.candidates.dtype == torch.int32
+    assert result.repaired.tolist() == [0, 1, 0, 0, 1] and result.candidates.dtype == torch.int32
     assert result.candidates.tolist() == [900, 300, 5, 0, 2**31 - 1]
 
 
