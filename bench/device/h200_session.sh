@@ -39,7 +39,8 @@ for step in $STEPS; do
     layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
     hosttime) OUT=$RES timeout ${HOSTTIME_TIMEOUT:-100} python3 -m bench.probes.host_time 2>&1 | tail -12 ;;
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix layouts hosttime)" >&2 ;;
+    calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib layouts hosttime)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
