@@ -8,9 +8,10 @@ Input per (keys, K) in {65,536, 196,608} x {512, 1024}: the benchmark's problem 
 Q = 8192 causal rows ending the sequence, one sequence, Gaussian MXFP4 data, seed 11) and the
 operator's default sample size (LiteTopKTuning().sample_size): stride = sample_stride(max_end, ...),
 ceil(max_end / stride) columns, ceiling rank max(1, K / (2 stride)). Both kernels' keys are checked
-bit for bit against torch's before they are timed. `row steps` is the mean number of bisection steps
-over the whole row a rank takes before its bracket holds <= BAND values (torch, from the same sample),
-`band rows` the share of (row, rank) pairs that build a band. Timing: CUDA events, 5 warm-up calls,
+bit for bit against torch's before they are timed (the band kernel also in the launch shapes of
+PER_THREAD_VARIANTS). `steps/shared`: the mean number of counting steps over the whole row a row
+takes before both brackets hold <= BAND values, and how many of them serve both ranks (replayed in
+torch from the same sample); `band A/B`: the share of rows that build a band per rank. Timing: CUDA events, 5 warm-up calls,
 the median of 30 (calibrate: 15). Prints a table, writes DIR/calibration-probe.json (the command in it).
 
     python -m bench.probes.calibration_probe --out DIR
@@ -43,6 +44,7 @@ ROWS = 8192
 KEYS = (65536, 196608)
 TOPKS = (512, 1024)
 WARM, REPS = 5, 30
+PER_THREAD_VARIANTS = (32, 16)  # row values a thread (the default is ROW_PER_THREAD = 64)
 
 
 @triton.jit
@@ -89,27 +91,52 @@ def ordered_bits(sample: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 
 
-def row_steps(sample: torch.Tensor, rank: int, band: int) -> tuple[float, float]:
-    """(mean bisection steps over the row until the bracket holds <= band values or one value, share
-    of rows that then build a band): the kernel's first phase replayed in torch on every row."""
+def row_steps(sample: torch.Tensor, ranks: tuple[int, int], band: int) -> dict:
+    """The kernel's steps over the row replayed in torch on every row: each rank's bisection until its
+    bracket holds <= band values or one value; the steps both ranks share (their brackets still equal:
+    one count serves both); means over rows of the counting steps over the row (shared + each rank's
+    own), the shared ones, and per rank the share of rows that then build a band."""
     ordered = ordered_bits(sample).clamp(min=-(2**31) + 1)
     rows, width = ordered.shape
-    lo = torch.full((rows,), -(2**31) + 1, dtype=torch.int64, device=sample.device)
-    hi = torch.full_like(lo, 2**31 - 1)
-    c_lo = torch.full_like(lo, width)
-    c_hi = torch.zeros_like(lo)
-    steps = torch.zeros_like(lo)
-    for _ in range(32):
-        going = (c_lo - c_hi > band) & (lo < hi)
-        mid = lo + (hi - lo + 1) // 2
-        count = (ordered >= mid[:, None]).sum(1)
-        upper = count >= rank
-        lo = torch.where(going & upper, mid, lo)
-        c_lo = torch.where(going & upper, count, c_lo)
-        hi = torch.where(going & ~upper, mid - 1, hi)
-        c_hi = torch.where(going & ~upper, count, c_hi)
-        steps += going.long()
-    return float(steps.float().mean()), float((lo < hi).float().mean())
+    paths, banded = [], []
+    for rank in ranks:
+        lo = torch.full((rows,), -(2**31) + 1, dtype=torch.int64, device=sample.device)
+        hi = torch.full_like(lo, 2**31 - 1)
+        c_lo = torch.full_like(lo, width)
+        c_hi = torch.zeros_like(lo)
+        path = []
+        for _ in range(32):
+            going = (c_lo - c_hi > band) & (lo < hi)
+            mid = lo + (hi - lo + 1) // 2
+            count = (ordered >= mid[:, None]).sum(1)
+            upper = count >= rank
+            lo = torch.where(going & upper, mid, lo)
+            c_lo = torch.where(going & upper, count, c_lo)
+            hi = torch.where(going & ~upper, mid - 1, hi)
+            c_hi = torch.where(going & ~upper, count, c_hi)
+            path.append((going, lo.clone(), hi.clone()))
+        paths.append(path)
+        banded.append(float((lo < hi).float().mean()))
+    same = torch.ones(rows, dtype=torch.bool, device=sample.device)
+    shared = torch.zeros(rows, device=sample.device)
+    for (going_a, lo_a, hi_a), (going_b, lo_b, hi_b) in zip(*paths):
+        shared += same & going_a & going_b
+        same &= (lo_a == lo_b) & (hi_a == hi_b)
+    own = [sum(going.float() for going, _, _ in path) for path in paths]
+    return {"row_steps": float((own[0] + own[1] - shared).mean()), "shared_steps": float(shared.mean()),
+            "band_rows": banded}
+
+
+def band_variants(sample, k, ceiling_rank, want) -> dict:
+    """{values a thread: {"ms", "equal"}} of the band kernel's launch shapes besides ROW_PER_THREAD."""
+    variants = {}
+    for per_thread in PER_THREAD_VARIANTS:
+        got = calibration_keys_triton(sample, k, ceiling_rank, 0.0, per_thread=per_thread)
+        variants[per_thread] = {
+            "equal": all(torch.equal(g, w) for g, w in zip(got, want)),
+            "ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0, per_thread=per_thread),
+                          reps=REPS, warm=WARM)}
+    return variants
 
 
 def main():
@@ -123,7 +150,7 @@ def main():
               "cases": []}
     backend = TritonBackend()
     header = (f"{'keys':>7} {'K':>5} {'width':>5} {'stride':>6} {'score ms':>8} {'bisect ms':>9} {'band ms':>8} "
-              f"{'torch ms':>8} {'calib ms':>8} {'equal':>5} {'row steps A/B':>13} {'band rows':>9}")
+              f"{'torch ms':>8} {'calib ms':>8} {'equal':>5} {'steps/shared':>13} {'band A/B':>9}")
     print(header)
     for keys in KEYS:
         for k in TOPKS:
@@ -140,7 +167,7 @@ def main():
             got_new = calibration_keys_triton(sample, k, ceiling_rank, 0.0)
             equal_new = all(torch.equal(g, w) for g, w in zip(got_new, want))
             band = BAND_PER_THREAD * order_tiling(width)[1]
-            steps = [row_steps(sample, rank, band) for rank in (k, ceiling_rank)]
+            steps = row_steps(sample, (k, ceiling_rank), band)
             case = {
                 "keys": keys, "k": k, "width": width, "stride": stride, "ceiling_rank": ceiling_rank, "band": band,
                 "score_dense_ms": cuda_ms(lambda: backend.score_dense(problem, stride), reps=REPS, warm=WARM),
@@ -148,10 +175,11 @@ def main():
                                               reps=REPS, warm=WARM),
                 "order_band_ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),
                                          reps=REPS, warm=WARM),
+                "order_band_variants": band_variants(sample, k, ceiling_rank, want),
                 "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank), reps=REPS, warm=WARM),
                 "calibrate_ms": cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=15, warm=WARM),
                 "equal_bisection": equal_old, "equal_band": equal_new,
-                "row_steps": [s for s, _ in steps], "band_rows": [b for _, b in steps],
+                **steps,
                 "no_threshold_rows": int((want[0] == NO_KEY).sum()),
             }
             report["cases"].append(case)
@@ -160,7 +188,11 @@ def main():
             print(f"{keys:>7} {k:>5} {width:>5} {stride:>6} {case['score_dense_ms']:>8.4f} "
                   f"{case['order_bisection_ms']:>9.4f} {case['order_band_ms']:>8.4f} {case['order_torch_ms']:>8.4f} "
                   f"{case['calibrate_ms']:>8.4f} {str(equal_old and equal_new):>5} "
-                  f"{steps[0][0]:>6.1f}/{steps[1][0]:<6.1f} {steps[0][1]:>4.2f}/{steps[1][1]:<4.2f}", flush=True)
+                  f"{steps['row_steps']:>6.1f}/{steps['shared_steps']:<6.1f} "
+                  f"{steps['band_rows'][0]:>4.2f}/{steps['band_rows'][1]:<4.2f}", flush=True)
+            print("        band kernel by values a thread: " + ", ".join(
+                f"{n}: {v['ms']:.4f} ms{'' if v['equal'] else ' NOT EQUAL'}" for n, v in case["order_band_variants"].items()),
+                flush=True)
             del sample, problem, args_, kw
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()

@@ -1,50 +1,60 @@
 """The calibration stage's order statistics in one kernel, bisection then a compacted band: the Triton
 twin of kernels/calibration.py's calibration_keys_torch (CUDA devices and the interpreter; the same
-bits, tested).
+bits, tested in tests/kernels/test_calibration_order.py).
 
 Math. Each float32 score maps to an order-preserving int32 o (scoring._ordered_bits: -0.0 ties +0.0).
 The rank-th largest of a row is the largest t with count(o >= t) >= rank. A bracket [lo, hi] of int32
 values holds it while c_lo = count(o >= lo) >= rank and c_hi = count(o > hi) < rank (start: the whole
 int32 range, c_lo = width, c_hi = 0); a bisection step counts the row at the bracket's middle and keeps
-the half that still brackets it. The bracket's values number c_lo - c_hi: once they are at most BAND
-the step only needs them, not the row: they are compacted into a band of BAND slots (a prefix sum of
-the in-bracket flags), and the bisection continues on the band, counting c_hi + count(band >= t),
-until lo == hi: that is the rank-th largest, exactly (any data: ties, infinities, rows of one value,
-where the bracket shrinks to one value before its count does and no band is built). Both ranks (K and
-the ceiling's) run one after the other through the same code. With KEYS the program turns them into
-the calibration's keys: the score-floor key (ordered bits << 32) of the K-th best plus `offset`, and
-of the ceiling; NO_KEY where that K-th best is not finite or the row holds a NaN, and for a ceiling
-that is not finite (calibration_keys_torch, bit for bit).
+the half that still brackets it (_step). The bracket holds c_lo - c_hi values: once they are at most
+BAND, the rest of the search needs only them: they are compacted into a band of BAND slots (a prefix
+sum of the in-bracket flags) and sorted, and the rank-th largest is the band's (rank - c_hi)-th. Where
+the bracket shrinks to one value first (ties: many equal values), that value is the answer and no band
+is built. Exact on any data (ties, infinities, signed zeros, rows of one value). The two ranks (K and
+the ceiling's) share the steps while their brackets are the same (one count moves both: the first
+ones, sign and high exponent bits, usually agree), then go on one after the other through the same
+code. With KEYS the program turns them into the calibration's keys: the score-floor key (ordered bits
+<< 32) of the K-th best plus `offset` and of the ceiling; NO_KEY where that K-th best is not finite or
+the row holds a NaN, and for a ceiling that is not finite (calibration_keys_torch, bit for bit).
 
 Tiling: one program per row, the whole row in registers as a [ROWS, LANES] tile (LANES = 32 x num_warps;
-ROW_PER_THREAD = 64 values a thread: one warp for 2,048 values, two for 4,096), read once from memory;
-the band is a row of BAND = BAND_PER_THREAD x LANES int32 in scratch (L1/L2), shared by the two ranks.
+ROW_PER_THREAD = 64 values a thread: one warp for 2,048 values, two for 3,072 padded to 4,096), read
+once from memory; the band is a row of BAND = BAND_PER_THREAD x LANES int32 in scratch (L1/L2), used
+by one rank after the other.
 
-Passes. Over the row (2 to 3 instructions a value a step: compare, convert, add): the steps until the
-bracket holds at most BAND values: on normal-like samples about 8 to 10 a rank (the first ones find
-the sign and exponent of the rank-th value, one or two more split its binade; the int32 order is
-logarithmic in the score), where the previous kernel ran 32 steps for each rank over the whole row.
-Then one compaction (compare twice, an in-thread scan and one warp scan, a scattered store of the
-<= BAND values) and up to 32 steps over BAND_PER_THREAD values a thread.
+Passes, replayed in torch on 16 rows of the benchmark's sample (65,536 keys, stride 32, 2,048 values,
+BAND 128): ~10.8 steps over the row for K = 512 and ~8.8 for its ceiling (8th), 7.6 of them shared;
+~9.7 and ~9.1 for K = 1024 and its 16th, 4.7 shared: ~12 to 14 counting steps over the row per row,
+where the previous kernel ran 32 steps for each rank over the whole row. Then per rank one
+compaction and one sort of BAND values (every row here builds its band).
 
 What bounds its time. Bytes: the sample once (4 B a value: 64 / 96 MB at 8,192 rows of 2,048 / 3,072,
-~15 / ~22 us at the H200's ~4.4 TB/s); the band stays in L1/L2. Instructions are the bound: SASS
-compiled offline for sm_90 (compile_sm90), per row of 2,048 values: the step over the row is ~200
-warp instructions (one warp, 64 values a thread), the band step ~30, the compaction ~400; ~9 + 9 row
-steps + 2 compactions + 2 x ~23 band steps ~ 5,800 warp instructions a row against ~22,600 for the
-previous kernel (32 steps x 2 ranks over the row in four warps, ~177 instructions a thread a step plus
-four barriers): at 8,192 rows ~48 M warp instructions, ~45 us at 132 SMs x 4 issues a clock, where the
-previous needed >= 0.18 ms (and twice that for 3,072 values, padded to 4,096).
+~15 / ~22 us at the H200's ~4.4 TB/s); the band stays in L1/L2. Instructions are the bound. SASS
+compiled offline for sm_90 (compile_sm90), 2,048 values, one warp: a step over the row is ~255 warp
+instructions (shared, both ranks' updates) or ~234 (one rank): ~3.7 a value (compare, select, add);
+the compaction ~870 (two compares, the scan, a 64-bit address and a predicated store a value) and the
+band's sort and pick ~460: ~13 x 245 + 2 x 1,330 + ~500 ~ 6,300 warp instructions a row, against
+~22,600 for the previous kernel (32 steps x 2 ranks over the row, four warps, ~177 instructions a
+thread a step, four barriers a step). At 8,192 rows ~52 M warp instructions, ~50 us at 132 SMs x 4
+issues a clock; the previous one needs >= 0.18 ms (and twice that for 3,072 values padded to 4,096).
+Registers: 236 at 64 values a thread (8 resident warps an SM: the bisection's dependent reductions
+may then leave issue slots idle), 147 at 32 (2 warps, one barrier a step), 96 at 16 (4 warps); the
+probe (bench/probes/calibration_probe.py) times all three.
 
 The sample's scoring, the stage's other part (backend.score_dense at stride s, ceil(window / s)
 columns), is bounded by tensor-core work, not bytes: 8,192 rows x 2,048 keys x 64 heads x 128 x 2 =
-275 G int8 operations, ~0.22 ms at the H200's 1,260 TOP/s (~0.26 ms at the ~85 % the dense scoring
+275 G int8 operations, ~0.22 ms at the H200's 1,260 TOP/s (~0.26 ms at the ~85 % that dense scoring
 reaches), while its bytes (the sampled keys, 2,048 x 64 B; the queries, 8,192 x 4 KB; the scores out,
-64 MB) are ~20 us. So a sample of n keys costs ~n / 2,048 x 0.26 ms wherever it is scored; a cheaper
-sample is a smaller one, and the scan then starts looser (about K x stride keys pass before its first
-raise: kernels/calibration.py's measurements, 2,048 vs 4,096 samples). A separate sample cannot be
-cheaper than scoring it; the way below ~0.1 ms is no separate sample (issue 15 item 1: the scan
-visiting a spread-out subset of its key tiles first and calibrating from them).
+64 MB) take ~20 us. So a sample of
+n keys costs ~n / 2,048 x 0.26 ms wherever it is scored: a cheaper sample is a smaller one, and the
+scan then starts looser (about K x stride keys pass before its first raise; kernels/calibration.py's
+measurements: 2,048 instead of 4,096 samples saved 0.45 ms a call for ~550 more candidates a row, and
+1,024 and below overflow some rows' buffers: bench/probes/scan_tuning.py). A lower bound of each sampled score would serve as
+well as the score (the K-th of lower bounds is still at or below the row's K-th best), but the cheap
+bounds (dropping heads) need nonnegative weights, which the indexer's are not. So with a separate
+sample the stage stays at ~0.26 ms + this kernel; below that, the scan has to calibrate itself
+(issue 15 item 1: it visits a spread-out subset of its key tiles first and takes its threshold from
+what it has scored).
 
 Limits: width >= max(ranks) >= 1 (the launcher checks); rows of more than ~32 K values would hold over
 64 values a thread in 16 warps (registers). No host synchronization and no data-dependent shape:
@@ -77,12 +87,17 @@ def _bisect(ordered, lo, hi, c_lo, c_hi, rank, LIMIT: tl.constexpr):
     while (c_lo - c_hi > LIMIT) & (lo < hi):
         mid = lo + (hi - lo + 1) // 2
         count = tl.sum((ordered >= mid.to(tl.int32)).to(tl.int32))
-        keep_upper = count >= rank
-        lo = tl.where(keep_upper, mid, lo)
-        c_lo = tl.where(keep_upper, count, c_lo)
-        hi = tl.where(keep_upper, hi, mid - 1)
-        c_hi = tl.where(keep_upper, c_hi, count)
+        lo, hi, c_lo, c_hi = _step(mid, count, lo, hi, c_lo, c_hi, rank)
     return lo, hi, c_lo, c_hi
+
+
+@triton.jit
+def _step(mid, count, lo, hi, c_lo, c_hi, rank):
+    """The bracket (lo, hi, c_lo, c_hi) after counting `count` row values >= mid (lo < mid <= hi): the
+    upper part [mid, hi] where it still holds the rank-th largest, else the lower part [lo, mid - 1]."""
+    keep_upper = count >= rank
+    return (tl.where(keep_upper, mid, lo), tl.where(keep_upper, hi, mid - 1),
+            tl.where(keep_upper, count, c_lo), tl.where(keep_upper, c_hi, count))
 
 
 @triton.jit
@@ -102,14 +117,24 @@ def calibration_order_kernel(
     nans = tl.sum((scores != scores).to(tl.int32))
     row_band = band_ptr + row * BAND
     offs_band = tl.arange(0, BAND)
+    # Shared steps: while both ranks' brackets are the same, one count moves both.
+    lo_a = tl.full([], INT32_MIN_C + 1, tl.int64)
+    hi_a = tl.full([], INT32_MAX_C, tl.int64)
+    c_lo_a = tl.full([], 0, tl.int32) + width
+    c_hi_a = tl.full([], 0, tl.int32)
+    lo_b, hi_b, c_lo_b, c_hi_b = lo_a, hi_a, c_lo_a, c_hi_a
+    while (lo_a == lo_b) & (hi_a == hi_b) & (c_lo_a - c_hi_a > BAND) & (lo_a < hi_a):
+        mid = lo_a + (hi_a - lo_a + 1) // 2
+        count = tl.sum((ordered >= mid.to(tl.int32)).to(tl.int32))
+        lo_a, hi_a, c_lo_a, c_hi_a = _step(mid, count, lo_a, hi_a, c_lo_a, c_hi_a, RANK_A)
+        lo_b, hi_b, c_lo_b, c_hi_b = _step(mid, count, lo_b, hi_b, c_lo_b, c_hi_b, RANK_B)
     found_a = tl.full([], 0, tl.int64)
     found_b = tl.full([], 0, tl.int64)
     for which in range(2):  # a runtime loop: one copy of the code for both ranks
-        rank = tl.where(which == 0, RANK_A, RANK_B)
-        lo = tl.full([], INT32_MIN_C + 1, tl.int64)
-        hi = tl.full([], INT32_MAX_C, tl.int64)
-        c_lo = tl.full([], 0, tl.int32) + width
-        c_hi = tl.full([], 0, tl.int32)
+        first = which == 0
+        rank = tl.where(first, RANK_A, RANK_B)
+        lo, hi = tl.where(first, lo_a, lo_b), tl.where(first, hi_a, hi_b)
+        c_lo, c_hi = tl.where(first, c_lo_a, c_lo_b), tl.where(first, c_hi_a, c_hi_b)
         lo, hi, c_lo, c_hi = _bisect(ordered, lo, hi, c_lo, c_hi, rank, BAND)
         if lo < hi:  # at most BAND values in the bracket: compact them, go on over the band
             in_band = (ordered >= lo.to(tl.int32)) & (ordered <= hi.to(tl.int32))
@@ -136,23 +161,24 @@ def calibration_order_kernel(
         tl.store(out_ptr + row * 2 + pair, tl.where(pair == 0, kth, ceiling))
 
 
-def order_tiling(width: int) -> tuple[int, int, int]:
+def order_tiling(width: int, per_thread: int = ROW_PER_THREAD) -> tuple[int, int, int]:
     """(ROWS, LANES, num_warps) of the kernel's register tile for rows of `width` values (module
-    docstring: ROW_PER_THREAD values a thread, at most MAX_WARPS warps)."""
+    docstring: `per_thread` values a thread, a power of two, at most MAX_WARPS warps)."""
     block = triton.next_power_of_2(max(width, 32))
-    num_warps = min(MAX_WARPS, max(1, block // (32 * ROW_PER_THREAD)))
+    num_warps = min(MAX_WARPS, max(1, block // (32 * per_thread)))
     lanes = 32 * num_warps
     return block // lanes, lanes, num_warps
 
 
 def _order_statistics(scores: torch.Tensor, ranks: tuple[int, int], offset: float, keys: bool,
-                      scratch: Scratch | None = None, band: int | None = None) -> torch.Tensor:
+                      scratch: Scratch | None = None, band: int | None = None,
+                      per_thread: int = ROW_PER_THREAD) -> torch.Tensor:
     rows, width = scores.shape
     if width < max(ranks) or min(ranks) < 1:
         raise ValueError(f"ranks {ranks} of rows of {width} values (1 <= rank <= width)")
     scratch = scratch if scratch is not None else Scratch(scores.device)
     out = scratch.empty((rows, 2), torch.int64 if keys else torch.float32)
-    tile_rows, lanes, num_warps = order_tiling(width)
+    tile_rows, lanes, num_warps = order_tiling(width, per_thread)
     band = band or BAND_PER_THREAD * lanes
     band_rows = scratch.empty((rows, band), torch.int32)
     if rows:
@@ -172,12 +198,14 @@ def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band
 
 
 def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float,
-                            scratch: Scratch | None = None, band: int | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+                            scratch: Scratch | None = None, band: int | None = None,
+                            per_thread: int = ROW_PER_THREAD) -> tuple[torch.Tensor, torch.Tensor]:
     """calibration_keys_torch in one kernel: (thresholds, ceilings) int64 [rows] of the calibration
     sample float32 [rows, n] (the K-th best plus `offset`, and the ceiling_rank-th best, as
     score-floor keys; NO_KEY where the K-th best is not finite or the row holds a NaN, and for a
     ceiling that is not finite), bit for bit. The output and the band rows (int32 [rows, band]) come
-    from `scratch` (None: the allocator); `band` as in kth_largest_scores_triton. No host sync."""
-    keys = _order_statistics(sample, (k, ceiling_rank), offset, keys=True, scratch=scratch, band=band)
+    from `scratch` (None: the allocator); `band` as in kth_largest_scores_triton; `per_thread` (a
+    power of two) overrides ROW_PER_THREAD (the probe's variants). No host synchronization."""
+    keys = _order_statistics(sample, (k, ceiling_rank), offset, keys=True, scratch=scratch, band=band,
+                             per_thread=per_thread)
     return keys[:, 0], keys[:, 1]
