@@ -80,7 +80,7 @@ def calibration_keys_bisection(sample: torch.Tensor, k: int, ceiling_rank: int, 
     """The previous kernel's launcher (its launch shape), writing `out` int64 [rows, 2]."""
     rows, width = sample.shape
     block = triton.next_power_of_2(width)
-    calibration_keys_bisection_kernel[(rows,)](sample, width, out, 0.0, RANK_A=k, RANK_B=ceiling_rank, BLOCK=block,
+    calibration_keys_bisection_kernel[(rows,)](sample.contiguous(), width, out, 0.0, RANK_A=k, RANK_B=ceiling_rank, BLOCK=block,
                                                num_warps=max(4, min(16, block // 1024)))
     return out[:, 0], out[:, 1]
 

@@ -188,13 +188,15 @@ def _order_statistics(scores: torch.Tensor, ranks: tuple[int, int], offset: floa
     return out
 
 
-def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band: int | None = None) -> torch.Tensor:
+def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band: int | None = None,
+                              per_thread: int = ROW_PER_THREAD) -> torch.Tensor:
     """float32 [rows, 2]: the ranks[i]-th largest value of each row of float32 `scores` [rows, n]
     (1-based, n >= max(ranks)), exactly, as torch.topk orders finite values and infinities (-0.0
     and +0.0 tie and come back as +0.0). NaN orders above +inf (positive sign bit) or below -inf:
     callers that care check for NaN themselves. `band` (a power of two): the compacted bracket's
-    size instead of BAND_PER_THREAD x LANES (tests)."""
-    return _order_statistics(scores, ranks, 0.0, keys=False, band=band)
+    size instead of BAND_PER_THREAD x LANES, and `per_thread` the row values a thread instead of
+    ROW_PER_THREAD (tests, the probe's variants)."""
+    return _order_statistics(scores, ranks, 0.0, keys=False, band=band, per_thread=per_thread)
 
 
 def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float,

@@ -69,29 +69,29 @@ def sample_rows(rng: np.random.Generator, width: int, k: int, band: int, kinds=R
     return rows
 
 
-# name -> (width, K, ceiling rank, band: None for the launcher's default)
+# name -> (width, K, ceiling rank, band: None for the launcher's default, row values a thread)
 CASES = {
-    "K 512, ceiling 16, width 3000, default band": (3000, 512, 16, None),
-    "K 512, ceiling 8, width 2049, band 32": (2049, 512, 8, 32),
-    "K 1024, ceiling 1, width 1537, band 16": (1537, 1024, 1, 16),
-    "K 64, ceiling 64, width 100: the row within the band": (100, 64, 64, None),
-    "K = width, ceiling 3, width 700, band 64": (700, 700, 3, 64),
+    "K 512, ceiling 16, width 3000, default band": (3000, 512, 16, None, 64),
+    "K 512, ceiling 8, width 2049, band 32, 16 values a thread": (2049, 512, 8, 32, 16),
+    "K 1024, ceiling 1, width 1537, band 16": (1537, 1024, 1, 16, 64),
+    "K 64, ceiling 64, width 100: the row within the band": (100, 64, 64, None, 64),
+    "K = width, ceiling 3, width 700, band 64, 32 values a thread": (700, 700, 3, 64, 32),
 }
 
 
-def default_band(width: int) -> int:
-    """The launcher's band for rows of `width` values."""
-    return BAND_PER_THREAD * order_tiling(width)[1]
+def default_band(width: int, per_thread: int) -> int:
+    """The launcher's band for rows of `width` values, `per_thread` of them a thread."""
+    return BAND_PER_THREAD * order_tiling(width, per_thread)[1]
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("offset", [0.0, 0.75])
 def test_calibration_keys_equal_the_torch_contract(name, offset, seed):
-    width, k, ceiling_rank, band = CASES[name]
-    scores = sample_rows(np.random.default_rng(seed), width, k, band or default_band(width))
+    width, k, ceiling_rank, band, per_thread = CASES[name]
+    scores = sample_rows(np.random.default_rng(seed), width, k, band or default_band(width, per_thread))
     want = calibration_keys_torch(scores, k, ceiling_rank, offset)
-    got = calibration_keys_triton(scores.to(DEVICE), k, ceiling_rank, offset, band=band)
+    got = calibration_keys_triton(scores.to(DEVICE), k, ceiling_rank, offset, band=band, per_thread=per_thread)
     for field, w, g in zip(("thresholds", "ceilings"), want, got):
         for r, kind in enumerate(ROW_KINDS):
             assert g[r].item() == w[r].item(), f"{name}, offset {offset}, {kind} row: {field} {g[r].item()} vs {w[r].item()}"
@@ -102,10 +102,10 @@ def test_calibration_keys_equal_the_torch_contract(name, offset, seed):
 @pytest.mark.interpret
 @pytest.mark.parametrize("name", list(CASES))
 def test_kth_largest_scores_equal_a_sort(name, seed):
-    width, k, ceiling_rank, band = CASES[name]
+    width, k, ceiling_rank, band, per_thread = CASES[name]
     kinds = tuple(kind for kind in ROW_KINDS if kind != "a NaN")
-    scores = sample_rows(np.random.default_rng(seed), width, k, band or default_band(width), kinds)
-    got = kth_largest_scores_triton(scores.to(DEVICE), (k, ceiling_rank), band=band).cpu()
+    scores = sample_rows(np.random.default_rng(seed), width, k, band or default_band(width, per_thread), kinds)
+    got = kth_largest_scores_triton(scores.to(DEVICE), (k, ceiling_rank), band=band, per_thread=per_thread).cpu()
     for r, kind in enumerate(kinds):
         want = [ref_kth_largest(scores[r].tolist(), rank) for rank in (k, ceiling_rank)]
         assert got[r].tolist() == want, f"{name}, {kind} row: got {got[r].tolist()}, want {want}"
