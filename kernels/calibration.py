@@ -19,7 +19,7 @@ more candidates (about K x stride before the first raise). Measured on the H200 
 repaired, +1.7 ms), hence the cap: stride 64 (3,072 samples) saves 0.86 ms there.
 
 The two parts (bench/probes/calibration_probe.py times them apart): the sample's scoring is tensor-core
-work (~0.26 ms for 8,192 rows x 2,048 samples on the H200, in proportion to the samples); the order
+work (~0.28 ms for 8,192 rows x 2,048 samples on the H200, in proportion to the samples); the order
 statistics (calibration_keys: the Triton twin bisects each row only until ~128 values remain in its
 bracket, then sorts those, ~50 us by its instruction count, where the previous 32-step bisection over
 the whole row needed >= 0.18 ms) are the small part. Reasoning and limits: kernels/triton/calibration.py.

@@ -11,8 +11,9 @@ ceil(max_end / stride) columns, ceiling rank max(1, K / (2 stride)). Both kernel
 bit for bit against torch's before they are timed (the band kernel also in the launch shapes of
 PER_THREAD_VARIANTS). `steps/shared`: the mean number of counting steps over the whole row a row
 takes before both brackets hold <= BAND values, and how many of them serve both ranks (replayed in
-torch from the same sample); `band A/B`: the share of rows that build a band per rank. Timing: CUDA events, 5 warm-up calls,
-the median of 30 (calibrate: 15). Prints a table, writes DIR/calibration-probe.json (the command in it).
+torch from the same sample); `band A/B`: the share of rows that build a band per rank. Timing: CUDA
+events, 5 warm-up calls, the median of 30 (calibrate: 15). Prints a table, writes
+DIR/calibration-probe.json (the command in it).
 
     python -m bench.probes.calibration_probe --out DIR
 """
@@ -80,7 +81,8 @@ def calibration_keys_bisection(sample: torch.Tensor, k: int, ceiling_rank: int, 
     """The previous kernel's launcher (its launch shape), writing `out` int64 [rows, 2]."""
     rows, width = sample.shape
     block = triton.next_power_of_2(width)
-    calibration_keys_bisection_kernel[(rows,)](sample.contiguous(), width, out, 0.0, RANK_A=k, RANK_B=ceiling_rank, BLOCK=block,
+    calibration_keys_bisection_kernel[(rows,)](sample.contiguous(), width, out, 0.0, RANK_A=k, RANK_B=ceiling_rank,
+                                               BLOCK=block,
                                                num_warps=max(4, min(16, block // 1024)))
     return out[:, 0], out[:, 1]
 
@@ -145,7 +147,8 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sample_size = LiteTopKTuning().sample_size
-    report = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE, "rows": ROWS, "sample_size": sample_size, "warm": WARM,
+    report = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE, "rows": ROWS,
+              "sample_size": sample_size, "warm": WARM,
               "reps": REPS, "command": "python -m bench.probes.calibration_probe " + " ".join(sys.argv[1:]),
               "cases": []}
     backend = TritonBackend()
@@ -176,7 +179,8 @@ def main():
                 "order_band_ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),
                                          reps=REPS, warm=WARM),
                 "order_band_variants": band_variants(sample, k, ceiling_rank, want),
-                "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank), reps=REPS, warm=WARM),
+                "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank),
+                                          reps=REPS, warm=WARM),
                 "calibrate_ms": cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=15, warm=WARM),
                 "equal_bisection": equal_old, "equal_band": equal_new,
                 **steps,
@@ -191,7 +195,8 @@ def main():
                   f"{steps['row_steps']:>6.1f}/{steps['shared_steps']:<6.1f} "
                   f"{steps['band_rows'][0]:>4.2f}/{steps['band_rows'][1]:<4.2f}", flush=True)
             print("        band kernel by values a thread: " + ", ".join(
-                f"{n}: {v['ms']:.4f} ms{'' if v['equal'] else ' NOT EQUAL'}" for n, v in case["order_band_variants"].items()),
+                f"{n}: {v['ms']:.4f} ms{'' if v['equal'] else ' NOT EQUAL'}"
+                for n, v in case["order_band_variants"].items()),
                 flush=True)
             del sample, problem, args_, kw
             if DEVICE == "cuda":

@@ -39,22 +39,27 @@ thread a step, four barriers a step). At 8,192 rows ~52 M warp instructions, ~50
 issues a clock; the previous one needs >= 0.18 ms (and twice that for 3,072 values padded to 4,096).
 Registers: 236 at 64 values a thread (8 resident warps an SM: the bisection's dependent reductions
 may then leave issue slots idle), 147 at 32 (2 warps, one barrier a step), 96 at 16 (4 warps); the
-probe (bench/probes/calibration_probe.py) times all three.
+probe (bench/probes/calibration_probe.py) times all three. Not done: counting a step by the sign of
+mid - 1 - o (an add and a shift-add a value: 2.4 instructions instead of 3.4 in an offline SASS test
+kernel) needs the row clamped into a bracket of at most 2^31 values first, so that the difference
+cannot overflow; that would save ~1/6 of the instructions.
 
 The sample's scoring, the stage's other part (backend.score_dense at stride s, ceil(window / s)
 columns), is bounded by tensor-core work, not bytes: 8,192 rows x 2,048 keys x 64 heads x 128 x 2 =
-275 G int8 operations, ~0.22 ms at the H200's 1,260 TOP/s (~0.26 ms at the ~85 % that dense scoring
-reaches), while its bytes (the sampled keys, 2,048 x 64 B; the queries, 8,192 x 4 KB; the scores out,
-64 MB) take ~20 us. So a sample of
-n keys costs ~n / 2,048 x 0.26 ms wherever it is scored: a cheaper sample is a smaller one, and the
-scan then starts looser (about K x stride keys pass before its first raise; kernels/calibration.py's
-measurements: 2,048 instead of 4,096 samples saved 0.45 ms a call for ~550 more candidates a row, and
-1,024 and below overflow some rows' buffers: bench/probes/scan_tuning.py). A lower bound of each sampled score would serve as
-well as the score (the K-th of lower bounds is still at or below the row's K-th best), but the cheap
-bounds (dropping heads) need nonnegative weights, which the indexer's are not. So with a separate
-sample the stage stays at ~0.26 ms + this kernel; below that, the scan has to calibrate itself
-(issue 15 item 1: it visits a spread-out subset of its key tiles first and takes its threshold from
-what it has scored).
+275 G int8 operations, ~0.22 ms at the H200's 1,260 TOP/s, ~0.28 ms at the ~79 % that dense scoring
+reaches (8.7 ms where 95 % of the int8 rate is 7.23 ms); its bytes (the sampled keys, 2,048 x 64 B;
+the queries, 8,192 x 4 KB; the scores out, 64 MB) take ~20 us. So a sample of n keys costs ~n / 2,048
+x 0.28 ms wherever it is scored: a cheaper sample is a smaller one, and the scan then starts looser
+(about K x stride keys pass before its first raise; kernels/calibration.py's measurements: 2,048
+instead of 4,096 samples saved 0.45 ms a call for ~550 more candidates a row; 1,024 and below
+overflow some rows' buffers, bench/probes/scan_tuning.py). A lower bound of each sampled score would
+serve as well as the score (the K-th of lower bounds is still at or below the row's K-th best), but
+the cheap bounds (dropping heads) need nonnegative weights, which the indexer's are not. Any subset
+gives a safe bound, so a subset that scores high (the most recent keys, where real attention
+concentrates) would start the scan tighter for the same samples; the benchmark's Gaussian data has no
+such locality, so nothing here measures it. With a separate sample the stage therefore stays at
+~0.28 ms + this kernel; below that, the scan has to calibrate itself (issue 15 item 1: it visits a
+spread-out subset of its key tiles first and takes its threshold from what it has scored).
 
 Limits: width >= max(ranks) >= 1 (the launcher checks); rows of more than ~32 K values would hold over
 64 values a thread in 16 warps (registers). No host synchronization and no data-dependent shape:

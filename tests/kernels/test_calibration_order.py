@@ -94,7 +94,8 @@ def test_calibration_keys_equal_the_torch_contract(name, offset, seed):
     got = calibration_keys_triton(scores.to(DEVICE), k, ceiling_rank, offset, band=band, per_thread=per_thread)
     for field, w, g in zip(("thresholds", "ceilings"), want, got):
         for r, kind in enumerate(ROW_KINDS):
-            assert g[r].item() == w[r].item(), f"{name}, offset {offset}, {kind} row: {field} {g[r].item()} vs {w[r].item()}"
+            assert g[r].item() == w[r].item(), (
+                f"{name}, offset {offset}, {kind} row: {field} {g[r].item()} vs {w[r].item()}")
     nan_row = ROW_KINDS.index("a NaN")
     assert want[0][nan_row] == NO_KEY and want[1][nan_row] == NO_KEY, "a row holding a NaN gets no keys"
 
