@@ -17,6 +17,12 @@ more candidates (about K x stride before the first raise). Measured on the H200 
 65,536 keys (calibration 0.68 vs 1.15 ms; candidates 2,781 vs 2,228 of 4,096 for K = 512); at
 196,608 keys a stride above 64 overflows the buffer of some rows (2,048 samples, stride 96: 4 rows
 repaired, +1.7 ms), hence the cap: stride 64 (3,072 samples) saves 0.86 ms there.
+
+The two parts (bench/probes/calibration_probe.py times them apart): the sample's scoring is tensor-core
+work (~0.28 ms for 8,192 rows x 2,048 samples on the H200, in proportion to the samples); the order
+statistics (calibration_keys: the Triton twin bisects each row only until ~128 values remain in its
+bracket, then sorts those, ~50 us by its instruction count, where the previous 32-step bisection over
+the whole row needed >= 0.18 ms) are the small part. Reasoning and limits: kernels/triton/calibration.py.
 """
 
 from __future__ import annotations

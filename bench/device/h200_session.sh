@@ -41,7 +41,8 @@ for step in $STEPS; do
     runnertime) OUT=$RES timeout ${RUNNERTIME_TIMEOUT:-100} python3 -m bench.probes.host_time --runner 2>&1 | tail -30 ;;
     graphtests) timeout ${GRAPHTESTS_TIMEOUT:-120} python3 -m pytest tests/kernels/test_graphs_gpu.py tests/kernels/test_embedding_gpu.py -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -8 ;;
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix layouts hosttime)" >&2 ;;
+    calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib layouts hosttime)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
