@@ -23,12 +23,16 @@ A call (same arguments and result as litetopk_prefill, same bits; no host synchr
    new allocation.
 
 Rules. Calls are bounded as the workspace is (allocate_workspace: rows <= max_rows, sequences <=
-max_batch, window bound <= max_seq_len, K in `topk`; beyond them InputError). A block table wider
-than max_seq_len / 64 pages grows the arena (every graph dropped; `stats["arena_regrowths"]`).
+max_batch, window bound <= max_seq_len, K in `topk`; beyond them InputError, before anything runs).
+A block table wider than max_seq_len / 64 pages grows the arena (every graph dropped, once the new
+signature is captured; `stats["arena_regrowths"]`); a miss that fails leaves the runner as it was.
+`clear()` drops every graph and the cache references they hold.
 At most `max_graphs` signatures are kept (the least recently used is dropped). All graphs share the
 runner's workspace, arena and memory pool: one call at a time (not thread-safe); a call on another
 stream than the last first waits for the last call's work. Under the caller's own graph capture a
-call runs the operator directly (the caller's graph holds it). check=True synchronizes: with repair,
+call runs the operator directly on the runner's workspace (the caller's graph holds it): the caller
+orders that graph's replays with the runner's own calls. Free the runner only after its last call's
+work is done. check=True synchronizes: with repair,
 rows left with a capacity event are finished by the eager operator (litetopk_prefill check=True),
 then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
 interpreter) a "graph" is the captured call itself, re-run on the staged buffers: the same staging
@@ -127,15 +131,27 @@ class LiteTopKGraphs:
         self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
         self.workspace = workspace if workspace is not None else allocate_workspace(
             max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning, max_batch=max_batch)
-        ks = (topk,) if isinstance(topk, int) else tuple(topk)
-        inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32, max(ks))
-        self._arena = torch.empty(_carve(None, inputs + fields)[1], dtype=torch.uint8, device=self.device)
+        self._ks = (topk,) if isinstance(topk, int) else tuple(topk)
+        inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32,
+                                        max(self._ks))
+        self._arena = self._new_arena(_carve(None, inputs + fields)[1])
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._cuda_graphs = self.device.type == "cuda"
         self._pool = torch.cuda.graph_pool_handle() if self._cuda_graphs else None
         self._last_stream = None
         #: captures, replays, evictions, arena_regrowths (a signature larger than the arena: every graph dropped)
         self.stats: Counter = Counter()
+
+    def _new_arena(self, nbytes: int) -> torch.Tensor:
+        # Zeroed once: the alignment padding between the fields is never written, so the one block a
+        # call's new result fields share (`_publish`) never carries another call's bytes.
+        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+
+    def clear(self) -> None:
+        """Drop every graph and with them the runner's references to the caches they read (an engine
+        that reallocates its cache calls this to release the old one)."""
+        self._graphs.clear()
+        self._pool = torch.cuda.graph_pool_handle() if self._cuda_graphs else None  # no graph holds the old one
 
     @property
     def arena_bytes(self) -> int:
@@ -150,7 +166,9 @@ class LiteTopKGraphs:
         inputs = dict(q_fp4=q_fp4, q_scale=q_scale, block_table=block_table, weights=weights,
                       row_to_batch=row_to_batch, starts=starts, ends=ends)
         options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)
-        _, max_end = check_prefill(kv_cache=kv_cache, out=out, **inputs, **options)
+        _, max_end = check_prefill(kv_cache=kv_cache, out=out, **inputs, **options, workspace=self.workspace)
+        if topk not in self._ks:
+            raise InputError(f"topk={topk}: this runner was built for K in {self._ks} (LiteTopKGraphs bounds)")
         if q_fp4.device != self.device:
             raise InputError(f"the inputs are on {q_fp4.device}; this runner serves {self.device}")
         for what, count, bound in (("query rows", q_fp4.shape[0], self.max_rows),
@@ -187,7 +205,7 @@ class LiteTopKGraphs:
             captured.replay()
             self.stats["replays"] += 1
             return captured
-        captured = self._stage(inputs, kv_cache, options, repair)
+        captured, arena = self._stage(inputs, kv_cache, options, repair)
         captured.stage(inputs)
         captured.run()  # this call's answer; compiles and warms every kernel before the capture
         if self._cuda_graphs:
@@ -198,6 +216,12 @@ class LiteTopKGraphs:
             captured.replay, captured.keep = graph.replay, (graph, kv_cache, options["kv_scale"])
         else:
             captured.replay, captured.keep = captured.run, (kv_cache, options["kv_scale"])
+        if arena is not self._arena:  # installed only now: a failed miss leaves every graph and the arena as they were
+            if self._cuda_graphs:
+                torch.cuda.synchronize(self.device)  # no stream still uses the old arena when it is freed
+            self._graphs.clear()  # they read the old arena
+            self._arena = arena
+            self.stats["arena_regrowths"] += 1
         self._graphs[key] = captured  # only once captured: a failed capture leaves no signature behind
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
@@ -205,16 +229,14 @@ class LiteTopKGraphs:
         self.stats["captures"] += 1
         return captured
 
-    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> _Captured:
-        """The arena views of a new signature (the arena grows, dropping every graph, when it is too small)."""
+    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> tuple[_Captured, torch.Tensor]:
+        """(the views of a new signature, the arena they lie in): the runner's, or a larger new one when
+        it is too small (installed by the caller once the signature is captured)."""
         input_specs, field_specs = _staging_specs(inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape),
                                                   inputs["weights"].dtype, options["topk"])
         _, nbytes = _carve(None, input_specs + field_specs)
-        if nbytes > self._arena.numel():
-            self._graphs.clear()
-            self._arena = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            self.stats["arena_regrowths"] += 1
-        views, _ = _carve(self._arena, input_specs + field_specs)
+        arena = self._arena if nbytes <= self._arena.numel() else self._new_arena(nbytes)
+        views, _ = _carve(arena, input_specs + field_specs)
         _, inputs_end = _carve(None, input_specs)
         staged = {name: views[name] for name in STAGED_INPUTS}
         fields = {name: views[name] for name in RESULT_FIELDS}
@@ -226,7 +248,7 @@ class LiteTopKGraphs:
             return litetopk_prefill(kv_cache=kv_cache, **staged, **options, backend=backend, repair=repair,
                                     tuning=tuning, out=fields, workspace=workspace)
 
-        return _Captured(staged=staged, fields=fields, results=self._arena[inputs_end:results_end], run=run)
+        return _Captured(staged=staged, fields=fields, results=arena[inputs_end:results_end], run=run), arena
 
     def _publish(self, captured: _Captured, out: Mapping[str, torch.Tensor] | None) -> TopKResult:
         """The result fields out of the arena: into `out`, the others into one new allocation."""

@@ -38,9 +38,10 @@ def gpu_activity(fn, top: int = 6) -> dict:
         fn()
         torch.cuda.synchronize()
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+                   if e.device_type == DeviceType.CUDA and not e.is_user_annotation  # annotations are ranges, not work
+                   and e.time_range.end > e.time_range.start)
     if not spans:
-        return dict(span_ms=0.0, busy_ms=0.0, gaps=[])
+        return dict(span_ms=0.0, busy_ms=0.0, gaps=[], gap_count=0, activities=0, heaviest_us={})
     busy, gaps = 0.0, []
     lo, hi, last = spans[0]
     for start, end, name in spans[1:]:

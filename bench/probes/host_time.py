@@ -150,8 +150,7 @@ def runner_phases(rows: int, keys: int, topk: int, reps: int = 50) -> dict:
         t0 = time.perf_counter()
         check_prefill(**problem, topk=topk, max_seq_len=keys)
         t1 = time.perf_counter()
-        for name, view in captured.staged.items():
-            view.copy_(inputs[name])
+        captured.stage(inputs)
         t2 = time.perf_counter()
         captured.replay()
         t3 = time.perf_counter()

@@ -12,8 +12,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import InputDtypeError, InputError, LiteTopKGraphs, RowFaultError, litetopk_prefill, random_problem
+from litetopk.kernels import (
+    DeviceError,
+    InputDtypeError,
+    InputError,
+    LiteTopKGraphs,
+    LiteTopKTuning,
+    RowFaultError,
+    litetopk_prefill,
+    random_problem,
+)
 from litetopk.kernels.result import RESULT_FIELDS
+from litetopk.kernels.status import CAPACITY_EVENTS
 
 FIELDS = tuple(RESULT_FIELDS)
 BOUNDS = dict(max_rows=48, max_seq_len=8192, topk=(512, 1024), device="cpu", backend="reference", max_batch=2)
@@ -105,15 +115,46 @@ def test_caller_owned_out_is_written_in_place_and_the_rest_is_new_memory(graphs,
 
 def test_the_least_recently_used_graph_is_dropped(seed):
     small = LiteTopKGraphs(**{**BOUNDS, "topk": 512}, max_graphs=2)
-    problems = [problem(seed, rows=rows) for rows in (10, 12, 14)]
-    for p in problems:
+    a, b, c = (problem(seed, rows=rows) for rows in (10, 12, 14))
+    for p in (a, b, a, c):  # a is used again after b: b is the least recently used when c arrives
         small(*p.args(), **p.kwargs())
-    assert small.stats["evictions"] == 1 and len(small._graphs) == 2, small.stats
-    small(*problems[2].args(), **problems[2].kwargs())
-    assert small.stats["replays"] == 1
-    got = small(*problems[0].args(), **problems[0].kwargs())  # dropped: captured again
+    assert small.stats["evictions"] == 1 and small.stats["captures"] == 3, small.stats
+    small(*a.args(), **a.kwargs())  # kept: a replay
+    assert small.stats["captures"] == 3 and small.stats["replays"] == 2, small.stats
+    got = small(*b.args(), **b.kwargs())  # dropped: captured again
     assert small.stats["captures"] == 4, small.stats
-    assert_same(got, eager(problems[0]), f"seed {seed}: after eviction")
+    assert_same(got, eager(b), f"seed {seed}: after eviction")
+
+
+def test_a_miss_that_fails_leaves_the_runner_as_it_was(seed, monkeypatch):
+    small = LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "topk": 512}, max_graphs=4)
+    p = problem(seed, rows=8)
+    small(*p.args(), **p.kwargs())
+    arena, graphs_before = small._arena, dict(small._graphs)
+    wide = problem(seed + 1, rows=8)
+    wide.block_table = torch.nn.functional.pad(wide.block_table, (0, 400), value=0)  # would grow the arena
+
+    def failing(*args, **kwargs):
+        raise DeviceError("injected: the device failed during the miss")
+
+    monkeypatch.setattr("litetopk.kernels.graphs.litetopk_prefill", failing)
+    with pytest.raises(DeviceError, match="injected"):
+        small(*wide.args(), **wide.kwargs(), max_seq_len=4500)
+    monkeypatch.undo()
+    assert small._arena is arena and dict(small._graphs) == graphs_before, "a failed miss changed the runner"
+    assert small.stats["arena_regrowths"] == 0, small.stats
+    assert_same(small(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: the old signature after the failed miss")
+
+
+def test_check_finishes_capacity_events_like_the_eager_operator(seed):
+    tuning = LiteTopKTuning(candidate_capacity=600, repair_rows=0)  # rows overflow; no device repair slot
+    runner = LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "topk": 512}, tuning=tuning)
+    p = problem(seed, rows=8)
+    unchecked = runner(*p.args(), **p.kwargs())
+    assert ((unchecked.status & int(CAPACITY_EVENTS)) != 0).any(), f"seed {seed}: no capacity event to finish"
+    got = runner(*p.args(), **p.kwargs(), check=True)
+    assert_same(got, eager(p, check=True, tuning=tuning), f"seed {seed}: check=True")
+    assert (got.status == 0).all() and got.repaired.any()
 
 
 def test_a_signature_beyond_the_arena_grows_it(seed):
@@ -140,6 +181,8 @@ def test_bad_arguments_are_the_operators_input_errors(graphs, seed):
     with pytest.raises(InputError, match=r"4288 window bound .* at most 4096"):
         LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "max_seq_len": 4096, "topk": 512})(
             *longer.args(), **longer.kwargs(), max_seq_len=4288)
+    with pytest.raises(InputError, match=r"topk=1024: this runner was built for K in \(512,\)"):
+        LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "topk": 512})(*problem(seed, rows=8, topk=1024).args(), topk=1024)
     three = problem(seed, keys=(900, 900, 900))
     with pytest.raises(InputError, match="3 sequences"):
         graphs(*three.args(), **three.kwargs())

@@ -53,6 +53,8 @@ def test_a_call_from_another_stream_waits_for_the_last_one(graphs, seed):
     p, q = _problem(seed), _problem(seed + 1)
     graphs(*p.args(), **p.kwargs())
     graphs(*q.args(), **q.kwargs())
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of the default stream before `first`: the side stream would overtake it
     first = graphs(*p.args(), **p.kwargs())
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # no explicit wait: the runner orders the arena's reuse itself
