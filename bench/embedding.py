@@ -54,15 +54,9 @@ def _activity(fn) -> tuple[float, float, dict]:
     return activity["busy_ms"], activity["span_ms"] - activity["busy_ms"], activity
 
 
-def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
-    problem = prefill_problem(rows, keys * 4, topk, seed)
-    problem["max_seq_len"] = keys
-    t0 = time.perf_counter()
-    workspace = allocate_workspace(rows, keys, topk, device="cuda")  # every call below runs on it
-    sizing_s = time.perf_counter() - t0
-    call = lambda p=problem, out=None: _call(p, out, workspace)  # noqa: E731
-    for _ in range(2):  # compile and warm up
-        call()
+def _syncs_and_host_ms(call, reps: int) -> tuple[str, float]:
+    """("none" or the first sync's message) of one warm call under set_sync_debug_mode("error"), and the
+    median host ms from the call to its return over `reps` calls (the device idle before each)."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -72,13 +66,26 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         syncs = f"sync: {str(exc).splitlines()[0][:120]}"
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
     host = []
     for _ in range(reps):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         call()
         host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return syncs, statistics.median(host)
+
+
+def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
+    problem = prefill_problem(rows, keys * 4, topk, seed)
+    problem["max_seq_len"] = keys
+    t0 = time.perf_counter()
+    workspace = allocate_workspace(rows, keys, topk, device="cuda")  # every call below runs on it
+    sizing_s = time.perf_counter() - t0
+    call = lambda p=problem, out=None: _call(p, out, workspace)  # noqa: E731
+    for _ in range(2):  # compile and warm up
+        call()
+    syncs, host_ms = _syncs_and_host_ms(call, reps)
     eager = cuda_ms(call, reps=reps, warm=0)
     kernels, gaps, trace = _activity(call)
     # Graph: caller-owned outputs, inputs copied into the captured tensors before each replay.
@@ -107,7 +114,7 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     del graph, static, out
     runner = _runner(problem, rows, keys, topk, reps, workspace)
-    return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=statistics.median(host), eager_ms=eager,
+    return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=host_ms, eager_ms=eager,
                 kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay, graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
@@ -123,21 +130,7 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
     call()  # runs and captures
     torch.cuda.synchronize()
     capture_s = time.perf_counter() - t0
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        call()
-        syncs = "none"
-    except RuntimeError as exc:
-        syncs = f"sync: {str(exc).splitlines()[0][:120]}"
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
-    host = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        call()
-        host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
+    syncs, host_ms = _syncs_and_host_ms(call, reps)
     ms = cuda_ms(call, reps=reps, warm=1)
     kernels, gaps, trace = _activity(call)
     fresh = prefill_problem(rows, keys * 4, topk, 99)
@@ -145,9 +138,9 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
         kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
-    return dict(runner_syncs=syncs, runner_host_ms=statistics.median(host), runner_ms=ms, runner_kernel_ms=kernels,
-                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_trace=trace, runner_equal=equal, runner_setup_s=setup_s, runner_capture_s=capture_s,
-                runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
+    return dict(runner_syncs=syncs, runner_host_ms=host_ms, runner_ms=ms, runner_kernel_ms=kernels,
+                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_trace=trace, runner_equal=equal,
+                runner_setup_s=setup_s, runner_capture_s=capture_s, runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
 
 
 def main(argv=None) -> int:
