@@ -203,3 +203,26 @@ def test_the_runner_rejects_bad_bounds():
         LiteTopKGraphs(**BOUNDS, max_graphs=0)
     with pytest.raises(InputError, match="max_rows"):
         LiteTopKGraphs(**{**BOUNDS, "max_rows": -1})
+
+
+def test_the_cache_format_and_page_stride_are_part_of_the_signature(graphs, seed):
+    from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+
+    p = problem(seed)
+    values, scales = aiter_pages_from_litetopk(p.kv_cache)  # AITER's pair holding the same keys
+    captures = graphs.stats["captures"]
+    ours = graphs(*p.args(), **p.kwargs())
+    theirs = graphs(p.q_fp4, p.q_scale, values, *p.args()[3:], **p.kwargs(), kv_scale=scales)
+    assert graphs.stats["captures"] == captures + 2, graphs.stats
+    assert_same(theirs, ours, f"seed {seed}: AITER's format vs ours")
+    # One buffer, two views of the same address and shape: pages 4,608 bytes apart, then packed.
+    pages = p.kv_cache.shape[0]
+    slab = torch.zeros(pages, 4608, dtype=torch.uint8)
+    slab[:, :4352] = p.kv_cache
+    padded = slab[:, :4352]
+    packed = slab.view(-1)[:pages * 4352].view(pages, 4352)
+    assert padded.data_ptr() == packed.data_ptr() and padded.shape == packed.shape
+    for view in (padded, packed):
+        p.kv_cache = view
+        assert_same(graphs(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: page stride {view.stride(0)}")
+    assert graphs.stats["captures"] == captures + 4, graphs.stats
