@@ -8,7 +8,8 @@ the head sum, and offers two ways to consume the scores:
 - `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
-- `unsupported_rows`: the rows it cannot score exactly (RowStatus.UNSUPPORTED), or None.
+- `unsupported_rows`: the rows it cannot score exactly (RowStatus.UNSUPPORTED), or None;
+  `scoring_faults` sets that bit and NONFINITE in the rows' status (a backend may do it in one launch).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .status import RowStatus, set_status_bit
 from .validation import PrefillProblem
 
 
@@ -25,7 +27,8 @@ from .validation import PrefillProblem
 class CandidateScan:
     """Result of `scan_candidates` for every row of a problem.
 
-    keys int64 [rows, capacity]: appended ordering keys, NO_KEY past the end; appended int64
+    keys int64 [rows, capacity]: appended ordering keys in the first min(appended, capacity) slots of a
+    row, anything past them (never read: the Triton backend leaves them unwritten); appended int64
     [rows]: how many keys passed (more than capacity means the buffer overflowed and some were
     dropped); thresholds int64 [rows]: the final (tightened) threshold keys; nonfinite bool
     [rows]: a NaN/inf score was seen inside the row's window.
@@ -66,4 +69,11 @@ class ScoringBackend(abc.ABC):
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:
         """bool [rows]: rows this backend cannot score exactly (they get RowStatus.UNSUPPORTED and
         publish nothing), computed on the device; None when it scores every valid input."""
+
+    def scoring_faults(self, problem: PrefillProblem, nonfinite: torch.Tensor) -> torch.Tensor:
+        """int32 [rows] (a new tensor): problem.row_status with RowStatus.NONFINITE where bool
+        `nonfinite` (the scoring's) holds and RowStatus.UNSUPPORTED where unsupported_rows does."""
+        status = set_status_bit(problem.row_status, nonfinite, RowStatus.NONFINITE)
+        unsupported = self.unsupported_rows(problem)
+        return status if unsupported is None else set_status_bit(status, unsupported, RowStatus.UNSUPPORTED)
         return None

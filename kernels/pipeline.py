@@ -31,7 +31,6 @@ from .calibration import calibrate
 from .certify import REPAIR_ROWS, certify, complete_repair, repair_on_device
 from .result import TopKResult
 from .selection import select_topk_dense
-from .status import RowStatus, set_status_bit
 from .validation import PrefillProblem
 
 
@@ -58,12 +57,6 @@ class LiteTopKTuning:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk
 
 
-def _scoring_faults(problem: PrefillProblem, backend: ScoringBackend, nonfinite: torch.Tensor) -> torch.Tensor:
-    status = set_status_bit(problem.row_status, nonfinite, RowStatus.NONFINITE)
-    unsupported = backend.unsupported_rows(problem)
-    return status if unsupported is None else set_status_bit(status, unsupported, RowStatus.UNSUPPORTED)
-
-
 def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bool, tuning: LiteTopKTuning,
                  out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
@@ -77,7 +70,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     with record_function("litetopk.scan"):
         scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     with record_function("litetopk.certify"):
-        state = certify(problem, scan, capacity, _scoring_faults(problem, backend, scan.nonfinite))
+        state = certify(problem, scan, capacity, backend.scoring_faults(problem, scan.nonfinite))
     if repair:
         with record_function("litetopk.repair"):
             repair_on_device(problem, backend, state, tuning.repair_rows)
@@ -98,7 +91,7 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
         scores, nonfinite = backend.score_dense(problem)
     with record_function("litetopk.dense_select"):
         top = select_topk_dense(scores, problem.topk, selector)
-    status = _scoring_faults(problem, backend, nonfinite)
+    status = backend.scoring_faults(problem, nonfinite)
     repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
     with record_function("litetopk.assemble"):
         result = assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired,

@@ -102,7 +102,7 @@ def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.T
 def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
                       scratch: Scratch | None = None) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of the scan's buffer
-    `keys` [rows, capacity] (NO_KEY after them), sorted descending, NO_KEY padded. `thresholds` are at
+    `keys` [rows, capacity] (whatever lies after them is not read), sorted descending, NO_KEY padded. `thresholds` are at
     or below the k-th best key of every row whose scan certifies (other rows are repaired or publish
     nothing); the Triton twin (kernels/triton/radix_select.py: a radix select above the threshold,
     then a sort of K keys) uses them, the torch code needs none. Runs the twin where
@@ -111,4 +111,5 @@ def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.
         from .triton.radix_select import select_topk_candidates_radix
 
         return select_topk_candidates_radix(keys, kept, thresholds, k, scratch=scratch)
-    return select_topk_keys(keys, k)
+    kept_slots = torch.arange(keys.shape[1], device=keys.device)[None, :] < kept[:, None]
+    return select_topk_keys(torch.where(kept_slots, keys, NO_KEY), k)

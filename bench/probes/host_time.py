@@ -9,6 +9,11 @@ innermost `litetopk.<stage>` profiler range around each launch). Prints a table,
 staging copies, graph replay, result copies; medians of 50 calls, the device idle between calls) and
 profiles one call's host ops: $OUT/host-time-runner-h200.json.
 
+--cprofile runs 30 warm calls of the eager operator and of LiteTopKGraphs under cProfile (no torch
+profiler: Python's own cost per function, tottime and cumulative) and one profiled call of each for its
+device gaps (timing.gpu_activity: every gap with the activities before and after it):
+$OUT/host-cprofile-h200.txt and $OUT/host-cprofile-h200.json.
+
 --cpu counts without a GPU what the CUDA path would launch: the Triton stages run under Triton's
 interpreter (devices.runs_triton_stages is made to answer True for the call), each interpreted
 kernel launch counts one, and so does each torch op called outside a kernel that would run a device
@@ -168,6 +173,66 @@ def runner_phases(rows: int, keys: int, topk: int, reps: int = 50) -> dict:
                 phases_ms={k: sorted(v)[len(v) // 2] * 1e3 for k, v in phases.items()}, top=top)
 
 
+def _pstats_text(profiler, sort: str, limit: int) -> str:
+    import io
+    import pstats
+
+    buffer = io.StringIO()
+    pstats.Stats(profiler, stream=buffer).strip_dirs().sort_stats(sort).print_stats(limit)
+    return buffer.getvalue()
+
+
+def cprofile_calls(rows: int, keys: int, topk: int, out_dir: str, reps: int = 30) -> dict:
+    """cProfile of `reps` warm eager calls and runner calls, and every device gap of one call of each
+    (module docstring)."""
+    import cProfile
+
+    from bench.common.timing import gpu_activity
+    from litetopk.kernels import LiteTopKGraphs
+
+    problem = prefill_problem(rows, keys * 4, topk, 3)
+    problem.pop("topk")
+    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
+    calls = dict(eager=lambda: litetopk_prefill(**problem, topk=topk, max_seq_len=keys),
+                 runner=lambda: graphs(**problem, topk=topk, max_seq_len=keys))
+    report, text = dict(rows=rows, keys=keys, topk=topk, reps=reps), []
+    for name, call in calls.items():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        plain = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call()
+            plain.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        host = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            profiler.enable()
+            call()
+            profiler.disable()
+            host.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        activity = gpu_activity(call, top=80)
+        report[name] = dict(host_ms=sorted(plain)[reps // 2] * 1e3, host_ms_profiled=sorted(host)[reps // 2] * 1e3,
+                            activity=activity)
+        text.append(f"==== {name}: median host ms {report[name]['host_ms']:.3f} (under cProfile "
+                    f"{report[name]['host_ms_profiled']:.3f}); "
+                    f"{activity['activities']} device activities, {activity['gap_count']} gaps, "
+                    f"span {activity['span_ms']:.3f} busy {activity['busy_ms']:.3f} ms")
+        text += [f"  gap {g['gap_us']:8.1f} us  {g['before']}  ->  {g['after']}" for g in activity["gaps"]]
+        text.append(_pstats_text(profiler, "tottime", 45))
+        text.append(_pstats_text(profiler, "cumulative", 70))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "host-cprofile-h200.txt"), "w") as fh:
+        fh.write("\n".join(text))
+    with open(os.path.join(out_dir, "host-cprofile-h200.json"), "w") as fh:
+        json.dump(dict(command="python -m bench.probes.host_time --cprofile", **report), fh, indent=1)
+    return report
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
@@ -176,7 +241,14 @@ def main(argv=None) -> int:
     parser.add_argument("--topk", type=int, default=512)
     parser.add_argument("--cpu", action="store_true", help="count launches on the CPU (module docstring); no JSON")
     parser.add_argument("--runner", action="store_true", help="phases of a LiteTopKGraphs call (module docstring)")
+    parser.add_argument("--cprofile", action="store_true", help="cProfile + device gaps (module docstring)")
     args = parser.parse_args(argv)
+    if args.cprofile:
+        report = cprofile_calls(args.rows, args.keys, args.topk, args.out)
+        for name in ("eager", "runner"):
+            print(f"{name}: host ms {report[name]['host_ms']:.3f} (cProfile {report[name]['host_ms_profiled']:.3f}), "
+                  f"gaps {report[name]['activity']['gap_count']}")
+        return 0
     if args.runner:
         report = dict(command="python -m bench.probes.host_time --runner",
                       results=[runner_phases(args.rows, args.keys, k) for k in (512, 1024)])

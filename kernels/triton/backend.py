@@ -37,6 +37,7 @@ from ..validation import PrefillProblem
 from .certify import finish_scan_triton
 from .decode import (
     FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton,
+    scoring_faults_triton,
     unsupported_rows_triton,
 )
 from .repair import subset_operands_torch, subset_operands_triton
@@ -165,9 +166,9 @@ class TritonBackend(ScoringBackend):
         k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
             problem.cache, problem.block_table, need, s_pad, summary[0:1], batch_wide, block_keys=self.block_keys,
             scratch=scratch)
-        live_rows = problem.ends > problem.starts
         q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
-            problem.q_fp4, problem.q_scale, problem.weights, live_rows, summary[1:3], problem.weight_scale, scratch)
+            problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends), summary[1:3],
+            problem.weight_scale, scratch)
         keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
         return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
@@ -202,6 +203,15 @@ class TritonBackend(ScoringBackend):
         b = problem.row_to_batch.long()
         k_unsupported = (prefix[b, problem.ends.long()] - prefix[b, problem.starts.long()]) > 0
         return (problem.ends > problem.starts) & (ops.q_unsupported | k_unsupported)
+
+    def scoring_faults(self, problem: PrefillProblem, nonfinite: torch.Tensor) -> torch.Tensor:
+        """ScoringBackend.scoring_faults in one launch (decode.scoring_faults_triton) where the Triton
+        stages run."""
+        if not runs_triton_stages(problem.device):
+            return super().scoring_faults(problem, nonfinite)
+        ops = self.operands(problem)
+        return scoring_faults_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
+                                     problem.ends, ops.q_unsupported, problem.row_status, nonfinite, problem.scratch)
 
     def _use_gluon(self, device: torch.device) -> bool:
         """Whether this problem's scores come from the Gluon kernel (module docstring)."""
@@ -274,7 +284,7 @@ class TritonBackend(ScoringBackend):
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
-        buffer = problem.scratch.full((rows, capacity), NO_KEY, torch.int64)
+        buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
                      appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])

@@ -107,12 +107,13 @@ def _step(mid, count, lo, hi, c_lo, c_hi, rank):
 
 @triton.jit
 def calibration_order_kernel(
-    scores_ptr, width, out_ptr, offset,             # float32 [rows, width]; float32 or int64 [rows, 2]
+    scores_ptr, width, out_ptr, offset,             # float32 [rows, width]; float32 or int64 [2, rows]
     band_ptr,                                       # int32 [rows, BAND]: the bracket's values, compacted
     RANK_A: tl.constexpr, RANK_B: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
     BAND: tl.constexpr, KEYS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    rows = tl.num_programs(0)
     offs = tl.arange(0, ROWS)[:, None] * LANES + tl.arange(0, LANES)[None, :]
     valid = offs < width
     scores = tl.load(scores_ptr + row * width + offs, mask=valid, other=0.0)
@@ -161,9 +162,9 @@ def calibration_order_kernel(
         has_ceiling = usable & (ceiling == ceiling) & (tl.abs(ceiling) != float("inf"))
         keys = tl.where(pair == 0, tl.where(usable, _ordered_bits(kth) << 32, NO_KEY_C),
                         tl.where(has_ceiling, _ordered_bits(ceiling) << 32, NO_KEY_C))
-        tl.store(out_ptr + row * 2 + pair, keys)
+        tl.store(out_ptr + pair * rows + row, keys)
     else:
-        tl.store(out_ptr + row * 2 + pair, tl.where(pair == 0, kth, ceiling))
+        tl.store(out_ptr + pair * rows + row, tl.where(pair == 0, kth, ceiling))
 
 
 def order_tiling(width: int, per_thread: int = ROW_PER_THREAD) -> tuple[int, int, int]:
@@ -182,7 +183,7 @@ def _order_statistics(scores: torch.Tensor, ranks: tuple[int, int], offset: floa
     if width < max(ranks) or min(ranks) < 1:
         raise ValueError(f"ranks {ranks} of rows of {width} values (1 <= rank <= width)")
     scratch = scratch if scratch is not None else Scratch(scores.device)
-    out = scratch.empty((rows, 2), torch.int64 if keys else torch.float32)
+    out = scratch.empty((2, rows), torch.int64 if keys else torch.float32)  # two contiguous rows: no copies after
     tile_rows, lanes, num_warps = order_tiling(width, per_thread)
     band = band or BAND_PER_THREAD * lanes
     band_rows = scratch.empty((rows, band), torch.int32)
@@ -201,7 +202,7 @@ def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band
     callers that care check for NaN themselves. `band` (a power of two): the compacted bracket's
     size instead of BAND_PER_THREAD x LANES, and `per_thread` the row values a thread instead of
     ROW_PER_THREAD (tests, the probe's variants)."""
-    return _order_statistics(scores, ranks, 0.0, keys=False, band=band, per_thread=per_thread)
+    return _order_statistics(scores, ranks, 0.0, keys=False, band=band, per_thread=per_thread).t()
 
 
 def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float,
@@ -215,4 +216,4 @@ def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, off
     power of two) overrides ROW_PER_THREAD (the probe's variants). No host synchronization."""
     keys = _order_statistics(sample, (k, ceiling_rank), offset, keys=True, scratch=scratch, band=band,
                              per_thread=per_thread)
-    return keys[:, 0], keys[:, 1]
+    return keys[0], keys[1]

@@ -27,7 +27,8 @@ torch op on the host path (one launch each):
     _decode_queries_kernel   + per row: q_wide (a live row with a wide head vector), q_unsupported
                              (a head vector of spread > 7, or head weights refused), rowfac * weight_scale
     unsupported_rows_kernel  TritonBackend.unsupported_rows (reads a row's window only when the key
-                             summary holds FLAG_UNSUPPORTED)
+                             summary holds FLAG_UNSUPPORTED), or with it the row's scoring-fault status
+                             bits (TritonBackend.scoring_faults: NONFINITE and UNSUPPORTED in one launch)
 Their torch definitions (any / OR over the per-vector flags) are what the tests compare them with.
 """
 
@@ -38,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE, KVCache
+from ..status import RowStatus
 from ..workspace import Scratch
 
 FLAG_WIDE = 1
@@ -46,6 +48,8 @@ FLAG_NAN_SCALE = 4
 FLAG_NAN_SCALE_C = tl.constexpr(FLAG_NAN_SCALE)
 FLAG_WIDE_C = tl.constexpr(FLAG_WIDE)
 FLAG_UNSUPPORTED_C = tl.constexpr(FLAG_UNSUPPORTED)
+STATUS_NONFINITE_C = tl.constexpr(int(RowStatus.NONFINITE))
+STATUS_UNSUPPORTED_C = tl.constexpr(int(RowStatus.UNSUPPORTED))
 #: Head-weight range of the scoring epilogue (scoring.py): every nonzero scaled weight |wq| is
 #: >= 2^MIN_SCALED_EXPONENT, and |w * 2^(q_exp - 129)| stays below 2^MAX_WEIGHT_EXPONENT.
 MIN_SCALED_EXPONENT = 23
@@ -189,7 +193,7 @@ def _scale_head_weights(w, m):
 
 @triton.jit
 def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
-                           w_ptr, live_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
+                           w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
                            VB: tl.constexpr, WEIGHTS: tl.constexpr):
     vec = tl.program_id(0) * VB + tl.arange(0, VB)
     live = vec < num_vectors
@@ -206,7 +210,7 @@ def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, 
         wq = tl.where((flags & FLAG_NAN_SCALE_C) != 0, float("nan"), wq)
         tl.store(wq_ptr + row.to(tl.int64) * VB + offs_h, wq, mask=row_ok)
         tl.store(rowfac_ptr + row, rowfac * weight_scale, mask=row_ok)
-        live_row = tl.load(live_ptr + row, mask=row_ok, other=0) != 0
+        live_row = tl.load(ends_ptr + row, mask=row_ok, other=0) > tl.load(starts_ptr + row, mask=row_ok, other=0)
         refused = out_of_range & live_row
         tl.store(range_ptr + row, refused.to(tl.int8), mask=row_ok)
         tl.atomic_or(summary_ptr + 1, refused.to(tl.int32), sem="relaxed")
@@ -284,10 +288,11 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summar
 
 
 def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None = None,
-                               live_rows: torch.Tensor | None = None, summary: torch.Tensor | None = None,
+                               windows: tuple[torch.Tensor, torch.Tensor] | None = None,
+                               summary: torch.Tensor | None = None,
                                weight_scale: float = 1.0, scratch: Scratch | None = None):
-    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and bool
-    `live_rows [rows]` also the scoring kernel's head weights and row flags: (wq float32 [rows, 64],
+    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows'
+    `windows` (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and row flags: (wq float32 [rows, 64],
     rowfac float32 [rows] (times weight_scale, in float32), refused int8 [rows], q_wide bool [rows],
     q_unsupported bool [rows]) as scoring.py's docstring defines them (NaN where a scale byte is NaN);
     refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
@@ -312,7 +317,7 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
         wq = rowfac = exp
         refused = q_wide = q_unsupported = flags
     _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
-                                 weights if with_weights else exp, live_rows if with_weights else flags,
+                                 weights if with_weights else exp, *(windows if with_weights else (exp, exp)),
                                  wq, rowfac, refused, float(weight_scale), q_wide, q_unsupported,
                                  VB=VECTORS_PER_PROGRAM, WEIGHTS=with_weights)
     decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
@@ -324,9 +329,11 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
 
 @triton.jit
 def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_ptr, ends_ptr, q_unsupported_ptr,
-                            out_ptr, BLOCK: tl.constexpr):
-    """out[row] = a live row whose query is unsupported or whose window holds an unsupported key;
-    the window is read only when the key summary says some decoded key is unsupported."""
+                            out_ptr, status_ptr, nonfinite_ptr, BLOCK: tl.constexpr, STATUS: tl.constexpr):
+    """unsupported[row] = a live row whose query is unsupported or whose window holds an unsupported key;
+    the window is read only when the key summary says some decoded key is unsupported. STATUS: out
+    gets int32 status[row] | NONFINITE where nonfinite[row] | UNSUPPORTED where unsupported, instead of
+    the int8 flag."""
     row = tl.program_id(0)
     start = tl.load(starts_ptr + row)
     end = tl.load(ends_ptr + row)
@@ -337,8 +344,24 @@ def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_p
             offs = p0 + tl.arange(0, BLOCK)
             flags = tl.load(key_flags_ptr + b * s_pad + offs, mask=offs < end, other=0).to(tl.int32)
             bad_keys += tl.sum(((flags & FLAG_UNSUPPORTED_C) != 0).to(tl.int32), axis=0)
-    bad = (tl.load(q_unsupported_ptr + row) != 0) | (bad_keys > 0)
-    tl.store(out_ptr + row, ((end > start) & bad).to(tl.int8))
+    bad = (end > start) & ((tl.load(q_unsupported_ptr + row) != 0) | (bad_keys > 0))
+    if STATUS:
+        status = tl.load(status_ptr + row)
+        status |= tl.where(tl.load(nonfinite_ptr + row) != 0, STATUS_NONFINITE_C, 0)
+        tl.store(out_ptr + row, status | tl.where(bad, STATUS_UNSUPPORTED_C, 0))
+    else:
+        tl.store(out_ptr + row, bad.to(tl.int8))
+
+
+def _unsupported_rows_launch(key_flags, summary, row_to_batch, starts, ends, q_unsupported, out, status=None,
+                             nonfinite=None) -> None:
+    rows = starts.shape[0]
+    if rows:
+        with_status = status is not None
+        unsupported_rows_kernel[(rows,)](key_flags, key_flags.shape[1], summary, row_to_batch, starts, ends,
+                                         q_unsupported.view(torch.int8), out, status if with_status else out,
+                                         nonfinite.view(torch.int8) if with_status else out, BLOCK=256,
+                                         STATUS=with_status)
 
 
 def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
@@ -346,9 +369,16 @@ def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_
                             scratch: Scratch) -> torch.Tensor:
     """bool [rows]: TritonBackend.unsupported_rows in one launch, from the keys' decode flags int8
     [B, s_pad], the decode summary (int32, summary[0]: OR of the key flags) and the rows' q_unsupported."""
-    rows = starts.shape[0]
-    out = scratch.empty(rows, torch.int8)
-    if rows:
-        unsupported_rows_kernel[(rows,)](key_flags, key_flags.shape[1], summary, row_to_batch, starts, ends,
-                                         q_unsupported.view(torch.int8), out, BLOCK=256)
+    out = scratch.empty(starts.shape[0], torch.int8)
+    _unsupported_rows_launch(key_flags, summary, row_to_batch, starts, ends, q_unsupported, out)
     return out.view(torch.bool)
+
+
+def scoring_faults_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
+                          starts: torch.Tensor, ends: torch.Tensor, q_unsupported: torch.Tensor, status: torch.Tensor,
+                          nonfinite: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """int32 [rows]: `status` | NONFINITE where bool `nonfinite` | UNSUPPORTED where unsupported_rows_triton
+    is true, in the same one launch (ScoringBackend.scoring_faults)."""
+    out = scratch.empty(starts.shape[0], torch.int32)
+    _unsupported_rows_launch(key_flags, summary, row_to_batch, starts, ends, q_unsupported, out, status, nonfinite)
+    return out

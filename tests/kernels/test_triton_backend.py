@@ -86,6 +86,13 @@ def ref_head_weight_scaling(w: np.ndarray, q_exp: np.ndarray):
     return scaled_true, shift, out_of_range
 
 
+def windows_of(live: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, ends) int32 on DEVICE whose live rows are `live`: random windows, empty where not live."""
+    starts = torch.randint(0, 1000, (live.shape[0],), dtype=torch.int32)
+    ends = starts + torch.from_numpy(live).to(torch.int32) * torch.randint(1, 500, (live.shape[0],), dtype=torch.int32)
+    return starts.to(DEVICE), ends.to(DEVICE)
+
+
 def test_prepare_queries_scales_head_weights_exactly(seed):
     rng = np.random.default_rng(seed)
     rows = 10
@@ -103,7 +110,7 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     qs[8, 2, 0] = 255  # a NaN scale byte: that head's weight is NaN
     summary = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     _, _, exp, flags, wq, rowfac, refused, q_wide, q_unsupported = prepare_queries_fp4_triton(
-        q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), torch.from_numpy(live).to(DEVICE), summary)
+        q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), windows_of(live), summary)
     # the row flags as torch ops define them from the per-vector flags
     vector_flags = flags.cpu().int()
     want_wide = ((vector_flags & FLAG_WIDE) != 0).any(dim=1) & torch.from_numpy(live)

@@ -88,7 +88,9 @@ def scan_outputs(backend, problem):
     order of the appends): each row's candidates (sorted), appended counts, final thresholds."""
     thresholds = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=problem.device)
     scan = backend.scan_candidates(problem, thresholds, problem.max_end)
-    return scan.keys.sort(dim=1).values, scan.appended, scan.thresholds
+    slots = torch.arange(scan.keys.shape[1], device=scan.keys.device)[None, :]
+    appended = torch.where(slots < scan.appended[:, None], scan.keys, NO_KEY)  # the slots past them: unwritten
+    return appended.sort(dim=1).values, scan.appended, scan.thresholds
 
 
 @pytest.mark.interpret

@@ -92,6 +92,9 @@ def test_exact_at_the_bounds(case, seed):
     assert nbytes > 0 and nbytes % ALIGNMENT == 0, f"{case}: {nbytes} bytes"
     workspace = allocate_workspace(**sizing(operator, p, backend, tuning))
     assert workspace.numel() == nbytes and workspace.dtype == torch.uint8 and workspace.data_ptr() % ALIGNMENT == 0
+    # poisoned with fresh random bytes: no stage may read what it did not write (the scan's candidate
+    # slots past a row's appended count, for one, are never written)
+    workspace.copy_(torch.randint(0, 256, (nbytes,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
     first = call(operator, p, backend, workspace=workspace, **kw)
     second = call(operator, p, backend, workspace=workspace, **kw)
     same_bits(first, want, f"{case}, seed {seed}, first call")
