@@ -12,7 +12,7 @@ and static bounds only, so that a call needs no host round trip and can be captu
 Rows that fail the certificate are capacity events: with repair=True the device repair rescans them
 exactly (up to certify.REPAIR_ROWS per call; `check=True` finishes any beyond that on a synchronizing
 path and then raises for faulty rows); with repair=False they keep their status bit and publish
-nothing. Each stage runs inside torch.profiler.record_function("litetopk.<stage>") for timelines.
+nothing. Each stage runs inside a profiler range "litetopk.<stage>" for timelines (profiling.stage_range).
 Every stage takes its explicit buffers from `problem.scratch` (workspace.py): the caller's workspace
 when one is given, torch's allocator otherwise; the published result goes into `out` or new tensors.
 """
@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import record_function
 
 from .assembly import assemble_result
 from .backend import ScoringBackend
 from .calibration import calibrate
 from .certify import REPAIR_ROWS, certify, complete_repair, repair_on_device
+from .profiling import stage_range
 from .result import TopKResult
 from .selection import select_topk_dense
 from .validation import PrefillProblem
@@ -61,23 +61,23 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
                  out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
-    with record_function("litetopk.calibrate"):
+    with stage_range("litetopk.calibrate"):
         thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)
     if ceilings is None and tuning.candidate_capacity is None:
         # No sample (windows shorter than 2 x sample_size): the buffer holds any window, so that no
         # row needs a repair; at most 2 x sample_size keys a row.
         capacity = max(capacity, problem.max_end)
-    with record_function("litetopk.scan"):
+    with stage_range("litetopk.scan"):
         scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
-    with record_function("litetopk.certify"):
+    with stage_range("litetopk.certify"):
         state = certify(problem, scan, capacity, backend.scoring_faults(problem, scan.nonfinite))
     if repair:
-        with record_function("litetopk.repair"):
+        with stage_range("litetopk.repair"):
             repair_on_device(problem, backend, state, tuning.repair_rows)
             if check:  # a data-dependent number of rescans: outside the workspace (workspace.Scratch)
                 with problem.scratch.from_allocator():
                     complete_repair(problem, backend, state)
-    with record_function("litetopk.assemble"):
+    with stage_range("litetopk.assemble"):
         result = assemble_result(state.top, problem.row_to_batch, problem.block_table, state.status, state.repaired,
                                  scan.appended, out)
     return result.raise_for_status() if check else result
@@ -87,13 +87,13 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
               out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The dense baseline: the whole score matrix, then an exact top-K of it (its tie check reads
     the tied rows on the host)."""
-    with record_function("litetopk.dense_score"):
+    with stage_range("litetopk.dense_score"):
         scores, nonfinite = backend.score_dense(problem)
-    with record_function("litetopk.dense_select"):
+    with stage_range("litetopk.dense_select"):
         top = select_topk_dense(scores, problem.topk, selector)
     status = backend.scoring_faults(problem, nonfinite)
     repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
-    with record_function("litetopk.assemble"):
+    with stage_range("litetopk.assemble"):
         result = assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired,
                                  problem.window_lengths, out)
     return result.raise_for_status() if check else result

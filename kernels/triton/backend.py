@@ -27,18 +27,17 @@ import os
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import record_function
 
 from ..backend import CandidateScan, ScoringBackend
 from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
+from ..profiling import stage_range
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
 from .certify import finish_scan_triton
 from .decode import (
     FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton,
-    scoring_faults_triton,
-    unsupported_rows_triton,
+    scoring_faults_triton, unsupported_rows_triton,
 )
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
@@ -152,7 +151,7 @@ class TritonBackend(ScoringBackend):
         if problem.parent is not None:
             ops = self._subset_operands(problem, self.operands(problem.parent))
         else:
-            with record_function("litetopk.decode"):
+            with stage_range("litetopk.decode"):
                 ops = self._decode(problem)
         self._prepared = (problem, ops)
         return ops
@@ -177,13 +176,13 @@ class TritonBackend(ScoringBackend):
         """The operands of a subset (the repair's rows: one row a program, scanned only), gathered from
         its parent's (kernels/triton/repair.py)."""
         subset_operands = subset_operands_triton if runs_triton_stages(problem.device) else subset_operands_torch
-        with record_function("litetopk.schedule"):
+        with stage_range("litetopk.schedule"):
             q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule = subset_operands(problem, parent, self.block_rows)
         return Operands(parent.keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported,
                         gluon=self._use_gluon(problem.device), schedule=schedule)
 
     def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
-        with record_function("litetopk.schedule"):
+        with stage_range("litetopk.schedule"):
             schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends, problem.block_table.shape[0],
                                       self.block_rows, q_wide, keys.flags, problem.scratch)
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
@@ -272,8 +271,9 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
+        # and its nonfinite flag
         out = problem.scratch.empty((problem.num_rows, width), torch.float32)
-        nonfinite = problem.scratch.zeros(problem.num_rows, torch.int8)
+        nonfinite = problem.scratch.empty(problem.num_rows, torch.int8)
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
