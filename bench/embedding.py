@@ -15,7 +15,8 @@ call below runs on, then
 - bit equality: graph replay after new input contents are copied in == an eager call on them;
 - the graph runner (LiteTopKGraphs, kernels/graphs.py: the operator replayed from its own per-shape
   graph, inputs staged): its host ms, call ms (CUDA events around the whole call: staging copies,
-  replay, result copies), GPU idle ms, no host sync, and its answer == the eager call's, bit for bit.
+  replay, result copies), GPU idle ms, no host sync, and its answer == the eager call's, bit for bit;
+  in place: the same with the inputs written into the runner's own buffers (input_buffers: no copy in).
 Prints a table, writes JSON (with the command) and a PNG to --out.
 
     python -m bench.embedding --out bench/results --rows 8192 --keys 65536 196608
@@ -138,9 +139,22 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
         kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
+    # In place: the inputs written into the runner's own staging buffers (input_buffers): no copy in.
+    views = graphs.input_buffers(rows, tuple(kwargs["block_table"].shape), topk=topk, weights_dtype=kwargs["weights"].dtype)
+    for name, view in views.items():
+        view.copy_(kwargs[name])
+    call_in_place = lambda: graphs(**{**kwargs, **views}, topk=topk)  # noqa: E731
+    got_in_place = call_in_place()
+    in_place_equal = all(torch.equal(getattr(got_in_place, n), getattr(want, n)) for n in FIELDS)
+    in_place_syncs, in_place_host = _syncs_and_host_ms(call_in_place, reps)
+    in_place_ms = cuda_ms(call_in_place, reps=reps, warm=1)
+    in_place_kernels, in_place_gaps, in_place_trace = _activity(call_in_place)
     return dict(runner_syncs=syncs, runner_host_ms=host_ms, runner_ms=ms, runner_kernel_ms=kernels,
                 runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_trace=trace, runner_equal=equal,
-                runner_setup_s=setup_s, runner_capture_s=capture_s, runner_arena_bytes=graphs.arena_bytes, runner_stats=dict(graphs.stats))
+                runner_setup_s=setup_s, runner_capture_s=capture_s, runner_arena_bytes=graphs.arena_bytes,
+                in_place_syncs=in_place_syncs, in_place_host_ms=in_place_host, in_place_ms=in_place_ms,
+                in_place_idle_ms=in_place_ms - in_place_kernels, in_place_gaps_ms=in_place_gaps,
+                in_place_trace=in_place_trace, in_place_equal=in_place_equal, runner_stats=dict(graphs.stats))
 
 
 def main(argv=None) -> int:
@@ -162,15 +176,18 @@ def main(argv=None) -> int:
             results.append(measure(args.rows, keys, topk, args.reps, args.seed))
     table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
     for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms", "graph == eager",
-                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager"):
+                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager",
+                "in-place host ms", "in-place ms", "in-place gaps ms", "in-place == eager"):
         table.add_column(col)
     for r in results:
         table.add_row(str(r["keys"]), str(r["topk"]), r["syncs"], f"{r['host_ms']:.2f}", f"{r['eager_ms']:.2f}",
                       f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['gaps_ms']:.3f}", f"{r['graph_ms']:.2f}",
                       str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
                       r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
-                      f"{r['runner_idle_ms']:.3f}", f"{r['runner_gaps_ms']:.3f}", str(r["runner_equal"]))
-    Console(width=200).print(table)
+                      f"{r['runner_idle_ms']:.3f}", f"{r['runner_gaps_ms']:.3f}", str(r["runner_equal"]),
+                      f"{r['in_place_host_ms']:.3f}", f"{r['in_place_ms']:.2f}", f"{r['in_place_gaps_ms']:.3f}",
+                      str(r["in_place_equal"]) + ("" if r["in_place_syncs"] == "none" else f" (sync: {r['in_place_syncs']})"))
+    Console(width=280).print(table)
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, results=results)
@@ -185,9 +202,10 @@ def main(argv=None) -> int:
     labels = [f"{r['keys'] // 1024}k K={r['topk']}" for r in results]
     x = range(len(results))
     bars = (("host_ms", "host (call -> return)"), ("eager_ms", "eager"), ("graph_ms", "graph replay"),
-            ("idle_ms", "GPU idle in call"), ("runner_host_ms", "runner host"), ("runner_ms", "runner call"))
+            ("idle_ms", "GPU idle in call"), ("runner_host_ms", "runner host"), ("runner_ms", "runner call"),
+            ("in_place_ms", "runner call, inputs in place"))
     for j, (key, name) in enumerate(bars):
-        ax.bar([i - 0.375 + 0.15 * j for i in x], [r[key] for r in results], width=0.15, label=name)
+        ax.bar([i - 0.39 + 0.11 * j for i in x], [r[key] for r in results], width=0.11, label=name)
     ax.set_xticks(list(x), labels)
     ax.set_ylabel("ms")
     ax.legend()

@@ -9,7 +9,8 @@ innermost `litetopk.<stage>` profiler range around each launch). Prints a table,
 staging copies, graph replay, result copies; medians of 50 calls, the device idle between calls) and
 profiles one call's host ops: $OUT/host-time-runner-h200.json.
 
---cprofile runs 30 warm calls of the eager operator and of LiteTopKGraphs under cProfile (no torch
+--cprofile runs 30 warm calls of the eager operator and of LiteTopKGraphs (inputs copied in, and
+in place: written into its input_buffers) under cProfile (no torch
 profiler: Python's own cost per function, tottime and cumulative) and one profiled call of each for its
 device gaps (timing.gpu_activity: every gap with the activities before and after it):
 $OUT/host-cprofile-h200.txt and $OUT/host-cprofile-h200.json.
@@ -193,8 +194,13 @@ def cprofile_calls(rows: int, keys: int, topk: int, out_dir: str, reps: int = 30
     problem = prefill_problem(rows, keys * 4, topk, 3)
     problem.pop("topk")
     graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
+    views = graphs.input_buffers(rows, tuple(problem["block_table"].shape), topk=topk,
+                                 weights_dtype=problem["weights"].dtype)
+    for name, view in views.items():
+        view.copy_(problem[name])
     calls = dict(eager=lambda: litetopk_prefill(**problem, topk=topk, max_seq_len=keys),
-                 runner=lambda: graphs(**problem, topk=topk, max_seq_len=keys))
+                 runner=lambda: graphs(**problem, topk=topk, max_seq_len=keys),
+                 runner_in_place=lambda: graphs(**{**problem, **views}, topk=topk, max_seq_len=keys))
     report, text = dict(rows=rows, keys=keys, topk=topk, reps=reps), []
     for name, call in calls.items():
         for _ in range(3):
@@ -245,7 +251,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.cprofile:
         report = cprofile_calls(args.rows, args.keys, args.topk, args.out)
-        for name in ("eager", "runner"):
+        for name in ("eager", "runner", "runner_in_place"):
             print(f"{name}: host ms {report[name]['host_ms']:.3f} (cProfile {report[name]['host_ms_profiled']:.3f}), "
                   f"gaps {report[name]['activity']['gap_count']}")
         return 0

@@ -22,6 +22,7 @@ from litetopk.kernels import (
     litetopk_prefill,
     random_problem,
 )
+from litetopk.kernels.graphs import STAGED_INPUTS
 from litetopk.kernels.result import RESULT_FIELDS
 from litetopk.kernels.status import CAPACITY_EVENTS
 
@@ -226,3 +227,58 @@ def test_the_cache_format_and_page_stride_are_part_of_the_signature(graphs, seed
         p.kv_cache = view
         assert_same(graphs(*p.args(), **p.kwargs()), eager(p), f"seed {seed}: page stride {view.stride(0)}")
     assert graphs.stats["captures"] == captures + 4, graphs.stats
+
+
+def in_place_args(views: dict, p) -> tuple:
+    """p's arguments with every staged input replaced by the runner's own buffer holding p's values."""
+    for name, view in views.items():
+        view.copy_(getattr(p, name))
+    return tuple(views.get(name, getattr(p, name)) for name in
+                 ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends"))
+
+
+def test_inputs_in_the_runners_own_buffers_are_not_copied(seed, monkeypatch):
+    runner = LiteTopKGraphs(**BOUNDS)
+    p = problem(seed)
+    views = runner.input_buffers(p.q_fp4.shape[0], p.block_table.shape, topk=p.topk, weights_dtype=p.weights.dtype)
+    assert set(views) == set(STAGED_INPUTS)
+    arena = (runner._arena.data_ptr(), runner._arena.data_ptr() + runner.arena_bytes)
+    assert all(arena[0] <= v.data_ptr() < arena[1] for v in views.values()), "the buffers are not the arena's"
+    copies = []
+    copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: (copies.append(len(dst)), copy(dst, src)))
+    assert_same(runner(*in_place_args(views, p), **p.kwargs()), eager(p), f"seed {seed}: capturing call in place")
+    for step in (1, 2):  # new contents written into the runner's buffers: replays read them, nothing copied
+        fresh = problem(seed + step)
+        fresh.kv_cache = p.kv_cache
+        copies.clear()
+        got = runner(*in_place_args(views, fresh), **fresh.kwargs())
+        assert copies == [], f"seed {seed}: staged inputs were copied ({copies})"
+        assert_same(got, eager(fresh), f"seed {seed}: replay {step} in place")
+    assert runner.stats["captures"] == 1 and runner.stats["replays"] == 2, runner.stats
+    fresh = problem(seed + 3)
+    fresh.kv_cache = p.kv_cache
+    args = list(in_place_args(views, fresh))
+    args[0] = fresh.q_fp4.clone()  # the caller's own queries: only they are copied
+    copies.clear()
+    assert_same(runner(*args, **fresh.kwargs()), eager(fresh), f"seed {seed}: queries copied, the rest in place")
+    assert copies == [1], copies
+
+
+def test_an_input_in_the_arena_that_is_not_its_buffer_is_an_input_error(seed):
+    runner = LiteTopKGraphs(**BOUNDS)
+    p = problem(seed)
+    views = runner.input_buffers(p.q_fp4.shape[0], p.block_table.shape, topk=p.topk, weights_dtype=p.weights.dtype)
+    args = list(in_place_args(views, p))
+    args[7] = views["starts"]  # ends given the starts buffer: in the arena, not ends' own
+    with pytest.raises(InputError, match="ends lies in the runner's staging arena but is not its ends buffer"):
+        runner(*args, **p.kwargs())
+    rows = p.q_fp4.shape[0]
+    with pytest.raises(InputError, match="query rows"):
+        runner.input_buffers(BOUNDS["max_rows"] + 1, p.block_table.shape, topk=512)
+    with pytest.raises(InputError, match="topk=256"):
+        runner.input_buffers(rows, p.block_table.shape, topk=256)
+    before = runner.arena_bytes
+    grown = runner.input_buffers(BOUNDS["max_rows"], (2, 40000), topk=1024)  # a table wider than the bounds
+    assert runner.stats["arena_regrowths"] == 1 and runner.arena_bytes > before, runner.stats
+    assert grown["block_table"].shape == (2, 40000)
