@@ -15,6 +15,14 @@ profiler: Python's own cost per function, tottime and cumulative) and one profil
 device gaps (timing.gpu_activity: every gap with the activities before and after it):
 $OUT/host-cprofile-h200.txt and $OUT/host-cprofile-h200.json.
 
+--glue times the host glue alone, without a GPU: the Triton stages' code path on the CPU
+(devices.runs_triton_stages made to answer True) with every kernel launch replaced by a no-op, at the
+full shape, on a workspace (--no-workspace: from the allocator). The call never reads device data on
+the host (no sync), so the Python it runs does not depend on what the kernels would have written: the
+median host ms is the pipeline's own Python and torch view / allocation ops, without Triton's launcher
+(on a GPU that adds ~30-50 us a launch) and measured on this machine's CPU, not the GPU host's. Writes
+$OUT/host-glue-cpu.json (median, launches and buffers a call, the cProfile top functions).
+
 --cpu counts without a GPU what the CUDA path would launch: the Triton stages run under Triton's
 interpreter (devices.runs_triton_stages is made to answer True for the call), each interpreted
 kernel launch counts one, and so does each torch op called outside a kernel that would run a device
@@ -125,6 +133,57 @@ def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: i
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             call()
     return launches_by_stage(prof.events(), on_cpu=True)
+
+
+def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: int = 30) -> dict:
+    """Host ms of the LiteTopK call's glue with launches as no-ops (module docstring, --glue)."""
+    import cProfile
+    import io
+    import pstats
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from litetopk.kernels import allocate_workspace
+    from litetopk.kernels.workspace import Scratch
+
+    problem = prefill_problem(rows, keys * 4, topk, 3, device="cpu")
+    k = problem.pop("topk")
+    counts = Counter()
+    carve = Scratch.empty
+
+    def no_launch(self, *args, **kwargs):
+        counts["launches"] += 1
+
+    def counted_carve(self, shape, dtype):
+        counts["buffers"] += 1
+        return carve(self, shape, dtype)
+
+    with triton_stages_on_cpu():
+        InterpretedFunction.run, Scratch.empty = no_launch, counted_carve  # undone by triton_stages_on_cpu / below
+        try:
+            ws = allocate_workspace(rows, keys, k, device="cpu", backend="triton") if workspace else None
+            call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton",  # noqa: E731
+                                            workspace=ws)
+            for _ in range(3):
+                call()
+            counts.clear()
+            host = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                call()
+                host.append((time.perf_counter() - t0) * 1e3)
+            per_call = {name: n / reps for name, n in counts.items()}
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(reps):
+                call()
+            profiler.disable()
+        finally:
+            Scratch.empty = carve
+    buffer = io.StringIO()
+    pstats.Stats(profiler, stream=buffer).strip_dirs().sort_stats("tottime").print_stats(15)
+    return dict(rows=rows, keys=keys, topk=topk, workspace=workspace, host_ms=sorted(host)[reps // 2],
+                **per_call, cprofile_top=buffer.getvalue())
 
 
 def _print_stages(counts: Counter) -> None:
@@ -248,6 +307,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true", help="count launches on the CPU (module docstring); no JSON")
     parser.add_argument("--runner", action="store_true", help="phases of a LiteTopKGraphs call (module docstring)")
     parser.add_argument("--cprofile", action="store_true", help="cProfile + device gaps (module docstring)")
+    parser.add_argument("--glue", action="store_true", help="host glue without a GPU, launches as no-ops (module "
+                                                               "docstring); needs TRITON_INTERPRET=1")
+    parser.add_argument("--no-workspace", action="store_true", help="--glue: buffers from the allocator")
     args = parser.parse_args(argv)
     if args.cprofile:
         report = cprofile_calls(args.rows, args.keys, args.topk, args.out)
@@ -264,6 +326,17 @@ def main(argv=None) -> int:
                 print(f"    {t['name'][:50]:<50} x{t['calls']:<4} self {t['self_cpu_us']:8.1f} us")
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "host-time-runner-h200.json"), "w") as fh:
+            json.dump(report, fh, indent=1)
+        return 0
+    if args.glue:
+        report = dict(command="TRITON_INTERPRET=1 python -m bench.probes.host_time --glue" +
+                      (" --no-workspace" if args.no_workspace else ""),
+                      **glue_host_ms(args.rows, args.keys, args.topk, workspace=not args.no_workspace))
+        print(f"glue host ms {report['host_ms']:.3f} ({report['launches']:.0f} launches as no-ops, "
+              f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']})")
+        print(report["cprofile_top"])
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "host-glue-cpu.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         return 0
     if args.cpu:
