@@ -66,12 +66,13 @@ class Scratch:
                              "window bound and K)")
         # One view op a buffer (a call carves ~100; the host time of an eager call counts them): the
         # workspace viewed as `dtype` once a call, then a strided window of it. Buffers start on
-        # ALIGNMENT bytes, so the element offset is exact.
+        # ALIGNMENT bytes, so the element offset is exact; as_strided's offset counts from the start of
+        # the storage, which a workspace sliced from a larger tensor does not share.
         typed = self._typed.get(dtype)
         if typed is None:
             whole = self.workspace.numel() // dtype.itemsize * dtype.itemsize
             typed = self._typed[dtype] = self.workspace[:whole].view(dtype)
-        return typed.as_strided(shape, _contiguous_strides(shape), start // dtype.itemsize)
+        return typed.as_strided(shape, _contiguous_strides(shape), typed.storage_offset() + start // dtype.itemsize)
 
     def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """A zero-filled tensor (module docstring)."""

@@ -92,13 +92,20 @@ def test_exact_at_the_bounds(case, seed):
     assert nbytes > 0 and nbytes % ALIGNMENT == 0, f"{case}: {nbytes} bytes"
     workspace = allocate_workspace(**sizing(operator, p, backend, tuning))
     assert workspace.numel() == nbytes and workspace.dtype == torch.uint8 and workspace.data_ptr() % ALIGNMENT == 0
-    # poisoned with fresh random bytes: no stage may read what it did not write (the scan's candidate
-    # slots past a row's appended count, for one, are never written)
-    workspace.copy_(torch.randint(0, 256, (nbytes,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
+    # The calls run on a workspace of the same size cut from the middle of a larger tensor (an engine's
+    # slab: a nonzero storage offset), poisoned with fresh random bytes: no stage may read what it did not
+    # write (the scan's candidate slots past a row's appended count, for one, are never written), and
+    # none may write outside it (the slab's bytes around it stay as they were).
+    slab = torch.randint(0, 256, (nbytes + 3 * ALIGNMENT,), generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.uint8)
+    lead = ALIGNMENT + -slab.data_ptr() % ALIGNMENT
+    workspace = slab[lead:lead + nbytes]
+    around = torch.cat([slab[:lead], slab[lead + nbytes:]])
     first = call(operator, p, backend, workspace=workspace, **kw)
     second = call(operator, p, backend, workspace=workspace, **kw)
     same_bits(first, want, f"{case}, seed {seed}, first call")
     same_bits(second, want, f"{case}, seed {seed}, second call on the same workspace")
+    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]), around), f"{case}: bytes outside the workspace written"
     with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
         call(operator, p, backend, workspace=workspace[:-1], **kw)
 
@@ -286,3 +293,38 @@ def test_dense_with_an_empty_window_bound_fits(seed):
     workspace = allocate_workspace(3, 128, 512, device="cpu", backend="reference", dense=True)
     same_bits(call("dense", p, "reference", workspace=workspace, max_seq_len=0),
               call("dense", p, "reference", max_seq_len=0), "dense at bound 0")
+
+
+@pytest.mark.parametrize("spare", [0, 1, 7, 255])
+def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed):
+    """Scratch carves contiguous buffers of the asked shape and dtype, each starting on ALIGNMENT bytes
+    inside the workspace, in call order and never overlapping; a workspace whose size is no multiple of
+    an itemsize (spare bytes) still serves every dtype; one byte too many is an InputError."""
+    from litetopk.kernels.workspace import Scratch
+
+    gen = torch.Generator().manual_seed(seed)
+    dtypes = (torch.int64, torch.int32, torch.float32, torch.int8, torch.int16, torch.uint8, torch.bool)
+    asks = [(tuple(int(s) for s in torch.randint(0, 9, (int(torch.randint(0, 4, (1,), generator=gen)),),
+                                                  generator=gen)), dtypes[int(i)])
+            for i in torch.randint(0, len(dtypes), (40,), generator=gen)]
+    counting = Scratch("cpu")
+    for shape, dtype in asks:
+        counting.empty(shape, dtype)
+    raw = torch.empty(counting.used + spare + ALIGNMENT, dtype=torch.uint8)
+    workspace = raw[-raw.data_ptr() % ALIGNMENT:][:counting.used + spare]
+    scratch = Scratch("cpu", workspace)
+    spans = []
+    for shape, dtype in asks:
+        buf = scratch.empty(shape, dtype)
+        where = f"shape {shape}, {dtype}, spare {spare}, seed {seed}"
+        assert buf.shape == shape and buf.dtype == dtype and buf.is_contiguous(), where
+        if buf.numel() == 0:  # no bytes (torch reports no address for it)
+            continue
+        offset = buf.data_ptr() - workspace.data_ptr()
+        assert offset % ALIGNMENT == 0 and 0 <= offset and offset + buf.numel() * dtype.itemsize <= workspace.numel(), where
+        spans.append((offset, offset + buf.numel() * dtype.itemsize))
+        buf.view(-1).view(torch.uint8).fill_(len(spans) % 251)  # every byte of it is the workspace's
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"buffers overlap or go back: {spans}"
+    assert scratch.used == counting.used
+    with pytest.raises(InputError, match="needs at least"):
+        scratch.empty(spare + 1, torch.uint8)
