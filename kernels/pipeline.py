@@ -85,8 +85,8 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
 
 def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str,
               out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
-    """The dense baseline: the whole score matrix, then an exact top-K of it (its tie check reads
-    the tied rows on the host)."""
+    """The dense baseline: the whole score matrix, then an exact top-K of it (ties across the K-th
+    place settled exactly: selection.settle_ties, on the device where the Triton stages run)."""
     with stage_range("litetopk.dense_score"):
         scores, nonfinite = backend.score_dense(problem)
     with stage_range("litetopk.dense_select"):

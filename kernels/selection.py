@@ -65,10 +65,10 @@ def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> 
 
     Entries outside a row's window must be -inf. `selector` names the value top-k that does the
     bulk of the work ("torch": torch.topk; "flashinfer": flashinfer.top_k); it is asked for k+1
-    values so that a tie across the k-th place is detected, and only such rows are re-selected
-    with ordering keys. The answer is the same for every selector. Every tensor here is a torch
-    op's result or, for a matrix of no column, a new tensor from the allocator (not the workspace:
-    workspace.py says why).
+    values so that a tie across the k-th place is detected, and such rows are settled exactly
+    (settle_ties). The answer is the same for every selector. Every tensor here is a torch op's
+    result or, for a matrix of no column, a new tensor from the allocator (not the workspace:
+    workspace.py says why). Reads nothing back on the host where the Triton stages run.
     """
     rows, width = scores.shape
     take = min(k + 1, width)
@@ -78,14 +78,31 @@ def select_topk_dense(scores: torch.Tensor, k: int, selector: str = "torch") -> 
     keys = make_keys(values, positions)
     keys = torch.where(torch.isneginf(values), NO_KEY, keys)
     if take == k + 1:
-        tied = (values[:, k - 1] == values[:, k]) & ~torch.isneginf(values[:, k])
-        for row in torch.nonzero(tied).flatten().tolist():
-            row_scores = scores[row]
-            live = torch.nonzero(~torch.isneginf(row_scores)).flatten()
-            exact = select_topk_keys(make_keys(row_scores[live], live)[None, :], k)
-            keys[row, :k] = exact[0]
-            keys[row, k] = NO_KEY  # the value top-k's (k+1)-th key may duplicate or beat an exact one
+        settle_ties(scores, values.contiguous(), keys, k)
     return select_topk_keys(keys, k)
+
+
+def settle_ties(scores: torch.Tensor, values: torch.Tensor, keys: torch.Tensor, k: int) -> None:
+    """Make the keys [rows, k + 1] of a value top-(k+1) `values` (sorted descending) of `scores` exact
+    where the k-th and (k+1)-th values tie (finite): slots [0, k) then hold the row's exact top-k keys
+    in some order, slot k NO_KEY; other rows are left as they are. In place. Runs the Triton twin
+    (kernels/triton/dense_ties.py: no host sync) where devices.runs_triton_stages says so."""
+    if runs_triton_stages(scores.device):
+        from .triton.dense_ties import settle_ties_triton
+
+        settle_ties_triton(scores, values, keys, k)
+        return
+    settle_ties_torch(scores, values, keys, k)
+
+
+def settle_ties_torch(scores: torch.Tensor, values: torch.Tensor, keys: torch.Tensor, k: int) -> None:
+    """settle_ties in torch ops: the tied rows found on the host, each re-selected with ordering keys."""
+    tied = (values[:, k - 1] == values[:, k]) & ~torch.isneginf(values[:, k])
+    for row in torch.nonzero(tied).flatten().tolist():
+        row_scores = scores[row]
+        live = torch.nonzero(~torch.isneginf(row_scores)).flatten()
+        keys[row, :k] = select_topk_keys(make_keys(row_scores[live], live)[None, :], k)[0]
+        keys[row, k] = NO_KEY  # the value top-k's (k+1)-th key may duplicate or beat an exact one
 
 
 def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.Tensor, torch.Tensor]:

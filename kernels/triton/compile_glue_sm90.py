@@ -1,5 +1,5 @@
 """Compile the pipeline's glue kernels (decode bookkeeping, schedule, certificate, repair, the
-calibration's order statistics) for sm_90 without a GPU, as the backend launches them: CI runs them
+calibration's order statistics, the dense path's tie settlement) for sm_90 without a GPU, as the backend launches them: CI runs them
 under the interpreter only, which accepts code that the compiler refuses (loop-carried types, tuple
 loops); this build catches that.
 
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from . import calibration, certify, decode, repair, schedule
+from . import calibration, certify, decode, dense_ties, repair, schedule
 from .compile_sm90 import compile_sm90, resource_usage
 
 _KEYS = dict(VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
@@ -50,6 +50,8 @@ KERNELS = {
         appended64_ptr="*i64", nonfinite_out_ptr="*i8")),
     certify.certificate_kernel: (dict(TOPK=512, OVERFLOW=1, UNDERFILLED=2, BLOCK=certify.BLOCK), dict(
         appended_ptr="*i64", kept_ptr="*i64", overflow_ptr="*i8")),
+    dense_ties.settle_ties_kernel: (dict(TOPK=512, LANES=512, BLOCK=dense_ties.BLOCK), dict(
+        scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64")),
     calibration.calibration_order_kernel: (dict(RANK_A=512, RANK_B=8, ROWS=16, LANES=128, BAND=512, KEYS=True), dict(
         scores_ptr="*fp32", out_ptr="*i64", offset="fp32")),
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import litetopk_prefill
+from litetopk.kernels import dense_topk_prefill, litetopk_prefill
 from litetopk.kernels import random_problem
 
 pytestmark = pytest.mark.gpu
@@ -18,20 +18,42 @@ def _problem(seed):
     return random_problem(40, [3000, 5000], 512, device="cuda", seed=seed)
 
 
-def _call(p, out=None):
-    return litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, out=out)
+def _call(p, out=None, operator=litetopk_prefill):
+    return operator(*p.args(), topk=p.topk, weight_scale=p.weight_scale, out=out)
 
 
-def test_an_eager_call_never_synchronizes_with_the_host(seed):
-    p = _problem(seed)
-    _call(p)  # compile outside the check
+def _without_syncs(call):
+    """call()'s result; a host synchronization inside it raises RuntimeError."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        result = _call(p)
+        return call()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    result.raise_for_status()
+
+
+@pytest.mark.parametrize("operator", [litetopk_prefill, dense_topk_prefill], ids=["litetopk", "dense"])
+def test_an_eager_call_never_synchronizes_with_the_host(operator, seed):
+    p = _problem(seed)
+    _call(p, operator=operator)  # compile outside the check
+    _without_syncs(lambda: _call(p, operator=operator)).raise_for_status()
+
+
+def test_dense_ties_are_settled_on_the_device(seed):
+    """Rows whose queries are all zero score 0 at every key: the dense path's value top-k ties across
+    the K-th place and the device settles it (no sync): the window's first K positions, as LiteTopK
+    (which repairs those rows) answers."""
+    p = _problem(seed)
+    p.q_fp4[:3] = 0
+    _call(p, operator=dense_topk_prefill)
+    dense = _without_syncs(lambda: _call(p, operator=dense_topk_prefill))
+    lite = litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, check=True)
+    for name in ("values", "raw_indices", "physical_indices", "counts", "status"):  # what both publish alike
+        assert torch.equal(getattr(dense, name), getattr(lite, name)), f"{name} (seed {seed})"
+    for row in range(3):
+        start, end = int(p.starts[row]), int(p.ends[row])
+        want = torch.arange(start, start + min(p.topk, end - start), dtype=torch.int32, device="cuda")
+        assert torch.equal(dense.raw_indices[row, :len(want)], want), f"row {row} (seed {seed})"
 
 
 def test_graph_replay_on_new_inputs_equals_an_eager_call(seed):

@@ -6,6 +6,8 @@ The reference order is written here in Python: score descending, then position a
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -109,20 +111,76 @@ DENSE_CASES = {
     "width below k": dict(rows=2, width=100, k=512, pool=None, masked=0.5),
     "every entry outside the window": dict(rows=2, width=700, k=512, pool=None, masked=1.0),
     "width 0": dict(rows=2, width=0, k=512, pool=None, masked=0.0),
+    "every other row tied, K = 1024": dict(rows=6, width=2500, k=1024, pool=[-1.5, 0.5, 4.0], masked=0.2,
+                                           tied_rows=True),
 }
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="interpreter only: on a GPU every dense operator test runs the Triton twin compiled")
+@pytest.mark.parametrize("case", list(DENSE_CASES))
+def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
+    """settle_ties' Triton twin (kernels/triton/dense_ties.py, no host sync) gives select_topk_dense the
+    torch code's keys, bit for bit, on every dense case (ties across the k-th place, both zeros, rows
+    with and without ties side by side)."""
+    from bench.probes.host_time import triton_stages_on_cpu
+
+    c = DENSE_CASES[case]
+    scores = torch.from_numpy(dense_case_scores(c, seed))
+    want = select_topk_dense(scores, c["k"])
+    with triton_stages_on_cpu():
+        got = select_topk_dense(scores, c["k"])
+    assert torch.equal(got, want), f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+
+
+@pytest.mark.parametrize("twin", ["torch", pytest.param("triton", marks=[pytest.mark.interpret, pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter only: on a GPU the dense operator tests run it")])])
+@pytest.mark.parametrize("case", [n for n, c in DENSE_CASES.items() if c["width"] > c["k"]])
+def test_settle_ties_fixes_any_choice_among_tied_positions(twin, case, seed):
+    """A value top-k may return any of the positions of a tied value (a GPU top-k does): emulated by
+    torch.topk over randomly permuted columns. settle_ties then makes every row exact."""
+    from litetopk.kernels.selection import settle_ties_torch
+
+    c = DENSE_CASES[case]
+    scores = torch.from_numpy(dense_case_scores(c, seed))
+    k = c["k"]
+    perm = torch.randperm(c["width"], generator=torch.Generator().manual_seed(seed))
+    values, at = torch.topk(scores[:, perm], k + 1, dim=1, largest=True, sorted=True)
+    keys = torch.where(torch.isneginf(values), NO_KEY, make_keys(values, perm[at]))
+    if twin == "torch":
+        settle_ties_torch(scores, values, keys, k)
+    else:
+        from litetopk.kernels.triton.dense_ties import settle_ties_triton
+
+        settle_ties_triton(scores, values.contiguous(), keys, k)
+    _, positions = split_keys(select_topk_keys(keys, k))
+    for r, want in enumerate(ref_topk_rows(scores.numpy(), k)):
+        assert positions[r].tolist() == want + [-1] * (k - len(want)), f"{case}, {twin}, row {r}, seed {seed}"
+
+
+def dense_case_scores(c: dict, seed: int) -> np.ndarray:
+    """A DENSE_CASES score matrix with fresh random entries (pool: drawn from those values; tied_rows:
+    only every other row drawn from the pool, the rest normal scores without ties)."""
+    gen = np.random.default_rng(seed)
+    if c.get("tied_rows"):
+        scores = gen.standard_normal(c["rows"] * c["width"]).astype(np.float32)
+    else:
+        scores = awkward_scores(gen, c["rows"] * c["width"])
+        scores[np.isposinf(scores)] = 7.0
+    if c["pool"] is not None:
+        pooled = gen.choice(np.array(c["pool"], dtype=np.float32), size=c["rows"] * c["width"])
+        every = np.repeat(np.arange(c["rows"]) % 2 == 0, c["width"]) if c.get("tied_rows") else True
+        scores = np.where(every, pooled, scores).astype(np.float32)
+    scores = scores.reshape(c["rows"], c["width"])
+    scores[gen.random(scores.shape) < c["masked"]] = NEG_INF
+    return scores
 
 
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_select_topk_dense_is_exact(case, seed):
     c = DENSE_CASES[case]
-    gen = np.random.default_rng(seed)
-    if c["pool"] is None:
-        scores = awkward_scores(gen, c["rows"] * c["width"])
-        scores[np.isposinf(scores)] = 7.0
-    else:
-        scores = gen.choice(np.array(c["pool"], dtype=np.float32), size=c["rows"] * c["width"])
-    scores = scores.reshape(c["rows"], c["width"])
-    scores[gen.random(scores.shape) < c["masked"]] = NEG_INF
+    scores = dense_case_scores(c, seed)
     top = select_topk_dense(torch.from_numpy(scores), c["k"])
     values, positions = split_keys(top)
     for r, want in enumerate(ref_topk_rows(scores, c["k"])):
