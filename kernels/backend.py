@@ -69,6 +69,7 @@ class ScoringBackend(abc.ABC):
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:
         """bool [rows]: rows this backend cannot score exactly (they get RowStatus.UNSUPPORTED and
         publish nothing), computed on the device; None when it scores every valid input."""
+        return None
 
     def scoring_faults(self, problem: PrefillProblem, nonfinite: torch.Tensor) -> torch.Tensor:
         """int32 [rows] (a new tensor): problem.row_status with RowStatus.NONFINITE where bool
@@ -76,4 +77,3 @@ class ScoringBackend(abc.ABC):
         status = set_status_bit(problem.row_status, nonfinite, RowStatus.NONFINITE)
         unsupported = self.unsupported_rows(problem)
         return status if unsupported is None else set_status_bit(status, unsupported, RowStatus.UNSUPPORTED)
-        return None

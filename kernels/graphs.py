@@ -25,7 +25,8 @@ An engine can skip step 2: `input_buffers(rows, block_table_shape, topk=K)` hand
 tensors of a call shape; inputs written there and passed as they are are not copied, and the call's
 first device work is the graph's own (no wait for the graph launch after a copy: 0.12 ms of idle
 device per call on the H200, bench/results/host-cprofile-h200.json). An input that lies in the arena
-but is not its own staged tensor is an InputError.
+but is not its own staged tensor, and an `out` tensor in the arena, are InputErrors. After the arena
+grows, tensors handed out before lie outside it: ordinary inputs again, copied like any other.
 
 Rules. Calls are bounded as the workspace is (allocate_workspace: rows <= max_rows, sequences <=
 max_batch, window bound <= max_seq_len, K in `topk`; beyond them InputError, before anything runs).
@@ -35,11 +36,11 @@ signature is captured; `stats["arena_regrowths"]`); a miss that fails leaves the
 At most `max_graphs` signatures are kept (the least recently used is dropped). All graphs share the
 runner's workspace, arena and memory pool: one call at a time (not thread-safe); a call on another
 stream than the last first waits for the last call's work. Under the caller's own graph capture a
-call runs the operator directly on the runner's workspace (the caller's graph holds it): the caller
-orders that graph's replays with the runner's own calls. Free the runner only after its last call's
-work is done. check=True synchronizes: with repair,
-rows left with a capacity event are finished by the eager operator (litetopk_prefill check=True),
-then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
+call runs the operator directly on the runner's workspace and the inputs where they lie (no staging,
+no arena check; the caller's graph holds it): the caller orders that graph's replays with the
+runner's own calls. Free the runner only after its last call's work is done. check=True
+synchronizes: with repair, rows left with a capacity event are finished by the eager operator
+(litetopk_prefill check=True), then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
 interpreter) a "graph" is the captured call itself, re-run on the staged buffers: the same staging
 and bits, no host savings; that is how CI tests the staging (tests/kernels/test_graphs.py).
 """
@@ -99,6 +100,16 @@ class _Captured:
     @functools.cached_property
     def staged_bytes(self) -> list[torch.Tensor]:
         return [view.view(torch.uint8) for view in self.staged.values()]
+
+
+def _check_outside(out: Mapping[str, torch.Tensor] | None, arena: torch.Tensor) -> None:
+    """InputError for an `out` tensor overlapping the runner's arena (the staged inputs and result fields
+    it copies from)."""
+    lo, hi = _byte_span(arena)
+    for name, tensor in (out or {}).items():
+        start, end = _byte_span(tensor)
+        if start < hi and lo < end:
+            raise InputError(f"out[{name!r}] lies in the runner's staging arena; results go to the caller's own memory")
 
 
 def _address(tensor: torch.Tensor | None):
@@ -187,7 +198,9 @@ class LiteTopKGraphs:
                 raise InputError(f"{count} {what}: this runner was built for at most {bound} (LiteTopKGraphs bounds)")
         if topk not in self._ks:
             raise InputError(f"topk={topk}: this runner was built for K in {self._ks} (LiteTopKGraphs bounds)")
-        inputs, fields = _staging_specs(rows, tuple(block_table_shape), weights_dtype, topk)
+        # sized for the fields of every K of the runner: the input views do not depend on K, so a call of
+        # this shape with another K finds them in place instead of growing the arena under them
+        inputs, fields = _staging_specs(rows, tuple(block_table_shape), weights_dtype, max(self._ks))
         nbytes = _carve(None, inputs + fields)[1]
         if nbytes > self._arena.numel():
             self._install_arena(self._new_arena(nbytes))
@@ -214,6 +227,7 @@ class LiteTopKGraphs:
                       row_to_batch=row_to_batch, starts=starts, ends=ends)
         options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)
         _, max_end = check_prefill(kv_cache=kv_cache, out=out, **inputs, **options, workspace=self.workspace)
+        _check_outside(out, self._arena)
         if topk not in self._ks:
             raise InputError(f"topk={topk}: this runner was built for K in {self._ks} (LiteTopKGraphs bounds)")
         if q_fp4.device != self.device:

@@ -298,6 +298,8 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
     refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
     given) gets 1 when there is one; q_wide: a live row with a wide head vector; q_unsupported: a row
     with a head vector of spread > 7, or refused."""
+    if (weights is None) != (windows is None):
+        raise ValueError("prepare_queries_fp4_triton takes weights and windows together (the live rows' head weights)")
     rows, heads = q_fp4.shape[:2]
     n = rows * heads
     dev = q_fp4.device

@@ -9,8 +9,9 @@ ascending) is the `above` keys of scores > v (all of them are among the k: they 
 and the need = k - above smallest positions whose score equals v. The kernel rewrites key slots
 [above, k) of such a row with those positions' keys and slot k with NO_KEY (the value top-k's k+1-th
 key may duplicate an exact one); every other row is left as it is. Scores compare as floats, so -0.0
-equals +0.0, as the ordering keys fold them. A NaN never equals v: a row holding one is NONFINITE and
-publishes nothing, whatever its keys.
+equals +0.0, as the ordering keys fold them. A row holding a NaN is NONFINITE and publishes nothing:
+its keys may differ from the torch twin's (a value top-k ranks NaN first, so "above" undercounts),
+which no published field shows.
 
 Tiling: one program per row. A row without a tie loads its two values and stops; a tied row reads its
 scores once in BLOCK-column steps, ranking the matches of each step with one prefix sum. No host

@@ -282,3 +282,46 @@ def test_an_input_in_the_arena_that_is_not_its_buffer_is_an_input_error(seed):
     grown = runner.input_buffers(BOUNDS["max_rows"], (2, 40000), topk=1024)  # a table wider than the bounds
     assert runner.stats["arena_regrowths"] == 1 and runner.arena_bytes > before, runner.stats
     assert grown["block_table"].shape == (2, 40000)
+
+
+def test_buffers_of_one_shape_serve_every_k_in_place(seed, monkeypatch):
+    """input_buffers sizes the arena for every K of the runner: a call of the same shape with the other K
+    finds its inputs in place (nothing copied, the arena not grown under them). The block table is wider
+    than the bounds (columns past the window bound are never read), so that the arena must grow for it."""
+    runner = LiteTopKGraphs(**BOUNDS)
+    wide = (2, 100_000)
+
+    def widened(p):
+        table = torch.full(wide, -1, dtype=torch.int32)
+        table[:, :p.block_table.shape[1]] = p.block_table
+        p.block_table = table
+        return p
+
+    p = widened(problem(seed, rows=BOUNDS["max_rows"]))
+    views = runner.input_buffers(p.q_fp4.shape[0], wide, topk=512, weights_dtype=p.weights.dtype)
+    grown = runner.stats["arena_regrowths"]
+    copies = []
+    copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src: (copies.append(len(dst)), copy(dst, src)))
+    for k in (512, 1024):
+        fresh = widened(problem(seed + k, rows=BOUNDS["max_rows"], topk=k))
+        fresh.kv_cache = p.kv_cache
+        copies.clear()
+        got = runner(*in_place_args(views, fresh), **fresh.kwargs(), max_seq_len=BOUNDS["max_seq_len"])
+        assert copies == [], f"K={k}, seed {seed}: staged inputs were copied ({copies})"
+        assert_same(got, eager(fresh, max_seq_len=BOUNDS["max_seq_len"]), f"K={k}, seed {seed}: in place")
+    assert grown == 1 and runner.stats["arena_regrowths"] == 1 and runner.stats["captures"] == 2, runner.stats
+
+
+def test_an_out_tensor_in_the_arena_is_an_input_error(seed):
+    """Results go to the caller's memory: an `out` tensor lying in the runner's arena (here over another
+    shape's staged queries, which the result copies could overwrite mid-publish) is refused."""
+    runner = LiteTopKGraphs(**BOUNDS)
+    p = problem(seed)
+    rows = p.q_fp4.shape[0]
+    other = runner.input_buffers(BOUNDS["max_rows"], p.block_table.shape, topk=512, weights_dtype=p.weights.dtype)
+    inside = other["q_fp4"].view(torch.int32).flatten()[:rows]
+    with pytest.raises(InputError, match="out\\['counts'\\] lies in the runner's staging arena"):
+        runner(*p.args(), **p.kwargs(), out={"counts": inside})
+    own = torch.empty(rows, dtype=torch.int32)
+    assert_same(runner(*p.args(), **p.kwargs(), out={"counts": own}), eager(p), f"seed {seed}: out outside the arena")

@@ -70,6 +70,8 @@ CASES = {
     "underfill repaired, calibrated": (dict(seq_lens=[1100], rows_per_seq=3, spread=1),
                                        LiteTopKTuning(sample_size=500, calibration_offset=1e30)),
     "wide and unsupported vectors": (dict(seq_lens=[600, 300], rows_per_seq=2, spread=3), LiteTopKTuning()),
+    # a NaN scale byte in row 1's queries and in a key of sequence 1: the scan's nonfinite flags
+    "nonfinite scores": (dict(seq_lens=[600, 400], rows_per_seq=2), LiteTopKTuning()),
 }
 
 
@@ -87,6 +89,9 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
                                                                                    dtype=torch.uint8)
         p.q_fp4[3, 9] = 0x22
         p.q_scale[3, 9] = torch.tensor([117, 127, 127, 127], dtype=torch.uint8)
+    if name.startswith("nonfinite"):
+        p.q_scale[1, 2, 0] = 255
+        p.kv_cache.view(-1, 4352)[int(p.block_table[1, 0]), 4096 + 7 * 4] = 255
     torch_stages = _call(p, tuning, triton_stages=False)
     triton_stages = _call(p, tuning, triton_stages=True)
     where = f"[{name}] seed {seed}"
@@ -101,6 +106,8 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
         assert unsupported == [True, True, False, True], f"{where}: UNSUPPORTED rows {torch_stages.status.tolist()}"
     if name.startswith("underfill"):
         assert int(torch_stages.repaired.sum()) == 3, f"{where}: every row is repaired"
+    if name.startswith("nonfinite"):
+        assert torch_stages.status.tolist() == [0, int(RowStatus.NONFINITE)] + [int(RowStatus.NONFINITE)] * 2, where
 
 
 def test_a_litetopk_call_stays_within_the_launch_budget():
