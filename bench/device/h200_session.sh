@@ -39,11 +39,12 @@ for step in $STEPS; do
     layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
     hosttime) OUT=$RES timeout ${HOSTTIME_TIMEOUT:-100} python3 -m bench.probes.host_time 2>&1 | tail -12 ;;
     cprofile) OUT=$RES timeout ${CPROFILE_TIMEOUT:-120} python3 -m bench.probes.host_time --cprofile --keys ${CPROFILE_KEYS:-65536} 2>&1 | tail -4; head -c 9000 $RES/host-cprofile-h200.txt ;;
+    glue) TRITON_INTERPRET=1 OUT=$RES timeout ${GLUE_TIMEOUT:-120} python3 -m bench.probes.host_time --glue --out "$RES" 2>&1 | head -3 ;;  # this host's Python, launches as no-ops
     runnertime) OUT=$RES timeout ${RUNNERTIME_TIMEOUT:-100} python3 -m bench.probes.host_time --runner 2>&1 | tail -30 ;;
     graphtests) timeout ${GRAPHTESTS_TIMEOUT:-120} python3 -m pytest tests/kernels/test_graphs_gpu.py tests/kernels/test_embedding_gpu.py -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -8 ;;
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib layouts hosttime cprofile runnertime graphtests)" >&2 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib layouts hosttime cprofile glue runnertime graphtests)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
