@@ -31,9 +31,10 @@ KERNELS = {
         q_unsupported_ptr="*i8")),
     decode.unsupported_rows_kernel: (dict(BLOCK=256, STATUS=True), dict(key_flags_ptr="*i8", q_unsupported_ptr="*i8",
                                                                         nonfinite_ptr="*i8")),
-    schedule.schedule_rank_kernel: (dict(BLOCK_ROWS=2, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE), {}),
-    schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK), dict(q_wide_ptr="*i8",
-                                                                                    prog_q_wide_ptr="*i8")),
+    schedule.schedule_rank_kernel: (dict(BLOCK_ROWS=2, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE),
+                                    dict(first_at_ptr="*i8")),
+    schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK, FLAGS=schedule.FLAGS),
+                                        dict(first_at_ptr="*i8", q_wide_ptr="*i8", prog_q_wide_ptr="*i8")),
     schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE, WIDE=decode.FLAG_WIDE),
                                      dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8")),
     repair.repair_slots_kernel: (dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK), dict(

@@ -21,9 +21,11 @@ from shapes alone; the programs past the ones used have no rows and span (0, 0),
 Triton (runs_triton_stages): the two sorts are ranks (a row's place = the rows ordered before it,
 counted in RANK_BLOCK x RANK_TILE tiles: rows^2 compares over rows / RANK_BLOCK programs, 67 M at
 8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win):
-    schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes
-    schedule_programs_kernel  each program's rows, sequence, span and q_wide, in that order
-    schedule_order_kernel     each program's place by span length; writes the Schedule
+    schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes (int8)
+    schedule_programs_kernel  each program's rows, sequence, span, q_wide and span length, in that order, and
+                              the programs used (a program sums the first lanes before its block, FLAGS at a time)
+    schedule_order_kernel     each used program's place by span length (a rank over the used ones); writes
+                              the Schedule
 The repair's schedule (one row a program, row order) is written by kernels/triton/repair.py.
 """
 
@@ -46,6 +48,7 @@ BLOCK = 64  # rows a program of schedule_programs_kernel lays out
 # H200 at 8,192 rows (bench/results/stage-trace-*-v13*.json).
 RANK_BLOCK = 16
 RANK_TILE = 256
+FLAGS = 4096  # first-lane flags (int8) schedule_programs_kernel sums at a time
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
 @triton.jit
 def schedule_rank_kernel(
     rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
-    order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x3, indexed by place: row, group, first lane
+    order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x2, int8 [n], by place: row, group, first lane
     BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
 ):
     offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -161,23 +164,25 @@ def schedule_rank_kernel(
         lower += tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
     tl.store(order_ptr + place, offs_i, mask=mask_i)
     tl.store(group_at_ptr + place, group_i, mask=mask_i)
-    tl.store(first_at_ptr + place, ((place - lower) % BLOCK_ROWS == 0).to(tl.int32), mask=mask_i)
+    tl.store(first_at_ptr + place, ((place - lower) % BLOCK_ROWS == 0).to(tl.int8), mask=mask_i)
 
 
 @triton.jit
 def schedule_programs_kernel(
-    order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs
+    order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs (first_at int8)
     starts_ptr, ends_ptr, q_wide_ptr,                   # int32 [n] x2, int8 [n]
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+    length_ptr, used_ptr,                               # int32 [P]: span length (0: empty rows); int32 [1]: programs used
+    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_r = pid * BLOCK + tl.arange(0, BLOCK)
     mask_r = offs_r < n
-    first = tl.load(first_at_ptr + offs_r, mask=mask_r, other=0)
+    first = tl.load(first_at_ptr + offs_r, mask=mask_r, other=0).to(tl.int32)
     earlier = 0
-    for j0 in range(0, pid * BLOCK, BLOCK):  # first lanes at earlier places: programs before this block's
-        earlier += tl.sum(tl.load(first_at_ptr + j0 + tl.arange(0, BLOCK)), axis=0)
+    for j0 in range(0, pid * BLOCK, FLAGS):  # first lanes at earlier places: programs before this block's
+        offs_j = j0 + tl.arange(0, FLAGS)
+        earlier += tl.sum(tl.load(first_at_ptr + offs_j, mask=offs_j < pid * BLOCK, other=0).to(tl.int32), axis=0)
     program = earlier + tl.cumsum(first, axis=0) - 1
     opens = mask_r & (first != 0)
     group = tl.load(group_at_ptr + offs_r, mask=mask_r, other=-1)
@@ -199,6 +204,10 @@ def schedule_programs_kernel(
     tl.store(span_ptr + program * 2, prog_start, mask=opens)
     tl.store(span_ptr + program * 2 + 1, prog_end, mask=opens)
     tl.store(prog_q_wide_ptr + program, q_wide.to(tl.int8), mask=opens)
+    # The order kernel's sort key. The empty rows' programs (the last ones) get 0, not their span's 1: either
+    # way they rank last in program order, and 0 keeps them out of the live programs' lengths.
+    tl.store(length_ptr + program, tl.where(empty, 0, prog_end - prog_start), mask=opens)
+    tl.store(used_ptr, earlier + tl.sum(first, axis=0), mask=pid == tl.num_programs(0) - 1)
 
 
 @triton.jit
@@ -214,7 +223,7 @@ def _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, at, start, end, wide, 
 
 @triton.jit
 def schedule_order_kernel(
-    first_at_ptr, n, programs, flags_ptr,              # int32 [n]; int; int32 [2] (decode summary)
+    length_ptr, used_ptr, programs, flags_ptr,         # schedule_programs_kernel's; int; int32 [2] (decode summary)
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
     out_rows_ptr, out_batch_ptr, out_span_ptr, out_q_wide_ptr,  # the Schedule, by place
     narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
@@ -222,23 +231,21 @@ def schedule_order_kernel(
 ):
     offs_p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask_p = offs_p < programs
-    used = 0
-    for j0 in range(0, n, TILE):
-        offs_j = j0 + tl.arange(0, TILE)
-        used += tl.sum(tl.load(first_at_ptr + offs_j, mask=offs_j < n, other=0), axis=0)
-    valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0)
+    used = tl.load(used_ptr)
+    valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0), and their own place
+    length_p = tl.load(length_ptr + offs_p, mask=valid_p, other=0)
+    # A used program's place: the used programs with longer spans, or as long and earlier (the last tile's
+    # places past `used` read length -1: shorter than any, never counted).
+    place = tl.zeros([BLOCK], dtype=tl.int32)
+    for q0 in range(0, used, TILE):
+        offs_q = q0 + tl.arange(0, TILE)
+        length_q = tl.load(length_ptr + offs_q, mask=offs_q < used, other=-1)
+        before = (length_q[None, :] > length_p[:, None]) | ((length_q[None, :] == length_p[:, None])
+                                                            & (offs_q[None, :] < offs_p[:, None]))
+        place += tl.sum(before.to(tl.int32), axis=1)
+    place = tl.where(valid_p, place, offs_p)
     start_p = tl.load(span_ptr + offs_p * 2, mask=valid_p, other=0)
     end_p = tl.load(span_ptr + offs_p * 2 + 1, mask=valid_p, other=0)
-    work_p = start_p - end_p
-    place = tl.zeros([BLOCK], dtype=tl.int32)
-    for q0 in range(0, programs, TILE):
-        offs_q = q0 + tl.arange(0, TILE)
-        valid_q = offs_q < used
-        work_q = tl.load(span_ptr + offs_q * 2, mask=valid_q, other=0) \
-            - tl.load(span_ptr + offs_q * 2 + 1, mask=valid_q, other=0)
-        before = (work_q[None, :] < work_p[:, None]) | ((work_q[None, :] == work_p[:, None])
-                                                        & (offs_q[None, :] < offs_p[:, None]))
-        place += tl.sum((before & (offs_q < programs)[None, :]).to(tl.int32), axis=1)
     offs_l = tl.arange(0, LANES)
     lanes = mask_p[:, None] & (offs_l[None, :] < BLOCK_ROWS)
     rows = tl.load(rows_ptr + offs_p[:, None] * BLOCK_ROWS + offs_l[None, :], mask=lanes & valid_p[:, None], other=-1)
@@ -262,17 +269,19 @@ def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: in
            scratch.empty(programs, torch.int8)]
     variants = tuple((scratch.empty((programs, block_rows), i32), scratch.empty((programs, 2), i32)) for _ in range(2))
     if n:
-        order, group_at, first_at = (scratch.empty(n, i32) for _ in range(3))
+        order, group_at = scratch.empty(n, i32), scratch.empty(n, i32)
+        first_at = scratch.empty(n, torch.int8)
         by_program = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32),
                       scratch.empty((programs, 2), i32), scratch.empty(programs, torch.int8)]
+        length, used = scratch.empty(programs, i32), scratch.empty(1, i32)
         lanes = triton.next_power_of_2(block_rows)
         schedule_rank_kernel[(triton.cdiv(n, RANK_BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at,
                                                             first_at, BLOCK_ROWS=block_rows, BLOCK=RANK_BLOCK,
                                                             TILE=RANK_TILE)
         schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
-            order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program,
-            BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK)
+            order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program, length, used,
+            BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, FLAGS=FLAGS)
         schedule_order_kernel[(triton.cdiv(programs, RANK_BLOCK),)](
-            first_at, n, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
+            length, used, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
             variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=RANK_BLOCK, TILE=RANK_TILE, WIDE=FLAG_WIDE)
     return Schedule(*out, variants=variants)
