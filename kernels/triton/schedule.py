@@ -18,9 +18,16 @@ the live ones, with span (0, 1): in dense mode they write -inf across their rows
 covers those rows), in scan mode they find nothing. The grid has `max_programs` programs, a bound
 from shapes alone; the programs past the ones used have no rows and span (0, 0), and do no work.
 
-Triton (runs_triton_stages): the two sorts are ranks (a row's place = the rows ordered before it,
-counted in RANK_BLOCK x RANK_TILE tiles: rows^2 compares over rows / RANK_BLOCK programs, 67 M at
-8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win):
+Triton (runs_triton_stages): the two sorts are ranks (a row's place = the rows ordered before it). In
+general they are counted in RANK_BLOCK x RANK_TILE tiles: rows^2 compares over rows / RANK_BLOCK
+programs, 67 M at 8,192 rows, and 64 times that at 65,536 rows, where a radix sort would win. Ordered
+input takes a fast path, decided by each program for its own block (no host decision, no grid-wide
+flag; programs on either path agree, as both give the exact rank): where the block's own rows are in
+order and every row before it sorts before them, every row after it after them, a place is the rank
+inside the block plus counts of the rows around it. The check reads all rows once a program, SCAN at a
+time (rows^2 / RANK_BLOCK loads, L2-resident, and no compares); blocks out of order skip it. A causal
+prefill (each sequence's rows in row order, starts not decreasing; the empty rows anywhere, their group
+sorting last) takes it in every block.
     schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes (int8)
     schedule_programs_kernel  each program's rows, sequence, span, q_wide and span length, in that order, and
                               the programs used (a program sums the first lanes before its block, FLAGS at a time)
@@ -49,6 +56,7 @@ BLOCK = 64  # rows a program of schedule_programs_kernel lays out
 RANK_BLOCK = 16
 RANK_TILE = 256
 FLAGS = 4096  # first-lane flags (int8) schedule_programs_kernel sums at a time
+SCAN = 1024  # rows (programs) a fast path's check reads at a time
 
 
 @dataclass(frozen=True)
@@ -135,33 +143,105 @@ def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int
 
 @triton.jit
 def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
-    """(group, sort key) of rows `offs`: the sequence (batch for an empty window) and group << 32 | start
-    (0 for an empty window), the torch code's argsort key."""
+    """(live, group, sort key) of rows `offs`: the window is not empty, the sequence (batch for an empty
+    window) and group << 32 | start (0 for an empty window), the torch code's argsort key."""
     start = tl.load(starts_ptr + offs, mask=mask, other=0)
     live = tl.load(ends_ptr + offs, mask=mask, other=0) > start
     group = tl.where(live, tl.load(rtb_ptr + offs, mask=mask, other=0), batch)
-    return group, (group.to(tl.int64) << 32) | tl.where(live, start, 0).to(tl.int64)
+    return live, group, (group.to(tl.int64) << 32) | tl.where(live, start, 0).to(tl.int64)
+
+
+@triton.jit
+def _count_before(key_i, group_i, offs_i, key_j, group_j, offs_j, mask_j):
+    """Of the rows j (one tile), per row i: (rows before it in (key, row) order, rows of earlier groups)."""
+    before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None]))
+    place = tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
+    lower = tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
+    return place, lower
+
+
+@triton.jit
+def _rows_around_in_order(rtb_ptr, starts_ptr, ends_ptr, n, batch, row0, row1, key_min, key_max, SCAN: tl.constexpr):
+    """(in_order, live_before, group0_before, live_after) of the rows outside [row0, row1): whether the live
+    rows before it have keys in [0, key_min] and those after it in [key_max, empty_key); the live rows
+    before it, those of them in key_min's group, and the live rows after it. Reads SCAN rows at a time."""
+    empty_key = (tl.full([], 0, tl.int64) + batch) << 32
+    group0 = (key_min >> 32).to(tl.int32)
+    out_of_order = tl.zeros([SCAN], dtype=tl.int32)
+    live_before = tl.zeros([SCAN], dtype=tl.int32)
+    group0_before = tl.zeros([SCAN], dtype=tl.int32)
+    live_after = tl.zeros([SCAN], dtype=tl.int32)
+    for j0 in range(0, row0, SCAN):
+        offs_j = j0 + tl.arange(0, SCAN)
+        live_j, group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, offs_j < row0, batch)
+        out_of_order |= (live_j & ((key_j < 0) | (key_j > key_min))).to(tl.int32)
+        live_before += live_j.to(tl.int32)
+        group0_before += (live_j & (group_j == group0)).to(tl.int32)
+    for j0 in range(row1, n, SCAN):
+        offs_j = j0 + tl.arange(0, SCAN)
+        live_j, group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, offs_j < n, batch)
+        out_of_order |= (live_j & ((key_j < key_max) | (key_j >= empty_key))).to(tl.int32)
+        live_after += live_j.to(tl.int32)
+    return (tl.max(out_of_order, axis=0) == 0, tl.sum(live_before, axis=0), tl.sum(group0_before, axis=0),
+            tl.sum(live_after, axis=0))
+
+
+@triton.jit
+def _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK: tl.constexpr,
+                      TILE: tl.constexpr):
+    """_count_before over all n rows, TILE at a time: per row i its place and the rows of earlier groups."""
+    live_i, group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, offs_i < n, batch)
+    place = tl.zeros([BLOCK], dtype=tl.int32)
+    lower = tl.zeros([BLOCK], dtype=tl.int32)
+    for j0 in range(0, n, TILE):
+        offs_j = j0 + tl.arange(0, TILE)
+        mask_j = offs_j < n
+        live_j, group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
+        place_j, lower_j = _count_before(key_i, group_i, offs_i, key_j, group_j, offs_j, mask_j)
+        place += place_j
+        lower += lower_j
+    return place, lower
 
 
 @triton.jit
 def schedule_rank_kernel(
     rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
     order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x2, int8 [n], by place: row, group, first lane
-    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, SCAN: tl.constexpr,
+    FAST_PATHS: tl.constexpr,
 ):
-    offs_i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row0 = tl.program_id(0) * BLOCK
+    offs_i = row0 + tl.arange(0, BLOCK)
     mask_i = offs_i < n
-    group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
-    place = tl.zeros([BLOCK], dtype=tl.int32)
-    lower = tl.zeros([BLOCK], dtype=tl.int32)  # rows of earlier groups
-    for j0 in range(0, n, TILE):
-        offs_j = j0 + tl.arange(0, TILE)
-        mask_j = offs_j < n
-        group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, mask_j, batch)
-        before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None])
-                                                      & (offs_j[None, :] < offs_i[:, None]))
-        place += tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
-        lower += tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
+    live_i, group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, mask_i, batch)
+    if FAST_PATHS:
+        # Sorted input: the block's own rows counted, the others follow from where they are. Tried where the
+        # block's live rows are in key order (the live rows ahead of each are the rows before it) with keys in
+        # [0, empty_key), taken where the rows around them are in order too (every block of sorted input).
+        empty_key = (tl.full([], 0, tl.int64) + batch) << 32  # an empty row's key, above every live row's
+        place, lower = _count_before(key_i, group_i, offs_i, key_i, group_i, offs_i, mask_i)
+        live_ahead = tl.cumsum(live_i.to(tl.int32), axis=0) - live_i.to(tl.int32)
+        in_order = tl.max((live_i & ((place != live_ahead) | (key_i < 0) | (key_i >= empty_key))).to(tl.int32),
+                          axis=0) == 0
+        key_min = tl.min(tl.where(live_i, key_i, empty_key - 1), axis=0)
+        key_max = tl.max(tl.where(live_i, key_i, 0), axis=0)
+        live_before = tl.full([], 0, tl.int32)
+        group0_before = tl.full([], 0, tl.int32)
+        live_after = tl.full([], 0, tl.int32)
+        if in_order:
+            in_order, live_before, group0_before, live_after = _rows_around_in_order(
+                rtb_ptr, starts_ptr, ends_ptr, n, batch, row0, row0 + BLOCK, key_min, key_max, SCAN)
+        if in_order:
+            # Before a live row: the live rows before the block (of earlier groups: those not in the block's
+            # first live group when it is in it); before an empty row: the rows before the block and the live
+            # rows after it (of earlier groups: every live row).
+            place += tl.where(live_i, live_before, row0 + live_after)
+            lower += tl.where(live_i, live_before - tl.where(group_i == (key_min >> 32), group0_before, 0),
+                              live_before + live_after)
+        else:
+            place, lower = _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK, TILE)
+    else:
+        place, lower = _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK, TILE)
     tl.store(order_ptr + place, offs_i, mask=mask_i)
     tl.store(group_at_ptr + place, group_i, mask=mask_i)
     tl.store(first_at_ptr + place, ((place - lower) % BLOCK_ROWS == 0).to(tl.int8), mask=mask_i)
@@ -260,8 +340,9 @@ def schedule_order_kernel(
 
 
 def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags,
-                          scratch: Scratch) -> Schedule:
-    """build_schedule in three launches (module docstring); buffers from `scratch`."""
+                          scratch: Scratch, *, fast_paths: bool = True) -> Schedule:
+    """build_schedule in three launches (module docstring); buffers from `scratch`. fast_paths=False
+    compiles the kernels without their ordered-input paths (tests: the general ranks on any input)."""
     n = row_to_batch.shape[0]
     programs = max_programs(n, batch, block_rows)
     i32 = torch.int32
@@ -277,7 +358,7 @@ def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: in
         lanes = triton.next_power_of_2(block_rows)
         schedule_rank_kernel[(triton.cdiv(n, RANK_BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at,
                                                             first_at, BLOCK_ROWS=block_rows, BLOCK=RANK_BLOCK,
-                                                            TILE=RANK_TILE)
+                                                            TILE=RANK_TILE, SCAN=SCAN, FAST_PATHS=fast_paths)
         schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
             order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program, length, used,
             BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, FLAGS=FLAGS)
