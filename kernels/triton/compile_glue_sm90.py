@@ -35,7 +35,8 @@ KERNELS = {
                                          SCAN=schedule.SCAN, FAST_PATHS=True), dict(first_at_ptr="*i8")),
     schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK, FLAGS=schedule.FLAGS),
                                         dict(first_at_ptr="*i8", q_wide_ptr="*i8", prog_q_wide_ptr="*i8")),
-    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE, WIDE=decode.FLAG_WIDE),
+    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE, SCAN=schedule.SCAN,
+                                          WIDE=decode.FLAG_WIDE, FAST_PATHS=True),
                                      dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8")),
     repair.repair_slots_kernel: (dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK), dict(
         overflow_ptr="*i8", top_ptr="*i64", q_ptr="*u8", qs_ptr="*u8", w_ptr="*fp32", chosen_ptr="*i64",

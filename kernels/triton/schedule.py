@@ -27,7 +27,9 @@ order and every row before it sorts before them, every row after it after them, 
 inside the block plus counts of the rows around it. The check reads all rows once a program, SCAN at a
 time (rows^2 / RANK_BLOCK loads, L2-resident, and no compares); blocks out of order skip it. A causal
 prefill (each sequence's rows in row order, starts not decreasing; the empty rows anywhere, their group
-sorting last) takes it in every block.
+sorting last) takes it in every block. The order kernel's fast path is the same for spans whose lengths
+do not decrease from program to program (a causal prefill's: later rows, longer windows; the empty rows'
+programs, last, rank last either way), read SCAN programs at a time.
     schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes (int8)
     schedule_programs_kernel  each program's rows, sequence, span, q_wide and span length, in that order, and
                               the programs used (a program sums the first lanes before its block, FLAGS at a time)
@@ -302,28 +304,92 @@ def _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, at, start, end, wide, 
 
 
 @triton.jit
+def _count_longer(length_p, offs_p, length_q, offs_q):
+    """Of the programs q (one tile), per program p: those with longer spans, or as long and earlier."""
+    before = (length_q[None, :] > length_p[:, None]) | ((length_q[None, :] == length_p[:, None])
+                                                        & (offs_q[None, :] < offs_p[:, None]))
+    return tl.sum(before.to(tl.int32), axis=1)
+
+
+@triton.jit
+def _count_longer_all(length_ptr, used, length_p, offs_p, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """_count_longer over the used programs, TILE at a time (the last tile's places past `used` read length
+    -1: shorter than any, never counted)."""
+    place = tl.zeros([BLOCK], dtype=tl.int32)
+    for q0 in range(0, used, TILE):
+        offs_q = q0 + tl.arange(0, TILE)
+        place += _count_longer(length_p, offs_p, tl.load(length_ptr + offs_q, mask=offs_q < used, other=-1), offs_q)
+    return place
+
+
+@triton.jit
+def _lengths_around_in_order(length_ptr, used, p0, p1, length_min, length_max, SCAN: tl.constexpr):
+    """(in_order, at_min_before, longer_after, at_max_after) of the used programs outside [p0, p1): whether
+    those before are at most length_min long and those after at least length_max (or 0: the empty rows'
+    programs); those before as long as length_min, and those after longer than length_max and as long.
+    Reads SCAN programs at a time."""
+    out_of_order = tl.zeros([SCAN], dtype=tl.int32)
+    at_min_before = tl.zeros([SCAN], dtype=tl.int32)
+    longer_after = tl.zeros([SCAN], dtype=tl.int32)
+    at_max_after = tl.zeros([SCAN], dtype=tl.int32)
+    for q0 in range(0, p0, SCAN):
+        offs_q = q0 + tl.arange(0, SCAN)
+        length_q = tl.load(length_ptr + offs_q, mask=offs_q < p0, other=0)
+        out_of_order |= (length_q > length_min).to(tl.int32)
+        at_min_before += (length_q == length_min).to(tl.int32)
+    for q0 in range(p1, used, SCAN):
+        offs_q = q0 + tl.arange(0, SCAN)
+        length_q = tl.load(length_ptr + offs_q, mask=offs_q < used, other=0)
+        out_of_order |= ((length_q > 0) & (length_q < length_max)).to(tl.int32)
+        longer_after += (length_q > length_max).to(tl.int32)
+        at_max_after += (length_q == length_max).to(tl.int32)
+    return (tl.max(out_of_order, axis=0) == 0, tl.sum(at_min_before, axis=0), tl.sum(longer_after, axis=0),
+            tl.sum(at_max_after, axis=0))
+
+
+@triton.jit
 def schedule_order_kernel(
     length_ptr, used_ptr, programs, flags_ptr,         # schedule_programs_kernel's; int; int32 [2] (decode summary)
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
     out_rows_ptr, out_batch_ptr, out_span_ptr, out_q_wide_ptr,  # the Schedule, by place
     narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, SCAN: tl.constexpr,
+    WIDE: tl.constexpr, FAST_PATHS: tl.constexpr,
 ):
-    offs_p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    p0 = tl.program_id(0) * BLOCK
+    offs_p = p0 + tl.arange(0, BLOCK)
     mask_p = offs_p < programs
     used = tl.load(used_ptr)
-    valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0), and their own place
-    length_p = tl.load(length_ptr + offs_p, mask=valid_p, other=0)
-    # A used program's place: the used programs with longer spans, or as long and earlier (the last tile's
-    # places past `used` read length -1: shorter than any, never counted).
-    place = tl.zeros([BLOCK], dtype=tl.int32)
-    for q0 in range(0, used, TILE):
-        offs_q = q0 + tl.arange(0, TILE)
-        length_q = tl.load(length_ptr + offs_q, mask=offs_q < used, other=-1)
-        before = (length_q[None, :] > length_p[:, None]) | ((length_q[None, :] == length_p[:, None])
-                                                            & (offs_q[None, :] < offs_p[:, None]))
-        place += tl.sum(before.to(tl.int32), axis=1)
-    place = tl.where(valid_p, place, offs_p)
+    valid_p = offs_p < used  # programs past the used ones: no rows, span (0, 0)
+    length_p = tl.load(length_ptr + offs_p, mask=valid_p, other=-1)
+    # A used program's place: the used programs with longer spans, or as long and earlier; the others (the
+    # empty rows' programs, last and 0 long, and the unused ones) keep theirs.
+    live_p = length_p > 0
+    if FAST_PATHS:
+        # Lengths that do not decrease (a causal prefill: later rows, longer windows): the block's own programs
+        # counted, the others follow from where they are. Tried where the block's live lengths do not
+        # decrease, taken where the programs around them are in order too.
+        place = _count_longer(length_p, offs_p, length_p, offs_p)
+        length_prev = tl.load(length_ptr + offs_p - 1, mask=live_p & (offs_p > 0), other=0)
+        in_order = tl.max((live_p & (length_p < length_prev)).to(tl.int32), axis=0) == 0
+        length_min = tl.min(tl.where(live_p, length_p, 2**31 - 1), axis=0)
+        length_max = tl.max(length_p, axis=0)
+        at_min_before = tl.full([], 0, tl.int32)
+        longer_after = tl.full([], 0, tl.int32)
+        at_max_after = tl.full([], 0, tl.int32)
+        if in_order:
+            in_order, at_min_before, longer_after, at_max_after = _lengths_around_in_order(
+                length_ptr, used, p0, p0 + BLOCK, length_min, length_max, SCAN)
+        if in_order:
+            # Before the block: none longer, the ones as long as the block's shortest; after it: every live one
+            # longer than its longest, and the ones as long unless the program is the longest.
+            place += tl.where(length_p == length_min, at_min_before, 0) + longer_after \
+                + tl.where(length_p < length_max, at_max_after, 0)
+        else:
+            place = _count_longer_all(length_ptr, used, length_p, offs_p, BLOCK, TILE)
+    else:
+        place = _count_longer_all(length_ptr, used, length_p, offs_p, BLOCK, TILE)
+    place = tl.where(live_p, place, offs_p)
     start_p = tl.load(span_ptr + offs_p * 2, mask=valid_p, other=0)
     end_p = tl.load(span_ptr + offs_p * 2 + 1, mask=valid_p, other=0)
     offs_l = tl.arange(0, LANES)
@@ -364,5 +430,6 @@ def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: in
             BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, FLAGS=FLAGS)
         schedule_order_kernel[(triton.cdiv(programs, RANK_BLOCK),)](
             length, used, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
-            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=RANK_BLOCK, TILE=RANK_TILE, WIDE=FLAG_WIDE)
+            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=RANK_BLOCK, TILE=RANK_TILE, SCAN=SCAN,
+            WIDE=FLAG_WIDE, FAST_PATHS=fast_paths)
     return Schedule(*out, variants=variants)
