@@ -25,11 +25,13 @@ input takes a fast path, decided by each program for its own block (no host deci
 flag; programs on either path agree, as both give the exact rank): where the block's own rows are in
 order and every row before it sorts before them, every row after it after them, a place is the rank
 inside the block plus counts of the rows around it. The check reads all rows once a program, SCAN at a
-time (rows^2 / RANK_BLOCK loads, L2-resident, and no compares); blocks out of order skip it. A causal
-prefill (each sequence's rows in row order, starts not decreasing; the empty rows anywhere, their group
-sorting last) takes it in every block. The order kernel's fast path is the same for spans whose lengths
-do not decrease from program to program (a causal prefill's: later rows, longer windows; the empty rows'
-programs, last, rank last either way), read SCAN programs at a time.
+time (rows^2 / RANK_BLOCK loads, L2-resident, ~20 instructions a row read, no pairwise compares);
+blocks out of order skip it. A causal prefill (each sequence's rows in row order, starts not
+decreasing; the empty rows anywhere, their group sorting last) takes it in every block. The order
+kernel's fast path is the same for spans whose lengths do not decrease from program to program (a
+causal prefill's: later rows, longer windows; the empty rows' programs, last, rank last either way),
+read SCAN programs at a time. At 8,192 rows the three launches run ~5 M warp instructions on this
+path and ~50 M on the general one (SASS, bench/NOTES.md; ~53 M and ~126 us before the fast paths).
     schedule_rank_kernel      each row's place in (sequence, start, row) order; marks first lanes (int8)
     schedule_programs_kernel  each program's rows, sequence, span, q_wide and span length, in that order, and
                               the programs used (a program sums the first lanes before its block, FLAGS at a time)
@@ -54,7 +56,8 @@ BLOCK = 64  # rows a program of schedule_programs_kernel lays out
 # The two ranks: RANK_BLOCK rows (programs) a program ranks, against RANK_TILE others at a time. Small
 # blocks give the grid several programs an SM (8,192 rows: 512 programs), which the rows^2 compares need
 # to hide their latency: with 64 x 64 tiles (128 programs, one an SM) the ranks took 0.19 + 0.08 ms on the
-# H200 at 8,192 rows (bench/results/stage-trace-*-v13*.json).
+# H200 at 8,192 rows (bench/results/stage-trace-*-v13*.json). With its fast path schedule_rank_kernel takes
+# 103-118 registers (64 without, fast_paths=False): 4 programs an SM, one wave up to 8,448 rows.
 RANK_BLOCK = 16
 RANK_TILE = 256
 FLAGS = 4096  # first-lane flags (int8) schedule_programs_kernel sums at a time
