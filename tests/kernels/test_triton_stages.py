@@ -89,6 +89,10 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
                                                                                    dtype=torch.uint8)
         p.q_fp4[3, 9] = 0x22
         p.q_scale[3, 9] = torch.tensor([117, 127, 127, 127], dtype=torch.uint8)
+        # row 2 and sequence 1's keys one binade (spread-3 data can hold an unsupported vector of its own)
+        p.q_scale[2] = 127
+        for page in p.block_table[1, :-(-300 // 64)].tolist():
+            p.kv_cache.view(-1, 4352)[page, 4096:] = 127
     if name.startswith("nonfinite"):
         p.q_scale[1, 2, 0] = 255
         p.kv_cache.view(-1, 4352)[int(p.block_table[1, 0]), 4096 + 7 * 4] = 255
