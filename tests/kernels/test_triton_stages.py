@@ -111,9 +111,9 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
     if name.startswith("underfill"):
         assert int(torch_stages.repaired.sum()) == 3, f"{where}: every row is repaired"
     if name.startswith("nonfinite"):
-        # NONFINITE on rows 1-3 (a NaN-scaled key can also make its window's rows UNSUPPORTED, by the draw)
+        # NONFINITE on rows 1-3 only (the random data can make rows UNSUPPORTED too, by the draw: not checked here)
         nonfinite = ((torch_stages.status & int(RowStatus.NONFINITE)) != 0).tolist()
-        assert int(torch_stages.status[0]) == 0 and nonfinite == [False, True, True, True], where
+        assert nonfinite == [False, True, True, True], f"{where}: {torch_stages.status.tolist()}"
 
 
 def test_a_litetopk_call_stays_within_the_launch_budget():
