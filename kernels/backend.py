@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import BackendUnavailableError
 from .status import RowStatus, set_status_bit
 from .validation import PrefillProblem
 
@@ -58,13 +59,16 @@ class ScoringBackend(abc.ABC):
     @abc.abstractmethod
     def scan_candidates(
         self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-        ceilings: torch.Tensor | None = None,
+        ceilings: torch.Tensor | None = None, sample_size: int = 0,
     ) -> CandidateScan:
         """Fused scan of every position of each window (see module doc).
 
         `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
         backend may use it to range its threshold histogram. It never affects which keys are
-        exact, only how fast the threshold rises."""
+        exact, only how fast the threshold rises. `sample_size` > 0 asks for a self-calibrating
+        scan (thresholds all NO_KEY, no ceilings): it scores a spread sample of about that many
+        keys of each window first and takes its thresholds from them (calibration.py, "In the
+        scan"); a backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:
         """bool [rows]: rows this backend cannot score exactly (they get RowStatus.UNSUPPORTED and
@@ -77,3 +81,11 @@ class ScoringBackend(abc.ABC):
         status = set_status_bit(problem.row_status, nonfinite, RowStatus.NONFINITE)
         unsupported = self.unsupported_rows(problem)
         return status if unsupported is None else set_status_bit(status, unsupported, RowStatus.UNSUPPORTED)
+
+
+def self_calibration_unavailable(backend: ScoringBackend) -> BackendUnavailableError:
+    """The error of a backend asked for a self-calibrating scan (scan_candidates' sample_size) that
+    it does not implement."""
+    return BackendUnavailableError(
+        f"the {backend.name} backend has no self-calibrating scan (LiteTopKTuning(calibration='scan')); "
+        "use calibration='sample' (the default) or the triton backend")

@@ -30,16 +30,24 @@ from .calibration import calibrate
 from .certify import REPAIR_ROWS, certify, complete_repair, repair_on_device
 from .profiling import stage_range
 from .result import TopKResult
-from .selection import select_topk_dense
+from .selection import NO_KEY, select_topk_dense
 from .validation import PrefillProblem
+
+
+CALIBRATIONS = ("sample", "scan")
 
 
 @dataclass(frozen=True)
 class LiteTopKTuning:
     """Knobs of the LiteTopK method; the defaults are the production settings.
 
+    calibration: where the scan's thresholds come from. "sample": a separate calibration stage
+      scores a strided sample first (calibration.py); "scan": the scan calibrates itself from a
+      spread sample of its own key tiles, scored once (calibration.py, "In the scan"; backends
+      that have no such scan raise BackendUnavailableError).
     sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
-      at most calibration.MAX_SAMPLE_STRIDE; the default is measured there).
+      at most calibration.MAX_SAMPLE_STRIDE; the default is measured there). With
+      calibration="scan": at least this many keys of each program's span (in whole key tiles).
     capacity_factor: candidate buffer = capacity_factor * K keys per row, unless
       candidate_capacity is given.
     calibration_offset: added to every calibrated threshold score. Fault injection for tests of
@@ -47,11 +55,16 @@ class LiteTopKTuning:
     repair_rows: capacity-event rows the device repair rescans per call (certify.py).
     """
 
+    calibration: str = "sample"
     sample_size: int = 2048
     capacity_factor: int = 8
     candidate_capacity: int | None = None
     calibration_offset: float = 0.0
     repair_rows: int = REPAIR_ROWS
+
+    def __post_init__(self):
+        if self.calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration={self.calibration!r} is not one of {CALIBRATIONS}")
 
     def capacity(self, topk: int) -> int:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk
@@ -61,14 +74,19 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
                  out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
-    with stage_range("litetopk.calibrate"):
-        thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)
-    if ceilings is None and tuning.candidate_capacity is None:
-        # No sample (windows shorter than 2 x sample_size): the buffer holds any window, so that no
-        # row needs a repair; at most 2 x sample_size keys a row.
-        capacity = max(capacity, problem.max_end)
-    with stage_range("litetopk.scan"):
-        scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
+    if tuning.calibration == "scan":  # no calibration stage: the scan's own sample sets its thresholds
+        with stage_range("litetopk.scan"):
+            scan = backend.scan_candidates(problem, problem.scratch.full(problem.num_rows, NO_KEY, torch.int64),
+                                           capacity, sample_size=tuning.sample_size)
+    else:
+        with stage_range("litetopk.calibrate"):
+            thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)
+        if ceilings is None and tuning.candidate_capacity is None:
+            # No sample (windows shorter than 2 x sample_size): the buffer holds any window, so that no
+            # row needs a repair; at most 2 x sample_size keys a row.
+            capacity = max(capacity, problem.max_end)
+        with stage_range("litetopk.scan"):
+            scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     with stage_range("litetopk.certify"):
         state = certify(problem, scan, capacity, backend.scoring_faults(problem, scan.nonfinite))
     if repair:

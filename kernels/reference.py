@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import CandidateScan, ScoringBackend
+from .backend import CandidateScan, ScoringBackend, self_calibration_unavailable
 from .cache_layout import NUM_HEADS, PAGE_SIZE, gather_keys
 from .mxfp4 import dequantize_mxfp4
 from .selection import NO_KEY, kth_key, make_keys
@@ -115,11 +115,13 @@ class ReferenceBackend(ScoringBackend):
 
     def scan_candidates(
         self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-        ceilings: torch.Tensor | None = None,
+        ceilings: torch.Tensor | None = None, sample_size: int = 0,
     ) -> CandidateScan:
         """Filtered scan with an append-only buffer; after each block of keys a row's threshold is
         raised to the K-th best key it holds (a lower bound of its true K-th best key); it needs no
-        `ceilings`."""
+        `ceilings`. No self-calibrating scan (`sample_size` > 0 raises)."""
+        if sample_size:
+            raise self_calibration_unavailable(self)
         rows_total = problem.num_rows
         buffer = problem.scratch.full((rows_total, capacity), NO_KEY, torch.int64)
         appended = problem.scratch.zeros(rows_total, torch.int64)

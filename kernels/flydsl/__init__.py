@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..backend import CandidateScan, ScoringBackend
+from ..backend import CandidateScan, ScoringBackend, self_calibration_unavailable
 from ..devices import is_gfx950
 from ..cache_layout import CACHE_FORMATS
 from ..errors import BackendUnavailableError
@@ -77,10 +77,13 @@ class FlyDSLBackend(ScoringBackend):
 
     def scan_candidates(
         self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-        ceilings: torch.Tensor | None = None,
+        ceilings: torch.Tensor | None = None, sample_size: int = 0,
     ) -> CandidateScan:
         """Fused scan (score_fp4.py, SCAN=True) of every position of each window; the kernel
-        ranges its histogram from the threshold itself and does not use `ceilings`."""
+        ranges its histogram from the threshold itself and does not use `ceilings`. No
+        self-calibrating scan (`sample_size` > 0 raises)."""
+        if sample_size:
+            raise self_calibration_unavailable(self)
         scratch = problem.scratch  # every buffer from the caller's workspace when there is one
         rows = problem.num_rows
         keys = scratch.full((rows, capacity), NO_KEY, torch.int64)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import CandidateScan, ScoringBackend
+from ..calibration import MAX_SAMPLE_STRIDE
 from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
 from ..profiling import stage_range
@@ -227,7 +228,7 @@ class TritonBackend(ScoringBackend):
     # -- launches --------------------------------------------------------------------------
     def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
-                nonfinite=None):
+                nonfinite=None, sample_tiles=0):
         """Launch the narrow and the wide variant of the scoring kernel over the schedule's fixed grid;
         the device flag in ops.schedule.variants leaves one of them without work (Operands)."""
         schedule = ops.schedule
@@ -251,7 +252,7 @@ class TritonBackend(ScoringBackend):
                 buffer if buffer is not None else unused64, capacity,
                 appended if appended is not None else unused64,
                 thr_out if thr_out is not None else unused32,
-                nonfinite,
+                nonfinite, sample_tiles, MAX_SAMPLE_STRIDE,
             )
             if ops.gluon:
                 constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
@@ -262,7 +263,7 @@ class TritonBackend(ScoringBackend):
             score_fp4_kernel[grid](
                 *args,
                 TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
-                STRIDED=stride != 1, ANY_WIDE=any_wide,
+                STRIDED=stride != 1, ANY_WIDE=any_wide, SELF_CALIBRATE=sample_tiles > 0,
                 REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
                 **({} if self.max_registers is None else {"maxnreg": self.max_registers}),
             )
@@ -278,16 +279,22 @@ class TritonBackend(ScoringBackend):
         return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-                        ceilings: torch.Tensor | None = None) -> CandidateScan:
+                        ceilings: torch.Tensor | None = None, sample_size: int = 0) -> CandidateScan:
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
+        sample_tiles = -(-sample_size // self.block_keys)
+        if sample_tiles and ops.gluon:
+            raise BackendUnavailableError(
+                "the self-calibrating scan (LiteTopKTuning(calibration='scan')) runs in the Triton scoring kernel "
+                "only so far; use TritonBackend(scoring_kernel='triton') or calibration='sample'")
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
-                     appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"])
+                     appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
+                     sample_tiles=sample_tiles)
         if runs_triton_stages(dev):
             final, appended, nonfinite = finish_scan_triton(thresholds, scan, problem.scratch)
         else:

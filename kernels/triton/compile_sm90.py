@@ -32,7 +32,7 @@ SCORE_TYPES = dict(
     prog_span_ptr="*i32", prog_q_wide_ptr="*i8", starts_ptr="*i32", ends_ptr="*i32", s_pad="i32",
     out_ptr="*fp32", out_width="i32", max_pos="i32", position_stride="i32", thr_ptr="*fp32",
     hist_lo_ptr="*fp32", hist_width_ptr="*fp32", hist_ptr="*i32", buf_ptr="*i64", capacity="i32",
-    appended_ptr="*i32", thr_out_ptr="*fp32", nonfinite_ptr="*i8",
+    appended_ptr="*i32", thr_out_ptr="*fp32", nonfinite_ptr="*i8", sample_tiles="i32", sample_stride="i32",
 )
 
 

@@ -58,6 +58,7 @@ from ..workspace import Scratch
 HEADS = NUM_HEADS
 NUM_BINS = 32
 SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
+BISECTION_STEPS = tl.constexpr(12)  # self-calibration: each bracket ends at 2^-12 of the sample's range
 NO_KEY_C = tl.constexpr(NO_KEY)
 
 
@@ -102,9 +103,11 @@ def score_fp4_kernel(
     thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: float32 [rows] x3 (threshold score; width <= 0: off)
     hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
     thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
+    sample_tiles, sample_stride,                     # scan, SELF_CALIBRATE: the calibration sample (module docstring)
     TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
     STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
     H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
+    SELF_CALIBRATE: tl.constexpr = False, CHUNK: tl.constexpr = 256,
 ):
     pid = tl.program_id(0)
     N: tl.constexpr = BLOCK_ROWS * H
@@ -168,38 +171,34 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-        for chunk_start in range(0, n_steps, REFRESH):
+        n_sample = 0
+        tile_stride = 1
+        if SELF_CALIBRATE:
+            # Phase A: the sample tiles, every key of the windows appended (the launcher's threshold is
+            # -inf and its histogram off); then the threshold from them (_calibrate_in_scan).
+            n_sample, tile_stride = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+            for step in range(0, n_sample):
+                probe, pending_slot, pending_key, pending = _scan_step(
+                    step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
+                    hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                    q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
+                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, SELF_CALIBRATE, H, D, NB)
+            tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+                     mask=pending & (pending_slot < capacity))
+            pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
+            thr, hist_lo, hist_width = _calibrate_in_scan(
+                buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
+                tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
+            hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
+            thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
+        for chunk_start in range(n_sample, n_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
-                pos, scores, in_window = _score_tile(
-                    step, lo, hi, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
-                    tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
-                    BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
-                probe += tl.where(in_window, scores, 0.0) * 0.0
-                tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                         mask=pending & (pending_slot < capacity))
-                # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
-                # window never passes), so the compiler moves one tile to the atomics' layout.
-                windowed = tl.where(in_window, scores, float("nan"))
-                passing = windowed >= thr[None, :]
-                # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
-                pending_slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing,
-                                             sem="relaxed")
-                pending_key = _ordering_keys(windowed, pos[:, None])
-                pending = passing
-                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
-                bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-                tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
-                              mask=passing & (hist_width[None, :] > 0), sem="relaxed")
-            # Raise the threshold to one bin below the highest bin edge with >= K keys at or above it:
-            # every counted score lies >= that edge minus float rounding, far less than a bin. A count
-            # read before some atomics land is only smaller: the threshold stays safe.
-            tl.debug_barrier()
-            hist = tl.load(hist_rows, volatile=True)
-            at_or_above = tl.cumsum(hist, axis=1, reverse=True)
-            best_bin = tl.max(tl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
-            edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
-            raise_ok = (best_bin >= 1) & (hist_width > 0)
-            thr = tl.where(raise_ok, tl.maximum(thr, edge), thr)
+                probe, pending_slot, pending_key, pending = _scan_step(
+                    step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
+                    hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                    q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
+                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, SELF_CALIBRATE, H, D, NB)
+            thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
     if not DENSE:
         tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
                  mask=pending & (pending_slot < capacity))
@@ -207,6 +206,136 @@ def score_fp4_kernel(
     tl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int8), mask=row_ok)
     if not DENSE:
         tl.store(thr_out_ptr + rows, thr, mask=row_ok)
+
+
+@triton.jit
+def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS: tl.constexpr):
+    """(n_sample, tile_stride) of a self-calibrating scan over n_steps key tiles: n_sample =
+    max(sample_tiles, ceil(n_steps / sample_stride)) tiles, at most n_steps and at most the tiles the
+    candidate buffer holds whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles),
+    every tile_stride-th tile from the first (tile_stride >= 1)."""
+    n_sample = tl.minimum(tl.minimum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), n_steps),
+                          capacity // BLOCK_KEYS)
+    return n_sample, tl.maximum(n_steps // tl.maximum(n_sample, 1), 1)
+
+
+@triton.jit
+def _tile_of(step, n_sample, tile_stride):
+    """The key tile scanned at `step` of a self-calibrating scan: the sample tiles t = j * tile_stride
+    (j < n_sample) first, then every other tile in increasing order; each tile once. With n_sample = 0
+    the identity."""
+    j = step - n_sample
+    gaps = n_sample * (tile_stride - 1)  # the tiles between two sample tiles, in the sampled range
+    between = (j // tl.maximum(tile_stride - 1, 1)) * tile_stride + 1 + j % tl.maximum(tile_stride - 1, 1)
+    after = n_sample * tile_stride + j - gaps
+    return tl.where(step < n_sample, step * tile_stride, tl.where(j < gaps, between, after))
+
+
+@triton.jit
+def _scan_step(step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
+               hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+               q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
+               BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, ANY_WIDE: tl.constexpr,
+               SELF_CALIBRATE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+    """One step of the scan (module docstring): score the step's tile, store the previous step's
+    appended keys, append this step's passing keys (their stores pending) and count them in the
+    histogram. Returns (probe, pending_slot, pending_key, pending)."""
+    tile = _tile_of(step, n_sample, tile_stride) if SELF_CALIBRATE else step
+    pos, scores, in_window = _score_tile(
+        tile, lo, hi, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
+        tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
+        BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
+    probe += tl.where(in_window, scores, 0.0) * 0.0
+    tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
+             mask=pending & (pending_slot < capacity))
+    # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
+    # window never passes), so the compiler moves one tile to the atomics' layout.
+    windowed = tl.where(in_window, scores, float("nan"))
+    passing = windowed >= thr[None, :]
+    # One relaxed atomic per passing key (rare once the threshold is tight): no block-wide sync.
+    slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed")
+    bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
+    bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
+    tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
+                  mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+    return probe, slot, _ordering_keys(windowed, pos[:, None]), passing
+
+
+@triton.jit
+def _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK: tl.constexpr, NB: tl.constexpr):
+    """The threshold raised to one bin below the highest bin edge with >= K counted keys at or above
+    it: every counted score lies >= that edge minus float rounding, far less than a bin. A count read
+    before some atomics land is only smaller: the threshold stays safe."""
+    tl.debug_barrier()
+    hist = tl.load(hist_rows, volatile=True)
+    at_or_above = tl.cumsum(hist, axis=1, reverse=True)
+    best_bin = tl.max(tl.where(at_or_above >= TOPK, tl.arange(0, NB)[None, :], -1), axis=1)
+    edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
+    raise_ok = (best_bin >= 1) & (hist_width > 0)
+    return tl.where(raise_ok, tl.maximum(thr, edge), thr)
+
+
+@triton.jit
+def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
+                       ceiling_rank, TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, NB: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """A self-calibrating scan's threshold from phase A (module docstring, "Self-calibration"): the
+    n <= capacity keys of each row's buffer are every in-window key of the sample tiles. Where n >= K
+    and the scores are finite: thr = the lower end of a bisection bracket [lo, hi] of the K-th best
+    sampled score (count(score >= lo) >= K, so at least K keys of the window score >= thr: a lower
+    bound of the row's K-th best), the histogram's range from thr to the same bracket of the
+    ceiling_rank-th best (prepare_scan_kernel's rule), and the buffer compacted to the keys >= thr
+    (counted in the histogram). Other rows keep their threshold (-inf) and histogram (off) and their
+    buffer. Returns (thr, hist_lo, hist_width) [BLOCK_ROWS]."""
+    tl.debug_barrier()  # phase A's appends and stores, by every thread, are read below
+    count = tl.load(appended_ptr + rows64, mask=row_ok, other=0, volatile=True)
+    n = tl.where(row_ok & (count <= capacity), count, 0)
+    offs = tl.arange(0, CHUNK)
+    row_keys = buf_ptr + rows64[:, None] * capacity
+    least = tl.full([BLOCK_ROWS], float("inf"), tl.float32)
+    most = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    for start in range(0, tl.max(n), CHUNK):
+        valid = (start + offs)[None, :] < n[:, None]
+        scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
+        least = tl.minimum(least, tl.min(tl.where(valid, scores, float("inf")), axis=1))
+        most = tl.maximum(most, tl.max(scores, axis=1))
+    # Brackets [lo, hi] of the K-th (k) and the ceiling_rank-th (c) best: count(>= lo) >= rank.
+    lo_k, hi_k, lo_c, hi_c = least, most, least, most
+    for _ in range(BISECTION_STEPS):
+        mid_k = lo_k + (hi_k - lo_k) * 0.5
+        mid_c = lo_c + (hi_c - lo_c) * 0.5
+        count_k = tl.zeros([BLOCK_ROWS], tl.int32)
+        count_c = tl.zeros([BLOCK_ROWS], tl.int32)
+        for start in range(0, tl.max(n), CHUNK):
+            valid = (start + offs)[None, :] < n[:, None]
+            scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
+            count_k += tl.sum((valid & (scores >= mid_k[:, None])).to(tl.int32), axis=1)
+            count_c += tl.sum((valid & (scores >= mid_c[:, None])).to(tl.int32), axis=1)
+        lo_k, hi_k = tl.where(count_k >= TOPK, mid_k, lo_k), tl.where(count_k >= TOPK, hi_k, mid_k)
+        lo_c, hi_c = tl.where(count_c >= ceiling_rank, mid_c, lo_c), tl.where(count_c >= ceiling_rank, hi_c, mid_c)
+    calibrated = (n >= TOPK) & (least == least) & (tl.abs(least) != float("inf")) & (tl.abs(most) != float("inf"))
+    width = tl.div_rn(lo_c - lo_k, tl.full([BLOCK_ROWS], NB, tl.float32))
+    ranged = calibrated & (width > 2.0**-16 * tl.maximum(tl.abs(lo_k), tl.abs(lo_c)))
+    thr = tl.where(calibrated, lo_k, thr)
+    hist_lo = tl.where(ranged, lo_k, hist_lo)
+    hist_width = tl.where(ranged, width, hist_width)
+    hist_inv = tl.where(ranged, 1.0 / tl.where(ranged, width, 1.0), 0.0)
+    # Compaction in place, chunk by chunk: every thread reads a chunk before any survivor is written,
+    # and survivors only take slots below the chunk's end (fewer survivors than keys read so far).
+    tl.atomic_xchg(appended_ptr + rows64, 0, mask=calibrated)
+    for start in range(0, tl.max(n), CHUNK):
+        slots = start + offs[None, :] + 0 * rows64[:, None]
+        valid = slots < n[:, None]
+        keys = tl.load(row_keys + slots, mask=valid, other=NO_KEY_C)
+        tl.debug_barrier()
+        scores = _scores_of_keys(keys)
+        kept = valid & calibrated[:, None] & (scores >= thr[:, None])
+        slot = tl.atomic_add(appended_ptr + rows64[:, None] + 0 * slots, 1, mask=kept, sem="relaxed")
+        tl.store(row_keys + slot, keys, mask=kept)
+        bin_of = tl.minimum(tl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(tl.int32), 0), NB - 1)
+        tl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, 1, mask=kept & ranged[:, None], sem="relaxed")
+        tl.debug_barrier()
+    return thr, hist_lo, hist_width
 
 
 @triton.jit

@@ -172,6 +172,7 @@ def score_fp4_gluon_kernel(
     thr_ptr, hist_lo_ptr, hist_width_ptr,
     hist_ptr, buf_ptr, capacity, appended_ptr,
     thr_out_ptr, nonfinite_ptr,
+    sample_tiles, sample_stride,
     TOPK: gl.constexpr, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr,
     STRIDED: gl.constexpr, ANY_WIDE: gl.constexpr, REFRESH: gl.constexpr,
     H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, DEFER_APPENDS: gl.constexpr,
