@@ -171,18 +171,19 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-        n_sample = 0
-        tile_stride = 1
+        scan_steps = n_steps
         if SELF_CALIBRATE:
-            # Phase A: the sample tiles, every key of the windows appended (the launcher's threshold is
-            # -inf and its histogram off); then the threshold from them (_calibrate_in_scan).
-            n_sample, tile_stride = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+            # Phase A: the span's last n_sample tiles (the most recent keys), every key of the windows
+            # appended (the launcher's threshold is -inf and its histogram off); then the threshold
+            # from them (_calibrate_in_scan). Phase B below scans the tiles before them.
+            n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+            scan_steps = n_steps - n_sample
             for step in range(0, n_sample):
                 probe, pending_slot, pending_key, pending = _scan_step(
-                    step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
-                    hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                    step, lo + scan_steps * BLOCK_KEYS, probe, pending_slot, pending_key, pending, thr, hist_lo,
+                    hist_inv, hist_width, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                     q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
-                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, SELF_CALIBRATE, H, D, NB)
+                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
             tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
                      mask=pending & (pending_slot < capacity))
             pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
@@ -191,13 +192,13 @@ def score_fp4_kernel(
                 tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
             thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
-        for chunk_start in range(n_sample, n_steps, REFRESH):
-            for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, n_steps)):
+        for chunk_start in range(0, scan_steps, REFRESH):
+            for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, scan_steps)):
                 probe, pending_slot, pending_key, pending = _scan_step(
-                    step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
-                    hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                    step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
+                    batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                     q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
-                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, SELF_CALIBRATE, H, D, NB)
+                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
             thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
     if not DENSE:
         tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
@@ -210,39 +211,24 @@ def score_fp4_kernel(
 
 @triton.jit
 def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS: tl.constexpr):
-    """(n_sample, tile_stride) of a self-calibrating scan over n_steps key tiles: n_sample =
-    max(sample_tiles, ceil(n_steps / sample_stride)) tiles, at most n_steps and at most the tiles the
-    candidate buffer holds whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles),
-    every tile_stride-th tile from the first (tile_stride >= 1)."""
-    n_sample = tl.minimum(tl.minimum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), n_steps),
-                          capacity // BLOCK_KEYS)
-    return n_sample, tl.maximum(n_steps // tl.maximum(n_sample, 1), 1)
+    """The sample of a self-calibrating scan over n_steps key tiles, in tiles: max(sample_tiles,
+    ceil(n_steps / sample_stride)), at most n_steps and at most the tiles the candidate buffer holds
+    whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
+    return tl.minimum(tl.minimum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), n_steps),
+                      capacity // BLOCK_KEYS)
 
 
 @triton.jit
-def _tile_of(step, n_sample, tile_stride):
-    """The key tile scanned at `step` of a self-calibrating scan: the sample tiles t = j * tile_stride
-    (j < n_sample) first, then every other tile in increasing order; each tile once. With n_sample = 0
-    the identity."""
-    j = step - n_sample
-    gaps = n_sample * (tile_stride - 1)  # the tiles between two sample tiles, in the sampled range
-    between = (j // tl.maximum(tile_stride - 1, 1)) * tile_stride + 1 + j % tl.maximum(tile_stride - 1, 1)
-    after = n_sample * tile_stride + j - gaps
-    return tl.where(step < n_sample, step * tile_stride, tl.where(j < gaps, between, after))
-
-
-@triton.jit
-def _scan_step(step, n_sample, tile_stride, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv,
-               hist_width, lo, hi, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+def _scan_step(step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
+               batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, ANY_WIDE: tl.constexpr,
-               SELF_CALIBRATE: tl.constexpr, H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
-    """One step of the scan (module docstring): score the step's tile, store the previous step's
-    appended keys, append this step's passing keys (their stores pending) and count them in the
-    histogram. Returns (probe, pending_slot, pending_key, pending)."""
-    tile = _tile_of(step, n_sample, tile_stride) if SELF_CALIBRATE else step
+               H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+    """One step of the scan over the tiles from position `lo` (module docstring): score the step's
+    tile, store the previous step's appended keys, append this step's passing keys (their stores
+    pending) and count them in the histogram. Returns (probe, pending_slot, pending_key, pending)."""
     pos, scores, in_window = _score_tile(
-        tile, lo, hi, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
+        step, lo, 0, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
         tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
         BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
     probe += tl.where(in_window, scores, 0.0) * 0.0
