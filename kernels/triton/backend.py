@@ -68,12 +68,13 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: bool = False, refresh: int = 16,
-                         num_bins: int = NUM_BINS, defer_appends: bool = True) -> tuple[dict, dict]:
+                         num_bins: int = NUM_BINS, defer_appends: bool = True,
+                         SELF_CALIBRATE: bool = False) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
     (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
     constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
                      STRIDED=STRIDED, ANY_WIDE=ANY_WIDE, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
-                     NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends)
+                     NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends, SELF_CALIBRATE=SELF_CALIBRATE)
     return constants, dict(num_warps=GLUON_NUM_WARPS, maxnreg=GLUON_MAX_REGISTERS)
 
 
@@ -257,7 +258,7 @@ class TritonBackend(ScoringBackend):
             if ops.gluon:
                 constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
                                                           ANY_WIDE=any_wide, refresh=self.refresh,
-                                                          num_bins=self.num_bins)
+                                                          num_bins=self.num_bins, SELF_CALIBRATE=sample_tiles > 0)
                 score_fp4_gluon_kernel[grid](*args, **constants, **options)
                 continue
             score_fp4_kernel[grid](
@@ -283,11 +284,7 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
-        sample_tiles = -(-sample_size // self.block_keys)
-        if sample_tiles and ops.gluon:
-            raise BackendUnavailableError(
-                "the self-calibrating scan (LiteTopKTuning(calibration='scan')) runs in the Triton scoring kernel "
-                "only so far; use TritonBackend(scoring_kernel='triton') or calibration='sample'")
+        sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scoring.py)
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count

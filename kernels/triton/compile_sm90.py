@@ -103,7 +103,9 @@ GLUON_VARIANTS = {"dense": dict(DENSE=True, STRIDED=False), "strided": dict(DENS
                   "scan": dict(DENSE=False, STRIDED=False),
                   "dense_wide": dict(DENSE=True, STRIDED=False, ANY_WIDE=True),
                   "strided_wide": dict(DENSE=True, STRIDED=True, ANY_WIDE=True),
-                  "scan_wide": dict(DENSE=False, STRIDED=False, ANY_WIDE=True)}
+                  "scan_wide": dict(DENSE=False, STRIDED=False, ANY_WIDE=True),
+                  "scan_calibrating": dict(DENSE=False, STRIDED=False, SELF_CALIBRATE=True),
+                  "scan_wide_calibrating": dict(DENSE=False, STRIDED=False, ANY_WIDE=True, SELF_CALIBRATE=True)}
 
 
 def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:

@@ -191,7 +191,6 @@ def score_fp4_kernel(
                 buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
                 tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
-            thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
         for chunk_start in range(0, scan_steps, REFRESH):
             for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, scan_steps)):
                 probe, pending_slot, pending_key, pending = _scan_step(

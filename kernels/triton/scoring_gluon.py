@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 
-from .scoring import SUBNORMAL_UNIT, _ordering_keys
+from .scoring import BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _ordering_keys, _sample_tiles, _scores_of_keys
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
@@ -159,6 +159,83 @@ def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
     gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
 
 
+CALIBRATION_CHUNK = gl.constexpr(256)  # buffer slots of a row read at a time by _calibrate_in_scan_gluon
+
+
+@gluon.jit
+def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h,
+                             hist_width_h, ceiling_rank, TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr,
+                             NB: gl.constexpr, num_warps: gl.constexpr, row_layout: gl.constexpr):
+    """scoring._calibrate_in_scan (the same steps and arithmetic, so the same thresholds) over the
+    program's rows, in a [BLOCK_ROWS, CALIBRATION_CHUNK] layout without replicas (each buffer slot
+    read by one thread, so no atomic of the compaction is repeated); inputs and results
+    [BLOCK_ROWS] in `row_layout`."""
+    gl.static_assert((BLOCK_ROWS == 2) & (num_warps == 4), "the chunk layout below is for 2 rows x 4 warps")
+    CHUNK: gl.constexpr = CALIBRATION_CHUNK
+    cal: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CHUNK // 64], threads_per_warp=[1, 32],
+                                         warps_per_cta=[2, 2], order=[1, 0])
+    rows_of: gl.constexpr = gl.SliceLayout(1, cal)
+    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=rows_of))
+    row_ok = rows >= 0
+    rows64 = gl.where(row_ok, rows, 0).to(gl.int64)
+    thr = gl.convert_layout(thr_h, rows_of)
+    hist_lo = gl.convert_layout(hist_lo_h, rows_of)
+    hist_width = gl.convert_layout(hist_width_h, rows_of)
+    gl.thread_barrier()  # phase A's appends and stores, by every thread, are read below
+    count = gl.load(appended_ptr + rows64, mask=row_ok, other=0, volatile=True)
+    n = gl.where(row_ok & (count <= capacity), count, 0)
+    n_max = gl.max(n, axis=0)
+    offs = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, cal))
+    row_keys = buf_ptr + rows64[:, None] * capacity
+    least = gl.full([BLOCK_ROWS], float("inf"), gl.float32, rows_of)
+    most = gl.full([BLOCK_ROWS], float("-inf"), gl.float32, rows_of)
+    for start in range(0, n_max, CHUNK):
+        valid = (start + offs)[None, :] < n[:, None]
+        scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
+        least = gl.minimum(least, gl.min(gl.where(valid, scores, float("inf")), axis=1))
+        most = gl.maximum(most, gl.max(scores, axis=1))
+    lo_k = least
+    hi_k = most
+    lo_c = least
+    hi_c = most
+    for _ in range(BISECTION_STEPS):
+        mid_k = lo_k + (hi_k - lo_k) * 0.5
+        mid_c = lo_c + (hi_c - lo_c) * 0.5
+        count_k = gl.zeros([BLOCK_ROWS], gl.int32, rows_of)
+        count_c = gl.zeros([BLOCK_ROWS], gl.int32, rows_of)
+        for start in range(0, n_max, CHUNK):
+            valid = (start + offs)[None, :] < n[:, None]
+            scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
+            count_k += gl.sum((valid & (scores >= mid_k[:, None])).to(gl.int32), axis=1)
+            count_c += gl.sum((valid & (scores >= mid_c[:, None])).to(gl.int32), axis=1)
+        lo_k, hi_k = gl.where(count_k >= TOPK, mid_k, lo_k), gl.where(count_k >= TOPK, hi_k, mid_k)
+        lo_c, hi_c = gl.where(count_c >= ceiling_rank, mid_c, lo_c), gl.where(count_c >= ceiling_rank, hi_c, mid_c)
+    calibrated = (n >= TOPK) & (least == least) & (gl.abs(least) != float("inf")) & (gl.abs(most) != float("inf"))
+    width = gl.div_rn(lo_c - lo_k, gl.full([BLOCK_ROWS], NB, gl.float32, rows_of))
+    ranged = calibrated & (width > 2.0**-16 * gl.maximum(gl.abs(lo_k), gl.abs(lo_c)))
+    thr = gl.where(calibrated, lo_k, thr)
+    hist_lo = gl.where(ranged, lo_k, hist_lo)
+    hist_width = gl.where(ranged, width, hist_width)
+    hist_inv = gl.where(ranged, 1.0 / gl.where(ranged, width, 1.0), 0.0)
+    # Compaction in place, chunk by chunk (scoring._calibrate_in_scan).
+    gl.atomic_xchg(appended_ptr + rows64, gl.zeros([BLOCK_ROWS], gl.int32, rows_of), mask=calibrated)
+    one = gl.full([BLOCK_ROWS, CHUNK], 1, gl.int32, cal)
+    for start in range(0, n_max, CHUNK):
+        slots = start + offs[None, :] + 0 * rows64[:, None]
+        valid = slots < n[:, None]
+        keys = gl.load(row_keys + slots, mask=valid, other=NO_KEY_C)
+        gl.thread_barrier()  # every thread holds this chunk before a survivor is written into it
+        scores = _scores_of_keys(keys)
+        kept = valid & calibrated[:, None] & (scores >= thr[:, None])
+        slot = gl.atomic_add(appended_ptr + rows64[:, None] + 0 * slots, one, mask=kept, sem="relaxed")
+        gl.store(row_keys + slot, keys, mask=kept)
+        bin_of = gl.minimum(gl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(gl.int32), 0), NB - 1)
+        gl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, one, mask=kept & ranged[:, None], sem="relaxed")
+        gl.thread_barrier()
+    return (gl.convert_layout(thr, row_layout), gl.convert_layout(hist_lo, row_layout),
+            gl.convert_layout(hist_width, row_layout))
+
+
 @gluon.jit
 def score_fp4_gluon_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,
@@ -176,7 +253,7 @@ def score_fp4_gluon_kernel(
     TOPK: gl.constexpr, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr,
     STRIDED: gl.constexpr, ANY_WIDE: gl.constexpr, REFRESH: gl.constexpr,
     H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, DEFER_APPENDS: gl.constexpr,
-    num_warps: gl.constexpr,
+    num_warps: gl.constexpr, SELF_CALIBRATE: gl.constexpr = False,
 ):
     """scoring.score_fp4_kernel's arguments and outputs (the k_hi / q_hi / wide arguments unused)."""
     gl.static_assert((BLOCK_KEYS == 64) & (BLOCK_ROWS == 2) & (num_warps == 4), "the layouts below are for 64 x 2 x 4")
@@ -247,123 +324,151 @@ def score_fp4_gluon_kernel(
         offs_fk = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, flat))
         hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
 
-    offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
-    for s in gl.static_range(NUM_BUFFERS - 1):
-        _issue_key_tile(s, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS), offs_k, offs_d,
-                        BLOCK_KEYS, D, STRIDED)
-    if ANY_WIDE:
-        # A wide tile's k_hi takes the ring's other slot (no shared memory of its own: 4 programs
-        # still fit an SM), so the next lo tile is copied after the wide tile's MMA instead of at
-        # the top of its step. A copy into a slot is issued at the top of a step or after the MMA
-        # of the step before, the slot's last reader (the compiler puts a CTA barrier before such
-        # a copy: a write after the wgmma's read of the same buffer), and the ring of 2 waits for
-        # every copy group at the top of each step. The flags run one step ahead (loaded before
-        # the MMA of the step whose copies need them).
-        gl.static_assert(NUM_BUFFERS == 2, "the wide tiles' copies are written for a ring of 2 key tiles")
-        flags_at = tile_wide_ptr + batch * tile_cols + (0 if STRIDED else lo // BLOCK_KEYS)
-        k_wide = _tile_flag(flags_at, 0, n_steps, STRIDED)
-        if k_wide:
-            _issue_key_tile(0, n_steps, lo, stride, k_base, k_hi_ptr, hi, ring.index(1), offs_k, offs_d,
-                            BLOCK_KEYS, D, STRIDED)
-    gl.thread_barrier()
-    fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
-
-    offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
-    if DENSE:
-        probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, tile)
-    else:  # the scan's per-key work is in the flat layout, its probe too
-        probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
-        thr = gl.convert_layout(thr_h, row_of_flat)
-        pending_slot = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int32, flat)
-        pending_score = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
-        pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)  # nothing pending
-    for step in range(n_steps):
-        # The copy of this step's tile is the oldest of NUM_BUFFERS - 1 in flight; every thread's part
-        # of it has landed after the wait, every thread's after the barrier. The barrier also orders
-        # the previous step's wgmma (waited for by all four warps) before the overwrite issued next.
-        async_copy.wait_group(NUM_BUFFERS - 2)
-        fence_async_shared()
-        if ANY_WIDE:
-            if not k_wide:  # (a wide tile's k_hi holds the other slot until its MMA is done)
-                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
-                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
-        else:
-            _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, stride, k_base, k_lo_ptr, hi,
-                            ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
-        gl.thread_barrier()
-        # the keys' factors are loaded before the MMA, so that their latency overlaps it
-        pos = lo + (step * BLOCK_KEYS + offs_tk) * stride
-        if STRIDED:
-            kfac = gl.load(kfac_ptr + k_base + pos, mask=pos < hi, other=0.0)
-        else:
-            kfac = gl.load(kfac_ptr + k_base + pos)
-        if ANY_WIDE:
-            k_wide_next = _tile_flag(flags_at, step + 1, n_steps, STRIDED)  # latency: overlaps the MMA below
-            if k_wide | q_wide:
-                acc = _wide_int_dots(ring.index(step % 2), ring.index((step + 1) % 2), q_smem, q_hi_smem, q_wide,
-                                     k_wide, mma, BLOCK_KEYS, N)
-                # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
-                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-            else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
-                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
-            # this step's MMA, the last reader of both slots, has completed
-            if k_wide:  # the next lo tile into the slot this tile's k_hi held
-                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
-                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
-            if k_wide_next:  # the next tile's k_hi into this tile's lo slot
-                _issue_key_tile(step + 1, n_steps, lo, stride, k_base, k_hi_ptr, hi, ring.index(step % 2),
-                                offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
-            k_wide = k_wide_next
-        else:
-            relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
-        terms = relu_sub * wq[None, :]
-        scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
-        scores = scores * rowfac[None, :] * kfac[:, None]
-        if DENSE:
-            in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
-            probe += gl.where(in_window, scores, 0.0) * 0.0
-            column = step * BLOCK_KEYS + offs_tk
-            gl.store(out_ptr + rows64[None, :] * out_width + column[:, None],
-                     gl.where(in_window, scores, float("-inf")),
-                     mask=(column < out_width)[:, None] & row_ok[None, :])
-        else:
-            # One element per thread (the flat layout picks, in each lane, one of the four elements the
-            # lane already holds): no replicated atomics, so no shared-memory broadcast of their results.
-            scores = gl.convert_layout(scores, flat)
-            pos_f = lo + step * BLOCK_KEYS + offs_fk
-            in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :])
-            probe += gl.where(in_window, scores, 0.0) * 0.0
-            windowed = gl.where(in_window, scores, float("nan"))
-            passing = windowed >= thr[None, :]
-            one = gl.full([BLOCK_KEYS, BLOCK_ROWS], 1, gl.int32, flat)
-            slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
-                                 sem="relaxed")
-            if DEFER_APPENDS:  # store the previous step's keys: the slot's round trip overlaps a step
-                # (the slot is first read there: no instruction of this step waits for the atomic)
-                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS, pending)
-                pending_slot = slot
-                pending_score = windowed
-                pending = passing
+    # One phase, or with SELF_CALIBRATE two: phase A over the span's last n_sample tiles (the most recent
+    # keys, threshold -inf), the calibration, then phase B over the tiles before them (scoring.py).
+    if SELF_CALIBRATE:
+        gl.static_assert(not DENSE, "the self-calibrating variant is a scan")
+        n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+    for phase in gl.static_range(2 if SELF_CALIBRATE else 1):
+        if SELF_CALIBRATE:
+            if phase == 0:
+                phase_lo = lo + (n_steps - n_sample) * BLOCK_KEYS
+                phase_steps = n_sample
             else:
-                _store_keys(buf_ptr, rows64_f, capacity, slot, windowed, pos_f, passing)
-            bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
-            bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
-            gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
-                          mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
-            if ((step + 1) % REFRESH == 0) | (step + 1 == n_steps):
-                # Raise (scoring.py): one bin below the highest edge with >= TOPK counted keys at or above.
-                gl.thread_barrier()
-                hist = gl.load(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], volatile=True)
-                at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
-                best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
-                edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
-                thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
+                phase_lo = lo
+                phase_steps = n_steps - n_sample
+        else:
+            phase_lo = lo
+            phase_steps = n_steps
+        offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
+        for s in gl.static_range(NUM_BUFFERS - 1):
+            _issue_key_tile(s, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS), offs_k, offs_d,
+                            BLOCK_KEYS, D, STRIDED)
+        if ANY_WIDE:
+            # A wide tile's k_hi takes the ring's other slot (no shared memory of its own: 4 programs
+            # still fit an SM), so the next lo tile is copied after the wide tile's MMA instead of at
+            # the top of its step. A copy into a slot is issued at the top of a step or after the MMA
+            # of the step before, the slot's last reader (the compiler puts a CTA barrier before such
+            # a copy: a write after the wgmma's read of the same buffer), and the ring of 2 waits for
+            # every copy group at the top of each step. The flags run one step ahead (loaded before
+            # the MMA of the step whose copies need them).
+            gl.static_assert(NUM_BUFFERS == 2, "the wide tiles' copies are written for a ring of 2 key tiles")
+            flags_at = tile_wide_ptr + batch * tile_cols + (0 if STRIDED else phase_lo // BLOCK_KEYS)
+            k_wide = _tile_flag(flags_at, 0, phase_steps, STRIDED)
+            if k_wide:
+                _issue_key_tile(0, phase_steps, phase_lo, stride, k_base, k_hi_ptr, hi, ring.index(1), offs_k, offs_d,
+                                BLOCK_KEYS, D, STRIDED)
+        gl.thread_barrier()
+        fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
+
+        if phase == 0:
+            offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
+            if DENSE:
+                probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, tile)
+            else:  # the scan's per-key work is in the flat layout, its probe too
+                probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
                 thr = gl.convert_layout(thr_h, row_of_flat)
-    async_copy.wait_group(0)
-    if not DENSE:
-        if DEFER_APPENDS:
-            _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score,
-                        lo + n_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS, pending)
+                pending_slot = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int32, flat)
+                pending_score = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, flat)
+                pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)  # nothing pending
+
+        for step in range(phase_steps):
+            # The copy of this step's tile is the oldest of NUM_BUFFERS - 1 in flight; every thread's part
+            # of it has landed after the wait, every thread's after the barrier. The barrier also orders
+            # the previous step's wgmma (waited for by all four warps) before the overwrite issued next.
+            async_copy.wait_group(NUM_BUFFERS - 2)
+            fence_async_shared()
+            if ANY_WIDE:
+                if not k_wide:  # (a wide tile's k_hi holds the other slot until its MMA is done)
+                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+            else:
+                _issue_key_tile(step + NUM_BUFFERS - 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
+                                ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+            gl.thread_barrier()
+            # the keys' factors are loaded before the MMA, so that their latency overlaps it
+            pos = phase_lo + (step * BLOCK_KEYS + offs_tk) * stride
+            if STRIDED:
+                kfac = gl.load(kfac_ptr + k_base + pos, mask=pos < hi, other=0.0)
+            else:
+                kfac = gl.load(kfac_ptr + k_base + pos)
+            if ANY_WIDE:
+                k_wide_next = _tile_flag(flags_at, step + 1, phase_steps, STRIDED)  # latency: overlaps the MMA below
+                if k_wide | q_wide:
+                    acc = _wide_int_dots(ring.index(step % 2), ring.index((step + 1) % 2), q_smem, q_hi_smem, q_wide,
+                                         k_wide, mma, BLOCK_KEYS, N)
+                    # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
+                    relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+                else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
+                    relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+                # this step's MMA, the last reader of both slots, has completed
+                if k_wide:  # the next phase_lo tile into the slot this tile's k_hi held
+                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                if k_wide_next:  # the next tile's k_hi into this tile's phase_lo slot
+                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_hi_ptr, hi, ring.index(step % 2),
+                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                k_wide = k_wide_next
+            else:
+                relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
+            terms = relu_sub * wq[None, :]
+            scores = gl.sum(gl.reshape(terms, [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1)
+            scores = scores * rowfac[None, :] * kfac[:, None]
+            if DENSE:
+                in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
+                probe += gl.where(in_window, scores, 0.0) * 0.0
+                column = step * BLOCK_KEYS + offs_tk
+                gl.store(out_ptr + rows64[None, :] * out_width + column[:, None],
+                         gl.where(in_window, scores, float("-inf")),
+                         mask=(column < out_width)[:, None] & row_ok[None, :])
+            else:
+                # One element per thread (the flat layout picks, in each lane, one of the four elements the
+                # lane already holds): no replicated atomics, so no shared-memory broadcast of their results.
+                scores = gl.convert_layout(scores, flat)
+                pos_f = phase_lo + step * BLOCK_KEYS + offs_fk
+                in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :])
+                probe += gl.where(in_window, scores, 0.0) * 0.0
+                windowed = gl.where(in_window, scores, float("nan"))
+                passing = windowed >= thr[None, :]
+                one = gl.full([BLOCK_KEYS, BLOCK_ROWS], 1, gl.int32, flat)
+                slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
+                                     sem="relaxed")
+                if DEFER_APPENDS:  # store the previous step's keys: the slot's round trip overlaps a step
+                    # (the slot is first read there: no instruction of this step waits for the atomic)
+                    _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS, pending)
+                    pending_slot = slot
+                    pending_score = windowed
+                    pending = passing
+                else:
+                    _store_keys(buf_ptr, rows64_f, capacity, slot, windowed, pos_f, passing)
+                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
+                bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
+                gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
+                              mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
+                if ((step + 1) % REFRESH == 0) | (step + 1 == phase_steps):
+                    gl.thread_barrier()
+                    hist = gl.load(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], volatile=True)
+                    at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
+                    best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+                    edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
+                    thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
+                    thr = gl.convert_layout(thr_h, row_of_flat)
+        async_copy.wait_group(0)
+        if not DENSE:
+            if DEFER_APPENDS:
+                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score,
+                            phase_lo + phase_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS, pending)
+        if SELF_CALIBRATE:
+            if phase == 0:  # end of phase A: thresholds from the sample (scoring.py)
+                pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)
+                thr_h, hist_lo_h, hist_width_h = _calibrate_in_scan_gluon(
+                    buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h, hist_width_h,
+                    gl.maximum((TOPK * n_sample) // (2 * gl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB,
+                    num_warps, gl.SliceLayout(1, hist_layout))
+                thr = gl.convert_layout(thr_h, row_of_flat)
+                hist_lo = gl.convert_layout(hist_lo_h, row_of_flat)
+                hist_width = gl.convert_layout(hist_width_h, row_of_flat)
+                hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
     nonfinite = gl.sum(probe, axis=0)
     if DENSE:
         gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)
