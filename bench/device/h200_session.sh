@@ -27,11 +27,12 @@ for step in $STEPS; do
       for i in $(seq 1 70); do sleep 1; python3 -m litetopk.service --check readyz --uds /tmp/diag.sock >/dev/null 2>&1 && break; done
       echo "ready after ${i}s"; tail -40 "$RES/service-diag.log" ;;
     servicecheck) timeout 150 python3 -m bench.checks.service_gpu --backend auto --out "$RES/service" 2>&1 | tail -15 ;;
-    gputests) timeout ${GPUTESTS_TIMEOUT:-150} python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py \
+    gputests) timeout ${GPUTESTS_TIMEOUT:-150} python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py tests/kernels/test_self_calibration.py \
                 tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py tests/kernels/test_out_buffers.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -8 ;;
     gputests2)  # the same files in two pytest processes side by side (the GPU holds both), logs kept
       T=${GPUTESTS_TIMEOUT:-200}; O='-q -p no:cacheprovider -o addopts= -rf'
-      timeout $T python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py tests/kernels/test_wide_scoring.py $O > "$RES/gputests-a.log" 2>&1 &
+      timeout $T python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py tests/kernels/test_wide_scoring.py \
+        tests/kernels/test_self_calibration.py $O > "$RES/gputests-a.log" 2>&1 &
       timeout $T python3 -m pytest tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py \
         tests/kernels/test_out_buffers.py $O > "$RES/gputests-b.log" 2>&1 &
       wait; tail -6 "$RES/gputests-a.log"; tail -6 "$RES/gputests-b.log" ;;
@@ -44,7 +45,8 @@ for step in $STEPS; do
     graphtests) timeout ${GRAPHTESTS_TIMEOUT:-120} python3 -m pytest tests/kernels/test_graphs_gpu.py tests/kernels/test_embedding_gpu.py -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -8 ;;
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib layouts hosttime cprofile glue runnertime graphtests)" >&2 ;;
+    selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" 2>&1 | tail -12 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
