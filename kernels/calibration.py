@@ -23,6 +23,18 @@ work (~0.28 ms for 8,192 rows x 2,048 samples on the H200, in proportion to the 
 statistics (calibration_keys: the Triton twin bisects each row only until ~128 values remain in its
 bracket, then sorts those, ~50 us by its instruction count, where the previous 32-step bisection over
 the whole row needed >= 0.18 ms) are the small part. Reasoning and limits: kernels/triton/calibration.py.
+
+In the scan (LiteTopKTuning(calibration="scan"); pipeline.run_litetopk skips this stage). The same
+lower bound from a subset, taken by the scan itself (kernels/triton/scoring.py, "Self-calibration"):
+each program first scores the last n_sample key tiles of its span (max(sample_size / 64, tiles /
+MAX_SAMPLE_STRIDE) tiles, at most the candidate buffer), keeping every key, bisects a threshold with
+at least K of them at or above it and the histogram's range from them, drops the sampled keys below
+it and scans the rest. Nothing is scored twice and nothing is launched for it: the sample's scoring
+and the order statistics above leave the call. A contiguous sample of the most recent keys and not a
+spread one: a permuted tile order cost the Gluon scan loop 62-135 more instructions a step (its
+addresses stop being affine, offline SASS), and real indexer scores lean to recent keys (the
+benchmark's Gaussian data has no such lean). bench/probes/candidate_model.py models the candidates
+of both: within 2 % of each other from 65,536 to 262,144 keys. Only the Triton backend has it.
 """
 
 from __future__ import annotations
