@@ -23,7 +23,9 @@ Sizing (`workspace_bytes`) is measured, not restated: the operator itself runs a
 empty windows: the buffers' shapes come from shapes and bounds only, never from the data) and
 Scratch counts the bytes carved (`Scratch.used`). Every buffer grows with rows, sequences and the
 window bound, except where the calibration changes its sample shape (`calibration.shape_changes`):
-the run is repeated at each such bound below `max_seq_len` and the largest count is the answer.
+the run is repeated at each such bound below `max_seq_len` and the largest count is the answer. A
+self-calibrating scan (LiteTopKTuning(calibration="scan")) has no calibration sample and a candidate
+buffer of tuning.capacity(K) keys at every bound: one run, at the bounds.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], 
     device = torch.device(device)
     tuning = tuning or LiteTopKTuning()
     chosen = new_backend(backend, device)  # its own instance: the dry runs' operands are not kept around
-    bounds = [(k, max_seq_len) for k in ks] if dense else \
+    at_the_bound = dense or tuning.calibration == "scan"  # no calibration sample (module docstring)
+    bounds = [(k, max_seq_len) for k in ks] if at_the_bound else \
         [(k, end) for k in ks for end in shape_changes(max_seq_len, tuning.sample_size, k)]
     with on_device(device, chosen):
         return max(_bytes_at(chosen, max_rows, max_batch, max_seq_len, end, k, device, tuning, dense)

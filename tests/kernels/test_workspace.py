@@ -68,6 +68,8 @@ CASES = {  # name: (operator, backend, seq_lens, rows_per_seq, topk, tuning)
     "reference dense K=1024": ("dense", "reference", [1300], 3, 1024, None),
     "triton litetopk K=512": ("litetopk", "triton", [600, 200], 2, 512, None),
     "triton dense K=1024": ("dense", "triton", [1100], 2, 1024, None),
+    "triton litetopk K=512 self-calibrating scan": ("litetopk", "triton", [1100, 300], 2, 512,
+                                                    LiteTopKTuning(calibration="scan", sample_size=512)),
 }
 
 
@@ -157,6 +159,20 @@ def test_the_bound_is_the_largest_over_every_sample_shape(seed):
     workspace = allocate_workspace(max_seq_len=1536, **sized)
     same_bits(call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=1535),
               call("litetopk", p, "reference", tuning=tuning, max_seq_len=1535), "bound 1535 in a workspace for 1536")
+
+
+@INTERPRETED
+def test_a_self_calibrating_scan_is_sized_at_the_bound(seed):
+    """calibration="scan" has no calibration sample and a candidate buffer of capacity(K) keys at every
+    bound: at the bounds where the sample would change shape the call carves no more than at the
+    bound itself, whose count workspace_bytes gives."""
+    tuning = LiteTopKTuning(calibration="scan", sample_size=512)
+    p = make_problem(seed, seq_lens=[1000], rows_per_seq=2, topk=512, spread=1)  # 17 pages: bound 1088
+    ends = shape_changes(bound_of(p), tuning.sample_size, p.topk)
+    assert len(ends) > 1, f"the case needs a bound with several sample shapes below it: {ends}"
+    used = {end: used_by(p, "triton", tuning, max_seq_len=end) for end in ends}
+    assert used[bound_of(p)] == max(used.values()), f"a call below the bound carves more: {used}"
+    assert workspace_bytes(**sizing("litetopk", p, "triton", tuning)) == used[bound_of(p)], f"{used}"
 
 
 @pytest.mark.parametrize("backend", _cases(["reference", "triton"]))
