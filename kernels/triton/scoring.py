@@ -291,25 +291,31 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
     n = tl.where(row_ok & (count <= capacity), count, 0)
     offs = tl.arange(0, CHUNK)
     row_keys = buf_ptr + rows64[:, None] * capacity
-    least = tl.full([BLOCK_ROWS], float("inf"), tl.float32)
-    most = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    # Every pass over the sample accumulates per-lane partials and reduces them once (one block-wide
+    # reduction a pass, none a chunk).
+    least_lanes = tl.full([BLOCK_ROWS, CHUNK], float("inf"), tl.float32)
+    most_lanes = tl.full([BLOCK_ROWS, CHUNK], float("-inf"), tl.float32)
     for start in range(0, tl.max(n), CHUNK):
         valid = (start + offs)[None, :] < n[:, None]
         scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-        least = tl.minimum(least, tl.min(tl.where(valid, scores, float("inf")), axis=1))
-        most = tl.maximum(most, tl.max(scores, axis=1))
+        least_lanes = tl.minimum(least_lanes, tl.where(valid, scores, float("inf")))
+        most_lanes = tl.maximum(most_lanes, scores)
+    least = tl.min(least_lanes, axis=1)
+    most = tl.max(most_lanes, axis=1)
     # Brackets [lo, hi] of the K-th (k) and the ceiling_rank-th (c) best: count(>= lo) >= rank.
     lo_k, hi_k, lo_c, hi_c = least, most, least, most
     for _ in range(BISECTION_STEPS):
         mid_k = lo_k + (hi_k - lo_k) * 0.5
         mid_c = lo_c + (hi_c - lo_c) * 0.5
-        count_k = tl.zeros([BLOCK_ROWS], tl.int32)
-        count_c = tl.zeros([BLOCK_ROWS], tl.int32)
+        lanes_k = tl.zeros([BLOCK_ROWS, CHUNK], tl.int32)
+        lanes_c = tl.zeros([BLOCK_ROWS, CHUNK], tl.int32)
         for start in range(0, tl.max(n), CHUNK):
             valid = (start + offs)[None, :] < n[:, None]
             scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-            count_k += tl.sum((valid & (scores >= mid_k[:, None])).to(tl.int32), axis=1)
-            count_c += tl.sum((valid & (scores >= mid_c[:, None])).to(tl.int32), axis=1)
+            lanes_k += (valid & (scores >= mid_k[:, None])).to(tl.int32)
+            lanes_c += (valid & (scores >= mid_c[:, None])).to(tl.int32)
+        count_k = tl.sum(lanes_k, axis=1)
+        count_c = tl.sum(lanes_c, axis=1)
         lo_k, hi_k = tl.where(count_k >= TOPK, mid_k, lo_k), tl.where(count_k >= TOPK, hi_k, mid_k)
         lo_c, hi_c = tl.where(count_c >= ceiling_rank, mid_c, lo_c), tl.where(count_c >= ceiling_rank, hi_c, mid_c)
     calibrated = (n >= TOPK) & (least == least) & (tl.abs(least) != float("inf")) & (tl.abs(most) != float("inf"))

@@ -194,13 +194,16 @@ def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid
     n_max = gl.max(n, axis=0)
     offs = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, cal))
     row_keys = buf_ptr + rows64[:, None] * capacity
-    least = gl.full([BLOCK_ROWS], float("inf"), gl.float32, rows_of)
-    most = gl.full([BLOCK_ROWS], float("-inf"), gl.float32, rows_of)
+    # Per-lane partials over the chunks, one block-wide reduction a pass (scoring._calibrate_in_scan).
+    least_lanes = gl.full([BLOCK_ROWS, CHUNK], float("inf"), gl.float32, cal)
+    most_lanes = gl.full([BLOCK_ROWS, CHUNK], float("-inf"), gl.float32, cal)
     for start in range(0, n_max, CHUNK):
         valid = (start + offs)[None, :] < n[:, None]
         scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-        least = gl.minimum(least, gl.min(gl.where(valid, scores, float("inf")), axis=1))
-        most = gl.maximum(most, gl.max(scores, axis=1))
+        least_lanes = gl.minimum(least_lanes, gl.where(valid, scores, float("inf")))
+        most_lanes = gl.maximum(most_lanes, scores)
+    least = gl.min(least_lanes, axis=1)
+    most = gl.max(most_lanes, axis=1)
     lo_k = least
     hi_k = most
     lo_c = least
@@ -208,13 +211,15 @@ def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid
     for _ in range(BISECTION_STEPS):
         mid_k = lo_k + (hi_k - lo_k) * 0.5
         mid_c = lo_c + (hi_c - lo_c) * 0.5
-        count_k = gl.zeros([BLOCK_ROWS], gl.int32, rows_of)
-        count_c = gl.zeros([BLOCK_ROWS], gl.int32, rows_of)
+        lanes_k = gl.zeros([BLOCK_ROWS, CHUNK], gl.int32, cal)
+        lanes_c = gl.zeros([BLOCK_ROWS, CHUNK], gl.int32, cal)
         for start in range(0, n_max, CHUNK):
             valid = (start + offs)[None, :] < n[:, None]
             scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-            count_k += gl.sum((valid & (scores >= mid_k[:, None])).to(gl.int32), axis=1)
-            count_c += gl.sum((valid & (scores >= mid_c[:, None])).to(gl.int32), axis=1)
+            lanes_k += (valid & (scores >= mid_k[:, None])).to(gl.int32)
+            lanes_c += (valid & (scores >= mid_c[:, None])).to(gl.int32)
+        count_k = gl.sum(lanes_k, axis=1)
+        count_c = gl.sum(lanes_c, axis=1)
         lo_k, hi_k = gl.where(count_k >= TOPK, mid_k, lo_k), gl.where(count_k >= TOPK, hi_k, mid_k)
         lo_c, hi_c = gl.where(count_c >= ceiling_rank, mid_c, lo_c), gl.where(count_c >= ceiling_rank, hi_c, mid_c)
     calibrated = (n >= TOPK) & (least == least) & (gl.abs(least) != float("inf")) & (gl.abs(most) != float("inf"))
