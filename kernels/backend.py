@@ -58,7 +58,7 @@ class ScoringBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
+        self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
         ceilings: torch.Tensor | None = None, sample_size: int = 0,
     ) -> CandidateScan:
         """Fused scan of every position of each window (see module doc).
@@ -66,9 +66,9 @@ class ScoringBackend(abc.ABC):
         `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
         backend may use it to range its threshold histogram. It never affects which keys are
         exact, only how fast the threshold rises. `sample_size` > 0 asks for a self-calibrating
-        scan (thresholds all NO_KEY, no ceilings): it scores a spread sample of about that many
-        keys of each window first and takes its thresholds from them (calibration.py, "In the
-        scan"); a backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
+        scan (thresholds None, no ceilings): it scores about that many of the most recent keys of
+        each window first and takes its thresholds from them (calibration.py, "In the scan"); a
+        backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:
         """bool [rows]: rows this backend cannot score exactly (they get RowStatus.UNSUPPORTED and

@@ -31,7 +31,7 @@ from .calibration import calibrate
 from .certify import REPAIR_ROWS, certify, complete_repair, repair_on_device
 from .profiling import stage_range
 from .result import TopKResult
-from .selection import NO_KEY, select_topk_dense
+from .selection import select_topk_dense
 from .validation import PrefillProblem
 
 
@@ -77,8 +77,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     capacity = tuning.capacity(problem.topk)
     if tuning.calibration == "scan":  # no calibration stage: the scan's own sample sets its thresholds
         with stage_range("litetopk.scan"):
-            scan = backend.scan_candidates(problem, problem.scratch.full(problem.num_rows, NO_KEY, torch.int64),
-                                           capacity, sample_size=tuning.sample_size)
+            scan = backend.scan_candidates(problem, None, capacity, sample_size=tuning.sample_size)
     else:
         with stage_range("litetopk.calibrate"):
             thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)

@@ -121,13 +121,14 @@ def triton_stages_on_cpu():
             module.runs_triton_stages = original
 
 
-def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: int = 3) -> Counter:
+def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: int = 3,
+                       calibration: str = "sample") -> Counter:
     """Launches per stage of one LiteTopK call on the CPU with the Triton stages (module docstring),
-    calibrated from a sample of keys // 4 (the production path's stages); the counts do not depend on
-    the sizes (the grids do)."""
+    calibrated from a sample of keys // 4 (the production path's stages) by a calibration stage or
+    in the scan (`calibration`, LiteTopKTuning); the counts do not depend on the sizes (the grids do)."""
     problem = prefill_problem(rows, keys * 4, topk, seed, device="cpu")
     k = problem.pop("topk")
-    tuning = LiteTopKTuning(sample_size=keys // 4)
+    tuning = LiteTopKTuning(sample_size=keys // 4, calibration=calibration)
     call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton", tuning=tuning)  # noqa: E731
     with triton_stages_on_cpu():
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -135,8 +136,10 @@ def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: i
     return launches_by_stage(prof.events(), on_cpu=True)
 
 
-def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: int = 30) -> dict:
-    """Host ms of the LiteTopK call's glue with launches as no-ops (module docstring, --glue)."""
+def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: int = 30,
+                 calibration: str = "sample") -> dict:
+    """Host ms of the LiteTopK call's glue with launches as no-ops (module docstring, --glue), with
+    LiteTopKTuning(calibration=calibration)."""
     import cProfile
     import io
     import pstats
@@ -148,6 +151,7 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
 
     problem = prefill_problem(rows, keys * 4, topk, 3, device="cpu")
     k = problem.pop("topk")
+    tuning = LiteTopKTuning(calibration=calibration)
     counts = Counter()
     carve = Scratch.empty
 
@@ -161,9 +165,9 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     with triton_stages_on_cpu():
         InterpretedFunction.run, Scratch.empty = no_launch, counted_carve  # undone by triton_stages_on_cpu / below
         try:
-            ws = allocate_workspace(rows, keys, k, device="cpu", backend="triton") if workspace else None
+            ws = allocate_workspace(rows, keys, k, device="cpu", backend="triton", tuning=tuning) if workspace else None
             call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton",  # noqa: E731
-                                            workspace=ws)
+                                            workspace=ws, tuning=tuning)
             for _ in range(3):
                 call()
             counts.clear()
@@ -182,7 +186,8 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
             Scratch.empty = carve
     buffer = io.StringIO()
     pstats.Stats(profiler, stream=buffer).strip_dirs().sort_stats("tottime").print_stats(15)
-    return dict(rows=rows, keys=keys, topk=topk, workspace=workspace, host_ms=sorted(host)[reps // 2],
+    return dict(rows=rows, keys=keys, topk=topk, workspace=workspace, calibration=calibration,
+                host_ms=sorted(host)[reps // 2],
                 **per_call, cprofile_top=buffer.getvalue())
 
 
@@ -310,6 +315,8 @@ def main(argv=None) -> int:
     parser.add_argument("--glue", action="store_true", help="host glue without a GPU, launches as no-ops (module "
                                                                "docstring); needs TRITON_INTERPRET=1")
     parser.add_argument("--no-workspace", action="store_true", help="--glue: buffers from the allocator")
+    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
+                        help="--glue / --cpu: LiteTopKTuning(calibration=...): a calibration stage, or the scan's own")
     args = parser.parse_args(argv)
     if args.cprofile:
         report = cprofile_calls(args.rows, args.keys, args.topk, args.out)
@@ -330,17 +337,19 @@ def main(argv=None) -> int:
         return 0
     if args.glue:
         report = dict(command="TRITON_INTERPRET=1 python -m bench.probes.host_time --glue" +
-                      (" --no-workspace" if args.no_workspace else ""),
-                      **glue_host_ms(args.rows, args.keys, args.topk, workspace=not args.no_workspace))
+                      (" --no-workspace" if args.no_workspace else "") + f" --calibration {args.calibration}",
+                      **glue_host_ms(args.rows, args.keys, args.topk, workspace=not args.no_workspace,
+                                     calibration=args.calibration))
         print(f"glue host ms {report['host_ms']:.3f} ({report['launches']:.0f} launches as no-ops, "
               f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']})")
         print(report["cprofile_top"])
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "host-glue-cpu.json"), "w") as fh:
+        suffix = "" if args.calibration == "sample" else f"-{args.calibration}"
+        with open(os.path.join(args.out, f"host-glue-cpu{suffix}.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         return 0
     if args.cpu:
-        _print_stages(count_launches_cpu(topk=args.topk))
+        _print_stages(count_launches_cpu(topk=args.topk, calibration=args.calibration))
         return 0
     problem = prefill_problem(args.rows, args.keys * 4, args.topk, 3)
     topk = problem.pop("topk")

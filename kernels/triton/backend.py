@@ -279,14 +279,14 @@ class TritonBackend(ScoringBackend):
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
-    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
+    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
                         ceilings: torch.Tensor | None = None, sample_size: int = 0) -> CandidateScan:
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
         sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scoring.py)
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
-        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
+        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch, rows=rows)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
         self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
                      hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
@@ -299,10 +299,11 @@ class TritonBackend(ScoringBackend):
         return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite)
 
 
-def finish_scan_torch(thresholds: torch.Tensor, scan: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def finish_scan_torch(thresholds: torch.Tensor | None, scan: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs: the
     threshold, raised to the score-floor key of the scan's raised threshold score where it rose (torch;
     Triton twin: kernels/triton/certify.py)."""
     raised = scan["raised"]
+    thresholds = thresholds if thresholds is not None else torch.full_like(raised, NO_KEY, dtype=torch.int64)
     final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
     return final, scan["appended"].long(), scan["nonfinite"].bool()

@@ -20,17 +20,20 @@ import triton.language as tl
 
 from ..status import RowStatus
 from ..workspace import Scratch
-from .scoring import _ordered_bits
+from .scoring import NO_KEY_C, _ordered_bits
 
 BLOCK = 256
 
 
 @triton.jit
 def finish_scan_kernel(thresholds_ptr, threshold_stride, thr_ptr, raised_ptr, appended_ptr, nonfinite_ptr, rows,
-                       final_ptr, appended64_ptr, nonfinite_out_ptr, BLOCK: tl.constexpr):
+                       final_ptr, appended64_ptr, nonfinite_out_ptr, BLOCK: tl.constexpr, HAS_THRESHOLDS: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < rows
-    threshold = tl.load(thresholds_ptr + offs * threshold_stride, mask=mask, other=0)
+    if HAS_THRESHOLDS:
+        threshold = tl.load(thresholds_ptr + offs * threshold_stride, mask=mask, other=0)
+    else:  # a self-calibrating scan's: every threshold NO_KEY
+        threshold = tl.full([BLOCK], NO_KEY_C, tl.int64)
     thr = tl.load(thr_ptr + offs, mask=mask, other=0.0)
     raised = tl.load(raised_ptr + offs, mask=mask, other=0.0)
     floor = _ordered_bits(raised) << 32
@@ -39,17 +42,19 @@ def finish_scan_kernel(thresholds_ptr, threshold_stride, thr_ptr, raised_ptr, ap
     tl.store(nonfinite_out_ptr + offs, (tl.load(nonfinite_ptr + offs, mask=mask, other=0) != 0).to(tl.int8), mask=mask)
 
 
-def finish_scan_triton(thresholds: torch.Tensor, scan: dict, scratch: Scratch):
+def finish_scan_triton(thresholds: torch.Tensor | None, scan: dict, scratch: Scratch):
     """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs
-    (scoring.prepare_scan_triton's dict after the scan), in one launch; `thresholds` may be strided."""
-    rows = thresholds.shape[0]
+    (scoring.prepare_scan_triton's dict after the scan), in one launch; `thresholds` may be strided,
+    or None for NO_KEY everywhere (a self-calibrating scan)."""
+    rows = scan["thr"].shape[0]
     final = scratch.empty(rows, torch.int64)
     appended = scratch.empty(rows, torch.int64)
     nonfinite = scratch.empty(rows, torch.int8)
     if rows:
         finish_scan_kernel[(triton.cdiv(rows, BLOCK),)](
-            thresholds, thresholds.stride(0), scan["thr"], scan["raised"], scan["appended"], scan["nonfinite"], rows,
-            final, appended, nonfinite, BLOCK=BLOCK)
+            thresholds if thresholds is not None else final, thresholds.stride(0) if thresholds is not None else 0,
+            scan["thr"], scan["raised"], scan["appended"], scan["nonfinite"], rows,
+            final, appended, nonfinite, BLOCK=BLOCK, HAS_THRESHOLDS=thresholds is not None)
     return final, appended, nonfinite.view(torch.bool)
 
 

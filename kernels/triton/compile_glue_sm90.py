@@ -47,7 +47,7 @@ KERNELS = {
         sub_rowfac_ptr="*fp32", sub_wide_ptr="*i8", sub_unsupported_ptr="*i8", prog_wide_ptr="*i8")),
     repair.repair_scatter_kernel: (dict(TOPK=512, SELECTOR_FAILURE=32), dict(
         chosen_ptr="*i64", sub_top_ptr="*i64", appended_ptr="*i64", nonfinite_ptr="*i8", top_ptr="*i64")),
-    certify.finish_scan_kernel: (dict(BLOCK=certify.BLOCK), dict(
+    certify.finish_scan_kernel: (dict(BLOCK=certify.BLOCK, HAS_THRESHOLDS=True), dict(
         thresholds_ptr="*i64", thr_ptr="*fp32", raised_ptr="*fp32", nonfinite_ptr="*i8", final_ptr="*i64",
         appended64_ptr="*i64", nonfinite_out_ptr="*i8")),
     certify.certificate_kernel: (dict(TOPK=512, OVERFLOW=1, UNDERFILLED=2, BLOCK=certify.BLOCK), dict(

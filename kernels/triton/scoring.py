@@ -393,11 +393,14 @@ def prepare_scan_kernel(
     thr_keys_ptr, ceil_keys_ptr, rows,              # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
     thr_ptr, hist_lo_ptr, hist_width_ptr, raised_ptr,   # float32 [rows] x4
     appended_ptr, hist_ptr, nonfinite_ptr,          # int32 [rows], int32 [rows, NB], int8 [rows]: zeroed
-    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr,
+    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr, HAS_THRESHOLDS: tl.constexpr = True,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
-    keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
+    if HAS_THRESHOLDS:
+        keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
+    else:  # every threshold NO_KEY (a self-calibrating scan): nothing to read
+        keys = tl.full([BLOCK], NO_KEY_C, tl.int64)
     lo = _scores_of_keys(keys)
     if HAS_CEILINGS:
         ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live, other=NO_KEY_C)
@@ -421,24 +424,27 @@ def prepare_scan_kernel(
              mask=live[:, None])
 
 
-def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
-                        scratch: Scratch | None = None) -> dict:
+def prepare_scan_triton(thresholds: torch.Tensor | None, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
+                        scratch: Scratch | None = None, rows: int | None = None) -> dict:
     """The scan's per-row inputs and zeroed outputs from the calibration's int64 keys, in one launch:
     thr (float32: the threshold key's score, -inf for NO_KEY: the kernel admits every score >= it),
     raised (its copy, which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins
     from the threshold's score to the ceiling's; both 0 (no histogram) without a ceiling, where the
     width is not finite, or where the bins would be too narrow for float32 to place a score in its
     bin reliably, < 2^-16 of the scores), and appended int32, hist int32 [rows, NB], nonfinite int8, zeroed.
-    All from `scratch` (the problem's: the caller's workspace; None: the allocator)."""
-    rows = thresholds.shape[0]
+    All from `scratch` (the problem's: the caller's workspace; None: the allocator). thresholds None:
+    NO_KEY for each of `rows` rows, without a tensor to read (a self-calibrating scan; give `scratch`)."""
+    rows = thresholds.shape[0] if thresholds is not None else rows
     scratch = scratch if scratch is not None else Scratch(thresholds.device)
     made = {name: scratch.empty(rows, torch.float32) for name in ("thr", "raised", "hist_lo", "hist_width")}
     made.update(appended=scratch.empty(rows, torch.int32), hist=scratch.empty((rows, num_bins), torch.int32),
                 nonfinite=scratch.empty(rows, torch.int8))
     if rows:
         block = 128
+        keys = thresholds.contiguous() if thresholds is not None else made["appended"]  # (not read without thresholds)
         prepare_scan_kernel[(triton.cdiv(rows, block),)](
-            thresholds.contiguous(), (ceilings if ceilings is not None else thresholds).contiguous(), rows,
+            keys, (ceilings.contiguous() if ceilings is not None else keys), rows,
             made["thr"], made["hist_lo"], made["hist_width"], made["raised"], made["appended"], made["hist"],
-            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block, num_warps=4)
+            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block,
+            HAS_THRESHOLDS=thresholds is not None, num_warps=4)
     return made
