@@ -5,7 +5,7 @@ in-window key appended), takes a safe threshold and a histogram range from them,
 buffer to the keys at or above the threshold, then scans the tiles before them (phase B). Checks
 (the kernel's rules restated as plain-Python ref_* beside the tests):
 - the sample size: _sample_tiles, through a tiny test kernel, over span lengths and capacities;
-- the scan (backend.scan_candidates with sample_size, NO_KEY thresholds): a row is calibrated
+- the scan (backend.scan_candidates(thresholds=None, sample_size=...)): a row is calibrated
   exactly where phase A saw >= K finite in-window keys, its threshold never passes its true K-th
   best key and is at least the sample's K-th best minus two bisection brackets, the buffer holds
   every key at or above the final threshold, distinct keys of the row's window (no phase A key
@@ -174,8 +174,7 @@ def test_scan_calibrates_itself_safely(name, seed):
     where = f"[{name}] seed {seed}"
     if "wide" in name:
         assert int(backend.operands(problem).keys.flags[0]) & FLAG_WIDE, f"{where}: the case needs wide keys"
-    scan = backend.scan_candidates(problem, torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=DEVICE),
-                                   capacity, sample_size=SAMPLE_SIZE)
+    scan = backend.scan_candidates(problem, None, capacity, sample_size=SAMPLE_SIZE)
     scores, _ = backend.score_dense(problem)
     if all_calibrate:
         assert bool((scan.thresholds > NO_KEY).all()), f"{where}: every row of the case calibrates"
@@ -233,7 +232,7 @@ def test_backends_without_the_scan_raise(backend, seed):
     p = make_problem(seed, seq_lens=[300], rows_per_seq=2, spread=1)
     problem = validate_prefill(*p.args(), topk=p.topk)
     with pytest.raises(BackendUnavailableError, match="calibration") as info:
-        backend().scan_candidates(problem, torch.full((2,), NO_KEY, dtype=torch.int64), 4096, sample_size=SAMPLE_SIZE)
+        backend().scan_candidates(problem, None, 4096, sample_size=SAMPLE_SIZE)
     assert backend.name in str(info.value), f"[{backend.name}] the error names the backend: {info.value}"
 
 
