@@ -66,6 +66,11 @@ class LiteTopKTuning:
     def __post_init__(self):
         if self.calibration not in CALIBRATIONS:
             raise ValueError(f"calibration={self.calibration!r} is not one of {CALIBRATIONS}")
+        if self.calibration == "scan" and self.sample_size < 1:
+            raise ValueError(f"calibration='scan' needs sample_size >= 1 (got {self.sample_size}): the scan "
+                             "calibrates itself from that many keys")
+        if self.calibration == "scan" and self.calibration_offset != 0.0:
+            raise ValueError("calibration_offset applies to calibration='sample' only (the calibration stage)")
 
     def capacity(self, topk: int) -> int:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk

@@ -120,7 +120,7 @@ class ReferenceBackend(ScoringBackend):
         """Filtered scan with an append-only buffer; after each block of keys a row's threshold is
         raised to the K-th best key it holds (a lower bound of its true K-th best key); it needs no
         `ceilings`. No self-calibrating scan (`sample_size` > 0 raises)."""
-        if sample_size:
+        if sample_size or thresholds is None:
             raise self_calibration_unavailable(self)
         rows_total = problem.num_rows
         buffer = problem.scratch.full((rows_total, capacity), NO_KEY, torch.int64)

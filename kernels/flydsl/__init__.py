@@ -82,7 +82,7 @@ class FlyDSLBackend(ScoringBackend):
         """Fused scan (score_fp4.py, SCAN=True) of every position of each window; the kernel
         ranges its histogram from the threshold itself and does not use `ceilings`. No
         self-calibrating scan (`sample_size` > 0 raises)."""
-        if sample_size:
+        if sample_size or thresholds is None:
             raise self_calibration_unavailable(self)
         scratch = problem.scratch  # every buffer from the caller's workspace when there is one
         rows = problem.num_rows

@@ -245,3 +245,13 @@ def test_operator_on_the_reference_backend_raises(seed):
 def test_unknown_calibration_is_a_value_error():
     with pytest.raises(ValueError, match="calibration='bogus' is not one of"):
         LiteTopKTuning(calibration="bogus")
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(sample_size=0), "needs sample_size >= 1"),
+    (dict(calibration_offset=1.0), "calibration_offset applies to calibration='sample' only"),
+])
+def test_scan_calibration_refuses_knobs_it_cannot_honour(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        LiteTopKTuning(calibration="scan", **knobs)
+    LiteTopKTuning(calibration="sample", **knobs)  # the calibration stage takes them
