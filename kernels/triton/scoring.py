@@ -185,16 +185,19 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-        scan_steps = n_steps
+        part_lo = lo
+        part_steps = n_steps
         if SELF_CALIBRATE:
-            # Phase A: the span's last n_sample tiles (the most recent keys), every key of the windows
-            # appended (the launcher's threshold is -inf and its histogram off); then the threshold
-            # from them (_calibrate_in_scan). Phase B below scans the tiles before them.
+            # Phase A: the n_sample tiles that end with the program's earliest window end (the most
+            # recent keys every row sees, _first_sample_tile), every key of the windows appended (the
+            # launcher's threshold is -inf and its histogram off); then the threshold from them
+            # (_calibrate_in_scan). Phase B below scans the tiles before them, then those after them.
             n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
-            scan_steps = n_steps - n_sample
+            first_sample = _first_sample_tile(lo, n_steps, n_sample, tl.min(tl.where(row_ok, ends, hi)), BLOCK_KEYS)
+            part_steps = first_sample
             for step in range(0, n_sample):
                 probe, pending_slot, pending_key, pending = _scan_step(
-                    step, lo + scan_steps * BLOCK_KEYS, probe, pending_slot, pending_key, pending, thr, hist_lo,
+                    step, lo + first_sample * BLOCK_KEYS, probe, pending_slot, pending_key, pending, thr, hist_lo,
                     hist_inv, hist_width, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                     q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
                     BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
@@ -205,14 +208,18 @@ def score_fp4_kernel(
                 buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
                 tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
-        for chunk_start in range(0, scan_steps, REFRESH):
-            for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, scan_steps)):
-                probe, pending_slot, pending_key, pending = _scan_step(
-                    step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
-                    batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                    q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
-                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
-            thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
+        for part in tl.static_range(2 if SELF_CALIBRATE else 1):
+            if part == 1:  # the tiles after the sample (self-calibration)
+                part_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
+                part_steps = n_steps - first_sample - n_sample
+            for chunk_start in range(0, part_steps, REFRESH):
+                for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, part_steps)):
+                    probe, pending_slot, pending_key, pending = _scan_step(
+                        step, part_lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
+                        batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
+                        q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr,
+                        hist_ptr, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
+                thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
     if not DENSE:
         tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
                  mask=pending & (pending_slot < capacity))
@@ -229,6 +236,15 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS: tl
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
     return tl.minimum(tl.minimum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), n_steps),
                       capacity // BLOCK_KEYS)
+
+
+@triton.jit
+def _first_sample_tile(lo, n_steps, n_sample, earliest_end, BLOCK_KEYS: tl.constexpr):
+    """The first of the n_sample contiguous sample tiles of a self-calibrating scan over n_steps tiles
+    from position lo: the sample ends with the tile that holds earliest_end - 1 (the program's earliest
+    window end: a causal program's most recent keys, inside every row's window where the windows
+    overlap there), or at the span's start when that is fewer than n_sample tiles in."""
+    return tl.minimum(tl.maximum(tl.cdiv(earliest_end - lo, BLOCK_KEYS), n_sample), n_steps) - n_sample
 
 
 @triton.jit

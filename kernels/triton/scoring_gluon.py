@@ -55,7 +55,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 
-from .scoring import BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _ordering_keys, _sample_tiles, _scores_of_keys
+from .scoring import (
+    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _first_sample_tile, _ordering_keys, _sample_tiles, _scores_of_keys,
+)
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
@@ -336,19 +338,26 @@ def score_fp4_gluon_kernel(
         offs_fk = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, flat))
         hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
 
-    # One phase, or with SELF_CALIBRATE two: phase A over the span's last n_sample tiles (the most recent
-    # keys, threshold -inf), the calibration, then phase B over the tiles before them (scoring.py).
+    # One phase, or with SELF_CALIBRATE three: phase A over the n_sample tiles that end with the program's
+    # earliest window end (the most recent keys every row sees; threshold -inf), the calibration, then
+    # the tiles after them (few or none in a causal program) and the tiles before them (scoring.py,
+    # _first_sample_tile).
     if SELF_CALIBRATE:
         gl.static_assert(not DENSE, "the self-calibrating variant is a scan")
         n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
-    for phase in gl.static_range(2 if SELF_CALIBRATE else 1):
+        first_sample = _first_sample_tile(lo, n_steps, n_sample, gl.min(gl.where(row_ok, ends, hi), axis=0),
+                                          BLOCK_KEYS)
+    for phase in gl.static_range(3 if SELF_CALIBRATE else 1):
         if SELF_CALIBRATE:
             if phase == 0:
-                phase_lo = lo + (n_steps - n_sample) * BLOCK_KEYS
+                phase_lo = lo + first_sample * BLOCK_KEYS
                 phase_steps = n_sample
+            elif phase == 1:  # (before the long phase: nothing of the phases stays live through it)
+                phase_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
+                phase_steps = n_steps - first_sample - n_sample
             else:
                 phase_lo = lo
-                phase_steps = n_steps - n_sample
+                phase_steps = first_sample
         else:
             phase_lo = lo
             phase_steps = n_steps

@@ -90,14 +90,17 @@ def ref_programs(row_to_batch: list[int], starts: list[int], ends: list[int],
     return programs
 
 
-def ref_phase_a_positions(span_start: int, span_end: int, capacity: int, sample_size: int = SAMPLE_SIZE,
-                          block_keys: int = BLOCK_KEYS) -> torch.Tensor:
-    """The key positions a program scores in phase A: the last ref_sample_tiles tiles of its span,
-    whose tiles start at the span's start rounded down to a tile (scoring.py)."""
+def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, capacity: int,
+                          sample_size: int = SAMPLE_SIZE, block_keys: int = BLOCK_KEYS) -> torch.Tensor:
+    """The key positions a program scores in phase A: ref_sample_tiles contiguous tiles of its span
+    (whose tiles start at the span's start rounded down to a tile) ending with the tile that holds the
+    program's earliest window end - 1, or starting at the span's start when that is too early
+    (scoring._first_sample_tile)."""
     lo = span_start // block_keys * block_keys
     n_steps = -(-(span_end - lo) // block_keys)
     n_sample = ref_sample_tiles(n_steps, -(-sample_size // block_keys), MAX_SAMPLE_STRIDE, capacity, block_keys)
-    return torch.arange(lo + (n_steps - n_sample) * block_keys, lo + n_steps * block_keys)
+    first = min(max(-(-(earliest_end - lo) // block_keys), n_sample), n_steps) - n_sample
+    return torch.arange(lo + first * block_keys, lo + (first + n_sample) * block_keys)
 
 
 def ref_phase_a_samples(problem, scores: torch.Tensor, capacity: int) -> list[torch.Tensor]:
@@ -105,7 +108,7 @@ def ref_phase_a_samples(problem, scores: torch.Tensor, capacity: int) -> list[to
     rtb, starts, ends = problem.row_to_batch.tolist(), problem.starts.tolist(), problem.ends.tolist()
     samples = [torch.empty(0, dtype=torch.float64) for _ in starts]
     for rows, span_start, span_end in ref_programs(rtb, starts, ends):
-        positions = ref_phase_a_positions(span_start, span_end, capacity)
+        positions = ref_phase_a_positions(span_start, span_end, min(ends[r] for r in rows), capacity)
         for r in rows:
             seen = positions[(positions >= starts[r]) & (positions < ends[r])]
             samples[r] = scores[r, seen].double()
@@ -207,20 +210,27 @@ def test_operator_with_scan_calibration_equals_dense(name, seed):
 
 
 @pytest.mark.interpret
-def test_a_window_before_the_sample_is_repaired_exactly(seed):
-    """Two rows of one program (one sequence, BLOCK_ROWS 2) with windows [0, 4400) and [4400, 6400):
-    phase A scores the span's last 32 tiles, [4352, 6400), which hold 48 keys of row 0, so row 0 keeps
-    no threshold, appends its whole window, overflows the 4,096-key buffer and is repaired; the answer
-    is still dense's, bit for bit."""
-    p = make_problem(seed, seq_lens=[6400], rows_per_seq=2, causal=False, spread=1)
-    p.starts[:] = torch.tensor([0, 4400], dtype=torch.int32)
-    p.ends[:] = torch.tensor([4400, 6400], dtype=torch.int32)
+@pytest.mark.parametrize("windows, repaired", [
+    # The sample is the 32 tiles ending with the earlier end, [2368, 4416): inside row 0's window, 16
+    # keys of row 1's; row 1 keeps no threshold, appends its 4,600 keys, overflows the 4,096-key buffer
+    # and is repaired.
+    (((0, 4400), (4400, 9000)), [0, 1]),
+    # Overlapping windows: the sample [2944, 5056) lies inside both (the span's last tiles would not
+    # be inside row 0's, which would then overflow): no repair.
+    (((0, 5000), (1000, 9000)), [0, 0]),
+], ids=["disjoint", "overlapping"])
+def test_windows_of_one_program_share_its_sample(windows, repaired, seed):
+    """Two rows of one program (one sequence, BLOCK_ROWS 2) with the windows given: the rows without
+    K sampled keys are capacity events, repaired exactly; the answer is dense's, bit for bit."""
+    p = make_problem(seed, seq_lens=[9000], rows_per_seq=2, causal=False, spread=1)
+    p.starts[:] = torch.tensor([w[0] for w in windows], dtype=torch.int32)
+    p.ends[:] = torch.tensor([w[1] for w in windows], dtype=torch.int32)
     args = [t.to(DEVICE) for t in p.args()]
     common = dict(topk=p.topk, weight_scale=p.weight_scale, backend="triton")
     scan = litetopk_prefill(*args, **common, tuning=LiteTopKTuning(calibration="scan"))
     dense = dense_topk_prefill(*args, **common)
-    where = f"[a window before the sample] seed {seed}"
-    assert scan.repaired.tolist() == [1, 0], f"{where}: the case must repair row 0 only: {scan.repaired.tolist()}"
+    where = f"[windows {windows}] seed {seed}"
+    assert scan.repaired.tolist() == repaired, f"{where}: repaired {scan.repaired.tolist()}, want {repaired}"
     for field in FIELDS:
         assert torch.equal(getattr(scan, field), getattr(dense, field)), f"{where}: {field} differs from dense"
 
