@@ -26,8 +26,9 @@ the whole row needed >= 0.18 ms) are the small part. Reasoning and limits: kerne
 
 In the scan (LiteTopKTuning(calibration="scan"); pipeline.run_litetopk skips this stage). The same
 lower bound from a subset, taken by the scan itself (kernels/triton/scoring.py, "Self-calibration"):
-each program first scores the last n_sample key tiles of its span (max(sample_size / 64, tiles /
-MAX_SAMPLE_STRIDE) tiles, at most the candidate buffer), keeping every key, bisects a threshold with
+each program first scores n_sample contiguous key tiles (max(sample_size / 64, tiles /
+MAX_SAMPLE_STRIDE) tiles, at most the candidate buffer) ending with its rows' earliest window end
+(the most recent keys all of them see where the windows overlap), keeping every key, bisects a threshold with
 at least K of them at or above it and the histogram's range from them, drops the sampled keys below
 it and scans the rest. Nothing is scored twice and nothing is launched for it: the sample's scoring
 and the order statistics above leave the call. A contiguous sample of the most recent keys and not a

@@ -5,7 +5,7 @@ which runs), every one on the inputs' device and the caller's current stream, wi
 and static bounds only, so that a call needs no host round trip and can be captured in a CUDA graph:
     row_checks.py   validation's per-row faults (run by validate_prefill)
     calibration.py  a safe threshold per row from a strided sample        (the backend scores it;
-                    with LiteTopKTuning(calibration="scan") the scan takes it from its own last tiles)
+                    with LiteTopKTuning(calibration="scan") the scan takes it from its own first tiles)
     (backend)       the fused scan: candidates above the threshold        (scan_candidates)
     certify.py      the certificate, and the exact repair of capacity events on the device
     selection.py    the exact top-K of the candidates

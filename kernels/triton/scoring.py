@@ -42,8 +42,9 @@ counted keys at or above it, a real lower bound of the K-th best score (float32 
 bin index is far below one bin; a stale count only delays the raise). A NaN or inf score inside
 a window turns the row's probe (a running sum of in-window score * 0) into NaN: the row is flagged.
 Self-calibration (SELF_CALIBRATE, LiteTopKTuning(calibration="scan"): the launcher's thresholds are
--inf and its histogram off). Phase A scans the span's last n_sample tiles (_sample_tiles: the most
-recent keys) and appends every key of the windows (n_sample tiles fit the buffer, so none is lost);
+-inf and its histogram off). Phase A scans n_sample contiguous tiles (_sample_tiles) that end with the
+program's earliest window end (_first_sample_tile: the most recent keys every row sees where the
+windows overlap) and appends every key of the windows (n_sample tiles fit the buffer: none is lost);
 then _calibrate_in_scan, per row with n >= K sampled keys: thr = the lower end lo of a
 BISECTION_STEPS-step bisection of [min, max] of the sampled scores that keeps count(score >= lo) >= K
 (counted exactly against the float lo, so at least K keys of the window score >= thr: a lower bound of
@@ -51,8 +52,9 @@ the row's K-th best, whatever the float rounding of the midpoints), the histogra
 the same bracket of the sample's max(1, K n_sample / (2 n_tiles))-th best (prepare_scan_kernel's rule),
 and the buffer compacted in place to the sampled keys >= thr (chunk by chunk: every thread reads a
 chunk before any survivor is written, and survivors only take slots below the chunk's end), counted
-in the histogram. Phase B scans the tiles before the sample as above. Both phases are contiguous, so
-the step loop's addresses stay affine (the Gluon twin's loop is the scan's, within 8 instructions).
+in the histogram. Phase B scans the tiles after the sample (few or none in a causal program), then those
+before it, as above. Every phase is contiguous, so the step loop's addresses stay affine (the Gluon
+twin's loops are the scan's within 4-16 instructions a step).
 Rows with fewer than K sampled keys, a nonfinite sampled score or an overflowed counter keep -inf and
 their buffer (a capacity event if the window does not fit).
 Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program; no [rows, S] tensor in

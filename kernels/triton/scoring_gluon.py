@@ -40,13 +40,14 @@ overlaps the next step), the counter keeps counting (overflow certificate); pass
 scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is raised to one bin
 below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
 A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
-Self-calibrating scan (SELF_CALIBRATE; scoring.py, "Self-calibration"): the key loop runs twice,
-phase A over the span's last sample tiles, phase B over the tiles before them, each the scan's own
-loop with its own ring prologue (the six other variants compile to the same SASS as without the
-phases); between them _calibrate_in_scan_gluon repeats scoring._calibrate_in_scan's steps and
-arithmetic in a [2, 256] layout that gives every buffer slot to one thread (no replicated atomics).
-Offline: its step loop 334 instructions (the scan's 326), 16 bytes of stack (80 with ANY_WIDE), all
-outside the loop. Not yet run on an H200.
+Self-calibrating scan (SELF_CALIBRATE; scoring.py, "Self-calibration"): the key loop runs three times,
+over the sample tiles, the tiles after them and the tiles before them (the long phase last, so that no
+phase bound stays live through it), each the scan's own loop with its own ring prologue (the six other
+variants compile to the same SASS as without the phases); after the first, _calibrate_in_scan_gluon
+repeats scoring._calibrate_in_scan's steps and arithmetic in a [2, 256] layout that gives every buffer
+slot to one thread (no replicated atomics). Offline: its step loops 330 / 342 / 338 instructions (the
+scan's 326), 16 bytes of stack (112 with ANY_WIDE, whose loops reload 6-9 a step against scan_wide's
+5). Not yet run on an H200.
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
 the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
 """

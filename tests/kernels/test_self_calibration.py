@@ -1,8 +1,9 @@
 """The self-calibrating scan (LiteTopKTuning(calibration="scan"); kernels/triton/scoring.py, "Self-calibration").
 
-Each program of the scan scores the last n_sample key tiles of its span first (phase A: every
-in-window key appended), takes a safe threshold and a histogram range from them, compacts its
-buffer to the keys at or above the threshold, then scans the tiles before them (phase B). Checks
+Each program of the scan scores n_sample contiguous key tiles first, those that end with its rows'
+earliest window end (phase A: every in-window key appended), takes a safe threshold and a histogram
+range from them, compacts its buffer to the keys at or above the threshold, then scans the tiles
+after them and before them (phase B). Checks
 (the kernel's rules restated as plain-Python ref_* beside the tests):
 - the sample size: _sample_tiles, through a tiny test kernel, over span lengths and capacities;
 - the scan (backend.scan_candidates(thresholds=None, sample_size=...)): a row is calibrated
@@ -11,8 +12,9 @@ buffer to the keys at or above the threshold, then scans the tiles before them (
   every key at or above the final threshold, distinct keys of the row's window (no phase A key
   below the bracket survives the compaction), an uncalibrated row every key of its window;
 - the operator: LiteTopK with calibration="scan" equals dense and calibration="sample", bit for bit,
-  with no row repaired; a row whose window ends before its program's sample (no threshold, the
-  whole window appended, an overflow) is repaired to dense's bits;
+  with no row repaired; two rows of one program share its sample: overlapping windows both calibrate,
+  a row that meets the sample in fewer than K keys (no threshold, the whole window appended, an
+  overflow) is repaired to dense's bits;
 - errors: backends without the scan raise BackendUnavailableError; an unknown calibration ValueError.
 Without a GPU the kernels run in Triton's CPU interpreter (tests/conftest.py).
 """
