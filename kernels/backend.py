@@ -66,8 +66,8 @@ class ScoringBackend(abc.ABC):
         `ceilings` (int64 keys [rows], optional) estimates a key above each row's K-th best; a
         backend may use it to range its threshold histogram. It never affects which keys are
         exact, only how fast the threshold rises. `sample_size` > 0 asks for a self-calibrating
-        scan (thresholds None, no ceilings): it scores about that many of the most recent keys of
-        each window first and takes its thresholds from them (calibration.py, "In the scan"); a
+        scan (thresholds None, no ceilings): it first scores about that many keys, the most recent
+        keys its rows share, and takes its thresholds from them (calibration.py, "In the scan"); a
         backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
 
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:

@@ -44,7 +44,7 @@ class LiteTopKTuning:
 
     calibration: where the scan's thresholds come from. "sample": a separate calibration stage
       scores a strided sample first (calibration.py); "scan": the scan calibrates itself from a
-      spread sample of its own key tiles, scored once (calibration.py, "In the scan"; backends
+      sample of its own most recent key tiles, scored once (calibration.py, "In the scan"; backends
       that have no such scan raise BackendUnavailableError).
     sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
       at most calibration.MAX_SAMPLE_STRIDE; the default is measured there). With

@@ -10,7 +10,7 @@ REFRESH tiles the threshold rises to one bin below the highest edge with >= K ke
   min(max_end // sample_size, MAX_SAMPLE_STRIDE); threshold = its K-th best, histogram up to its
   max(1, K / (2 stride))-th best; the scan walks every tile in order.
 - "scan" (the self-calibrating scan, scoring._calibrate_in_scan): the last n_sample tiles first
-  (scoring._sample_tiles), every key kept; threshold = the lower end of a BISECTION_STEPS-step
+  (scoring._sample_tiles; a causal row's program ends its sample with the row's window), every key kept; threshold = the lower end of a BISECTION_STEPS-step
   bisection of their K-th best over [min, max], histogram up to the same bracket of the
   max(1, K n_sample / (2 n_tiles))-th best; the buffer keeps the sampled keys >= the threshold, then
   the tiles before the sample are walked in order.
@@ -82,7 +82,8 @@ def with_sample_stage(scores: np.ndarray, k: int, sample_size: int) -> int:
 def with_self_calibration(scores: np.ndarray, k: int, sample_size: int, capacity: int) -> int:
     """Candidates of a row of the self-calibrating scan (module docstring)."""
     n_tiles = -(-scores.size // TILE)
-    n_sample = min(max(-(-sample_size // TILE), -(-n_tiles // MAX_SAMPLE_STRIDE)), n_tiles, capacity // TILE)
+    n_sample = min(max(-(-sample_size // TILE), -(-n_tiles // MAX_SAMPLE_STRIDE), -(-2 * k // TILE)), n_tiles,
+                   capacity // TILE)
     sample = scores[(n_tiles - n_sample) * TILE:]
 
     def bracket(rank: int) -> float:

@@ -1,5 +1,5 @@
 """Device probe (H200): the self-calibrating scan (LiteTopKTuning(calibration="scan"): no calibration
-stage, the scan takes its thresholds from its own last tiles) against the default (calibration="sample":
+stage, the scan takes its thresholds from its own most recent tiles) against the default (calibration="sample":
 a strided sample scored and ordered by a separate stage), in one process.
 
 Per (keys, K, spread) in {65,536, 196,608} x {512, 1024} x {0, 1}: the benchmark's problem

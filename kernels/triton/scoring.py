@@ -187,16 +187,14 @@ def score_fp4_kernel(
         pending_slot = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int32)
         pending_key = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int64)
         pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-        part_lo = lo
-        part_steps = n_steps
         if SELF_CALIBRATE:
             # Phase A: the n_sample tiles that end with the program's earliest window end (the most
             # recent keys every row sees, _first_sample_tile), every key of the windows appended (the
             # launcher's threshold is -inf and its histogram off); then the threshold from them
-            # (_calibrate_in_scan). Phase B below scans the tiles before them, then those after them.
-            n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+            # (_calibrate_in_scan). Phase B below scans the tiles after them (few or none in a causal
+            # program), then those before them: the Gluon kernel's order.
+            n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS)
             first_sample = _first_sample_tile(lo, n_steps, n_sample, tl.min(tl.where(row_ok, ends, hi)), BLOCK_KEYS)
-            part_steps = first_sample
             for step in range(0, n_sample):
                 probe, pending_slot, pending_key, pending = _scan_step(
                     step, lo + first_sample * BLOCK_KEYS, probe, pending_slot, pending_key, pending, thr, hist_lo,
@@ -211,9 +209,16 @@ def score_fp4_kernel(
                 tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         for part in tl.static_range(2 if SELF_CALIBRATE else 1):
-            if part == 1:  # the tiles after the sample (self-calibration)
-                part_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
-                part_steps = n_steps - first_sample - n_sample
+            if SELF_CALIBRATE:
+                if part == 0:  # the tiles after the sample
+                    part_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
+                    part_steps = n_steps - first_sample - n_sample
+                else:  # the tiles before it
+                    part_lo = lo
+                    part_steps = first_sample
+            else:
+                part_lo = lo
+                part_steps = n_steps
             for chunk_start in range(0, part_steps, REFRESH):
                 for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, part_steps)):
                     probe, pending_slot, pending_key, pending = _scan_step(
@@ -232,12 +237,13 @@ def score_fp4_kernel(
 
 
 @triton.jit
-def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS: tl.constexpr):
+def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr):
     """The sample of a self-calibrating scan over n_steps key tiles, in tiles: max(sample_tiles,
-    ceil(n_steps / sample_stride)), at most n_steps and at most the tiles the candidate buffer holds
+    ceil(n_steps / sample_stride), ceil(2 K / BLOCK_KEYS)) (at least 2 K keys: a K-th best of fewer
+    would be the sample's bottom), at most n_steps and at most the tiles the candidate buffer holds
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
-    return tl.minimum(tl.minimum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), n_steps),
-                      capacity // BLOCK_KEYS)
+    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
+    return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
 
 
 @triton.jit
@@ -334,15 +340,11 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
             lanes_c += (valid & (scores >= mid_c[:, None])).to(tl.int32)
         count_k = tl.sum(lanes_k, axis=1)
         count_c = tl.sum(lanes_c, axis=1)
-        lo_k, hi_k = tl.where(count_k >= TOPK, mid_k, lo_k), tl.where(count_k >= TOPK, hi_k, mid_k)
-        lo_c, hi_c = tl.where(count_c >= ceiling_rank, mid_c, lo_c), tl.where(count_c >= ceiling_rank, hi_c, mid_c)
-    calibrated = (n >= TOPK) & (least == least) & (tl.abs(least) != float("inf")) & (tl.abs(most) != float("inf"))
-    width = tl.div_rn(lo_c - lo_k, tl.full([BLOCK_ROWS], NB, tl.float32))
-    ranged = calibrated & (width > 2.0**-16 * tl.maximum(tl.abs(lo_k), tl.abs(lo_c)))
-    thr = tl.where(calibrated, lo_k, thr)
-    hist_lo = tl.where(ranged, lo_k, hist_lo)
-    hist_width = tl.where(ranged, width, hist_width)
-    hist_inv = tl.where(ranged, 1.0 / tl.where(ranged, width, 1.0), 0.0)
+        lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
+        lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
+    calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
+        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
+    tl.debug_barrier()  # every thread has read the counts (n) before one of them resets its row's
     # Compaction in place, chunk by chunk: every thread reads a chunk before any survivor is written,
     # and survivors only take slots below the chunk's end (fewer survivors than keys read so far).
     tl.atomic_xchg(appended_ptr + rows64, 0, mask=calibrated)
@@ -359,6 +361,27 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
         tl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, 1, mask=kept & ranged[:, None], sem="relaxed")
         tl.debug_barrier()
     return thr, hist_lo, hist_width
+
+
+@triton.jit
+def _bracket_step(lo, hi, mid, count, rank):
+    """The bisection bracket [lo, hi] after counting `count` sampled scores >= mid: the upper half
+    while it still holds rank of them (count(>= lo) >= rank stays true), else the lower half."""
+    return tl.where(count >= rank, mid, lo), tl.where(count >= rank, hi, mid)
+
+
+@triton.jit
+def _calibration(n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK: tl.constexpr, NB: tl.constexpr):
+    """(calibrated, ranged, thr, hist_lo, hist_width, hist_inv) of the rows (_calibrate_in_scan): a row
+    is calibrated when its n sampled scores hold K and are finite; then thr = lo_k, and its histogram
+    ranges NB bins from lo_k to lo_c where they are wide enough (prepare_scan_kernel's rule); the
+    other rows keep thr, hist_lo, hist_width as given. Elementwise: the Gluon twin calls it too."""
+    calibrated = (n >= TOPK) & (least == least) & (tl.abs(least) != float("inf")) & (tl.abs(most) != float("inf"))
+    width = tl.div_rn(lo_c - lo_k, lo_k * 0.0 + NB)
+    ranged = calibrated & (width > 2.0**-16 * tl.maximum(tl.abs(lo_k), tl.abs(lo_c)))
+    hist_inv = tl.where(ranged, 1.0 / tl.where(ranged, width, 1.0), 0.0)
+    return (calibrated, ranged, tl.where(calibrated, lo_k, thr), tl.where(ranged, lo_k, hist_lo),
+            tl.where(ranged, width, hist_width), hist_inv)
 
 
 @triton.jit

@@ -57,7 +57,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 
 from .scoring import (
-    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _first_sample_tile, _ordering_keys, _sample_tiles, _scores_of_keys,
+    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _bracket_step, _calibration, _first_sample_tile, _ordering_keys,
+    _sample_tiles, _scores_of_keys,
 )
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -176,7 +177,7 @@ CALIBRATION_CHUNK = gl.constexpr(256)  # buffer slots of a row read at a time by
 def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h,
                              hist_width_h, ceiling_rank, TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr,
                              NB: gl.constexpr, num_warps: gl.constexpr, row_layout: gl.constexpr):
-    """scoring._calibrate_in_scan (the same steps and arithmetic, so the same thresholds) over the
+    """scoring._calibrate_in_scan (the same steps and arithmetic, so the same calibrated thresholds) over the
     program's rows, in a [BLOCK_ROWS, CALIBRATION_CHUNK] layout without replicas (each buffer slot
     read by one thread, so no atomic of the compaction is repeated); inputs and results
     [BLOCK_ROWS] in `row_layout`."""
@@ -223,15 +224,11 @@ def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid
             lanes_c += (valid & (scores >= mid_c[:, None])).to(gl.int32)
         count_k = gl.sum(lanes_k, axis=1)
         count_c = gl.sum(lanes_c, axis=1)
-        lo_k, hi_k = gl.where(count_k >= TOPK, mid_k, lo_k), gl.where(count_k >= TOPK, hi_k, mid_k)
-        lo_c, hi_c = gl.where(count_c >= ceiling_rank, mid_c, lo_c), gl.where(count_c >= ceiling_rank, hi_c, mid_c)
-    calibrated = (n >= TOPK) & (least == least) & (gl.abs(least) != float("inf")) & (gl.abs(most) != float("inf"))
-    width = gl.div_rn(lo_c - lo_k, gl.full([BLOCK_ROWS], NB, gl.float32, rows_of))
-    ranged = calibrated & (width > 2.0**-16 * gl.maximum(gl.abs(lo_k), gl.abs(lo_c)))
-    thr = gl.where(calibrated, lo_k, thr)
-    hist_lo = gl.where(ranged, lo_k, hist_lo)
-    hist_width = gl.where(ranged, width, hist_width)
-    hist_inv = gl.where(ranged, 1.0 / gl.where(ranged, width, 1.0), 0.0)
+        lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
+        lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
+    calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
+        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
+    gl.thread_barrier()  # every thread has read the counts (n) before one of them resets its row's
     # Compaction in place, chunk by chunk (scoring._calibrate_in_scan).
     gl.atomic_xchg(appended_ptr + rows64, gl.zeros([BLOCK_ROWS], gl.int32, rows_of), mask=calibrated)
     one = gl.full([BLOCK_ROWS, CHUNK], 1, gl.int32, cal)
@@ -345,7 +342,7 @@ def score_fp4_gluon_kernel(
     # _first_sample_tile).
     if SELF_CALIBRATE:
         gl.static_assert(not DENSE, "the self-calibrating variant is a scan")
-        n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS)
+        n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS)
         first_sample = _first_sample_tile(lo, n_steps, n_sample, gl.min(gl.where(row_ok, ends, hi), axis=0),
                                           BLOCK_KEYS)
     for phase in gl.static_range(3 if SELF_CALIBRATE else 1):
@@ -481,8 +478,10 @@ def score_fp4_gluon_kernel(
                 _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score,
                             phase_lo + phase_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS, pending)
         if SELF_CALIBRATE:
+            # Flushed: nothing is pending into the next phase (whose first step stores the pending keys
+            # again, at positions it derives from its own tiles).
+            pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)
             if phase == 0:  # end of phase A: thresholds from the sample (scoring.py)
-                pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)
                 thr_h, hist_lo_h, hist_width_h = _calibrate_in_scan_gluon(
                     buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h, hist_width_h,
                     gl.maximum((TOPK * n_sample) // (2 * gl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB,

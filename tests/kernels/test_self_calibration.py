@@ -47,16 +47,18 @@ BRACKET = 2.0**-BISECTION_STEPS.value  # a bisection bracket's width, in units o
 
 # -- the sample size ------------------------------------------------------------------------------
 
-def ref_sample_tiles(n_steps: int, sample_tiles: int, sample_stride: int, capacity: int,
+def ref_sample_tiles(n_steps: int, sample_tiles: int, sample_stride: int, capacity: int, topk: int,
                      block_keys: int = BLOCK_KEYS) -> int:
     """Phase A's tiles as _sample_tiles documents them: max(sample_tiles, ceil(n_steps /
-    sample_stride)), at most n_steps and at most the tiles the buffer holds whole."""
-    return min(max(sample_tiles, -(-n_steps // sample_stride)), n_steps, capacity // block_keys)
+    sample_stride), ceil(2 K / 64)), at most n_steps and at most the tiles the buffer holds whole."""
+    wanted = max(sample_tiles, -(-n_steps // sample_stride), -(-2 * topk // block_keys))
+    return min(wanted, n_steps, capacity // block_keys)
 
 
 @triton.jit
-def sample_tiles_kernel(out_ptr, n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS: tl.constexpr):
-    tl.store(out_ptr, _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, BLOCK_KEYS))
+def sample_tiles_kernel(out_ptr, n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.constexpr,
+                        BLOCK_KEYS: tl.constexpr):
+    tl.store(out_ptr, _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS))
 
 
 N_STEPS = [0, 1, 5, 32, 33, 64, 100, 1000, 5000]  # 5000 tiles: ceil(5000 / 64) = 79 > 32 sample tiles
@@ -64,17 +66,19 @@ CAPACITIES = [40, 1024, 4096, 8192]  # 0, 16, 64 and 128 whole tiles
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("sample_tiles", [SAMPLE_SIZE // BLOCK_KEYS, 4])  # 4 tiles: fewer than 2 K keys
 @pytest.mark.parametrize("capacity", CAPACITIES)
 @pytest.mark.parametrize("n_steps", N_STEPS)
-def test_sample_tiles_follow_the_rule(n_steps, capacity):
-    sample_tiles = SAMPLE_SIZE // BLOCK_KEYS
+def test_sample_tiles_follow_the_rule(n_steps, capacity, sample_tiles):
+    topk = 512
     out = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
-    sample_tiles_kernel[(1,)](out, n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, BLOCK_KEYS=BLOCK_KEYS)
+    sample_tiles_kernel[(1,)](out, n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, TOPK=topk, BLOCK_KEYS=BLOCK_KEYS)
     n_sample = int(out[0])
-    where = f"[{n_steps} tiles, capacity {capacity}]"
-    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity), f"{where}: got {n_sample}"
+    where = f"[{n_steps} tiles, capacity {capacity}, {sample_tiles} sample tiles asked]"
+    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), f"{where}: got {n_sample}"
     assert 0 <= n_sample <= min(capacity // BLOCK_KEYS, n_steps), f"{where}: {n_sample} sample tiles"
-    assert n_sample >= min(sample_tiles, n_steps, capacity // BLOCK_KEYS), f"{where}: {n_sample} sample tiles"
+    floor = max(sample_tiles, 2 * topk // BLOCK_KEYS)  # 2 K keys at least
+    assert n_sample >= min(floor, n_steps, capacity // BLOCK_KEYS), f"{where}: {n_sample} sample tiles"
 
 
 # -- the scan ----------------------------------------------------------------------------------------
@@ -92,7 +96,7 @@ def ref_programs(row_to_batch: list[int], starts: list[int], ends: list[int],
     return programs
 
 
-def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, capacity: int,
+def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, capacity: int, topk: int,
                           sample_size: int = SAMPLE_SIZE, block_keys: int = BLOCK_KEYS) -> torch.Tensor:
     """The key positions a program scores in phase A: ref_sample_tiles contiguous tiles of its span
     (whose tiles start at the span's start rounded down to a tile) ending with the tile that holds the
@@ -100,7 +104,7 @@ def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, cap
     (scoring._first_sample_tile)."""
     lo = span_start // block_keys * block_keys
     n_steps = -(-(span_end - lo) // block_keys)
-    n_sample = ref_sample_tiles(n_steps, -(-sample_size // block_keys), MAX_SAMPLE_STRIDE, capacity, block_keys)
+    n_sample = ref_sample_tiles(n_steps, -(-sample_size // block_keys), MAX_SAMPLE_STRIDE, capacity, topk, block_keys)
     first = min(max(-(-(earliest_end - lo) // block_keys), n_sample), n_steps) - n_sample
     return torch.arange(lo + first * block_keys, lo + (first + n_sample) * block_keys)
 
@@ -110,7 +114,7 @@ def ref_phase_a_samples(problem, scores: torch.Tensor, capacity: int) -> list[to
     rtb, starts, ends = problem.row_to_batch.tolist(), problem.starts.tolist(), problem.ends.tolist()
     samples = [torch.empty(0, dtype=torch.float64) for _ in starts]
     for rows, span_start, span_end in ref_programs(rtb, starts, ends):
-        positions = ref_phase_a_positions(span_start, span_end, min(ends[r] for r in rows), capacity)
+        positions = ref_phase_a_positions(span_start, span_end, min(ends[r] for r in rows), capacity, problem.topk)
         for r in rows:
             seen = positions[(positions >= starts[r]) & (positions < ends[r])]
             samples[r] = scores[r, seen].double()
@@ -217,7 +221,7 @@ def test_operator_with_scan_calibration_equals_dense(name, seed):
     # keys of row 1's; row 1 keeps no threshold, appends its 4,600 keys, overflows the 4,096-key buffer
     # and is repaired.
     (((0, 4400), (4400, 9000)), [0, 1]),
-    # Overlapping windows: the sample [2944, 5056) lies inside both (the span's last tiles would not
+    # Overlapping windows: the sample [3008, 5056) lies inside both (the span's last tiles would not
     # be inside row 0's, which would then overflow): no repair.
     (((0, 5000), (1000, 9000)), [0, 0]),
 ], ids=["disjoint", "overlapping"])
