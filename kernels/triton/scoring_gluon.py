@@ -356,6 +356,8 @@ def score_fp4_gluon_kernel(
             else:
                 phase_lo = lo
                 phase_steps = first_sample
+            if phase > 0:  # every warp is past the last phase's MMAs before the ring is refilled
+                gl.thread_barrier()
         else:
             phase_lo = lo
             phase_steps = n_steps
