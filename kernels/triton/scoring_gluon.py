@@ -45,9 +45,10 @@ over the sample tiles, the tiles after them and the tiles before them (the long 
 phase bound stays live through it), each the scan's own loop with its own ring prologue (the six other
 variants compile to the same SASS as without the phases); after the first, _calibrate_in_scan_gluon
 repeats scoring._calibrate_in_scan's steps and arithmetic in a [2, 256] layout that gives every buffer
-slot to one thread (no replicated atomics). Offline: its step loops 330 / 342 / 338 instructions (the
-scan's 326), 16 bytes of stack (112 with ANY_WIDE, whose loops reload 6-9 a step against scan_wide's
-5). Not yet run on an H200.
+slot to one thread (no replicated atomics). The sample's phase never raises its threshold (the twin's
+phase A: -inf, no histogram). Offline: its step loops 271 (the sample's, no raise) / 345 / 340 instructions
+(the scan's 326), 8 bytes of stack (120 with ANY_WIDE, whose loops reload up to 10 registers a step
+against scan_wide's 5). Not yet run on an H200.
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
 the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
 """
@@ -466,14 +467,15 @@ def score_fp4_gluon_kernel(
                 bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
                 gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
                               mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
-                if ((step + 1) % REFRESH == 0) | (step + 1 == phase_steps):
-                    gl.thread_barrier()
-                    hist = gl.load(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], volatile=True)
-                    at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
-                    best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
-                    edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
-                    thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
-                    thr = gl.convert_layout(thr_h, row_of_flat)
+                if not (SELF_CALIBRATE and phase == 0):  # (no raise from the sample: the twin's phase A)
+                    if ((step + 1) % REFRESH == 0) | (step + 1 == phase_steps):
+                        gl.thread_barrier()
+                        hist = gl.load(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], volatile=True)
+                        at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
+                        best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+                        edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
+                        thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
+                        thr = gl.convert_layout(thr_h, row_of_flat)
         async_copy.wait_group(0)
         if not DENSE:
             if DEFER_APPENDS:

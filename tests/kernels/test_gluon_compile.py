@@ -25,9 +25,9 @@ def summary(tmp_path_factory) -> dict:
 # from L1; the price of their k_hi in the ring's other slot, which keeps 4 programs per SM:
 # test_wide_gluon_compile.py).
 # The self-calibrating scans (LiteTopKTuning(calibration="scan")) hold their calibration outside the step
-# loops (in a step loop the narrow one reloads at most 1 register a step, as the scan; the wide one 9-13, scan_wide 5).
+# loops (in a step loop the narrow one reloads at most 1 register a step, as the scan; the wide one up to 10, scan_wide 5).
 ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 40, "scan_wide": 40,
-                       "scan_calibrating": 24, "scan_wide_calibrating": 112}
+                       "scan_calibrating": 24, "scan_wide_calibrating": 120}
 COMMON = ("dense", "strided", "scan", "scan_calibrating")  # the ANY_WIDE false variants: the loop checks below are theirs
 
 
