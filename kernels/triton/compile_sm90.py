@@ -75,18 +75,24 @@ def resource_usage(path: str) -> dict[str, int]:
         return dict(found, DYNAMIC_SHARED=int(f.read()))
 
 
-def innermost_mma_loop(sass: str) -> list[str]:
-    """The instructions ("address opcode operands") of the smallest backward-branch loop that holds a GMMA."""
+def mma_loops(sass: str) -> list[list[str]]:
+    """The instructions ("address opcode operands") of every backward-branch loop that holds a GMMA,
+    in code order (a loop nested in another is listed, and so is the outer one)."""
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     address = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
-    best: list[str] = []
+    loops = []
     for line, at in zip(lines, address):
         target = re.search(r"BRA (0x[0-9a-f]+)", line)
         if target and int(target.group(1), 16) < at:
             body = [x for x, a in zip(lines, address) if int(target.group(1), 16) <= a <= at]
-            if any("GMMA" in x for x in body) and (not best or len(body) < len(best)):
-                best = body
-    return [re.sub(r"^\s+/\*([0-9a-f]+)\*/\s+", r"\1 ", x).split(";")[0] for x in best]
+            if any("GMMA" in x for x in body):
+                loops.append([re.sub(r"^\s+/\*([0-9a-f]+)\*/\s+", r"\1 ", x).split(";")[0] for x in body])
+    return loops
+
+
+def innermost_mma_loop(sass: str) -> list[str]:
+    """The instructions ("address opcode operands") of the smallest backward-branch loop that holds a GMMA."""
+    return min(mma_loops(sass), key=len, default=[])
 
 
 def opcode_mix(loop: list[str]) -> collections.Counter:
@@ -124,6 +130,7 @@ def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
         sass = compile_sm90(score_fp4_gluon_kernel, SCORE_TYPES, constants, options, path, source=GluonASTSource)
         loop = innermost_mma_loop(sass)
         summary[name] = dict(resource_usage(path), loop_instructions=len(loop), loop_opcodes=opcode_mix(loop),
+                             mma_loop_instructions=[len(body) for body in mma_loops(sass)],
                              wgmma=sorted({w for line in loop for w in line.split() if w.startswith("IGMMA")}))
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
