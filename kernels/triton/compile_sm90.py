@@ -82,7 +82,7 @@ def mma_loops(sass: str) -> list[list[str]]:
     address = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
     loops = []
     for line, at in zip(lines, address):
-        target = re.search(r"BRA (0x[0-9a-f]+)", line)
+        target = re.search(r"BRA (?:!?U?P[T0-9]+, )?(0x[0-9a-f]+)", line)
         if target and int(target.group(1), 16) < at:
             body = [x for x, a in zip(lines, address) if int(target.group(1), 16) <= a <= at]
             if any("GMMA" in x for x in body):

@@ -68,11 +68,13 @@ def test_scan_appends_with_one_atomic_per_thread(summary, variant):
     assert "ATOMG" not in summary["dense"]["loop_opcodes"], "the dense loop holds an atomic"
 
 
-@pytest.mark.parametrize("variant, plain", [("scan_calibrating", "scan"), ("scan_wide_calibrating", "scan_wide")])
-def test_self_calibrating_scan_loops_stay_the_scan_loop(summary, variant, plain):
+@pytest.mark.parametrize("variant, plain, phases", [("scan_calibrating", "scan", 3),
+                                                     ("scan_wide_calibrating", "scan_wide", 2)])
+def test_self_calibrating_scan_loops_stay_the_scan_loop(summary, variant, plain, phases):
     """The calibration runs between the phases' loops, not in them: each of the self-calibrating
-    scan's three step loops is the scan's within a few instructions (offline: 271 / 345 / 340 vs
-    326; wide 793 / 932 vs 846: phase A's without the raise, the wide ones with a few more reloads)."""
+    scan's step loops is the scan's within a few instructions (offline: 271 / 345 / 340 vs 326;
+    phase A's raises nothing). In the wide variant ptxas moves one phase's dots into a subroutine,
+    so two of its three loops hold a wgmma themselves (793 / 932 vs 846)."""
     want = summary[plain]["loop_instructions"]
     loops = summary[variant]["mma_loop_instructions"]
-    assert len(loops) == 3 and max(loops) <= want * 1.12, f"{variant}: step loops {loops} vs {plain}'s {want}"
+    assert len(loops) == phases and max(loops) <= want * 1.12, f"{variant}: step loops {loops} vs {plain}'s {want}"
