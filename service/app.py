@@ -67,15 +67,15 @@ async def _warm_up(state: ServiceState) -> None:
 
     def allocate():
         limits = workspace_limits(settings, state.device)
-        nbytes = executor.allocate_workspace(limits, settings.backend)
+        nbytes = executor.allocate_workspace(limits, settings.backend, state.tuning)
         log.info("workspace: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s", nbytes / 2**20,
                  state.device, limits.max_rows, limits.max_keys, limits.max_batch, SUPPORTED_TOPK)
 
     def run():  # one job: the warm-up, then the workspace, then the warm-up again on it
         args, kwargs = warmup_problem(state.device)
-        litetopk_prefill(*args, **kwargs, backend=settings.backend).raise_for_status()
+        litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning).raise_for_status()
         allocate()
-        litetopk_prefill(*args, **kwargs, backend=settings.backend,
+        litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning,
                          workspace=executor.workspace_for(args[0], args[3])).raise_for_status()
 
     if not settings.warmup:  # ready at once; the requests queue behind the workspace's job
@@ -157,10 +157,11 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
     async def lifespan(app: FastAPI):
         device = settings.torch_device()
         backend = resolve_backend(settings.backend, device)
+        tuning = settings.tuning(backend)  # a calibration the backend cannot run fails the start here
         table = RegionTable(device, settings.foreign_pid_namespace)
         executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
-        state = ServiceState(settings=settings, device=device, backend=backend, table=table, executor=executor,
-                             metrics=metrics)
+        state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
+                             executor=executor, metrics=metrics)
         _bind_metrics(state)
         app.state.service = state
         with contextlib.ExitStack() as side_files:

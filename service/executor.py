@@ -84,13 +84,14 @@ class DeviceExecutor:
         self.limits: WorkspaceLimits | None = None
         metrics.queue_depth.set_function(self._queue.qsize)
 
-    def allocate_workspace(self, limits: WorkspaceLimits, backend: str) -> int:
-        """Allocate the operator workspace for `limits` on the device (call it on the worker thread,
-        from a job, once); returns its size in bytes."""
+    def allocate_workspace(self, limits: WorkspaceLimits, backend: str, tuning=None) -> int:
+        """Allocate the operator workspace for `limits` and `tuning` (LiteTopKTuning; None: the
+        defaults) on the device (call it on the worker thread, from a job, once); returns its size in
+        bytes."""
         if threading.current_thread() is not self._thread:
             raise RuntimeError("allocate_workspace runs on the device worker thread (submit it as a job)")
         self.workspace = allocate_workspace(limits.max_rows, limits.max_keys, SUPPORTED_TOPK, device=self.device,
-                                            backend=backend, max_batch=limits.max_batch)
+                                            backend=backend, tuning=tuning, max_batch=limits.max_batch)
         self.limits = limits
         return self.workspace.numel()
 

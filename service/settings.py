@@ -75,6 +75,9 @@ class ServiceSettings(BaseSettings):
                                             "'GPU-<uuid>' (the visible GPU with that UUID, nvidia-smi -L)")
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
         "auto", description="operator backend; 'auto' picks by device (kernels.operator)")
+    calibration: Literal["sample", "scan"] = Field(
+        "sample", description="where LiteTopK's thresholds come from: 'sample' (a calibration stage) or 'scan' "
+                              "(the scan calibrates itself: triton backend only; another backend fails the start)")
     max_rows: int = Field(0, ge=0, description="query rows per request; the device workspace is sized for it "
                                                "(larger requests: invalid_input). 0: 8192 on a GPU, 256 on the CPU")
     max_keys: int = Field(65536, ge=1, description="longest key window (compressed positions) a row may see; the "
@@ -119,6 +122,16 @@ class ServiceSettings(BaseSettings):
         if isinstance(value, int) and value & 0o600 != 0o600:
             raise ValueError(f"uds_mode={value:04o} must let the service's own user read and write (0600 at least)")
         return value
+
+    def tuning(self, backend: str):
+        """The operator's LiteTopKTuning for these settings on the resolved `backend`; ValueError when
+        the backend cannot run it (calibration='scan' off the triton backend)."""
+        from litetopk.kernels import LiteTopKTuning
+
+        if self.calibration == "scan" and backend != "triton":
+            raise ValueError(f"calibration='scan' needs the triton backend; this service runs {backend!r} "
+                             "(set CALIBRATION=sample, or BACKEND=triton on an NVIDIA device)")
+        return LiteTopKTuning(calibration=self.calibration)
 
     def torch_device(self, visible_uuids: Sequence[str] | None = None) -> torch.device:
         """The pinned device: 'auto' resolves to cuda:0 when CUDA is available, else cpu; 'GPU-<uuid>' to

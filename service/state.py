@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from fastapi import Request
 
+from litetopk.kernels import LiteTopKTuning
+
 from .executor import DeviceExecutor
 from .fdpass import FdTickets
 from .metrics import ServiceMetrics
@@ -21,6 +23,7 @@ class ServiceState:
     settings: ServiceSettings
     device: torch.device
     backend: str  # the resolved backend name ("reference", "triton", ...)
+    tuning: LiteTopKTuning  # every operator call's (settings.tuning)
     table: RegionTable
     executor: DeviceExecutor
     metrics: ServiceMetrics

@@ -199,7 +199,8 @@ def execute(req: TopKRequest, state: ServiceState, principal: Principal, marks: 
         direct = {n: view for n, view in outs.items() if view.device == state.device}
         mark(("views", time.perf_counter()))
         result = litetopk_prefill(*inputs, topk=req.topk, weight_scale=req.weight_scale,
-                                  backend=state.settings.backend, repair=req.repair, out=direct or None,
+                                  backend=state.settings.backend, tuning=state.tuning, repair=req.repair,
+                                  out=direct or None,
                                   max_seq_len=state.settings.max_keys, kv_scale=kv_scale,
                                   workspace=state.executor.workspace_for(inputs[0], inputs[3]))
         if state.device.type == "cuda" and marks is not None:

@@ -26,6 +26,39 @@ def test_defaults(monkeypatch):
     assert ServiceSettings().uds == "/tmp/litetopk/litetopk.sock"
 
 
+@pytest.mark.parametrize("calibration, backend, want", [
+    ("sample", "reference", "sample"), ("sample", "triton", "sample"), ("scan", "triton", "scan"),
+    ("scan", "reference", None), ("scan", "flydsl", None),
+])
+def test_calibration_becomes_the_operator_tuning(calibration, backend, want):
+    """Every operator call of the service takes settings.tuning(backend): the calibration it names, or
+    a ValueError that fails the start where the backend has no self-calibrating scan."""
+    from litetopk.kernels import LiteTopKTuning
+
+    settings = parse_cli(["--calibration", calibration])
+    if want is None:
+        with pytest.raises(ValueError, match=f"calibration='scan' needs the triton backend; this service runs '{backend}'"):
+            settings.tuning(backend)
+    else:
+        assert settings.tuning(backend) == LiteTopKTuning(calibration=want), f"{calibration} on {backend}"
+
+
+def test_a_calibration_the_backend_cannot_run_fails_the_start(tmp_path):
+    import asyncio
+
+    from litetopk.service.app import create_app
+
+    settings = ServiceSettings(host="", uds=str(tmp_path / "s.sock"), device="cpu", calibration="scan")
+    app = create_app(settings)
+
+    async def start():
+        async with app.router.lifespan_context(app):
+            pass
+
+    with pytest.raises(ValueError, match="calibration='scan' needs the triton backend; this service runs 'reference'"):
+        asyncio.run(start())
+
+
 def test_environment_then_flags(monkeypatch):
     monkeypatch.setenv("LITETOPK_QUEUE_SIZE", "7")
     monkeypatch.setenv("LITETOPK_PORT", "9000")

@@ -17,7 +17,7 @@ import torch
 import uvicorn
 
 from litetopk.clients import InvalidRequestProblem, RowFaultProblem, TopKClient
-from litetopk.kernels import litetopk_prefill, workspace_bytes
+from litetopk.kernels import LiteTopKTuning, litetopk_prefill, workspace_bytes
 from litetopk.service.__main__ import bind_unix
 from litetopk.service.app import create_app
 from litetopk.service.principals import peer_protocol_class
@@ -87,6 +87,7 @@ def test_out_regions_give_the_same_bits_and_one_workspace_serves_every_request(i
     for i, kwargs in enumerate(calls):
         assert kwargs["workspace"] is workspace, f"call {i} did not get the executor's workspace"
         assert kwargs["max_seq_len"] == LIMITS["max_keys"]
+        assert kwargs["tuning"] is app.state.service.tuning == LiteTopKTuning(), f"call {i}: the settings' tuning"
     assert calls[0]["out"] is None
     assert all(sorted(kwargs["out"]) == sorted(FIELDS) for kwargs in calls[1:]), "host regions are the operator's out="
     assert all(kwargs["out"]["values"].shape == (rows, p.topk) for kwargs in calls[1:])
