@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import dense_topk_prefill, litetopk_prefill
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels import random_problem
 
 pytestmark = pytest.mark.gpu
@@ -18,8 +18,9 @@ def _problem(seed):
     return random_problem(40, [3000, 5000], 512, device="cuda", seed=seed)
 
 
-def _call(p, out=None, operator=litetopk_prefill):
-    return operator(*p.args(), topk=p.topk, weight_scale=p.weight_scale, out=out)
+def _call(p, out=None, operator=litetopk_prefill, calibration="sample"):
+    tuning = {"tuning": LiteTopKTuning(calibration=calibration)} if operator is litetopk_prefill else {}
+    return operator(*p.args(), topk=p.topk, weight_scale=p.weight_scale, out=out, **tuning)
 
 
 def _without_syncs(call):
@@ -32,11 +33,13 @@ def _without_syncs(call):
         torch.cuda.set_sync_debug_mode(0)
 
 
-@pytest.mark.parametrize("operator", [litetopk_prefill, dense_topk_prefill], ids=["litetopk", "dense"])
-def test_an_eager_call_never_synchronizes_with_the_host(operator, seed):
+@pytest.mark.parametrize("operator, calibration", [(litetopk_prefill, "sample"), (litetopk_prefill, "scan"),
+                                                   (dense_topk_prefill, "sample")],
+                         ids=["litetopk", "litetopk-self-calibrating", "dense"])
+def test_an_eager_call_never_synchronizes_with_the_host(operator, calibration, seed):
     p = _problem(seed)
-    _call(p, operator=operator)  # compile outside the check
-    _without_syncs(lambda: _call(p, operator=operator)).raise_for_status()
+    _call(p, operator=operator, calibration=calibration)  # compile outside the check
+    _without_syncs(lambda: _call(p, operator=operator, calibration=calibration)).raise_for_status()
 
 
 def test_dense_ties_are_settled_on_the_device(seed):
@@ -56,24 +59,25 @@ def test_dense_ties_are_settled_on_the_device(seed):
         assert torch.equal(dense.raw_indices[row, :len(want)], want), f"row {row} (seed {seed})"
 
 
-def test_graph_replay_on_new_inputs_equals_an_eager_call(seed):
+@pytest.mark.parametrize("calibration", ["sample", "scan"])
+def test_graph_replay_on_new_inputs_equals_an_eager_call(calibration, seed):
     p = _problem(seed)
     fresh = _problem(seed + 1)
-    out = {name: torch.full_like(getattr(_call(p), name), -7) for name in FIELDS}  # poisoned
+    out = {name: torch.full_like(getattr(_call(p, calibration=calibration), name), -7) for name in FIELDS}  # poisoned
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        _call(p, out)
+        _call(p, out, calibration=calibration)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _call(p, out)
+        _call(p, out, calibration=calibration)
     for name in ("q_fp4", "q_scale", "kv_cache", "weights"):
         getattr(p, name).copy_(getattr(fresh, name))
     for tensor in out.values():
         tensor.fill_(-7)
     graph.replay()
     torch.cuda.synchronize()
-    want = _call(p)  # eager, on the same tensors with the new contents
+    want = _call(p, calibration=calibration)  # eager, on the same tensors with the new contents
     for name in FIELDS:
-        assert torch.equal(out[name], getattr(want, name)), f"seed {seed}: field {name} differs after replay"
+        assert torch.equal(out[name], getattr(want, name)), f"{calibration}, seed {seed}: field {name} differs after replay"
