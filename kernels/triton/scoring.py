@@ -206,7 +206,7 @@ def score_fp4_kernel(
             pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
             thr, hist_lo, hist_width = _calibrate_in_scan(
                 buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
-                tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB, CHUNK)
+                _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, CHUNK)
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         for part in tl.static_range(2 if SELF_CALIBRATE else 1):
             if SELF_CALIBRATE:
@@ -244,6 +244,13 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.const
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
     wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
     return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
+
+
+@triton.jit
+def _ceiling_rank(n_sample, n_steps, TOPK: tl.constexpr):
+    """The rank in the sample of the histogram's ceiling: max(1, K n_sample / (2 n_steps)), about the
+    K / 2-th best of the span (calibration.py's max(1, K / (2 stride)) for a sample of n_sample tiles)."""
+    return tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1)
 
 
 @triton.jit

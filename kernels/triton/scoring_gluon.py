@@ -58,8 +58,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 
 from .scoring import (
-    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _bracket_step, _calibration, _first_sample_tile, _ordering_keys,
-    _sample_tiles, _scores_of_keys,
+    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _bracket_step, _calibration, _ceiling_rank, _first_sample_tile,
+    _ordering_keys, _sample_tiles, _scores_of_keys,
 )
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -488,8 +488,8 @@ def score_fp4_gluon_kernel(
             if phase == 0:  # end of phase A: thresholds from the sample (scoring.py)
                 thr_h, hist_lo_h, hist_width_h = _calibrate_in_scan_gluon(
                     buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h, hist_width_h,
-                    gl.maximum((TOPK * n_sample) // (2 * gl.maximum(n_steps, 1)), 1), TOPK, BLOCK_ROWS, NB,
-                    num_warps, gl.SliceLayout(1, hist_layout))
+                    _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, num_warps,
+                    gl.SliceLayout(1, hist_layout))
                 thr = gl.convert_layout(thr_h, row_of_flat)
                 hist_lo = gl.convert_layout(hist_lo_h, row_of_flat)
                 hist_width = gl.convert_layout(hist_width_h, row_of_flat)
