@@ -281,10 +281,14 @@ class TritonBackend(ScoringBackend):
 
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
                         ceilings: torch.Tensor | None = None, sample_size: int = 0) -> CandidateScan:
+        sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scoring.py)
+        if sample_tiles and (thresholds is not None or ceilings is not None):
+            # (phase A must append every key and count none: a histogram there would count the
+            # sampled keys twice, once more at the compaction, and could raise a threshold too far)
+            raise ValueError("a self-calibrating scan (sample_size > 0) takes no thresholds and no ceilings")
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
-        sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scoring.py)
         # The kernel compares scores with the threshold's score (a superset of the keys >= it).
         scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch, rows=rows)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count

@@ -263,6 +263,21 @@ def test_unknown_calibration_is_a_value_error():
         LiteTopKTuning(calibration="bogus")
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("given", ["thresholds", "ceilings"])
+def test_a_self_calibrating_scan_takes_no_thresholds_or_ceilings(given, seed):
+    """Phase A appends every key and counts none in the histogram: thresholds or ceilings passed with
+    a sample would filter it or count it twice, so they are refused."""
+    p = make_problem(seed, seq_lens=[300], rows_per_seq=2, spread=1)
+    problem = validate_prefill(*p.args(), topk=p.topk)
+    keys = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64)
+    arguments = {"thresholds": keys, "ceilings": None} if given == "thresholds" else {"thresholds": None,
+                                                                                       "ceilings": keys}
+    with pytest.raises(ValueError, match="takes no thresholds and no ceilings"):
+        TritonBackend().scan_candidates(problem, arguments["thresholds"], 4096, ceilings=arguments["ceilings"],
+                                        sample_size=SAMPLE_SIZE)
+
+
 @pytest.mark.parametrize("knobs, message", [
     (dict(sample_size=0), "needs sample_size >= 1"),
     (dict(calibration_offset=1.0), "calibration_offset applies to calibration='sample' only"),
