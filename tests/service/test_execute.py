@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from litetopk.kernels import TopKResult
+from litetopk.kernels import LiteTopKTuning, TopKResult
 from litetopk.service.routes import topk as route
 
 
@@ -70,7 +70,7 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     request = SimpleNamespace(**{name: object() for name in route.INPUTS}, kv_scale=None, topk=topk, weight_scale=1.0,
                               repair=True, out=[("values", object()), ("physical_indices", object())])
     state = SimpleNamespace(device=torch.device("meta"), table=table, settings=SimpleNamespace(backend="auto", max_keys=64),
-                            executor=SimpleNamespace(workspace_for=lambda q_fp4, block_table: None))
+                            tuning=LiteTopKTuning(), executor=SimpleNamespace(workspace_for=lambda q_fp4, block_table: None))
     outcome = route.execute(request, state, SimpleNamespace(uid=0))
     assert seen["devices"] == {"meta"}, "inputs go to the service's device"
     assert torch.equal(out_values, want.values), f"the host output region holds the answer (seed {seed})"
