@@ -65,13 +65,14 @@ def worker(args) -> dict:
     """One fresh process: build, warm up, time alternating pairs, check exactness."""
     import torch
 
-    from litetopk.kernels import dense_topk_prefill, litetopk_prefill
+    from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
     from bench.common.problems import MODELS, call_args, prefill_problem
 
     topk = MODELS[args.model]
     problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread[0])
     pos, kw = call_args(problem)
-    variants = {"lite": lambda: litetopk_prefill(*pos, **kw, backend=args.backend)}
+    tuning = LiteTopKTuning(calibration=args.calibration)
+    variants = {"lite": lambda: litetopk_prefill(*pos, **kw, backend=args.backend, tuning=tuning)}
     selectors = []
     for selector in args.selectors:
         if selector == "flashinfer":
@@ -86,7 +87,8 @@ def worker(args) -> dict:
     if args.graphs:  # the same method replayed from the operator's own CUDA graph (kernels/graphs.py)
         from litetopk.kernels import LiteTopKGraphs
 
-        graphs = LiteTopKGraphs(args.rows, pos[3].shape[1] * 64, topk, device=pos[0].device, backend=args.backend)
+        graphs = LiteTopKGraphs(args.rows, pos[3].shape[1] * 64, topk, device=pos[0].device, backend=args.backend,
+                                tuning=tuning)
         variants["lite_graphs"] = lambda: graphs(*pos, **kw)
     times = {name: [] for name in variants}
 
@@ -147,7 +149,8 @@ def run_point(args, model: str, raw: int, spread: int) -> dict:
     for proc in range(args.processes):
         cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
                "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
-               "--backend", args.backend, "--seed", str(args.seed + proc), "--spread", str(spread),
+               "--backend", args.backend, "--calibration", args.calibration, "--seed", str(args.seed + proc),
+               "--spread", str(spread),
                "--selectors", *args.selectors, *(["--lean"] if args.lean else []),
                *(["--graphs"] if args.graphs else ["--no-graphs"])]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
@@ -235,6 +238,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--backend", default="triton")
+    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
+                        help="LiteTopKTuning(calibration=...) of lite and lite_graphs: a calibration stage, or the scan's own")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
     parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the lean dense baseline: the scoring kernel alone on prepared operands "

@@ -3,6 +3,7 @@
 # step with its own time limit; all outputs are packed into $OUT/results.tgz (the device tool
 # returns at most 8 files). Carry `.whl` (bench/device/gpu_service_wheels.sh) for the service step.
 #   run(command="bash bench/device/h200_session.sh", carry=[".whl"], timeout_s=600)
+# CALIBRATION=scan makes the bench and timeline steps run LiteTopKTuning(calibration="scan").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RES=/tmp/h200-results
@@ -18,7 +19,8 @@ for step in $STEPS; do
     tuning) OUT=$RES timeout ${TUNING_TIMEOUT:-200} python3 -m bench.probes.scan_tuning --keys ${TUNING_KEYS:-65536} 2>&1 | grep -v "^results" | tail -30 ;;
     check) timeout 100 python3 -m bench.checks.production --sample-rows 16 --out "$RES" 2>&1 | tail -6 ;;
     bench) timeout ${BENCH_TIMEOUT:-150} python3 -m bench.operator --model all --raw-context ${RAW:-262144} --processes ${PROCS:-3} \
-             --selectors ${SELECTORS:-torch} --spread ${SPREADS:-0} --out "$RES" --tag ${BENCH_TAG:-h200} 2>&1 | tail -16 ;;
+             --selectors ${SELECTORS:-torch} --spread ${SPREADS:-0} --calibration ${CALIBRATION:-sample} --out "$RES" \
+             --tag ${BENCH_TAG:-h200} 2>&1 | tail -16 ;;
     service) OUT=$RES/service timeout ${SERVICE_TIMEOUT:-570} bash bench/device/gpu_service_check.sh 2>&1 | tail -25 ;;
     servicediag)  # the service alone on cuda:0: its own log up to readiness
       require_wheels

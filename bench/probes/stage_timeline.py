@@ -124,22 +124,24 @@ def print_table(title: str, table: dict) -> None:
         print(f"  {name:12s} host {row['host_start']:7.3f} +{row['host_ms']:6.3f}   {gpu}")
 
 
-def profile_calls(topk: int, raw: int, reps: int, trace_path: str) -> dict:
-    """Profile `reps` LiteTopK calls at Q = 8192 rows (after 3 unprofiled ones) into trace_path."""
+def profile_calls(topk: int, raw: int, reps: int, trace_path: str, calibration: str = "sample") -> dict:
+    """Profile `reps` LiteTopK calls at Q = 8192 rows (after 3 unprofiled ones) into trace_path, with
+    LiteTopKTuning(calibration=calibration)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from bench.common.problems import call_args, prefill_problem
-    from litetopk.kernels import litetopk_prefill
+    from litetopk.kernels import LiteTopKTuning, litetopk_prefill
 
     args, kw = call_args(prefill_problem(8192, raw, topk, seed=7))
+    kw = dict(kw, backend="triton", tuning=LiteTopKTuning(calibration=calibration))
     for _ in range(3):
-        litetopk_prefill(*args, **kw, backend="triton")
+        litetopk_prefill(*args, **kw)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             with record_function(CALL):
-                litetopk_prefill(*args, **kw, backend="triton")
+                litetopk_prefill(*args, **kw)
             torch.cuda.synchronize()
     prof.export_chrome_trace(trace_path)
     with open(trace_path) as f:
@@ -152,8 +154,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--tag", default=os.environ.get("TAG", "new"))
     parser.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "7")))
+    parser.add_argument("--calibration", choices=("sample", "scan"), default=os.environ.get("CALIBRATION", "sample"),
+                        help="LiteTopKTuning(calibration=...) of the profiled calls")
     args = parser.parse_args()
-    report: dict = {"tag": args.tag, "reps": args.reps}
+    report: dict = {"tag": args.tag, "reps": args.reps, "calibration": args.calibration}
     if args.trace:
         with open(args.trace) as f:
             report["trace"] = median_table(call_stages(json.load(f)))
@@ -163,7 +167,8 @@ def main() -> None:
 
         report["device"] = torch.cuda.get_device_name(0)
         for topk, raw in ((512, 262144), (1024, 262144), (512, 786432)):
-            trace = profile_calls(topk, raw, args.reps, os.path.join(args.out, f"stage-trace-{args.tag}-k{topk}-raw{raw}.json"))
+            trace = profile_calls(topk, raw, args.reps, os.path.join(args.out, f"stage-trace-{args.tag}-k{topk}-raw{raw}.json"),
+                                  args.calibration)
             report[f"k{topk}_raw{raw}"] = table = median_table(call_stages(trace))
             print_table(f"{args.tag} K={topk} raw={raw}", table)
     with open(os.path.join(args.out, f"stage-timeline-{args.tag}.json"), "w") as f:
