@@ -195,27 +195,21 @@ def score_fp4_kernel(
             # program), then those before them: the Gluon kernel's order.
             n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS)
             first_sample = _first_sample_tile(lo, n_steps, n_sample, tl.min(tl.where(row_ok, ends, hi)), BLOCK_KEYS)
+            sample_lo, _ = _phase_bounds(0, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
             for step in range(0, n_sample):
                 probe, pending_slot, pending_key, pending = _scan_step(
-                    step, lo + first_sample * BLOCK_KEYS, probe, pending_slot, pending_key, pending, thr, hist_lo,
+                    step, sample_lo, probe, pending_slot, pending_key, pending, thr, hist_lo,
                     hist_inv, hist_width, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
                     q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
                     BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
-            tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                     mask=pending & (pending_slot < capacity))
+            _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
             pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
-            thr, hist_lo, hist_width = _calibrate_in_scan(
+            thr, hist_lo, hist_width, hist_inv = _calibrate_in_scan(
                 buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
                 _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, CHUNK)
-            hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         for part in tl.static_range(2 if SELF_CALIBRATE else 1):
-            if SELF_CALIBRATE:
-                if part == 0:  # the tiles after the sample
-                    part_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
-                    part_steps = n_steps - first_sample - n_sample
-                else:  # the tiles before it
-                    part_lo = lo
-                    part_steps = first_sample
+            if SELF_CALIBRATE:  # phases 1 and 2 (_phase_bounds)
+                part_lo, part_steps = _phase_bounds(part + 1, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
             else:
                 part_lo = lo
                 part_steps = n_steps
@@ -228,8 +222,7 @@ def score_fp4_kernel(
                         hist_ptr, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
                 thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
     if not DENSE:
-        tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-                 mask=pending & (pending_slot < capacity))
+        _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
     nonfinite = tl.sum(probe, axis=0)
     tl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int8), mask=row_ok)
     if not DENSE:
@@ -244,6 +237,25 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.const
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
     wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
     return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
+
+
+@triton.jit
+def _phase_bounds(phase: tl.constexpr, lo, n_steps, n_sample, first_sample, BLOCK_KEYS: tl.constexpr):
+    """(first position, steps) of phase `phase` of a self-calibrating scan, in the order both kernels
+    run them: 0 the sample tiles, 1 the tiles after them (few or none in a causal program), 2 the
+    tiles before them."""
+    if phase == 0:
+        return lo + first_sample * BLOCK_KEYS, n_sample
+    elif phase == 1:
+        return lo + (first_sample + n_sample) * BLOCK_KEYS, n_steps - first_sample - n_sample
+    else:
+        return lo, first_sample
+
+
+@triton.jit
+def _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending):
+    """Store the pending appended keys at their slots of the rows' buffers (those below capacity)."""
+    tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key, mask=pending & (pending_slot < capacity))
 
 
 @triton.jit
@@ -276,8 +288,7 @@ def _scan_step(step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo
         tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
         BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
     probe += tl.where(in_window, scores, 0.0) * 0.0
-    tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key,
-             mask=pending & (pending_slot < capacity))
+    _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
     # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
     # window never passes), so the compiler moves one tile to the atomics' layout.
     windowed = tl.where(in_window, scores, float("nan"))
@@ -316,7 +327,7 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
     bound of the row's K-th best), the histogram's range from thr to the same bracket of the
     ceiling_rank-th best (prepare_scan_kernel's rule), and the buffer compacted to the keys >= thr
     (counted in the histogram). Other rows keep their threshold (-inf) and histogram (off) and their
-    buffer. Returns (thr, hist_lo, hist_width) [BLOCK_ROWS]."""
+    buffer. Returns (thr, hist_lo, hist_width, hist_inv) [BLOCK_ROWS]."""
     tl.debug_barrier()  # phase A's appends and stores, by every thread, are read below
     count = tl.load(appended_ptr + rows64, mask=row_ok, other=0, volatile=True)
     n = tl.where(row_ok & (count <= capacity), count, 0)
@@ -367,7 +378,7 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
         bin_of = tl.minimum(tl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(tl.int32), 0), NB - 1)
         tl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, 1, mask=kept & ranged[:, None], sem="relaxed")
         tl.debug_barrier()
-    return thr, hist_lo, hist_width
+    return thr, hist_lo, hist_width, hist_inv
 
 
 @triton.jit

@@ -59,7 +59,7 @@ from triton.experimental import gluon
 
 from .scoring import (
     BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _bracket_step, _calibration, _ceiling_rank, _first_sample_tile,
-    _ordering_keys, _sample_tiles, _scores_of_keys,
+    _ordering_keys, _phase_bounds, _sample_tiles, _scores_of_keys,
 )
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -347,16 +347,8 @@ def score_fp4_gluon_kernel(
         first_sample = _first_sample_tile(lo, n_steps, n_sample, gl.min(gl.where(row_ok, ends, hi), axis=0),
                                           BLOCK_KEYS)
     for phase in gl.static_range(3 if SELF_CALIBRATE else 1):
-        if SELF_CALIBRATE:
-            if phase == 0:
-                phase_lo = lo + first_sample * BLOCK_KEYS
-                phase_steps = n_sample
-            elif phase == 1:  # (before the long phase: nothing of the phases stays live through it)
-                phase_lo = lo + (first_sample + n_sample) * BLOCK_KEYS
-                phase_steps = n_steps - first_sample - n_sample
-            else:
-                phase_lo = lo
-                phase_steps = first_sample
+        if SELF_CALIBRATE:  # (the long phase last: nothing of the phases stays live through it)
+            phase_lo, phase_steps = _phase_bounds(phase, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
             if phase > 0:  # every warp is past the last phase's MMAs before the ring is refilled
                 gl.thread_barrier()
         else:
