@@ -42,7 +42,7 @@ from .decode import (
 )
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
-from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, score_fp4_kernel
+from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, scan_buffers, score_fp4_kernel
 from .scoring_gluon import (
     GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
 )
@@ -289,11 +289,15 @@ class TritonBackend(ScoringBackend):
         ops = self.operands(problem)
         rows = problem.num_rows
         dev = problem.device
-        # The kernel compares scores with the threshold's score (a superset of the keys >= it).
-        scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch, rows=rows)
+        # The kernel compares scores with the threshold's score (a superset of the keys >= it). A
+        # self-calibrating scan sets up its rows itself: no launch before it.
+        if sample_tiles:
+            scan = scan_buffers(rows, self.num_bins, problem.scratch, self_calibrating=True)
+        else:
+            scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
-        self._launch(problem, ops, dense=False, thresholds=scan["thr"], hist_lo=scan["hist_lo"],
-                     hist_width=scan["hist_width"], hist=scan["hist"], buffer=buffer, capacity=capacity,
+        self._launch(problem, ops, dense=False, thresholds=scan.get("thr"), hist_lo=scan.get("hist_lo"),
+                     hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
                      appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
                      sample_tiles=sample_tiles)
         if runs_triton_stages(dev):
@@ -308,6 +312,10 @@ def finish_scan_torch(thresholds: torch.Tensor | None, scan: dict) -> tuple[torc
     threshold, raised to the score-floor key of the scan's raised threshold score where it rose (torch;
     Triton twin: kernels/triton/certify.py)."""
     raised = scan["raised"]
-    thresholds = thresholds if thresholds is not None else torch.full_like(raised, NO_KEY, dtype=torch.int64)
-    final = torch.maximum(thresholds, torch.where(raised > scan["thr"], score_floor_keys(raised), NO_KEY))
+    if thresholds is None:  # a self-calibrating scan's: NO_KEY (-inf) everywhere
+        thresholds = torch.full_like(raised, NO_KEY, dtype=torch.int64)
+        thr = torch.full_like(raised, float("-inf"))
+    else:
+        thr = scan["thr"]
+    final = torch.maximum(thresholds, torch.where(raised > thr, score_floor_keys(raised), NO_KEY))
     return final, scan["appended"].long(), scan["nonfinite"].bool()

@@ -32,9 +32,10 @@ def finish_scan_kernel(thresholds_ptr, threshold_stride, thr_ptr, raised_ptr, ap
     mask = offs < rows
     if HAS_THRESHOLDS:
         threshold = tl.load(thresholds_ptr + offs * threshold_stride, mask=mask, other=0)
-    else:  # a self-calibrating scan's: every threshold NO_KEY
+        thr = tl.load(thr_ptr + offs, mask=mask, other=0.0)
+    else:  # a self-calibrating scan's: every threshold NO_KEY, its score -inf (no thr buffer)
         threshold = tl.full([BLOCK], NO_KEY_C, tl.int64)
-    thr = tl.load(thr_ptr + offs, mask=mask, other=0.0)
+        thr = tl.full([BLOCK], float("-inf"), tl.float32)
     raised = tl.load(raised_ptr + offs, mask=mask, other=0.0)
     floor = _ordered_bits(raised) << 32
     tl.store(final_ptr + offs, tl.where(raised > thr, tl.maximum(threshold, floor), threshold), mask=mask)
@@ -44,16 +45,16 @@ def finish_scan_kernel(thresholds_ptr, threshold_stride, thr_ptr, raised_ptr, ap
 
 def finish_scan_triton(thresholds: torch.Tensor | None, scan: dict, scratch: Scratch):
     """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs
-    (scoring.prepare_scan_triton's dict after the scan), in one launch; `thresholds` may be strided,
-    or None for NO_KEY everywhere (a self-calibrating scan)."""
-    rows = scan["thr"].shape[0]
+    (scoring.scan_buffers' dict after the scan), in one launch; `thresholds` may be strided, or None
+    for NO_KEY everywhere (a self-calibrating scan: no thr buffer is read)."""
+    rows = scan["raised"].shape[0]
     final = scratch.empty(rows, torch.int64)
     appended = scratch.empty(rows, torch.int64)
     nonfinite = scratch.empty(rows, torch.int8)
     if rows:
         finish_scan_kernel[(triton.cdiv(rows, BLOCK),)](
             thresholds if thresholds is not None else final, thresholds.stride(0) if thresholds is not None else 0,
-            scan["thr"], scan["raised"], scan["appended"], scan["nonfinite"], rows,
+            scan["thr"] if thresholds is not None else scan["raised"], scan["raised"], scan["appended"], scan["nonfinite"], rows,
             final, appended, nonfinite, BLOCK=BLOCK, HAS_THRESHOLDS=thresholds is not None)
     return final, appended, nonfinite.view(torch.bool)
 

@@ -41,8 +41,9 @@ histograms and raises each threshold to one bin below the highest bin edge with 
 counted keys at or above it, a real lower bound of the K-th best score (float32 rounding of the
 bin index is far below one bin; a stale count only delays the raise). A NaN or inf score inside
 a window turns the row's probe (a running sum of in-window score * 0) into NaN: the row is flagged.
-Self-calibration (SELF_CALIBRATE, LiteTopKTuning(calibration="scan"): the launcher's thresholds are
--inf and its histogram off). Phase A scans n_sample contiguous tiles (_sample_tiles) that end with the
+Self-calibration (SELF_CALIBRATE, LiteTopKTuning(calibration="scan")): the program sets up its own
+rows, with no launch before the scan (scan_buffers): threshold -inf, histogram off, count and histogram
+zeroed. Phase A scans n_sample contiguous tiles (_sample_tiles) that end with the
 program's earliest window end (_first_sample_tile: the most recent keys every row sees where the
 windows overlap) and appends every key of the windows (n_sample tiles fit the buffer: none is lost);
 then _calibrate_in_scan, per row with n >= K sampled keys: thr = the lower end lo of a
@@ -161,12 +162,22 @@ def score_fp4_kernel(
         lo = (tl.load(prog_span_ptr + 2 * pid) // BLOCK_KEYS) * BLOCK_KEYS
         hi = tl.load(prog_span_ptr + 2 * pid + 1)
         n_steps = tl.cdiv(hi - lo, BLOCK_KEYS)
-        thr = tl.load(thr_ptr + rows, mask=row_ok, other=0.0)
-        hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
-        hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
-        hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
         offs_bin = tl.arange(0, NB)
         hist_rows = hist_ptr + rows64[:, None] * NB + offs_bin[None, :]
+        if SELF_CALIBRATE:
+            # The program sets up its own rows (scan_buffers: no preparing launch): threshold -inf,
+            # histogram off, counters zeroed before any thread counts.
+            thr = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+            hist_lo = tl.zeros([BLOCK_ROWS], tl.float32)
+            hist_width = tl.zeros([BLOCK_ROWS], tl.float32)
+            tl.store(appended_ptr + rows64, tl.zeros([BLOCK_ROWS], tl.int32), mask=row_ok)
+            tl.store(hist_rows, tl.zeros([BLOCK_ROWS, NB], tl.int32), mask=row_ok[:, None])
+            tl.debug_barrier()
+        else:
+            thr = tl.load(thr_ptr + rows, mask=row_ok, other=0.0)
+            hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
+            hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
+        hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
     probe = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.float32)
     k_base = batch * s_pad
     if DENSE:
@@ -190,7 +201,7 @@ def score_fp4_kernel(
         if SELF_CALIBRATE:
             # Phase A: the n_sample tiles that end with the program's earliest window end (the most
             # recent keys every row sees, _first_sample_tile), every key of the windows appended (the
-            # launcher's threshold is -inf and its histogram off); then the threshold from them
+            # threshold is -inf and the histogram off); then the threshold from them
             # (_calibrate_in_scan). Phase B below scans the tiles after them (few or none in a causal
             # program), then those before them: the Gluon kernel's order.
             n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS)
@@ -452,14 +463,11 @@ def prepare_scan_kernel(
     thr_keys_ptr, ceil_keys_ptr, rows,              # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
     thr_ptr, hist_lo_ptr, hist_width_ptr, raised_ptr,   # float32 [rows] x4
     appended_ptr, hist_ptr, nonfinite_ptr,          # int32 [rows], int32 [rows, NB], int8 [rows]: zeroed
-    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr, HAS_THRESHOLDS: tl.constexpr = True,
+    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
-    if HAS_THRESHOLDS:
-        keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
-    else:  # every threshold NO_KEY (a self-calibrating scan): nothing to read
-        keys = tl.full([BLOCK], NO_KEY_C, tl.int64)
+    keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
     lo = _scores_of_keys(keys)
     if HAS_CEILINGS:
         ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live, other=NO_KEY_C)
@@ -483,27 +491,35 @@ def prepare_scan_kernel(
              mask=live[:, None])
 
 
-def prepare_scan_triton(thresholds: torch.Tensor | None, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
-                        scratch: Scratch | None = None, rows: int | None = None) -> dict:
-    """The scan's per-row inputs and zeroed outputs from the calibration's int64 keys, in one launch:
-    thr (float32: the threshold key's score, -inf for NO_KEY: the kernel admits every score >= it),
-    raised (its copy, which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins
-    from the threshold's score to the ceiling's; both 0 (no histogram) without a ceiling, where the
-    width is not finite, or where the bins would be too narrow for float32 to place a score in its
-    bin reliably, < 2^-16 of the scores), and appended int32, hist int32 [rows, NB], nonfinite int8, zeroed.
-    All from `scratch` (the problem's: the caller's workspace; None: the allocator). thresholds None:
-    NO_KEY for each of `rows` rows, without a tensor to read (a self-calibrating scan; give `scratch`)."""
-    rows = thresholds.shape[0] if thresholds is not None else rows
-    scratch = scratch if scratch is not None else Scratch(thresholds.device)
-    made = {name: scratch.empty(rows, torch.float32) for name in ("thr", "raised", "hist_lo", "hist_width")}
+def scan_buffers(rows: int, num_bins: int, scratch: Scratch, *, self_calibrating: bool) -> dict:
+    """The scan's per-row buffers, from `scratch` (the problem's: the caller's workspace, or the
+    allocator), not initialized: raised (float32: the threshold score the scan ends with), appended
+    (int32 count), hist (int32 [rows, num_bins]), nonfinite (int8), and unless `self_calibrating` the
+    inputs thr, hist_lo and hist_width (float32; prepare_scan_triton). A self-calibrating scan sets
+    up its rows itself (score_fp4_kernel, "Self-calibration"): no launch before it."""
+    names = ("raised",) if self_calibrating else ("thr", "raised", "hist_lo", "hist_width")
+    made = {name: scratch.empty(rows, torch.float32) for name in names}
     made.update(appended=scratch.empty(rows, torch.int32), hist=scratch.empty((rows, num_bins), torch.int32),
                 nonfinite=scratch.empty(rows, torch.int8))
+    return made
+
+
+def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
+                        scratch: Scratch | None = None) -> dict:
+    """scan_buffers, set up from the calibration's int64 keys in one launch: thr (float32: the
+    threshold key's score, -inf for NO_KEY: the kernel admits every score >= it), raised (its copy,
+    which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins from the threshold's
+    score to the ceiling's; both 0 (no histogram) without a ceiling, where the width is not finite, or
+    where the bins would be too narrow for float32 to place a score in its bin reliably, < 2^-16 of
+    the scores), and appended, hist and nonfinite zeroed. All from `scratch` (None: the allocator)."""
+    rows = thresholds.shape[0]
+    scratch = scratch if scratch is not None else Scratch(thresholds.device)
+    made = scan_buffers(rows, num_bins, scratch, self_calibrating=False)
     if rows:
         block = 128
-        keys = thresholds.contiguous() if thresholds is not None else made["appended"]  # (not read without thresholds)
+        keys = thresholds.contiguous()
         prepare_scan_kernel[(triton.cdiv(rows, block),)](
             keys, (ceilings.contiguous() if ceilings is not None else keys), rows,
             made["thr"], made["hist_lo"], made["hist_width"], made["raised"], made["appended"], made["hist"],
-            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block,
-            HAS_THRESHOLDS=thresholds is not None, num_warps=4)
+            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block, num_warps=4)
     return made

@@ -61,10 +61,13 @@ def test_step_loop_is_int8_wgmma_with_two_barriers(summary, variant):
     assert barriers == want, f"{variant}: {barriers} BAR in the step loop"
 
 
-@pytest.mark.parametrize("variant", ["scan", "scan_calibrating"])
-def test_scan_appends_with_one_atomic_per_thread(summary, variant):
+@pytest.mark.parametrize("variant, histogram", [("scan", 1), ("scan_calibrating", 0)])
+def test_scan_appends_with_one_atomic_per_thread(summary, variant, histogram):
+    """One slot atomic (ATOMG) a thread and step, and one histogram add (REDG) where the histogram
+    counts: the self-calibrating scan's innermost loop is its sample's, whose histogram is off by
+    construction (the program sets it up itself), so the compiler drops the add there."""
     ops = summary[variant]["loop_opcodes"]
-    assert ops.get("ATOMG") == 1 and ops.get("REDG") == 1, f"{variant} loop atomics: {ops}"
+    assert ops.get("ATOMG") == 1 and ops.get("REDG", 0) == histogram, f"{variant} loop atomics: {ops}"
     assert "ATOMG" not in summary["dense"]["loop_opcodes"], "the dense loop holds an atomic"
 
 
@@ -72,9 +75,9 @@ def test_scan_appends_with_one_atomic_per_thread(summary, variant):
                                                      ("scan_wide_calibrating", "scan_wide", 2)])
 def test_self_calibrating_scan_loops_stay_the_scan_loop(summary, variant, plain, phases):
     """The calibration runs between the phases' loops, not in them: each of the self-calibrating
-    scan's step loops is the scan's within a few instructions (offline: 271 / 345 / 340 vs 326;
-    phase A's raises nothing). In the wide variant ptxas moves one phase's dots into a subroutine,
-    so two of its three loops hold a wgmma themselves (793 / 932 vs 846)."""
+    scan's step loops is the scan's within a few instructions (offline: 253 / 347 / 341 vs 326;
+    phase A's raises and counts nothing). In the wide variant ptxas moves one phase's dots into a subroutine,
+    so two of its three loops hold a wgmma themselves (778 / 922 vs 846)."""
     want = summary[plain]["loop_instructions"]
     loops = summary[variant]["mma_loop_instructions"]
     assert len(loops) == phases and max(loops) <= want * 1.12, f"{variant}: step loops {loops} vs {plain}'s {want}"

@@ -546,26 +546,28 @@ def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, see
 
 
 @pytest.mark.interpret
-def test_scan_inputs_and_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
-    """A self-calibrating scan passes no thresholds: prepare_scan_triton and the scan's finish
-    (Triton and torch) then act as for NO_KEY on every row, without a tensor to read."""
+def test_scan_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
+    """A self-calibrating scan passes no thresholds and has no thr buffer (scan_buffers): the scan's
+    finish (Triton and torch) then acts as for NO_KEY, threshold score -inf, on every row."""
     from litetopk.kernels.triton.backend import finish_scan_torch
     from litetopk.kernels.triton.certify import finish_scan_triton
-    from litetopk.kernels.triton.scoring import prepare_scan_triton
+    from litetopk.kernels.triton.scoring import prepare_scan_triton, scan_buffers
 
     rows = 300
     scratch = Scratch(torch.device(DEVICE))
     no_key = torch.full((rows,), NO_KEY, dtype=torch.int64, device=DEVICE)
-    got, want = prepare_scan_triton(None, None, 32, scratch, rows=rows), prepare_scan_triton(no_key, None, 32, scratch)
-    for name in want:
-        assert torch.equal(got[name], want[name]), f"prepare_scan_triton without thresholds: {name}"
+    own = scan_buffers(rows, 32, scratch, self_calibrating=True)
+    assert set(own) == {"raised", "appended", "hist", "nonfinite"}, f"a self-calibrating scan's buffers: {set(own)}"
+    prepared = prepare_scan_triton(no_key, None, 32, scratch)
+    assert bool((prepared["thr"] == float("-inf")).all()), "NO_KEY thresholds are -inf scores"
     rng = np.random.default_rng(seed)
     # a scan's raw outputs: thresholds raised on some rows, counts, nonfinite flags
     raised = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)).to(DEVICE)
     raised[::3] = float("-inf")
-    scan = dict(want, raised=raised, appended=torch.from_numpy(rng.integers(0, 5000, rows, dtype=np.int32)).to(DEVICE),
-                nonfinite=torch.from_numpy((rng.random(rows) < 0.1).astype(np.int8)).to(DEVICE))
-    reference = finish_scan_torch(no_key, scan)
+    outputs = dict(raised=raised, appended=torch.from_numpy(rng.integers(0, 5000, rows, dtype=np.int32)).to(DEVICE),
+                   nonfinite=torch.from_numpy((rng.random(rows) < 0.1).astype(np.int8)).to(DEVICE))
+    reference = finish_scan_torch(no_key, dict(prepared, **outputs))
+    scan = dict(own, **outputs)
     for how, finished in (("triton", finish_scan_triton(None, scan, scratch)), ("torch", finish_scan_torch(None, scan))):
         for name, a, b in zip(("final", "appended", "nonfinite"), finished, reference):
             assert torch.equal(a, b), f"finish ({how}) without thresholds: {name}, seed {seed}"
