@@ -19,7 +19,7 @@ call below runs on, then
   in place: the same with the inputs written into the runner's own buffers (input_buffers: no copy in).
 Prints a table, writes JSON (with the command) and a PNG to --out.
 
-    python -m bench.embedding --out bench/results --rows 8192 --keys 65536 196608
+    python -m bench.embedding --out bench/results --rows 8192 --keys 65536 196608 [--calibration scan]
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ import torch
 
 from bench.common.problems import prefill_problem
 from bench.common.timing import cuda_ms, gpu_activity
-from litetopk.kernels import LiteTopKGraphs, allocate_workspace, litetopk_prefill
+from litetopk.kernels import LiteTopKGraphs, LiteTopKTuning, allocate_workspace, litetopk_prefill
 from litetopk.kernels.result import RESULT_FIELDS
 
 FIELDS = tuple(RESULT_FIELDS)
 
 
-def _call(problem, out=None, workspace=None):
+def _call(problem, out=None, workspace=None, tuning=None):
     kwargs = {k: v for k, v in problem.items() if k not in ("topk", "max_seq_len")}
     return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"],
-                            workspace=workspace)
+                            workspace=workspace, tuning=tuning)
 
 
 def _activity(fn) -> tuple[float, float, dict]:
@@ -77,13 +77,13 @@ def _syncs_and_host_ms(call, reps: int) -> tuple[str, float]:
     return syncs, statistics.median(host)
 
 
-def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
+def measure(rows: int, keys: int, topk: int, reps: int, seed: int, tuning: LiteTopKTuning) -> dict:
     problem = prefill_problem(rows, keys * 4, topk, seed)
     problem["max_seq_len"] = keys
     t0 = time.perf_counter()
-    workspace = allocate_workspace(rows, keys, topk, device="cuda")  # every call below runs on it
+    workspace = allocate_workspace(rows, keys, topk, device="cuda", tuning=tuning)  # every call below runs on it
     sizing_s = time.perf_counter() - t0
-    call = lambda p=problem, out=None: _call(p, out, workspace)  # noqa: E731
+    call = lambda p=problem, out=None: _call(p, out, workspace, tuning)  # noqa: E731
     for _ in range(2):  # compile and warm up
         call()
     syncs, host_ms = _syncs_and_host_ms(call, reps)
@@ -114,16 +114,16 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int) -> dict:
     except Exception as exc:  # reported in the table and the JSON, never hidden
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     del graph, static, out
-    runner = _runner(problem, rows, keys, topk, reps, workspace)
-    return dict(rows=rows, keys=keys, topk=topk, syncs=syncs, host_ms=host_ms, eager_ms=eager,
+    runner = _runner(problem, rows, keys, topk, reps, workspace, tuning)
+    return dict(rows=rows, keys=keys, topk=topk, calibration=tuning.calibration, syncs=syncs, host_ms=host_ms, eager_ms=eager,
                 kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay, graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
 
-def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> dict:
+def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace, tuning: LiteTopKTuning) -> dict:
     """The graph runner's columns (module docstring): runner_* keys (on the same workspace)."""
     t0 = time.perf_counter()
-    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda", workspace=workspace)
+    graphs = LiteTopKGraphs(rows, keys, topk, device="cuda", workspace=workspace, tuning=tuning)
     setup_s = time.perf_counter() - t0
     kwargs = {k: v for k, v in problem.items() if k != "topk"}
     call = lambda: graphs(**kwargs, topk=topk)  # noqa: E731
@@ -137,7 +137,7 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace) -> d
     fresh = prefill_problem(rows, keys * 4, topk, 99)
     for name in ("q_fp4", "q_scale", "weights"):
         kwargs[name] = fresh[name]  # new inputs at new addresses: the same signature (the cache is kept)
-    got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace)
+    got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace, tuning=tuning)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
     # In place: the inputs written into the runner's own staging buffers (input_buffers): no copy in.
     views = graphs.input_buffers(rows, tuple(kwargs["block_table"].shape), topk=topk, weights_dtype=kwargs["weights"].dtype)
@@ -165,7 +165,10 @@ def main(argv=None) -> int:
     parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
+                        help="LiteTopKTuning(calibration=...) of every call (eager, graph and runner)")
     args = parser.parse_args(argv)
+    tuning = LiteTopKTuning(calibration=args.calibration)
     from rich.console import Console
     from rich.table import Table
 
@@ -173,8 +176,8 @@ def main(argv=None) -> int:
     for keys in args.keys:
         for topk in args.topk:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
-            results.append(measure(args.rows, keys, topk, args.reps, args.seed))
-    table = Table(title=f"litetopk_prefill embedded ({torch.cuda.get_device_name()})")
+            results.append(measure(args.rows, keys, topk, args.reps, args.seed, tuning))
+    table = Table(title=f"litetopk_prefill embedded, calibration={args.calibration} ({torch.cuda.get_device_name()})")
     for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms", "graph == eager",
                 "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager",
                 "in-place host ms", "in-place ms", "in-place gaps ms", "in-place == eager"):
@@ -191,7 +194,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
                   device=torch.cuda.get_device_name(), torch=torch.__version__, results=results)
-    with open(os.path.join(args.out, "embedding-h200.json"), "w") as fh:
+    suffix = "" if args.calibration == "sample" else f"-{args.calibration}"
+    with open(os.path.join(args.out, f"embedding-h200{suffix}.json"), "w") as fh:
         json.dump(report, fh, indent=1)
     import matplotlib
 
@@ -210,7 +214,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("ms")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "embedding-h200.png"), dpi=120)
+    fig.savefig(os.path.join(args.out, f"embedding-h200{suffix}.png"), dpi=120)
     return 0
 
 

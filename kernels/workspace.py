@@ -40,6 +40,9 @@ import torch
 from .errors import InputError
 
 ALIGNMENT = 256  # bytes: every carved buffer starts on this boundary (TMA and vector loads need >= 16)
+MAX_VIEWS = 4096  # carved views a workspace keeps for the next calls (a few calls' shapes)
+_VIEWS = "_litetopk_views"  # the attribute of a workspace tensor that keeps them
+_WHERE = "at"  # their entry for the (data pointer, bytes) they were carved from
 
 
 class Scratch:
@@ -50,7 +53,16 @@ class Scratch:
         self.workspace = workspace
         self.used = 0  # bytes carved so far (rounded up to ALIGNMENT); also counted without a workspace
         self._uncounted = False
-        self._typed: dict[torch.dtype, torch.Tensor] = {}  # the workspace viewed as each dtype carved so far
+        # The views carved from this workspace, kept on the tensor across calls (every call of a shape
+        # carves the same ones: a lookup instead of a view op a buffer). Dropped when they grow past
+        # MAX_VIEWS, or when the tensor no longer lies where they were carved (set_, resize_).
+        self._views: dict | None = None
+        if workspace is not None:
+            self._views = workspace.__dict__.setdefault(_VIEWS, {})
+            where = (workspace.data_ptr(), workspace.numel())
+            if self._views.get(_WHERE) != where:
+                self._views.clear()
+                self._views[_WHERE] = where
 
     def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous tensor of `shape` and `dtype` on the call's device."""
@@ -66,15 +78,22 @@ class Scratch:
             raise InputError(f"the workspace holds {self.workspace.numel()} bytes; this call needs at least "
                              f"{self.used} (size it with workspace_bytes(...) for the call's rows, sequences, "
                              "window bound and K)")
-        # One view op a buffer (a call carves ~100; the host time of an eager call counts them): the
-        # workspace viewed as `dtype` once a call, then a strided window of it. Buffers start on
-        # ALIGNMENT bytes, so the element offset is exact; as_strided's offset counts from the start of
-        # the storage, which a workspace sliced from a larger tensor does not share.
-        typed = self._typed.get(dtype)
-        if typed is None:
-            whole = self.workspace.numel() // dtype.itemsize * dtype.itemsize
-            typed = self._typed[dtype] = self.workspace[:whole].view(dtype)
-        return typed.as_strided(shape, _contiguous_strides(shape), typed.storage_offset() + start // dtype.itemsize)
+        # A call carves ~100 buffers and the host time of an eager call counts them: each is looked up
+        # (the same call shape carved it before) or made once. A kept view is a tensor on the
+        # workspace's storage, not a view of the tensor (which would hold the tensor through `_base`:
+        # a reference cycle that keeps a dropped workspace's memory until Python's garbage collector
+        # runs). Buffers start on ALIGNMENT bytes, so the element offset is exact.
+        key = (start, shape, dtype)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= MAX_VIEWS:
+                where = self._views[_WHERE]
+                self._views.clear()
+                self._views[_WHERE] = where
+            offset = (self.workspace.storage_offset() + start) // dtype.itemsize
+            view = self._views[key] = torch.empty(0, dtype=dtype, device=self.device).set_(
+                self.workspace.untyped_storage(), offset, shape, _contiguous_strides(shape))
+        return view
 
     def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """A zero-filled tensor (module docstring)."""

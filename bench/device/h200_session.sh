@@ -3,7 +3,7 @@
 # step with its own time limit; all outputs are packed into $OUT/results.tgz (the device tool
 # returns at most 8 files). Carry `.whl` (bench/device/gpu_service_wheels.sh) for the service step.
 #   run(command="bash bench/device/h200_session.sh", carry=[".whl"], timeout_s=600)
-# CALIBRATION=scan makes the bench and timeline steps run LiteTopKTuning(calibration="scan").
+# CALIBRATION=scan makes the bench, timeline and embed steps run LiteTopKTuning(calibration="scan").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RES=/tmp/h200-results
@@ -38,7 +38,7 @@ for step in $STEPS; do
       timeout $T python3 -m pytest tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py \
         tests/kernels/test_out_buffers.py $O > "$RES/gputests-b.log" 2>&1 &
       wait; tail -6 "$RES/gputests-a.log"; tail -6 "$RES/gputests-b.log" ;;
-    embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --out "$RES" 2>&1 | tail -16 ;;
+    embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --calibration ${CALIBRATION:-sample} --out "$RES" 2>&1 | tail -16 ;;
     layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
     hosttime) OUT=$RES timeout ${HOSTTIME_TIMEOUT:-100} python3 -m bench.probes.host_time 2>&1 | tail -12 ;;
     cprofile) OUT=$RES timeout ${CPROFILE_TIMEOUT:-120} python3 -m bench.probes.host_time --cprofile --keys ${CPROFILE_KEYS:-65536} 2>&1 | tail -4; head -c 9000 $RES/host-cprofile-h200.txt ;;

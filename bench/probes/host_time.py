@@ -155,8 +155,13 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     counts = Counter()
     carve = Scratch.empty
 
+    scan_started = []  # per call: (ms from the call's start, launches before it) at the scan's first launch
+    host, t0 = [], 0.0
+
     def no_launch(self, *args, **kwargs):
         counts["launches"] += 1
+        if self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False and len(scan_started) < len(host):
+            scan_started.append(((time.perf_counter() - t0) * 1e3, counts["launches"] - 1))
 
     def counted_carve(self, shape, dtype):
         counts["buffers"] += 1
@@ -171,11 +176,14 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
             for _ in range(3):
                 call()
             counts.clear()
-            host = []
+            host, scan_started[:] = [], []
             for _ in range(reps):
+                launches = counts["launches"]
                 t0 = time.perf_counter()
+                host.append(None)  # (the call is on: no_launch notes when the scan starts)
                 call()
-                host.append((time.perf_counter() - t0) * 1e3)
+                host[-1] = (time.perf_counter() - t0) * 1e3
+                scan_started[-1] = (scan_started[-1][0], scan_started[-1][1] - launches)
             per_call = {name: n / reps for name, n in counts.items()}
             profiler = cProfile.Profile()
             profiler.enable()
@@ -188,6 +196,8 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     pstats.Stats(profiler, stream=buffer).strip_dirs().sort_stats("tottime").print_stats(15)
     return dict(rows=rows, keys=keys, topk=topk, workspace=workspace, calibration=calibration,
                 host_ms=sorted(host)[reps // 2],
+                # the part of it before the scan's first launch, and the launches before that
+                to_scan_ms=sorted(ms for ms, _ in scan_started)[reps // 2], launches_before_scan=scan_started[0][1],
                 **per_call, cprofile_top=buffer.getvalue())
 
 

@@ -37,8 +37,7 @@ from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
 from .certify import finish_scan_triton
 from .decode import (
-    FLAG_UNSUPPORTED, decode_keys_fp4_triton, decode_prologue_triton, prepare_queries_fp4_triton,
-    scoring_faults_triton, unsupported_rows_triton,
+    FLAG_UNSUPPORTED, decode_operands_triton, decode_prologue_triton, scoring_faults_triton, unsupported_rows_triton,
 )
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
@@ -99,7 +98,7 @@ class Operands:
     keys: KeyOperands
     q_lo: torch.Tensor  # int8 [rows, 64, 128]
     q_hi: torch.Tensor
-    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
+    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton's)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
     q_wide: torch.Tensor  # bool [rows]: a live row with a head vector that needs a hi operand
     q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
@@ -164,12 +163,12 @@ class TritonBackend(ScoringBackend):
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
         # summary: OR of the key flags, of the query flags, weights refused (decode.py)
         need, summary, batch_wide = decode_prologue_triton(problem.row_to_batch, problem.ends, batch, scratch)
-        k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
-            problem.cache, problem.block_table, need, s_pad, summary[0:1], batch_wide, block_keys=self.block_keys,
+        key_outputs, query_outputs = decode_operands_triton(
+            problem.cache, problem.block_table, need, s_pad, summary, batch_wide, problem.q_fp4, problem.q_scale,
+            problem.weights, (problem.starts, problem.ends), problem.weight_scale, block_keys=self.block_keys,
             scratch=scratch)
-        q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
-            problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends), summary[1:3],
-            problem.weight_scale, scratch)
+        k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = key_outputs
+        q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = query_outputs
         keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
         return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)

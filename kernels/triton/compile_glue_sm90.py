@@ -17,18 +17,16 @@ import sys
 from . import calibration, certify, decode, dense_ties, repair, schedule
 from .compile_sm90 import compile_sm90, resource_usage
 
-_KEYS = dict(VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
+_KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
 _SCHEDULE = dict(BLOCK_ROWS=2, LANES=2)
 #: kernel -> (constexpr arguments, argument types that are not int32 pointers / int32 scalars)
 KERNELS = {
     decode.decode_prologue_kernel: (dict(SUMMARY=4, BLOCK=1024), {}),
-    decode._decode_keys_kernel: (_KEYS, dict(values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64",
-                                             scale_page_stride="i64", lo_ptr="*i16", hi_ptr="*i16", flags_ptr="*i8",
-                                             kfac_ptr="*fp32", tile_wide_ptr="*i8")),
-    decode._decode_queries_kernel: (dict(VB=64, WEIGHTS=True), dict(
-        q_ptr="*u8", qs_ptr="*u8", lo_ptr="*i16", hi_ptr="*i16", flags_ptr="*i8", w_ptr="*fp32",
-        wq_ptr="*fp32", rowfac_ptr="*fp32", range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8",
-        q_unsupported_ptr="*i8")),
+    decode.decode_kernel: (dict(_KEYS, KEYS=True, QUERIES=True, WEIGHTS=True, QUERY_VB=64), dict(
+        values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64", scale_page_stride="i64", k_lo_ptr="*i16",
+        k_hi_ptr="*i16", k_flags_ptr="*i8", kfac_ptr="*fp32", tile_wide_ptr="*i8", q_ptr="*u8", qs_ptr="*u8",
+        q_lo_ptr="*i16", q_hi_ptr="*i16", q_flags_ptr="*i8", w_ptr="*fp32", wq_ptr="*fp32", rowfac_ptr="*fp32",
+        range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8", q_unsupported_ptr="*i8")),
     decode.unsupported_rows_kernel: (dict(BLOCK=256, STATUS=True), dict(key_flags_ptr="*i8", q_unsupported_ptr="*i8",
                                                                         nonfinite_ptr="*i8")),
     schedule.schedule_rank_kernel: (dict(BLOCK_ROWS=2, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE,

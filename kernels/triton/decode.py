@@ -20,12 +20,16 @@ in place. Tiling: VB vectors per program, 128 elements each; for keys VB = BLOCK
 kernels, so that one program decodes one key tile.
 
 The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
-torch op on the host path (one launch each):
+torch op on the host path; a call decodes in two launches:
     decode_prologue_kernel   need[b] (largest window end of sequence b's rows), the zeroed summary
                              words and batch_wide
-    _decode_keys_kernel      + tile_wide[b, tile] (a key of the tile is wide), batch_wide[b] |= it
-    _decode_queries_kernel   + per row: q_wide (a live row with a wide head vector), q_unsupported
-                             (a head vector of spread > 7, or head weights refused), rowfac * weight_scale
+    decode_kernel            the keys (_decode_key_tile, one key tile a program) and the queries
+                             (_decode_query_block, one query row a program) side by side in one grid
+                             (decode_operands_triton; each side alone: decode_keys_fp4_triton,
+                             prepare_queries_fp4_triton). A key tile also writes tile_wide[b, tile] (a
+                             key of the tile is wide) and batch_wide[b] |= it; a query row q_wide (a live
+                             row with a wide head vector), q_unsupported (a head vector of spread > 7, or
+                             head weights refused), rowfac * weight_scale
     unsupported_rows_kernel  TritonBackend.unsupported_rows (reads a row's window only when the key
                              summary holds FLAG_UNSUPPORTED), or with it the row's scoring-fault status
                              bits (TritonBackend.scoring_faults: NONFINITE and UNSUPPORTED in one launch)
@@ -33,6 +37,8 @@ Their torch definitions (any / OR over the per-vector flags) are what the tests 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -131,12 +137,13 @@ def _summarize_flags(summary_ptr, flags, live):
 
 
 @triton.jit
-def _decode_keys_kernel(values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride,
-                        need_ptr, num_pages, s_pad, lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
-                        tile_wide_ptr, batch_wide_ptr, VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr,
-                        SCALE_OFFSET: tl.constexpr, SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr):
-    b = tl.program_id(1)
-    pos = tl.program_id(0) * VB + tl.arange(0, VB)
+def _decode_key_tile(tile, b, values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride,
+                     need_ptr, num_pages, s_pad, lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
+                     tile_wide_ptr, batch_wide_ptr, VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr,
+                     GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr, SCALE_GROUP_STRIDE: tl.constexpr,
+                     INTERLEAVED: tl.constexpr):
+    """Decode key tile `tile` (positions [tile * VB, tile * VB + VB)) of sequence b."""
+    pos = tile * VB + tl.arange(0, VB)
     need = tl.load(need_ptr + b)
     page = tl.load(block_table_ptr + b.to(tl.int64) * bt_stride + pos // PAGE, mask=pos < need, other=-1).to(tl.int64)
     live = (pos < need) & (page >= 0) & (page < num_pages)
@@ -156,9 +163,9 @@ def _decode_keys_kernel(values_ptr, scales_ptr, value_page_stride, scale_page_st
     kfac_bits = tl.where((flags & FLAG_NAN_SCALE_C) != 0, 0x7FC00000, kfac_bits)
     tl.store(kfac_ptr + out_vec, kfac_bits.to(tl.float32, bitcast=True))
     _summarize_flags(summary_ptr, flags, live)
-    # This program's VB positions are one key tile of the scoring kernels (VB = BLOCK_KEYS).
+    # This tile's VB positions are one key tile of the scoring kernels (VB = BLOCK_KEYS).
     tile_wide = tl.max(((flags & FLAG_WIDE_C) != 0).to(tl.int32), axis=0)  # positions not read decode to 0
-    tl.store(tile_wide_ptr + b.to(tl.int64) * tl.num_programs(0) + tl.program_id(0), tile_wide.to(tl.int8))
+    tl.store(tile_wide_ptr + b.to(tl.int64) * (s_pad // VB) + tile, tile_wide.to(tl.int8))
     tl.atomic_or(batch_wide_ptr + b, tile_wide, sem="relaxed")
 
 
@@ -192,17 +199,19 @@ def _scale_head_weights(w, m):
 
 
 @triton.jit
-def _decode_queries_kernel(q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
-                           w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
-                           VB: tl.constexpr, WEIGHTS: tl.constexpr):
-    vec = tl.program_id(0) * VB + tl.arange(0, VB)
+def _decode_query_block(block, q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
+                        w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr,
+                        q_unsupported_ptr, VB: tl.constexpr, WEIGHTS: tl.constexpr):
+    """Decode query vectors [block * VB, block * VB + VB); with WEIGHTS (VB = 64 heads) also query row
+    `block`'s head weights and row flags."""
+    vec = block * VB + tl.arange(0, VB)
     live = vec < num_vectors
     vec = tl.where(live, vec, num_vectors)  # the output has one spare row for masked lanes
     m, flags = _decode_vectors(q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live,
                                lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB)
     _summarize_flags(summary_ptr, flags, live)
-    if WEIGHTS:  # VB = 64 heads: this program decoded exactly one query row
-        row = tl.program_id(0)
+    if WEIGHTS:  # VB = 64 heads: this block is exactly one query row
+        row = block
         row_ok = row * VB < num_vectors  # false only in the one program of an empty batch
         offs_h = tl.arange(0, VB)
         w = tl.load(w_ptr + row.to(tl.int64) * VB + offs_h, mask=row_ok, other=0.0)
@@ -248,6 +257,115 @@ def decode_prologue_triton(row_to_batch: torch.Tensor, ends: torch.Tensor, batch
     return need, summary, batch_wide
 
 
+@triton.jit
+def decode_kernel(
+    key_programs,                                   # programs [0, key_programs) decode keys, the rest queries
+    values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride, need_ptr, num_pages,
+    s_pad, k_lo_ptr, k_hi_ptr, k_exp_ptr, k_flags_ptr, kfac_ptr, k_summary_ptr, tile_wide_ptr, batch_wide_ptr,
+    q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr,
+    ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
+    KEYS: tl.constexpr, QUERIES: tl.constexpr, KEY_VB: tl.constexpr = VECTORS_PER_PROGRAM, PAGE: tl.constexpr = 64,
+    TOKEN_STRIDE: tl.constexpr = 64, GROUP_STRIDE: tl.constexpr = 16, SCALE_OFFSET: tl.constexpr = 0,
+    SCALE_GROUP_STRIDE: tl.constexpr = 1, INTERLEAVED: tl.constexpr = False, WEIGHTS: tl.constexpr = False,
+    QUERY_VB: tl.constexpr = VECTORS_PER_PROGRAM,
+):
+    """Keys and queries in one launch: key tile t of sequence b in program b * (s_pad / KEY_VB) + t
+    (_decode_key_tile), query block j in program key_programs + j (_decode_query_block). A side whose
+    flag (KEYS, QUERIES) is false has no programs; its arguments are placeholders, never read."""
+    pid = tl.program_id(0)
+    if pid < key_programs:
+        if KEYS:
+            tiles = s_pad // KEY_VB
+            _decode_key_tile(pid % tiles, pid // tiles, values_ptr, scales_ptr, value_page_stride, scale_page_stride,
+                             block_table_ptr, bt_stride, need_ptr, num_pages, s_pad, k_lo_ptr, k_hi_ptr, k_exp_ptr,
+                             k_flags_ptr, kfac_ptr, k_summary_ptr, tile_wide_ptr, batch_wide_ptr, KEY_VB, PAGE,
+                             TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+    else:
+        if QUERIES:
+            _decode_query_block(pid - key_programs, q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr,
+                                q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr,
+                                weight_scale, q_wide_ptr, q_unsupported_ptr, QUERY_VB, WEIGHTS)
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One side (keys or queries) of a decode_kernel launch: its arguments, constexprs and programs."""
+
+    args: tuple
+    constants: dict
+    programs: int
+
+
+_KEY_ARGUMENTS = 17  # decode_kernel's key arguments (values_ptr .. batch_wide_ptr)
+_QUERY_ARGUMENTS = 17  # its query arguments (q_ptr .. q_unsupported_ptr)
+
+
+def _launch_decode(keys: _Side | None, queries: _Side | None) -> None:
+    """One decode_kernel launch over the sides given (at least one)."""
+    placeholder = (keys or queries).args[0]  # the absent side's arguments: never read
+    key_args = keys.args if keys else (placeholder,) * _KEY_ARGUMENTS
+    query_args = queries.args if queries else (placeholder,) * _QUERY_ARGUMENTS
+    assert len(key_args) == _KEY_ARGUMENTS and len(query_args) == _QUERY_ARGUMENTS
+    key_programs = keys.programs if keys else 0
+    programs = key_programs + (queries.programs if queries else 0)
+    if programs:
+        decode_kernel[(programs,)](key_programs, *key_args, *query_args, KEYS=keys is not None,
+                                   QUERIES=queries is not None, **(keys.constants if keys else {}),
+                                   **(queries.constants if queries else {}))
+
+
+def _key_side(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int, summary: torch.Tensor | None,
+              batch_wide: torch.Tensor | None, block_keys: int, scratch: Scratch) -> tuple[tuple, _Side]:
+    """(decode_keys_fp4_triton's outputs, the launch's key side)."""
+    batch = block_table.shape[0]
+    lo = scratch.empty((batch, s_pad, 128), torch.int8)
+    hi = scratch.empty((batch, s_pad, 128), torch.int8)
+    exp = scratch.empty((batch, s_pad), torch.int32)
+    flags = scratch.empty((batch, s_pad), torch.int8)
+    kfac = scratch.empty((batch, s_pad), torch.float32)
+    tile_wide = scratch.empty((batch, s_pad // block_keys), torch.int8)
+    summary = summary if summary is not None else scratch.zeros(1, torch.int32)
+    batch_wide = batch_wide if batch_wide is not None else scratch.zeros(batch, torch.int32)
+    args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, block_table,
+            block_table.stride(0), need, cache.num_pages, s_pad, lo.view(torch.int16), hi.view(torch.int16), exp,
+            flags, kfac, summary, tile_wide, batch_wide)
+    constants = dict(KEY_VB=block_keys, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
+                     GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
+                     SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales)
+    return (lo, hi, exp, flags, kfac, tile_wide, batch_wide), _Side(args, constants, (s_pad // block_keys) * batch)
+
+
+def _query_side(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None,
+                windows: tuple[torch.Tensor, torch.Tensor] | None, summary: torch.Tensor | None, weight_scale: float,
+                scratch: Scratch) -> tuple[tuple, _Side]:
+    """(prepare_queries_fp4_triton's outputs, the launch's query side)."""
+    if (weights is None) != (windows is None):
+        raise ValueError("prepare_queries_fp4_triton takes weights and windows together (the live rows' head weights)")
+    rows, heads = q_fp4.shape[:2]
+    n = rows * heads
+    lo = scratch.empty((n + 1, 128), torch.int8)
+    hi = scratch.empty((n + 1, 128), torch.int8)
+    exp = scratch.empty(n + 1, torch.int32)
+    flags = scratch.empty(n + 1, torch.int8)
+    summary = summary if summary is not None else scratch.zeros(2, torch.int32)
+    with_weights = weights is not None
+    if with_weights:
+        wq = scratch.empty((rows, heads), torch.float32)
+        rowfac = scratch.empty(rows, torch.float32)
+        refused, q_wide, q_unsupported = (scratch.empty(rows, torch.int8) for _ in range(3))
+    else:
+        wq = rowfac = exp
+        refused = q_wide = q_unsupported = flags
+    args = (q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
+            weights if with_weights else exp, *(windows if with_weights else (exp, exp)), wq, rowfac, refused,
+            float(weight_scale), q_wide, q_unsupported)
+    decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
+               exp[:n].view(rows, heads), flags[:n].view(rows, heads))
+    if with_weights:
+        decoded += (wq, rowfac, refused, q_wide.view(torch.bool), q_unsupported.view(torch.bool))
+    return decoded, _Side(args, dict(WEIGHTS=with_weights), triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM))
+
+
 def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
                            summary: torch.Tensor | None = None, batch_wide: torch.Tensor | None = None, *,
                            block_keys: int = VECTORS_PER_PROGRAM, scratch: Scratch | None = None):
@@ -258,26 +376,10 @@ def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torc
     module docstring. s_pad is a multiple of block_keys (a power of two >= 16). The flags of the decoded
     vectors are ORed into the int32 `summary[0]` and the tiles' wide bits into `batch_wide`, which must
     be zeroed when given (decode_prologue_triton)."""
-    batch = block_table.shape[0]
-    scratch = scratch or Scratch(cache.device)
-    lo = scratch.empty((batch, s_pad, 128), torch.int8)
-    hi = scratch.empty((batch, s_pad, 128), torch.int8)
-    exp = scratch.empty((batch, s_pad), torch.int32)
-    flags = scratch.empty((batch, s_pad), torch.int8)
-    kfac = scratch.empty((batch, s_pad), torch.float32)
-    tile_wide = scratch.empty((batch, s_pad // block_keys), torch.int8)
-    summary = summary if summary is not None else scratch.zeros(1, torch.int32)
-    batch_wide = batch_wide if batch_wide is not None else scratch.zeros(batch, torch.int32)
-    grid = (s_pad // block_keys, batch)
-    _decode_keys_kernel[grid](
-        cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, block_table,
-        block_table.stride(0), need, cache.num_pages, s_pad,
-        lo.view(torch.int16), hi.view(torch.int16), exp, flags, kfac, summary, tile_wide, batch_wide,
-        VB=block_keys, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
-        GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
-        SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales,
-    )
-    return lo, hi, exp, flags, kfac, tile_wide, batch_wide
+    outputs, keys = _key_side(cache, block_table, need, s_pad, summary, batch_wide, block_keys,
+                              scratch or Scratch(cache.device))
+    _launch_decode(keys, None)
+    return outputs
 
 
 def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summary: torch.Tensor | None = None):
@@ -298,35 +400,22 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
     refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
     given) gets 1 when there is one; q_wide: a live row with a wide head vector; q_unsupported: a row
     with a head vector of spread > 7, or refused."""
-    if (weights is None) != (windows is None):
-        raise ValueError("prepare_queries_fp4_triton takes weights and windows together (the live rows' head weights)")
-    rows, heads = q_fp4.shape[:2]
-    n = rows * heads
-    dev = q_fp4.device
-    scratch = scratch or Scratch(dev)
-    lo = scratch.empty((n + 1, 128), torch.int8)
-    hi = scratch.empty((n + 1, 128), torch.int8)
-    exp = scratch.empty(n + 1, torch.int32)
-    flags = scratch.empty(n + 1, torch.int8)
-    grid = (triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM),)
-    summary = summary if summary is not None else scratch.zeros(2, torch.int32)
-    with_weights = weights is not None
-    if with_weights:
-        wq = scratch.empty((rows, heads), torch.float32)
-        rowfac = scratch.empty(rows, torch.float32)
-        refused, q_wide, q_unsupported = (scratch.empty(rows, torch.int8) for _ in range(3))
-    else:
-        wq = rowfac = exp
-        refused = q_wide = q_unsupported = flags
-    _decode_queries_kernel[grid](q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
-                                 weights if with_weights else exp, *(windows if with_weights else (exp, exp)),
-                                 wq, rowfac, refused, float(weight_scale), q_wide, q_unsupported,
-                                 VB=VECTORS_PER_PROGRAM, WEIGHTS=with_weights)
-    decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
-               exp[:n].view(rows, heads), flags[:n].view(rows, heads))
-    if not with_weights:
-        return decoded
-    return decoded + (wq, rowfac, refused, q_wide.view(torch.bool), q_unsupported.view(torch.bool))
+    outputs, queries = _query_side(q_fp4, q_scale, weights, windows, summary, weight_scale,
+                                   scratch or Scratch(q_fp4.device))
+    _launch_decode(None, queries)
+    return outputs
+
+
+def decode_operands_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
+                           summary: torch.Tensor, batch_wide: torch.Tensor, q_fp4: torch.Tensor, q_scale: torch.Tensor,
+                           weights: torch.Tensor, windows: tuple[torch.Tensor, torch.Tensor], weight_scale: float, *,
+                           block_keys: int, scratch: Scratch) -> tuple[tuple, tuple]:
+    """decode_keys_fp4_triton (summary[0], batch_wide) and prepare_queries_fp4_triton with weights
+    (summary[1:3]) in one launch: (the keys' outputs, the queries' outputs), the same bits."""
+    key_outputs, keys = _key_side(cache, block_table, need, s_pad, summary[0:1], batch_wide, block_keys, scratch)
+    query_outputs, queries = _query_side(q_fp4, q_scale, weights, windows, summary[1:3], weight_scale, scratch)
+    _launch_decode(keys, queries)
+    return key_outputs, query_outputs
 
 
 @triton.jit

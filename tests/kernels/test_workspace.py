@@ -11,9 +11,11 @@ stages then run beside the Triton kernels, as on CPU CI).
 
 from __future__ import annotations
 
+import gc
 import os
 
 import re
+import weakref
 from pathlib import Path
 
 import pytest
@@ -180,6 +182,46 @@ def test_scratch_counts_what_workspace_bytes_says(backend, seed):
     """Scratch.used of a call with random data at the bounds (no workspace) equals workspace_bytes."""
     p = make_problem(seed, seq_lens=[500, 400], rows_per_seq=2, topk=512, spread=1)
     assert used_by(p, backend, LiteTopKTuning()) == workspace_bytes(**sizing("litetopk", p, backend))
+
+
+def test_carved_views_are_kept_on_the_workspace_and_follow_it(seed, monkeypatch):
+    """A workspace keeps its carved views for the next call (a lookup instead of a view op): the next
+    call's buffers are the same tensors, at the same bytes. Where the tensor has been pointed at other
+    memory since (set_), nothing stale is handed out; and the views kept stay bounded."""
+    from litetopk.kernels import workspace as ws
+
+    gen = torch.Generator().manual_seed(seed)
+    workspace = torch.randint(0, 256, (64 * ALIGNMENT,), generator=gen, dtype=torch.uint8)
+    shapes = [((3, 5), torch.int64), (7, torch.float32), ((2, 2, 9), torch.int8), (1, torch.int32)]
+
+    def carve(scratch):
+        return [scratch.empty(shape, dtype) for shape, dtype in shapes]
+
+    first, second = carve(ws.Scratch(workspace.device, workspace)), carve(ws.Scratch(workspace.device, workspace))
+    assert all(a is b for a, b in zip(first, second)), "the second call's buffers are not the kept views"
+    for view in first:  # each view reads and writes the workspace's own bytes
+        view.view(torch.uint8).flatten().fill_(int(torch.randint(0, 256, (1,), generator=gen)))
+    first[0].fill_(-3)
+    assert int(workspace[:8].view(torch.int64)) == -3, "a kept view does not write the workspace"
+    moved = torch.zeros(64 * ALIGNMENT, dtype=torch.uint8)
+    workspace.set_(moved.untyped_storage(), 0, (moved.numel(),), (1,))  # the same tensor, other memory
+    again = carve(ws.Scratch(workspace.device, workspace))
+    assert all(v.untyped_storage().data_ptr() == moved.data_ptr() for v in again), "a view of the old memory"
+    again[0].fill_(11)
+    assert int(moved[:8].view(torch.int64)) == 11
+    monkeypatch.setattr(ws, "MAX_VIEWS", 10)
+    for rows in range(1, 40):  # many call shapes: the kept views stay bounded
+        ws.Scratch(workspace.device, workspace).empty((rows, 3), torch.float32)
+        assert len(workspace.__dict__[ws._VIEWS]) <= 10 + 1, "the kept views grow without bound"
+    # No reference cycle: a dropped workspace goes at once, its kept views with it (not at the next
+    # garbage collection: a device workspace is hundreds of MB).
+    gone = weakref.ref(workspace)
+    del workspace, first, second, again
+    gc.disable()
+    try:
+        assert gone() is None, "the kept views hold the dropped workspace"
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("sample_size,k,bound", [(0, 512, 900), (4096, 512, 70000), (128, 512, 2000), (100, 300, 5000),
