@@ -351,10 +351,12 @@ def main(argv=None) -> int:
                       **glue_host_ms(args.rows, args.keys, args.topk, workspace=not args.no_workspace,
                                      calibration=args.calibration))
         print(f"glue host ms {report['host_ms']:.3f} ({report['launches']:.0f} launches as no-ops, "
-              f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']})")
+              f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']}); before the scan "
+              f"{report['to_scan_ms']:.3f} ms, {report['launches_before_scan']} launches")
         print(report["cprofile_top"])
         os.makedirs(args.out, exist_ok=True)
-        suffix = "" if args.calibration == "sample" else f"-{args.calibration}"
+        suffix = ("" if args.calibration == "sample" else f"-{args.calibration}") + \
+            ("-no-workspace" if args.no_workspace else "")
         with open(os.path.join(args.out, f"host-glue-cpu{suffix}.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         return 0
