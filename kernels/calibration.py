@@ -25,7 +25,7 @@ bracket, then sorts those, ~50 us by its instruction count, where the previous 3
 the whole row needed >= 0.18 ms) are the small part. Reasoning and limits: kernels/triton/calibration.py.
 
 In the scan (LiteTopKTuning(calibration="scan"); pipeline.run_litetopk skips this stage). The same
-lower bound from a subset, taken by the scan itself (kernels/triton/scoring.py, "Self-calibration"):
+lower bound from a subset, taken by the scan itself (kernels/triton/scan_calibration.py):
 each program first scores n_sample contiguous key tiles (max(sample_size / 64, tiles /
 MAX_SAMPLE_STRIDE) tiles, at most the candidate buffer) ending with its rows' earliest window end
 (the most recent keys all of them see where the windows overlap), keeping every key, bisects a threshold with

@@ -34,7 +34,8 @@ import torch
 
 from litetopk.kernels.calibration import MAX_SAMPLE_STRIDE
 from litetopk.kernels.pipeline import LiteTopKTuning
-from litetopk.kernels.triton.scoring import BISECTION_STEPS, NUM_BINS
+from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS
+from litetopk.kernels.triton.scoring import NUM_BINS
 
 TILE = 64
 REFRESH = 16  # TritonBackend's default

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE
 from ..status import RowStatus
-from .scoring import NO_KEY_C, _scores_of_keys
+from .keys import NO_KEY_C, _scores_of_keys
 
 
 @triton.jit

@@ -74,7 +74,7 @@ import triton.language as tl
 
 from ..workspace import Scratch
 from .radix_select import _exclusive_slots, _scatter
-from .scoring import NO_KEY_C, _ordered_bits, _scores_of_ordered
+from .keys import NO_KEY_C, _ordered_bits, _scores_of_ordered
 
 ROW_PER_THREAD = 64   # row values a thread holds in registers: num_warps = 2,048-value chunks of the row
 BAND_PER_THREAD = 4   # band slots a thread: BAND = 4 x LANES values are bisected once compacted

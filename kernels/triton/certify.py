@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..status import RowStatus
 from ..workspace import Scratch
-from .scoring import NO_KEY_C, _ordered_bits
+from .keys import NO_KEY_C, _ordered_bits
 
 BLOCK = 256
 

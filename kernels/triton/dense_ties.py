@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .scoring import NO_KEY_C, _ordering_keys
+from .keys import NO_KEY_C, _ordering_keys
 
 BLOCK = 1024  # score columns a tied row's program compares per step
 

@@ -27,7 +27,7 @@ from ..status import CAPACITY_EVENTS, RowStatus
 from ..workspace import Scratch
 from .decode import FLAG_WIDE
 from .schedule import Schedule, _store_span, with_variants
-from .scoring import NO_KEY_C
+from .keys import NO_KEY_C
 
 BLOCK = 1024  # rows a slot's program reads per step when it looks for its row
 

@@ -42,22 +42,9 @@ counted keys at or above it, a real lower bound of the K-th best score (float32 
 bin index is far below one bin; a stale count only delays the raise). A NaN or inf score inside
 a window turns the row's probe (a running sum of in-window score * 0) into NaN: the row is flagged.
 Self-calibration (SELF_CALIBRATE, LiteTopKTuning(calibration="scan")): the program sets up its own
-rows, with no launch before the scan (scan_buffers): threshold -inf, histogram off, count and histogram
-zeroed. Phase A scans n_sample contiguous tiles (_sample_tiles) that end with the
-program's earliest window end (_first_sample_tile: the most recent keys every row sees where the
-windows overlap) and appends every key of the windows (n_sample tiles fit the buffer: none is lost);
-then _calibrate_in_scan, per row with n >= K sampled keys: thr = the lower end lo of a
-BISECTION_STEPS-step bisection of [min, max] of the sampled scores that keeps count(score >= lo) >= K
-(counted exactly against the float lo, so at least K keys of the window score >= thr: a lower bound of
-the row's K-th best, whatever the float rounding of the midpoints), the histogram ranged from thr to
-the same bracket of the sample's max(1, K n_sample / (2 n_tiles))-th best (prepare_scan_kernel's rule),
-and the buffer compacted in place to the sampled keys >= thr (chunk by chunk: every thread reads a
-chunk before any survivor is written, and survivors only take slots below the chunk's end), counted
-in the histogram. Phase B scans the tiles after the sample (few or none in a causal program), then those
-before it, as above. Every phase is contiguous, so the step loop's addresses stay affine (the Gluon
-twin's loops are the scan's within 4-16 instructions a step).
-Rows with fewer than K sampled keys, a nonfinite sampled score or an overflowed counter keep -inf and
-their buffer (a capacity event if the window does not fit).
+rows (scan_buffers: no launch before the scan), scans a sample of its own tiles first, takes its
+thresholds from them and scans the rest: scan_calibration.py says how, and holds the steps both
+scoring kernels share.
 Limits: D = 128, 64 heads, BLOCK_ROWS rows of one sequence per program; no [rows, S] tensor in
 scan mode.
 """
@@ -69,40 +56,15 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import HEAD_DIM, NUM_HEADS
-from ..selection import NO_KEY
 from ..workspace import Scratch
+from .keys import NO_KEY_C, _ordering_keys, _scores_of_keys
+from .scan_calibration import (
+    _calibrate_in_scan, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles,
+)
 
 HEADS = NUM_HEADS
 NUM_BINS = 32
 SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
-BISECTION_STEPS = tl.constexpr(12)  # self-calibration: each bracket ends at 2^-12 of the sample's range
-NO_KEY_C = tl.constexpr(NO_KEY)
-
-
-@triton.jit
-def _ordered_bits(scores):
-    """int64 of the int32 whose order is the order of the float32 `scores` (-0.0 ties +0.0)."""
-    bits = scores.to(tl.int32, bitcast=True)
-    bits = tl.where(scores == 0.0, 0, bits)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-
-
-@triton.jit
-def _scores_of_ordered(ordered):
-    """float32 scores of int32 ordered bits: the inverse of _ordered_bits (+0.0 for both zeros)."""
-    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _scores_of_keys(keys):
-    """float32 scores of int64 ordering keys (selection.split_keys' scores): -inf for NO_KEY."""
-    return tl.where(keys == NO_KEY_C, float("-inf"), _scores_of_ordered((keys >> 32).to(tl.int32)))
-
-
-@triton.jit
-def _ordering_keys(scores, positions):
-    """int64 keys of float32 scores at int32 positions (selection.make_keys, in Triton)."""
-    return (_ordered_bits(scores) << 32) + (4294967295 - positions.to(tl.int64))
 
 
 @triton.jit
@@ -241,48 +203,9 @@ def score_fp4_kernel(
 
 
 @triton.jit
-def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr):
-    """The sample of a self-calibrating scan over n_steps key tiles, in tiles: max(sample_tiles,
-    ceil(n_steps / sample_stride), ceil(2 K / BLOCK_KEYS)) (at least 2 K keys: a K-th best of fewer
-    would be the sample's bottom), at most n_steps and at most the tiles the candidate buffer holds
-    whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
-    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
-    return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
-
-
-@triton.jit
-def _phase_bounds(phase: tl.constexpr, lo, n_steps, n_sample, first_sample, BLOCK_KEYS: tl.constexpr):
-    """(first position, steps) of phase `phase` of a self-calibrating scan, in the order both kernels
-    run them: 0 the sample tiles, 1 the tiles after them (few or none in a causal program), 2 the
-    tiles before them."""
-    if phase == 0:
-        return lo + first_sample * BLOCK_KEYS, n_sample
-    elif phase == 1:
-        return lo + (first_sample + n_sample) * BLOCK_KEYS, n_steps - first_sample - n_sample
-    else:
-        return lo, first_sample
-
-
-@triton.jit
 def _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending):
     """Store the pending appended keys at their slots of the rows' buffers (those below capacity)."""
     tl.store(buf_ptr + rows64[None, :] * capacity + pending_slot, pending_key, mask=pending & (pending_slot < capacity))
-
-
-@triton.jit
-def _ceiling_rank(n_sample, n_steps, TOPK: tl.constexpr):
-    """The rank in the sample of the histogram's ceiling: max(1, K n_sample / (2 n_steps)), about the
-    K / 2-th best of the span (calibration.py's max(1, K / (2 stride)) for a sample of n_sample tiles)."""
-    return tl.maximum((TOPK * n_sample) // (2 * tl.maximum(n_steps, 1)), 1)
-
-
-@triton.jit
-def _first_sample_tile(lo, n_steps, n_sample, earliest_end, BLOCK_KEYS: tl.constexpr):
-    """The first of the n_sample contiguous sample tiles of a self-calibrating scan over n_steps tiles
-    from position lo: the sample ends with the tile that holds earliest_end - 1 (the program's earliest
-    window end: a causal program's most recent keys, inside every row's window where the windows
-    overlap there), or at the span's start when that is fewer than n_sample tiles in."""
-    return tl.minimum(tl.maximum(tl.cdiv(earliest_end - lo, BLOCK_KEYS), n_sample), n_steps) - n_sample
 
 
 @triton.jit
@@ -325,92 +248,6 @@ def _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK: tl.constexpr, N
     edge = hist_lo + (best_bin - 1).to(tl.float32) * hist_width
     raise_ok = (best_bin >= 1) & (hist_width > 0)
     return tl.where(raise_ok, tl.maximum(thr, edge), thr)
-
-
-@triton.jit
-def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
-                       ceiling_rank, TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, NB: tl.constexpr,
-                       CHUNK: tl.constexpr):
-    """A self-calibrating scan's threshold from phase A (module docstring, "Self-calibration"): the
-    n <= capacity keys of each row's buffer are every in-window key of the sample tiles. Where n >= K
-    and the scores are finite: thr = the lower end of a bisection bracket [lo, hi] of the K-th best
-    sampled score (count(score >= lo) >= K, so at least K keys of the window score >= thr: a lower
-    bound of the row's K-th best), the histogram's range from thr to the same bracket of the
-    ceiling_rank-th best (prepare_scan_kernel's rule), and the buffer compacted to the keys >= thr
-    (counted in the histogram). Other rows keep their threshold (-inf) and histogram (off) and their
-    buffer. Returns (thr, hist_lo, hist_width, hist_inv) [BLOCK_ROWS]."""
-    tl.debug_barrier()  # phase A's appends and stores, by every thread, are read below
-    count = tl.load(appended_ptr + rows64, mask=row_ok, other=0, volatile=True)
-    n = tl.where(row_ok & (count <= capacity), count, 0)
-    offs = tl.arange(0, CHUNK)
-    row_keys = buf_ptr + rows64[:, None] * capacity
-    # Every pass over the sample accumulates per-lane partials and reduces them once (one block-wide
-    # reduction a pass, none a chunk).
-    least_lanes = tl.full([BLOCK_ROWS, CHUNK], float("inf"), tl.float32)
-    most_lanes = tl.full([BLOCK_ROWS, CHUNK], float("-inf"), tl.float32)
-    for start in range(0, tl.max(n), CHUNK):
-        valid = (start + offs)[None, :] < n[:, None]
-        scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-        least_lanes = tl.minimum(least_lanes, tl.where(valid, scores, float("inf")))
-        most_lanes = tl.maximum(most_lanes, scores)
-    least = tl.min(least_lanes, axis=1)
-    most = tl.max(most_lanes, axis=1)
-    # Brackets [lo, hi] of the K-th (k) and the ceiling_rank-th (c) best: count(>= lo) >= rank.
-    lo_k, hi_k, lo_c, hi_c = least, most, least, most
-    for _ in range(BISECTION_STEPS):
-        mid_k = lo_k + (hi_k - lo_k) * 0.5
-        mid_c = lo_c + (hi_c - lo_c) * 0.5
-        lanes_k = tl.zeros([BLOCK_ROWS, CHUNK], tl.int32)
-        lanes_c = tl.zeros([BLOCK_ROWS, CHUNK], tl.int32)
-        for start in range(0, tl.max(n), CHUNK):
-            valid = (start + offs)[None, :] < n[:, None]
-            scores = _scores_of_keys(tl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-            lanes_k += (valid & (scores >= mid_k[:, None])).to(tl.int32)
-            lanes_c += (valid & (scores >= mid_c[:, None])).to(tl.int32)
-        count_k = tl.sum(lanes_k, axis=1)
-        count_c = tl.sum(lanes_c, axis=1)
-        lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
-        lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
-    calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
-        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
-    tl.debug_barrier()  # every thread has read the counts (n) before one of them resets its row's
-    # Compaction in place, chunk by chunk: every thread reads a chunk before any survivor is written,
-    # and survivors only take slots below the chunk's end (fewer survivors than keys read so far).
-    tl.atomic_xchg(appended_ptr + rows64, 0, mask=calibrated)
-    for start in range(0, tl.max(n), CHUNK):
-        slots = start + offs[None, :] + 0 * rows64[:, None]
-        valid = slots < n[:, None]
-        keys = tl.load(row_keys + slots, mask=valid, other=NO_KEY_C)
-        tl.debug_barrier()
-        scores = _scores_of_keys(keys)
-        kept = valid & calibrated[:, None] & (scores >= thr[:, None])
-        slot = tl.atomic_add(appended_ptr + rows64[:, None] + 0 * slots, 1, mask=kept, sem="relaxed")
-        tl.store(row_keys + slot, keys, mask=kept)
-        bin_of = tl.minimum(tl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(tl.int32), 0), NB - 1)
-        tl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, 1, mask=kept & ranged[:, None], sem="relaxed")
-        tl.debug_barrier()
-    return thr, hist_lo, hist_width, hist_inv
-
-
-@triton.jit
-def _bracket_step(lo, hi, mid, count, rank):
-    """The bisection bracket [lo, hi] after counting `count` sampled scores >= mid: the upper half
-    while it still holds rank of them (count(>= lo) >= rank stays true), else the lower half."""
-    return tl.where(count >= rank, mid, lo), tl.where(count >= rank, hi, mid)
-
-
-@triton.jit
-def _calibration(n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK: tl.constexpr, NB: tl.constexpr):
-    """(calibrated, ranged, thr, hist_lo, hist_width, hist_inv) of the rows (_calibrate_in_scan): a row
-    is calibrated when its n sampled scores hold K and are finite; then thr = lo_k, and its histogram
-    ranges NB bins from lo_k to lo_c where they are wide enough (prepare_scan_kernel's rule); the
-    other rows keep thr, hist_lo, hist_width as given. Elementwise: the Gluon twin calls it too."""
-    calibrated = (n >= TOPK) & (least == least) & (tl.abs(least) != float("inf")) & (tl.abs(most) != float("inf"))
-    width = tl.div_rn(lo_c - lo_k, lo_k * 0.0 + NB)
-    ranged = calibrated & (width > 2.0**-16 * tl.maximum(tl.abs(lo_k), tl.abs(lo_c)))
-    hist_inv = tl.where(ranged, 1.0 / tl.where(ranged, width, 1.0), 0.0)
-    return (calibrated, ranged, tl.where(calibrated, lo_k, thr), tl.where(ranged, lo_k, hist_lo),
-            tl.where(ranged, width, hist_width), hist_inv)
 
 
 @triton.jit
@@ -496,7 +333,7 @@ def scan_buffers(rows: int, num_bins: int, scratch: Scratch, *, self_calibrating
     allocator), not initialized: raised (float32: the threshold score the scan ends with), appended
     (int32 count), hist (int32 [rows, num_bins]), nonfinite (int8), and unless `self_calibrating` the
     inputs thr, hist_lo and hist_width (float32; prepare_scan_triton). A self-calibrating scan sets
-    up its rows itself (score_fp4_kernel, "Self-calibration"): no launch before it."""
+    up its rows itself (scan_calibration.py): no launch before it."""
     names = ("raised",) if self_calibrating else ("thr", "raised", "hist_lo", "hist_width")
     made = {name: scratch.empty(rows, torch.float32) for name in names}
     made.update(appended=scratch.empty(rows, torch.int32), hist=scratch.empty((rows, num_bins), torch.int32),

@@ -40,11 +40,11 @@ overlaps the next step), the counter keeps counting (overflow certificate); pass
 scores are counted in NUM_BINS linear bins; every REFRESH steps the threshold is raised to one bin
 below the highest bin edge with >= TOPK keys at or above it (a lower bound of the K-th best).
 A NaN or inf score inside a window makes the row's probe NaN (nonfinite flag).
-Self-calibrating scan (SELF_CALIBRATE; scoring.py, "Self-calibration"): the key loop runs three times,
+Self-calibrating scan (SELF_CALIBRATE; scan_calibration.py): the key loop runs three times,
 over the sample tiles, the tiles after them and the tiles before them (the long phase last, so that no
 phase bound stays live through it), each the scan's own loop with its own ring prologue (the six other
 variants compile to the same SASS as without the phases); after the first, _calibrate_in_scan_gluon
-repeats scoring._calibrate_in_scan's steps and arithmetic in a [2, 256] layout that gives every buffer
+repeats _calibrate_in_scan's steps and arithmetic in a [2, 256] layout that gives every buffer
 slot to one thread (no replicated atomics). The sample's phase never raises its threshold (the twin's
 phase A: -inf, no histogram). The program sets up its rows itself (threshold, histogram range, zeroed
 counters: no launch before the scan). Offline: its step loops 253 (the sample's: no raise, and no
@@ -58,10 +58,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 
-from .scoring import (
-    BISECTION_STEPS, NO_KEY_C, SUBNORMAL_UNIT, _bracket_step, _calibration, _ceiling_rank, _first_sample_tile,
-    _ordering_keys, _phase_bounds, _sample_tiles, _scores_of_keys,
-)
+from .keys import _ordering_keys
+from .scan_calibration import _calibrate_in_scan_gluon, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles
+from .scoring import SUBNORMAL_UNIT
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
@@ -172,84 +171,6 @@ def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
     gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
 
 
-CALIBRATION_CHUNK = gl.constexpr(256)  # buffer slots of a row read at a time by _calibrate_in_scan_gluon
-
-
-@gluon.jit
-def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h,
-                             hist_width_h, ceiling_rank, TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr,
-                             NB: gl.constexpr, num_warps: gl.constexpr, row_layout: gl.constexpr):
-    """scoring._calibrate_in_scan (the same steps and arithmetic, so the same calibrated thresholds) over the
-    program's rows, in a [BLOCK_ROWS, CALIBRATION_CHUNK] layout without replicas (each buffer slot
-    read by one thread, so no atomic of the compaction is repeated); inputs and results
-    [BLOCK_ROWS] in `row_layout`."""
-    gl.static_assert((BLOCK_ROWS == 2) & (num_warps == 4), "the chunk layout below is for 2 rows x 4 warps")
-    CHUNK: gl.constexpr = CALIBRATION_CHUNK
-    cal: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CHUNK // 64], threads_per_warp=[1, 32],
-                                         warps_per_cta=[2, 2], order=[1, 0])
-    rows_of: gl.constexpr = gl.SliceLayout(1, cal)
-    rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=rows_of))
-    row_ok = rows >= 0
-    rows64 = gl.where(row_ok, rows, 0).to(gl.int64)
-    thr = gl.convert_layout(thr_h, rows_of)
-    hist_lo = gl.convert_layout(hist_lo_h, rows_of)
-    hist_width = gl.convert_layout(hist_width_h, rows_of)
-    gl.thread_barrier()  # phase A's appends and stores, by every thread, are read below
-    count = gl.load(appended_ptr + rows64, mask=row_ok, other=0, volatile=True)
-    n = gl.where(row_ok & (count <= capacity), count, 0)
-    n_max = gl.max(n, axis=0)
-    offs = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, cal))
-    row_keys = buf_ptr + rows64[:, None] * capacity
-    # Per-lane partials over the chunks, one block-wide reduction a pass (scoring._calibrate_in_scan).
-    least_lanes = gl.full([BLOCK_ROWS, CHUNK], float("inf"), gl.float32, cal)
-    most_lanes = gl.full([BLOCK_ROWS, CHUNK], float("-inf"), gl.float32, cal)
-    for start in range(0, n_max, CHUNK):
-        valid = (start + offs)[None, :] < n[:, None]
-        scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-        least_lanes = gl.minimum(least_lanes, gl.where(valid, scores, float("inf")))
-        most_lanes = gl.maximum(most_lanes, scores)
-    least = gl.min(least_lanes, axis=1)
-    most = gl.max(most_lanes, axis=1)
-    lo_k = least
-    hi_k = most
-    lo_c = least
-    hi_c = most
-    for _ in range(BISECTION_STEPS):
-        mid_k = lo_k + (hi_k - lo_k) * 0.5
-        mid_c = lo_c + (hi_c - lo_c) * 0.5
-        lanes_k = gl.zeros([BLOCK_ROWS, CHUNK], gl.int32, cal)
-        lanes_c = gl.zeros([BLOCK_ROWS, CHUNK], gl.int32, cal)
-        for start in range(0, n_max, CHUNK):
-            valid = (start + offs)[None, :] < n[:, None]
-            scores = _scores_of_keys(gl.load(row_keys + start + offs[None, :], mask=valid, other=NO_KEY_C))
-            lanes_k += (valid & (scores >= mid_k[:, None])).to(gl.int32)
-            lanes_c += (valid & (scores >= mid_c[:, None])).to(gl.int32)
-        count_k = gl.sum(lanes_k, axis=1)
-        count_c = gl.sum(lanes_c, axis=1)
-        lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
-        lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
-    calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
-        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
-    gl.thread_barrier()  # every thread has read the counts (n) before one of them resets its row's
-    # Compaction in place, chunk by chunk (scoring._calibrate_in_scan).
-    gl.atomic_xchg(appended_ptr + rows64, gl.zeros([BLOCK_ROWS], gl.int32, rows_of), mask=calibrated)
-    one = gl.full([BLOCK_ROWS, CHUNK], 1, gl.int32, cal)
-    for start in range(0, n_max, CHUNK):
-        slots = start + offs[None, :] + 0 * rows64[:, None]
-        valid = slots < n[:, None]
-        keys = gl.load(row_keys + slots, mask=valid, other=NO_KEY_C)
-        gl.thread_barrier()  # every thread holds this chunk before a survivor is written into it
-        scores = _scores_of_keys(keys)
-        kept = valid & calibrated[:, None] & (scores >= thr[:, None])
-        slot = gl.atomic_add(appended_ptr + rows64[:, None] + 0 * slots, one, mask=kept, sem="relaxed")
-        gl.store(row_keys + slot, keys, mask=kept)
-        bin_of = gl.minimum(gl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(gl.int32), 0), NB - 1)
-        gl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, one, mask=kept & ranged[:, None], sem="relaxed")
-        gl.thread_barrier()
-    return (gl.convert_layout(thr, row_layout), gl.convert_layout(hist_lo, row_layout),
-            gl.convert_layout(hist_width, row_layout))
-
-
 @gluon.jit
 def score_fp4_gluon_kernel(
     k_lo_ptr, k_hi_ptr, kfac_ptr,
@@ -331,7 +252,7 @@ def score_fp4_gluon_kernel(
         rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat)
         rows64_f = rows_f.to(gl.int64)
         if SELF_CALIBRATE:
-            # The program sets up its own rows (scoring.py, "Self-calibration": no launch before the
+            # The program sets up its own rows (scan_calibration.py: no launch before the
             # scan): threshold -inf, histogram off, counters zeroed; the barrier before phase A's
             # first step orders the zeroing before any thread counts.
             row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
@@ -492,7 +413,7 @@ def score_fp4_gluon_kernel(
             # Flushed: nothing is pending into the next phase (whose first step stores the pending keys
             # again, at positions it derives from its own tiles).
             pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)
-            if phase == 0:  # end of phase A: thresholds from the sample (scoring.py)
+            if phase == 0:  # end of phase A: thresholds from the sample (scan_calibration.py)
                 thr_h, hist_lo_h, hist_width_h = _calibrate_in_scan_gluon(
                     buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h, hist_width_h,
                     _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, num_warps,

@@ -1,4 +1,4 @@
-"""The self-calibrating scan (LiteTopKTuning(calibration="scan"); kernels/triton/scoring.py, "Self-calibration").
+"""The self-calibrating scan (LiteTopKTuning(calibration="scan"); kernels/triton/scan_calibration.py).
 
 Each program of the scan scores n_sample contiguous key tiles first, those that end with its rows'
 earliest window end (phase A: every in-window key appended), takes a safe threshold and a histogram
@@ -33,7 +33,7 @@ from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.selection import NO_KEY, make_keys, split_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.decode import FLAG_WIDE
-from litetopk.kernels.triton.scoring import BISECTION_STEPS, _sample_tiles
+from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_tiles
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
 
