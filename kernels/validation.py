@@ -28,7 +28,7 @@ from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCach
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
 from .result import RESULT_FIELDS
 from .row_checks import row_checks
-from .workspace import ALIGNMENT, Scratch
+from .workspace import ALIGNMENT, STORAGE_ALIGNMENT, Scratch
 
 SUPPORTED_TOPK = (512, 1024)
 
@@ -220,6 +220,10 @@ def check_workspace(workspace, device: torch.device, inputs: dict[str, torch.Ten
     if workspace.data_ptr() % ALIGNMENT:
         raise InputError(f"workspace must start on a {ALIGNMENT}-byte boundary (data_ptr % {ALIGNMENT} = "
                          f"{workspace.data_ptr() % ALIGNMENT}); allocate_workspace(...) returns one that does")
+    if workspace.untyped_storage().data_ptr() % STORAGE_ALIGNMENT:
+        # (Scratch places its buffers by element offsets from the storage's start, up to 8 bytes an element)
+        raise InputError(f"the workspace's storage must start on a {STORAGE_ALIGNMENT}-byte boundary (any tensor "
+                         "torch allocates does); allocate_workspace(...) returns one that does")
     outs = {f"out[{n!r}]": t for n, t in (out or {}).items()}
     _check_disjoint({"workspace": workspace}, {**inputs, **outs})
 

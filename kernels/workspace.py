@@ -40,6 +40,7 @@ import torch
 from .errors import InputError
 
 ALIGNMENT = 256  # bytes: every carved buffer starts on this boundary (TMA and vector loads need >= 16)
+STORAGE_ALIGNMENT = 16  # bytes: where a workspace's storage starts (its views count elements from there)
 MAX_VIEWS = 4096  # carved views a workspace keeps for the next calls (a few calls' shapes)
 _VIEWS = "_litetopk_views"  # the attribute of a workspace tensor that keeps them
 _WHERE = "at"  # their entry for the (data pointer, bytes) they were carved from

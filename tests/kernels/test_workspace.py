@@ -18,6 +18,7 @@ import re
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,10 +249,23 @@ def bad_workspaces(p) -> dict:
         "2-D": (torch.zeros(2, n // 2, dtype=torch.uint8), "1-D contiguous uint8"),
         "strided": (torch.zeros(2 * n, dtype=torch.uint8)[::2], "1-D contiguous uint8"),
         "misaligned": (raw[aligned + 1:aligned + 1 + n], f"{ALIGNMENT}-byte boundary"),
+        "storage misaligned": (misaligned_storage(n), "storage must start on a 16-byte boundary"),
         "meta device": (torch.empty(n, dtype=torch.uint8, device="meta"), "is on meta"),
         "not a tensor": (bytearray(n), "must be a torch.Tensor"),
         "the cache": (aligned_cache(p), "workspace overlaps kv_cache"),
     }
+
+
+def misaligned_storage(n: int) -> torch.Tensor:
+    """A workspace that starts on ALIGNMENT bytes, in a storage that starts 3 bytes past 16."""
+    buffer = np.zeros(n + 2 * ALIGNMENT + 64, dtype=np.uint8)
+    skip = (3 - buffer.ctypes.data) % 16
+    storage = torch.frombuffer(memoryview(buffer)[skip:], dtype=torch.uint8)  # its storage starts at skip
+    start = -storage.data_ptr() % ALIGNMENT
+    workspace = storage[start:start + n]
+    workspace.keepalive = buffer  # (frombuffer shares the buffer's memory)
+    assert workspace.untyped_storage().data_ptr() % 16 == 3 and workspace.data_ptr() % ALIGNMENT == 0
+    return workspace
 
 
 def aligned_cache(p) -> torch.Tensor:
