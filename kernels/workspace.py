@@ -55,11 +55,14 @@ class Scratch:
         self.used = 0  # bytes carved so far (rounded up to ALIGNMENT); also counted without a workspace
         self._uncounted = False
         # The views carved from this workspace, kept on the tensor across calls (every call of a shape
-        # carves the same ones: a lookup instead of a view op a buffer). Dropped when they grow past
-        # MAX_VIEWS, or when the tensor no longer lies where they were carved (set_, resize_).
+        # carves the same ones: a lookup instead of a view op a buffer), one set for calls inside
+        # torch.inference_mode and one for calls outside it (an inference tensor cannot be written outside
+        # it). Dropped when they grow past MAX_VIEWS, or when the tensor no longer lies where they were
+        # carved (set_, resize_).
         self._views: dict | None = None
         if workspace is not None:
-            self._views = workspace.__dict__.setdefault(_VIEWS, {})
+            kept = workspace.__dict__.setdefault(_VIEWS, {})
+            self._views = kept.setdefault(torch.is_inference_mode_enabled(), {})
             where = (workspace.data_ptr(), workspace.numel())
             if self._views.get(_WHERE) != where:
                 self._views.clear()
@@ -84,6 +87,8 @@ class Scratch:
         # workspace's storage, not a view of the tensor (which would hold the tensor through `_base`:
         # a reference cycle that keeps a dropped workspace's memory until Python's garbage collector
         # runs). Buffers start on ALIGNMENT bytes, so the element offset is exact.
+        if count == 0:  # (no bytes: every empty buffer of a call would share one kept tensor)
+            return torch.empty(shape, dtype=dtype, device=self.device)
         key = (start, shape, dtype)
         view = self._views.get(key)
         if view is None:

@@ -88,7 +88,7 @@ def calibration_keys_bisection(sample: torch.Tensor, k: int, ceiling_rank: int, 
 
 
 def ordered_bits(sample: torch.Tensor) -> torch.Tensor:
-    """int64 order-preserving bits of float32 `sample` (scoring._ordered_bits in torch)."""
+    """int64 order-preserving bits of float32 `sample` (keys._ordered_bits in torch)."""
     bits = (sample + 0.0).view(torch.int32).long()
     return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
 

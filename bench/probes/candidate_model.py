@@ -9,8 +9,8 @@ REFRESH tiles the threshold rises to one bin below the highest edge with >= K ke
 - "sample" (the calibration stage, calibration.py): every stride-th key of the window, stride =
   min(max_end // sample_size, MAX_SAMPLE_STRIDE); threshold = its K-th best, histogram up to its
   max(1, K / (2 stride))-th best; the scan walks every tile in order.
-- "scan" (the self-calibrating scan, scoring._calibrate_in_scan): the last n_sample tiles first
-  (scoring._sample_tiles; a causal row's program ends its sample with the row's window), every key kept; threshold = the lower end of a BISECTION_STEPS-step
+- "scan" (the self-calibrating scan, scan_calibration._calibrate_in_scan): the last n_sample tiles first
+  (scan_calibration._sample_tiles; a causal row's program ends its sample with the row's window), every key kept; threshold = the lower end of a BISECTION_STEPS-step
   bisection of their K-th best over [min, max], histogram up to the same bracket of the
   max(1, K n_sample / (2 n_tiles))-th best; the buffer keeps the sampled keys >= the threshold, then
   the tiles before the sample are walked in order.

@@ -183,6 +183,8 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
                 host.append(None)  # (the call is on: no_launch notes when the scan starts)
                 call()
                 host[-1] = (time.perf_counter() - t0) * 1e3
+                if len(scan_started) < len(host):  # a call without a scan (no rows): all of it before one
+                    scan_started.append((host[-1], counts["launches"]))
                 scan_started[-1] = (scan_started[-1][0], scan_started[-1][1] - launches)
             per_call = {name: n / reps for name, n in counts.items()}
             profiler = cProfile.Profile()

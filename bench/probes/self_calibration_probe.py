@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -28,7 +29,6 @@ from bench.common.problems import call_args, prefill_problem
 
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.calibration import calibrate
-from litetopk.kernels.selection import NO_KEY
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
@@ -41,16 +41,23 @@ WARM, PAIRS = 5, 15
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 
-def alternating_ms(calls: dict) -> dict:
+def alternating_ms(calls: dict, warm: int = WARM, pairs: int = PAIRS) -> dict:
     """{name: median ms} of the zero-argument callables in `calls`, timed in alternation with CUDA
-    events after WARM warm-up calls of each."""
+    events after `warm` warm-up calls of each (on a machine without CUDA, wall time: the CPU smoke run)."""
+    cuda = torch.cuda.is_available()
     for fn in calls.values():
-        for _ in range(WARM):
+        for _ in range(warm):
             fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     times = {name: [] for name in calls}
-    for _ in range(PAIRS):
+    for _ in range(pairs):
         for name, fn in calls.items():
+            if not cuda:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -68,9 +75,8 @@ def stage_calls(args_, kw, tunings: dict) -> dict:
     calls = {}
     for mode, tuning in tunings.items():
         capacity = tuning.capacity(problem.topk)
-        if mode == "scan":
-            no_key = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64, device=problem.device)
-            calls[mode] = lambda c=capacity, t=tuning: backend.scan_candidates(problem, no_key, c,
+        if mode == "scan":  # no thresholds: the scan's own sample sets them
+            calls[mode] = lambda c=capacity, t=tuning: backend.scan_candidates(problem, None, c,
                                                                                sample_size=t.sample_size)
         else:
             def sample_then_scan(c=capacity, t=tuning):
@@ -95,28 +101,36 @@ def draw(report: dict, path: str) -> None:
                label=f"calibration={mode!r}")
     ax.set_xticks(range(len(cases)), labels, fontsize=8)
     ax.set_ylabel("LiteTopK call, ms (median)")
-    ax.set_title(f"calibration='scan' vs 'sample', {report['device']}, Q={ROWS}", fontsize=10)
+    ax.set_title(f"calibration='scan' vs 'sample', {report['device']}, Q={report['rows']}", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for self-calibration.json and .png")
     parser.add_argument("--keys", type=int, nargs="+", default=list(KEYS))
     parser.add_argument("--spread", type=int, nargs="+", default=list(SPREADS))
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=int, default=ROWS)
+    parser.add_argument("--warm", type=int, default=WARM)
+    parser.add_argument("--pairs", type=int, default=PAIRS)
+    parser.add_argument("--sample-size", type=int, default=LiteTopKTuning().sample_size,
+                        help="LiteTopKTuning.sample_size of both modes (the CPU smoke run uses a small one)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run under TRITON_INTERPRET=1 (tests)
     os.makedirs(args.out, exist_ok=True)
-    tunings = {mode: LiteTopKTuning(calibration=mode) for mode in MODES}
-    report = {"device": torch.cuda.get_device_name(0), "rows": ROWS, "warm": WARM, "pairs": PAIRS,
-              "command": "python -m bench.probes.self_calibration_probe " + " ".join(sys.argv[1:]), "cases": []}
+    tunings = {mode: LiteTopKTuning(calibration=mode, sample_size=args.sample_size) for mode in MODES}
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)", "rows": args.rows,
+              "warm": args.warm, "pairs": args.pairs,
+              "command": "python -m bench.probes.self_calibration_probe " + " ".join(sys.argv[1:] if argv is None else argv),
+              "cases": []}
     print(f"{'keys':>7} {'K':>5} {'s':>2} | {'call sample':>11} {'call scan':>9} | {'stages sample':>13} "
           f"{'stages scan':>11} | {'cand sample':>13} {'cand scan':>13} | exact repaired")
     for keys in args.keys:
         for k in TOPKS:
             for spread in args.spread:
-                args_, kw = call_args(prefill_problem(ROWS, keys * 4, k, seed=11, device="cuda", spread=spread))
+                args_, kw = call_args(prefill_problem(args.rows, keys * 4, k, seed=11, device=device, spread=spread))
                 dense = dense_topk_prefill(*args_, **kw, backend="triton")
                 results = {mode: litetopk_prefill(*args_, **kw, backend="triton", tuning=t) for mode, t in tunings.items()}
                 exact = {mode: all(torch.equal(getattr(r, f), getattr(dense, f)) for f in FIELDS)
@@ -125,8 +139,8 @@ def main():
                 candidates = {mode: [float(r.candidates.float().mean()), int(r.candidates.max())]
                               for mode, r in results.items()}
                 calls = alternating_ms({mode: (lambda t=t: litetopk_prefill(*args_, **kw, backend="triton", tuning=t))
-                                        for mode, t in tunings.items()})
-                stages = alternating_ms(stage_calls(args_, kw, tunings))
+                                        for mode, t in tunings.items()}, args.warm, args.pairs)
+                stages = alternating_ms(stage_calls(args_, kw, tunings), args.warm, args.pairs)
                 case = dict(keys=keys, k=k, spread=spread, call_ms=calls, stages_ms=stages, exact=exact,
                             repaired=repaired, candidates=candidates)
                 report["cases"].append(case)
@@ -138,7 +152,8 @@ def main():
                       f"{candidates['scan'][0]:>7.0f}/{candidates['scan'][1]:<5} | "
                       f"{exact['sample'] and exact['scan']} {repaired['sample']}/{repaired['scan']}", flush=True)
                 del dense, results, args_, kw
-                torch.cuda.empty_cache()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
     draw(report, os.path.join(args.out, "self-calibration.png"))
 
 

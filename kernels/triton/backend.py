@@ -281,6 +281,8 @@ class TritonBackend(ScoringBackend):
     def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
                         ceilings: torch.Tensor | None = None, sample_size: int = 0) -> CandidateScan:
         sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scan_calibration.py)
+        if not sample_tiles and thresholds is None:
+            raise ValueError("a scan without thresholds calibrates itself: give sample_size > 0")
         if sample_tiles and (thresholds is not None or ceilings is not None):
             # (phase A must append every key and count none: a histogram there would count the
             # sampled keys twice, once more at the compaction, and could raise a threshold too far)

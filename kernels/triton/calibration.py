@@ -2,7 +2,7 @@
 twin of kernels/calibration.py's calibration_keys_torch (CUDA devices and the interpreter; the same
 bits, tested in tests/kernels/test_calibration_order.py).
 
-Math. Each float32 score maps to an order-preserving int32 o (scoring._ordered_bits: -0.0 ties +0.0).
+Math. Each float32 score maps to an order-preserving int32 o (keys._ordered_bits: -0.0 ties +0.0).
 The rank-th largest of a row is the largest t with count(o >= t) >= rank. A bracket [lo, hi] of int32
 values holds it while c_lo = count(o >= lo) >= rank and c_hi = count(o > hi) < rank (start: the whole
 int32 range, c_lo = width, c_hi = 0); a bisection step counts the row at the bracket's middle and keeps

@@ -48,7 +48,7 @@ repeats _calibrate_in_scan's steps and arithmetic in a [2, 256] layout that give
 slot to one thread (no replicated atomics). The sample's phase never raises its threshold (the twin's
 phase A: -inf, no histogram). The program sets up its rows itself (threshold, histogram range, zeroed
 counters: no launch before the scan). Offline: its step loops 253 (the sample's: no raise, and no
-histogram add, off by construction) / 347 / 341 instructions (the scan's 326), no stack (88 bytes with
+histogram add, off by construction) / 347 / 341 instructions (the scan's 326), no stack (104 bytes with
 ANY_WIDE, whose loops reload up to 10 registers a step against scan_wide's 5). Not yet run on an H200.
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
 the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
@@ -248,19 +248,14 @@ def score_fp4_gluon_kernel(
         h_ok = h_rows >= 0
         h_rows64 = gl.where(h_ok, h_rows, 0).to(gl.int64)
         offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
-        row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
-        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat)
-        rows64_f = rows_f.to(gl.int64)
+        row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
         if SELF_CALIBRATE:
-            # The program sets up its own rows (scan_calibration.py: no launch before the
-            # scan): threshold -inf, histogram off, counters zeroed; the barrier before phase A's
-            # first step orders the zeroing before any thread counts.
-            row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
+            # The program sets up its own rows (scan_calibration.py: no launch before the scan): threshold
+            # -inf, histogram off, counters zeroed; the barrier before phase A's first step orders the
+            # zeroing before any thread counts.
             thr_h = gl.full([BLOCK_ROWS], float("-inf"), gl.float32, row_of_hist)
             hist_lo_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
             hist_width_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
-            hist_lo = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
-            hist_width = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
             gl.store(appended_ptr + h_rows64, gl.zeros([BLOCK_ROWS], gl.int32, row_of_hist), mask=h_ok)
             gl.store(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], gl.zeros([BLOCK_ROWS, NB], gl.int32, hist_layout),
                      mask=h_ok[:, None])
@@ -268,6 +263,13 @@ def score_fp4_gluon_kernel(
             thr_h = gl.load(thr_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_lo_h = gl.load(hist_lo_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_width_h = gl.load(hist_width_ptr + h_rows64, mask=h_ok, other=0.0)
+        row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
+        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat)
+        rows64_f = rows_f.to(gl.int64)
+        if SELF_CALIBRATE:
+            hist_lo = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
+            hist_width = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
+        else:
             hist_lo = gl.load(hist_lo_ptr + rows64_f, mask=ok_f, other=0.0)
             hist_width = gl.load(hist_width_ptr + rows64_f, mask=ok_f, other=0.0)
         offs_fk = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, flat))

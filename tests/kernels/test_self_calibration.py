@@ -101,7 +101,7 @@ def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, cap
     """The key positions a program scores in phase A: ref_sample_tiles contiguous tiles of its span
     (whose tiles start at the span's start rounded down to a tile) ending with the tile that holds the
     program's earliest window end - 1, or starting at the span's start when that is too early
-    (scoring._first_sample_tile)."""
+    (scan_calibration._first_sample_tile)."""
     lo = span_start // block_keys * block_keys
     n_steps = -(-(span_end - lo) // block_keys)
     n_sample = ref_sample_tiles(n_steps, -(-sample_size // block_keys), MAX_SAMPLE_STRIDE, capacity, topk, block_keys)

@@ -185,6 +185,20 @@ def test_scratch_counts_what_workspace_bytes_says(backend, seed):
     assert used_by(p, backend, LiteTopKTuning()) == workspace_bytes(**sizing("litetopk", p, backend))
 
 
+@pytest.mark.parametrize("backend", _cases(["reference", "triton"]))
+def test_calls_inside_and_outside_inference_mode_share_a_workspace(backend, seed):
+    """A workspace kept views made inside torch.inference_mode (inference tensors, which no call outside
+    it may write) and outside it: calls in both modes, in either order, give the same bits."""
+    p = make_problem(seed, seq_lens=[700], rows_per_seq=2, topk=512, spread=1)
+    tuning = LiteTopKTuning(sample_size=128)
+    want = call("litetopk", p, backend, tuning=tuning)
+    workspace = allocate_workspace(**sizing("litetopk", p, backend, tuning))
+    for inference in (True, False, True, False):
+        with torch.inference_mode(inference):
+            got = call("litetopk", p, backend, workspace=workspace, tuning=tuning)
+        same_bits(got, want, f"{backend}, inference_mode={inference}, seed {seed}")
+
+
 def test_carved_views_are_kept_on_the_workspace_and_follow_it(seed, monkeypatch):
     """A workspace keeps its carved views for the next call (a lookup instead of a view op): the next
     call's buffers are the same tensors, at the same bytes. Where the tensor has been pointed at other
