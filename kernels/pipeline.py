@@ -3,7 +3,8 @@
 The stages, one file each (torch code beside its Triton twin; devices.runs_triton_stages decides
 which runs), every one on the inputs' device and the caller's current stream, with sizes from shapes
 and static bounds only, so that a call needs no host round trip and can be captured in a CUDA graph:
-    row_checks.py   validation's per-row faults (run by validate_prefill)
+    row_checks.py   validation's per-row faults, each sequence's keys and the zeroed words of the
+                    stages' device accumulators (run by validate_prefill: the call's first launch)
     calibration.py  a safe threshold per row from a strided sample        (the backend scores it;
                     with LiteTopKTuning(calibration="scan") the scan takes it from its own first tiles)
     (backend)       the fused scan: candidates above the threshold        (scan_candidates)

@@ -10,10 +10,19 @@ Math, per row i with b = row_to_batch[i], [s, e) = [starts[i], ends[i]):
     NONFINITE      a NaN or inf among the row's 64 head weights (float32)
 and the effective metadata: (row_to_batch, starts, ends) of rows without a bit, zeros otherwise
 (int32 [3, rows]), so backends, which assume valid input, never read through a bad row.
+Per sequence b, as the call's first launch (so that no later stage needs a launch of its own for them):
+    sequence_ends[b]  the largest end of a window of sequence b that is not INVALID_ROW (0 for none):
+                      the key positions [0, sequence_ends[b]) that any row of b may read, an upper bound
+                      of its effective windows (a row with a bad page or weight counts: its window is in
+                      range, and a stage that reads it skips bad pages)
+    zeroed            int32 [ZEROED_WORDS + batch] of zeros: the words later stages accumulate into on
+                      the device with atomics (decode.py's flag summary, then one word a sequence)
 Everything stays on the inputs' device: nothing here waits for the device or reads it on the host.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -24,15 +33,24 @@ from .workspace import Scratch
 
 #: Smallest page id whose slots (page * PAGE_SIZE + offset) are all beyond int32.
 FIRST_UNMAPPABLE_PAGE = 2**31 // PAGE_SIZE
+#: The zeroed words before the per-sequence ones (module docstring: decode.py's flag summary).
+ZEROED_WORDS = 4
+
+
+class RowChecks(NamedTuple):
+    """What the row checks give the call (module docstring)."""
+
+    status: torch.Tensor  # int32 [rows]
+    effective: torch.Tensor  # int32 [3, rows]: row_to_batch, starts, ends (zeros for a row with a bit)
+    sequence_ends: torch.Tensor  # int32 [batch]
+    zeroed: torch.Tensor  # int32 [ZEROED_WORDS + batch], zeros
 
 
 def row_checks(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-               starts: torch.Tensor, ends: torch.Tensor, max_end: int,
-               scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(status int32 [rows], effective int32 [3, rows]) of shape-checked inputs (weights float32
-    [rows, 64]); the module docstring says which bit means what. Runs the Triton twin where
-    devices.runs_triton_stages says so (its outputs from `scratch`; None: the allocator), the torch
-    code below elsewhere."""
+               starts: torch.Tensor, ends: torch.Tensor, max_end: int, scratch: Scratch | None = None) -> RowChecks:
+    """The RowChecks of shape-checked inputs (weights float32 [rows, 64]); the module docstring says
+    which bit means what. Runs the Triton twin where devices.runs_triton_stages says so (its outputs
+    from `scratch`; None: the allocator), the torch code below elsewhere."""
     if runs_triton_stages(weights.device):
         from .triton.row_checks import row_checks_triton
 
@@ -41,7 +59,7 @@ def row_checks(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor,
 
 
 def row_checks_torch(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                     starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> RowChecks:
     """row_checks in torch ops (any device)."""
     batch, max_pages = block_table.shape
     b, s, e = row_to_batch.long(), starts.long(), ends.long()
@@ -60,4 +78,8 @@ def row_checks_torch(block_table: torch.Tensor, num_pages: int, weights: torch.T
     status = set_status_bit(status, ~torch.isfinite(weights).all(dim=1), RowStatus.NONFINITE)
     ok = status == 0
     effective = torch.stack([torch.where(ok, t, 0) for t in (row_to_batch, starts, ends)]).to(torch.int32)
-    return status, effective
+    sequence_ends = torch.zeros(batch, dtype=torch.int32, device=weights.device)
+    if batch:
+        sequence_ends.scatter_reduce_(0, safe_b, torch.where(bad_row, 0, e).to(torch.int32), "amax")
+    zeroed = torch.zeros(ZEROED_WORDS + batch, dtype=torch.int32, device=weights.device)
+    return RowChecks(status, effective, sequence_ends, zeroed)

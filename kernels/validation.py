@@ -4,7 +4,6 @@
 device, K, weight_scale) and raises InputError saying what to change. Faults that belong to single
 rows do not fail the whole call here: they become status bits of those rows and the rows' windows
 are emptied, so backends (which assume valid input) never read through them:
-    INVALID_ROW   batch index outside [0, batch), or a window not inside [0, max_pages * 64)
     INVALID_ROW   batch index outside [0, batch), or a window not inside [0, max_end) where
                   max_end = min(max_seq_len, max_pages * 64) (max_seq_len: the caller's bound)
     INVALID_PAGE  a page that overlaps the row's window is negative or >= num_pages
@@ -51,6 +50,8 @@ class PrefillProblem:
     starts: torch.Tensor  # int32 [rows]
     ends: torch.Tensor  # int32 [rows]
     row_status: torch.Tensor  # int32 [rows], bits found by validation
+    sequence_ends: torch.Tensor  # int32 [batch]: the key positions any row of a sequence may read (row_checks.py)
+    zeroed: torch.Tensor  # int32 [ZEROED_WORDS + batch]: zeros for the stages' device accumulators (row_checks.py)
     topk: int
     weight_scale: float
     max_end: int  # static bound of every window end: min(max_seq_len, max_pages * 64); sizes buffers
@@ -165,13 +166,13 @@ def validate_prefill(
         weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace)
     scratch = Scratch(q_fp4.device, workspace)
     weights = weights.float().contiguous()
-    status, effective = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end,
-                                   scratch=scratch)
-    eff_rtb, eff_starts, eff_ends = effective.unbind(0)
+    checked = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end, scratch=scratch)
+    eff_rtb, eff_starts, eff_ends = checked.effective.unbind(0)
     return PrefillProblem(
         q_fp4=q_fp4, q_scale=q_scale, cache=cache, block_table=block_table, weights=weights,
-        row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends,
-        row_status=status, topk=topk, weight_scale=float(weight_scale), max_end=max_end, scratch=scratch,
+        row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends, row_status=checked.status,
+        sequence_ends=checked.sequence_ends, zeroed=checked.zeroed,
+        topk=topk, weight_scale=float(weight_scale), max_end=max_end, scratch=scratch,
     )
 
 

@@ -33,11 +33,12 @@ from ..calibration import MAX_SAMPLE_STRIDE
 from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
 from ..profiling import stage_range
+from ..row_checks import ZEROED_WORDS
 from ..selection import NO_KEY, score_floor_keys
 from ..validation import PrefillProblem
 from .certify import finish_scan_triton
 from .decode import (
-    FLAG_UNSUPPORTED, decode_operands_triton, decode_prologue_triton, scoring_faults_triton, unsupported_rows_triton,
+    FLAG_UNSUPPORTED, decode_operands_triton, scoring_faults_triton, unsupported_rows_triton,
 )
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
@@ -161,12 +162,13 @@ class TritonBackend(ScoringBackend):
         batch = problem.block_table.shape[0]
         scratch = problem.scratch
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        # summary: OR of the key flags, of the query flags, weights refused (decode.py)
-        need, summary, batch_wide = decode_prologue_triton(problem.row_to_batch, problem.ends, batch, scratch)
+        # The keys any row reads, and zeroed words from the row checks' launch (row_checks.py): the flag
+        # summary (OR of the key flags, of the query flags, weights refused: decode.py) and batch_wide.
+        summary, batch_wide = problem.zeroed[:ZEROED_WORDS], problem.zeroed[ZEROED_WORDS:]
         key_outputs, query_outputs = decode_operands_triton(
-            problem.cache, problem.block_table, need, s_pad, summary, batch_wide, problem.q_fp4, problem.q_scale,
-            problem.weights, (problem.starts, problem.ends), problem.weight_scale, block_keys=self.block_keys,
-            scratch=scratch)
+            problem.cache, problem.block_table, problem.sequence_ends, s_pad, summary, batch_wide, problem.q_fp4,
+            problem.q_scale, problem.weights, (problem.starts, problem.ends), problem.weight_scale,
+            block_keys=self.block_keys, scratch=scratch)
         k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = key_outputs
         q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = query_outputs
         keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),

@@ -1,4 +1,4 @@
-"""Compile the pipeline's glue kernels (decode bookkeeping, schedule, certificate, repair, the
+"""Compile the pipeline's glue kernels (row checks, decode, schedule, certificate, repair, the
 calibration's order statistics, the dense path's tie settlement) for sm_90 without a GPU, as the backend launches them: CI runs them
 under the interpreter only, which accepts code that the compiler refuses (loop-carried types, tuple
 loops); this build catches that.
@@ -14,14 +14,16 @@ import json
 import os
 import sys
 
-from . import calibration, certify, decode, dense_ties, repair, schedule
+from . import calibration, certify, decode, dense_ties, repair, row_checks, schedule
 from .compile_sm90 import compile_sm90, resource_usage
 
 _KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
 _SCHEDULE = dict(BLOCK_ROWS=2, LANES=2)
 #: kernel -> (constexpr arguments, argument types that are not int32 pointers / int32 scalars)
 KERNELS = {
-    decode.decode_prologue_kernel: (dict(SUMMARY=4, BLOCK=1024), {}),
+    row_checks.row_checks_kernel: (dict(INVALID_ROW=1, INVALID_PAGE=2, NONFINITE=4, SLOT_OVERFLOW=8, H=64, PAGE=64,
+                                         BLOCK_PAGES=row_checks.BLOCK_PAGES, FIRST_UNMAPPABLE=2**25, ZEROED=4,
+                                         BLOCK_ROWS=row_checks.BLOCK_ROWS), dict(weights_ptr="*fp32")),
     decode.decode_kernel: (dict(_KEYS, KEYS=True, QUERIES=True, WEIGHTS=True, QUERY_VB=64), dict(
         values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64", scale_page_stride="i64", k_lo_ptr="*i16",
         k_hi_ptr="*i16", k_flags_ptr="*i8", kfac_ptr="*fp32", tile_wide_ptr="*i8", q_ptr="*u8", qs_ptr="*u8",

@@ -20,9 +20,9 @@ in place. Tiling: VB vectors per program, 128 elements each; for keys VB = BLOCK
 kernels, so that one program decodes one key tile.
 
 The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
-torch op on the host path; a call decodes in two launches:
-    decode_prologue_kernel   need[b] (largest window end of sequence b's rows), the zeroed summary
-                             words and batch_wide
+torch op on the host path; a call decodes in one launch. Its inputs from the row checks' launch
+(kernels/row_checks.py): need[b] = sequence_ends[b] (the keys any row of sequence b reads) and zeroed
+words for the flag summary (summary[0] key flags, [1] query flags, [2] refused weights) and batch_wide.
     decode_kernel            the keys (_decode_key_tile, one key tile a program) and the queries
                              (_decode_query_block, one query row a program) side by side in one grid
                              (decode_operands_triton; each side alone: decode_keys_fp4_triton,
@@ -230,34 +230,6 @@ def _decode_query_block(block, q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_p
 
 
 @triton.jit
-def decode_prologue_kernel(rtb_ptr, ends_ptr, rows, need_ptr, summary_ptr, batch_wide_ptr, batch,
-                           SUMMARY: tl.constexpr, BLOCK: tl.constexpr):
-    """need[b] = max(0, largest window end of sequence b's rows); zeroes summary [SUMMARY] and batch_wide [batch]."""
-    b = tl.program_id(0)
-    need = tl.zeros([BLOCK], dtype=tl.int32)
-    for r0 in range(0, rows, BLOCK):
-        offs_r = r0 + tl.arange(0, BLOCK)
-        mask_r = offs_r < rows
-        mine = mask_r & (tl.load(rtb_ptr + offs_r, mask=mask_r, other=-1) == b)
-        need = tl.maximum(need, tl.load(ends_ptr + offs_r, mask=mine, other=0))
-    tl.store(need_ptr + b, tl.max(need, axis=0), mask=b < batch)
-    tl.store(batch_wide_ptr + b, 0, mask=b < batch)
-    offs_s = tl.arange(0, SUMMARY)
-    tl.store(summary_ptr + offs_s, tl.zeros([SUMMARY], dtype=tl.int32), mask=b == 0)
-
-
-def decode_prologue_triton(row_to_batch: torch.Tensor, ends: torch.Tensor, batch: int, scratch: Scratch):
-    """(need int32 [batch]: the positions decode_keys_fp4_triton decodes per sequence, the largest window
-    end of its rows (0 for none); summary int32 [4] and batch_wide int32 [batch], zeroed) in one launch."""
-    need = scratch.empty(batch, torch.int32)
-    summary = scratch.empty(4, torch.int32)
-    batch_wide = scratch.empty(batch, torch.int32)
-    decode_prologue_kernel[(max(batch, 1),)](row_to_batch, ends, row_to_batch.shape[0], need, summary, batch_wide,
-                                             batch, SUMMARY=4, BLOCK=1024)
-    return need, summary, batch_wide
-
-
-@triton.jit
 def decode_kernel(
     key_programs,                                   # programs [0, key_programs) decode keys, the rest queries
     values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride, need_ptr, num_pages,
@@ -375,7 +347,7 @@ def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torc
     key tile of the scoring kernels holds a wide key, batch_wide int32 [B]: the sequence does); see the
     module docstring. s_pad is a multiple of block_keys (a power of two >= 16). The flags of the decoded
     vectors are ORed into the int32 `summary[0]` and the tiles' wide bits into `batch_wide`, which must
-    be zeroed when given (decode_prologue_triton)."""
+    be zeroed when given (the row checks' zeroed words)."""
     outputs, keys = _key_side(cache, block_table, need, s_pad, summary, batch_wide, block_keys,
                               scratch or Scratch(cache.device))
     _launch_decode(keys, None)

@@ -23,9 +23,10 @@ from litetopk.kernels import (
     litetopk_prefill,
 )
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, row_checks_torch
+from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, ZEROED_WORDS, row_checks_torch
 from litetopk.kernels.selection import NO_KEY, make_keys
 from litetopk.kernels.validation import validate_prefill
+from litetopk.kernels.workspace import Scratch
 from tests.problems import make_problem
 
 INT32_MAX = 2**31 - 1
@@ -201,16 +202,35 @@ def test_row_faults_become_status_bits(case, seed):
     ok = ~faulty
     assert torch.equal(problem.starts[ok], args["starts"][ok]) and torch.equal(problem.ends[ok], args["ends"][ok]), case
     assert torch.equal(problem.row_to_batch[ok], args["row_to_batch"][ok]), case
+    assert problem.sequence_ends.tolist() == ref_sequence_ends(args, want), f"{case}: {problem.sequence_ends.tolist()}"
+    assert problem.zeroed.tolist() == [0] * (ZEROED_WORDS + 2), case
     for name in ARG_NAMES:  # validation never writes to its inputs (compared bit for bit: NaN too)
         got, was = args[name].flatten(), original[name].flatten()
         assert torch.equal(got.view(torch.uint8), was.view(torch.uint8)), f"{case}: {name} was modified"
+
+
+def ref_sequence_ends(args: dict, status: list[int]) -> list[int]:
+    """Per sequence: the largest end of its rows' windows that are not INVALID_ROW (plain Python)."""
+    batch = args["block_table"].shape[0]
+    ends = [0] * batch
+    for b, end, bits in zip(args["row_to_batch"].tolist(), args["ends"].tolist(), status):
+        if not bits & RowStatus.INVALID_ROW:
+            ends[b] = max(ends[b], end)
+    return ends
+
+
+def poisoned_scratch(device, seed: int) -> Scratch:
+    """A Scratch over a workspace of random bytes: whatever a kernel does not write stays garbage."""
+    gen = torch.Generator().manual_seed(seed)
+    return Scratch(torch.device(device), torch.randint(0, 256, (1 << 16,), generator=gen, dtype=torch.uint8).to(device))
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(ROW_FAULTS))
 def test_row_checks_kernel_finds_the_same_faults(case, seed):
     """kernels/triton/row_checks.py (what validation runs on a CUDA device) on the same cases: the
-    same status bits and the same effective windows as the torch checks."""
+    same status bits and the same effective windows as the torch checks, the sequences' ends, and
+    its zeroed words written over a poisoned workspace."""
     from litetopk.kernels.triton.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -218,13 +238,42 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
     args = small_args(seed)
     for change in changes:
         change(args)
-    status, effective = row_checks_triton(
+    checked = row_checks_triton(
         args["block_table"].to(device), _num_pages(args), args["weights"].float().to(device),
-        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")), 5 * 64)
-    assert status.cpu().tolist() == want, f"{case}: {status.cpu().tolist()} vs {want}"
+        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")), 5 * 64,
+        scratch=poisoned_scratch(device, seed))
+    assert checked.status.cpu().tolist() == want, f"{case}: {checked.status.cpu().tolist()} vs {want}"
     ok = torch.tensor(want) == 0
     for i, name in enumerate(("row_to_batch", "starts", "ends")):
-        assert torch.equal(effective[i].cpu(), torch.where(ok, args[name], 0)), f"{case}: effective {name}"
+        assert torch.equal(checked.effective[i].cpu(), torch.where(ok, args[name], 0)), f"{case}: effective {name}"
+    assert checked.sequence_ends.cpu().tolist() == ref_sequence_ends(args, want), case
+    assert checked.zeroed.cpu().tolist() == [0] * (ZEROED_WORDS + 2), case
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("rows, batch", [(0, 3), (5, 0), (0, 0), (3000, 2)])
+def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
+    """No rows: every sequence ends at 0; no sequence: every row is INVALID_ROW; many rows (several of
+    the sequences' blocks): the ends as the torch checks give them. The zeroed words in every case."""
+    from litetopk.kernels.row_checks import row_checks_torch
+    from litetopk.kernels.triton.row_checks import row_checks_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    block_table = torch.randint(0, 50, (batch, 8), generator=gen, dtype=torch.int32)
+    ends = torch.randint(0, 8 * 64 + 40, (rows,), generator=gen, dtype=torch.int32)  # some past the bound
+    starts = (ends - torch.randint(0, 300, (rows,), generator=gen, dtype=torch.int32)).clamp_min(-2)
+    row_to_batch = torch.randint(-1, max(batch, 1) + 1, (rows,), generator=gen, dtype=torch.int32)
+    weights = torch.randn(rows, 64, generator=gen)
+    args = (block_table, 50, weights, row_to_batch, starts, ends, 8 * 64)
+    want = row_checks_torch(*args)
+    got = row_checks_triton(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args),
+                            scratch=poisoned_scratch(device, seed))
+    for name, a, b in zip(want._fields, got, want):
+        assert torch.equal(a.cpu(), b), f"rows {rows}, batch {batch}: {name}"
+    assert want.zeroed.tolist() == [0] * (ZEROED_WORDS + batch)
+    if rows and batch:
+        assert 0 < int(want.sequence_ends.max()) <= 8 * 64, "the case has rows in range"
 
 
 # ---- 64-bit slot arithmetic ---------------------------------------------------------------------
@@ -282,11 +331,13 @@ def slot_case(case: str):
 @pytest.mark.parametrize("case", list(SLOT_CASES))
 def test_row_checks_flag_slot_overflow(case):
     args, want = slot_case(case)
-    status, effective = row_checks_torch(*args)
+    status, effective, sequence_ends, _ = row_checks_torch(*args)
     assert status.tolist() == want, f"{case}: {[RowStatus(s).name for s in status.tolist()]}"
     ok = torch.tensor(want) == 0
     for i, t in enumerate(args[3:6]):
         assert torch.equal(effective[i], torch.where(ok, t, 0)), case
+    # rows with bad or unmappable pages and the NONFINITE row count: their windows are in range
+    assert sequence_ends.tolist() == [192, 256], case
 
 
 @pytest.mark.interpret
@@ -298,10 +349,11 @@ def test_row_checks_twins_agree_on_slot_overflow(case):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args, want = slot_case(case)
-    want_status, want_effective = row_checks_torch(*args)
-    status, effective = row_checks_triton(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
-    assert status.cpu().tolist() == want_status.tolist() == want, f"{case}: {status.cpu().tolist()} vs {want}"
-    assert torch.equal(effective.cpu(), want_effective), case
+    reference = row_checks_torch(*args)
+    checked = row_checks_triton(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args))
+    assert checked.status.cpu().tolist() == reference.status.tolist() == want, f"{case}: {checked.status.tolist()}"
+    for name, a, b in zip(reference._fields, checked, reference):
+        assert torch.equal(a.cpu(), b), f"{case}: {name}"
 
 
 def ref_slots(positions, row_to_batch, block_table):
