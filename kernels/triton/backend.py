@@ -7,7 +7,7 @@ sequence each, the longest windows first, a fixed grid from shapes), and launche
 in dense or scan mode on the current stream. Nothing is read back on the host. The glue between the
 kernels is Triton kernels too (decode.py's bookkeeping, schedule.py, repair.py's subset operands,
 certify.py's scan outputs) where devices.runs_triton_stages says so, their torch twins elsewhere: a
-LiteTopK call is 25 launches, 21 with a self-calibrating scan (bench.probes.host_time --cpu counts them). Buffers come from
+LiteTopK call is 24 launches, 20 with a self-calibrating scan (bench.probes.host_time --cpu counts them). Buffers come from
 problem.scratch (workspace.py). Runs on an NVIDIA CUDA
 device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
