@@ -24,6 +24,16 @@ def test_the_suite_has_its_parts():
         assert name in MODULES, f"{name} is missing from bench/"
 
 
+@pytest.mark.parametrize("name", [m for m in MODULES if not m.endswith("__init__")])
+def test_every_module_is_in_the_index(name):
+    """bench/README.md names every module (as `bench.x.y`, or as its path for a script), so that a
+    newcomer finds each benchmark, check and probe there."""
+    index = (BENCH / "README.md").read_text()
+    path = "bench/" + "/".join(name.split(".")[1:]) + ".py"
+    if (ROOT / path).exists():  # a module, not a package
+        assert f"`{name}`" in index or f"`{path}`" in index, f"{name} is not in bench/README.md"
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_module_imports_without_a_device(name):
     importlib.import_module(name)
