@@ -112,6 +112,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="folder for self-calibration.json and .png")
     parser.add_argument("--keys", type=int, nargs="+", default=list(KEYS))
     parser.add_argument("--spread", type=int, nargs="+", default=list(SPREADS))
+    parser.add_argument("--topk", type=int, nargs="+", default=list(TOPKS))
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--warm", type=int, default=WARM)
     parser.add_argument("--pairs", type=int, default=PAIRS)
@@ -128,7 +129,7 @@ def main(argv=None):
     print(f"{'keys':>7} {'K':>5} {'s':>2} | {'call sample':>11} {'call scan':>9} | {'stages sample':>13} "
           f"{'stages scan':>11} | {'cand sample':>13} {'cand scan':>13} | exact repaired")
     for keys in args.keys:
-        for k in TOPKS:
+        for k in args.topk:
             for spread in args.spread:
                 args_, kw = call_args(prefill_problem(args.rows, keys * 4, k, seed=11, device=device, spread=spread))
                 dense = dense_topk_prefill(*args_, **kw, backend="triton")

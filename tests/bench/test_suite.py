@@ -59,17 +59,20 @@ def test_device_scripts_name_existing_files_and_modules(path):
 
 @pytest.mark.interpret
 def test_self_calibration_probe_runs_end_to_end(tmp_path):
-    """The device probe of the first GPU call, on a tiny problem on the CPU (interpreter): it must not
+    """The device probe of the first GPU call, on a small problem on the CPU (interpreter): it must not
     fail on the H200 for a reason a CPU run shows (its stage calls once passed thresholds together
-    with a sample, which the backend refuses). Its report: both modes exact, no row repaired."""
+    with a sample, which the backend refuses). Windows of up to 8,192 keys against a 4,096-key buffer
+    (K = 512): the thresholds must filter, or rows overflow and are repaired. Its report: both modes
+    exact, no row repaired, fewer candidates than keys."""
     import json
 
     from bench.probes import self_calibration_probe
 
-    self_calibration_probe.main(["--out", str(tmp_path), "--keys", "2048", "--spread", "1", "--rows", "4",
-                                 "--warm", "0", "--pairs", "1", "--sample-size", "512"])
+    self_calibration_probe.main(["--out", str(tmp_path), "--keys", "8192", "--topk", "512", "--spread", "1",
+                                 "--rows", "4", "--warm", "0", "--pairs", "1", "--sample-size", "512"])
     report = json.loads((tmp_path / "self-calibration.json").read_text())
-    assert len(report["cases"]) == 2 and (tmp_path / "self-calibration.png").exists()  # K = 512 and 1024
-    for case in report["cases"]:
-        assert case["exact"] == {"sample": True, "scan": True}, case
-        assert case["repaired"] == {"sample": 0, "scan": 0}, case
+    assert len(report["cases"]) == 1 and (tmp_path / "self-calibration.png").exists()
+    case = report["cases"][0]
+    assert case["exact"] == {"sample": True, "scan": True}, case
+    assert case["repaired"] == {"sample": 0, "scan": 0}, case
+    assert all(most < 4096 for _, most in case["candidates"].values()), case  # the buffer: 8 K

@@ -354,7 +354,8 @@ def test_livez_answers_while_a_16_mib_body_is_parsed(service, kind, code):
     A stall of the service repeats with every body it parses, the first included (the parser process
     then imports the validator); a scheduling hiccup of a loaded test machine does not (one
     repetition of three once took 70 ms on a 2-core box running the suite in parallel). So two of
-    the three repetitions must keep every probe within the bound, and none may reach 4 x the bound."""
+    the three repetitions must keep every probe within the bound, none may reach 4 x the bound, and
+    the first (the one a cold start of the parser would stall) not 2 x the bound."""
     body = _sixteen_mib_body(kind)
     assert len(body) == BODY_BYTES
     worst = []
@@ -366,6 +367,7 @@ def test_livez_answers_while_a_16_mib_body_is_parsed(service, kind, code):
     shown = [round(w * 1e3, 1) for w in worst]
     assert sorted(worst)[1] <= LIVEZ_MAX_S, f"/livez took up to {shown} ms in the three repetitions"
     assert max(worst) <= 4 * LIVEZ_MAX_S, f"/livez took up to {shown} ms in the three repetitions"
+    assert worst[0] <= 2 * LIVEZ_MAX_S, f"/livez took up to {shown} ms: the first body stalled it"
     assert service.process.poll() is None
 
 
