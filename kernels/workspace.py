@@ -41,7 +41,7 @@ from .errors import InputError
 
 ALIGNMENT = 256  # bytes: every carved buffer starts on this boundary (TMA and vector loads need >= 16)
 STORAGE_ALIGNMENT = 16  # bytes: where a workspace's storage starts (its views count elements from there)
-MAX_VIEWS = 4096  # carved views a workspace keeps for the next calls (a few calls' shapes)
+MAX_VIEWS = 4096  # carved views a workspace keeps for the next calls (a few dozen calls' shapes)
 _VIEWS = "_litetopk_views"  # the attribute of a workspace tensor that keeps them
 _WHERE = "at"  # their entry for the (data pointer, bytes) they were carved from
 
@@ -57,14 +57,14 @@ class Scratch:
         # The views carved from this workspace, kept on the tensor across calls (every call of a shape
         # carves the same ones: a lookup instead of a view op a buffer), one set for calls inside
         # torch.inference_mode and one for calls outside it (an inference tensor cannot be written outside
-        # it). Dropped when they grow past MAX_VIEWS, or when the tensor no longer lies where they were
-        # carved (set_, resize_).
+        # it). Dropped at a call's start when they have grown past MAX_VIEWS, or when the tensor no longer
+        # lies where they were carved (set_, resize_).
         self._views: dict | None = None
         if workspace is not None:
             kept = workspace.__dict__.setdefault(_VIEWS, {})
             self._views = kept.setdefault(torch.is_inference_mode_enabled(), {})
             where = (workspace.data_ptr(), workspace.numel())
-            if self._views.get(_WHERE) != where:
+            if self._views.get(_WHERE) != where or len(self._views) > MAX_VIEWS:
                 self._views.clear()
                 self._views[_WHERE] = where
 
@@ -92,10 +92,6 @@ class Scratch:
         key = (start, shape, dtype)
         view = self._views.get(key)
         if view is None:
-            if len(self._views) >= MAX_VIEWS:
-                where = self._views[_WHERE]
-                self._views.clear()
-                self._views[_WHERE] = where
             offset = (self.workspace.storage_offset() + start) // dtype.itemsize
             view = self._views[key] = torch.empty(0, dtype=dtype, device=self.device).set_(
                 self.workspace.untyped_storage(), offset, shape, _contiguous_strides(shape))

@@ -99,7 +99,7 @@ class Operands:
     keys: KeyOperands
     q_lo: torch.Tensor  # int8 [rows, 64, 128]
     q_hi: torch.Tensor
-    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton's)
+    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
     q_wide: torch.Tensor  # bool [rows]: a live row with a head vector that needs a hi operand
     q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
