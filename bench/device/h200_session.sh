@@ -36,7 +36,7 @@ for step in $STEPS; do
       timeout $T python3 -m pytest tests/kernels/test_triton_backend.py tests/kernels/test_triton_selection.py tests/kernels/test_wide_scoring.py \
         tests/kernels/test_self_calibration.py $O > "$RES/gputests-a.log" 2>&1 &
       timeout $T python3 -m pytest tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py \
-        tests/kernels/test_out_buffers.py $O > "$RES/gputests-b.log" 2>&1 &
+        tests/kernels/test_out_buffers.py tests/kernels/test_validation.py $O > "$RES/gputests-b.log" 2>&1 &
       wait; tail -6 "$RES/gputests-a.log"; tail -6 "$RES/gputests-b.log" ;;
     embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --calibration ${CALIBRATION:-sample} --out "$RES" 2>&1 | tail -16 ;;
     layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
