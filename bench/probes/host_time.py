@@ -155,13 +155,12 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     counts = Counter()
     carve = Scratch.empty
 
-    scan_started = []  # per call: (ms from the call's start, launches before it) at the scan's first launch
-    host, t0 = [], 0.0
+    this_call = dict(t0=0.0, launches=0, scan=None)  # the call being timed; scan: (ms, launches) before the scan
 
     def no_launch(self, *args, **kwargs):
+        if this_call["scan"] is None and self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False:
+            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3, counts["launches"] - this_call["launches"])
         counts["launches"] += 1
-        if self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False and len(scan_started) < len(host):
-            scan_started.append(((time.perf_counter() - t0) * 1e3, counts["launches"] - 1))
 
     def counted_carve(self, shape, dtype):
         counts["buffers"] += 1
@@ -176,16 +175,13 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
             for _ in range(3):
                 call()
             counts.clear()
-            host, scan_started[:] = [], []
+            host, scan_started = [], []  # per call: its ms; (ms, launches) before the scan's first launch
             for _ in range(reps):
-                launches = counts["launches"]
-                t0 = time.perf_counter()
-                host.append(None)  # (the call is on: no_launch notes when the scan starts)
+                this_call.update(t0=time.perf_counter(), launches=counts["launches"], scan=None)
                 call()
-                host[-1] = (time.perf_counter() - t0) * 1e3
-                if len(scan_started) < len(host):  # a call without a scan (no rows): all of it before one
-                    scan_started.append((host[-1], counts["launches"]))
-                scan_started[-1] = (scan_started[-1][0], scan_started[-1][1] - launches)
+                host.append((time.perf_counter() - this_call["t0"]) * 1e3)
+                # a call without a scan (no rows): all of it counts as before one
+                scan_started.append(this_call["scan"] or (host[-1], counts["launches"] - this_call["launches"]))
             per_call = {name: n / reps for name, n in counts.items()}
             profiler = cProfile.Profile()
             profiler.enable()
