@@ -38,9 +38,15 @@ WINDOW = 65536
 KEPT = {512: 2200, 1024: 4400}
 PASSING_PER_K = 1.21
 WARM, REPS = 5, 30
-# (tile_rows, num_warps, mantissa, window) per K: the new kernel's variants besides its CONFIG.
-VARIANTS = {512: [(4, 1, 5, 16), (8, 2, 5, 16), (8, 1, 4, 16), (8, 1, 6, 8), (8, 1, 6, 16), (8, 1, 5, 0)],
-            1024: [(8, 2, 6, 16), (8, 4, 6, 16), (4, 1, 6, 16), (8, 1, 7, 16), (8, 1, 7, 8), (8, 1, 6, 0)]}
+# (tile_rows, num_warps, mantissa, window, max_registers) per K: the new kernel's variants besides its CONFIG.
+# Register caps (offline sm_90 builds, compile_sm90): CONFIG takes 128 registers at K = 512 (16 one-warp
+# programs an SM) and 155 at K = 1024 (13); capped at 80 (K = 512) it has no stack (25 an SM), and
+# (8, 2, 6) at K = 1024 takes 128 registers, 96 capped without stack (20 warps an SM). Is the kernel
+# latency-bound (more resident warps, faster)?
+VARIANTS = {512: [(8, 1, 5, 16, None), (8, 2, 5, 16, None), (8, 1, 6, 16, None), (4, 1, 5, 16, 96),
+                  (4, 1, 5, 16, 80)],
+            1024: [(8, 2, 6, 16, None), (4, 1, 6, 16, None), (8, 1, 7, 16, None), (8, 2, 6, 16, 96),
+                   (8, 1, 6, 16, 128)]}
 V1_CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}  # (chunk, num_warps, digit): the v1 kernel's best
 NO_KEY_C = tl.constexpr(NO_KEY)
 
@@ -192,10 +198,11 @@ def main():
             out = torch.empty(ROWS, k, dtype=torch.int64, device="cuda")
             runs = {"radix v1 (previous)": lambda: select_topk_candidates_radix_v1(keys, kept, thresholds, k, out),
                     "bucket (CONFIG)": lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)}
-            for tile_rows, warps, mantissa, window in VARIANTS[k]:
-                runs[f"bucket r{tile_rows} w{warps} m{mantissa} win{window}"] = (
-                    lambda t=tile_rows, w=warps, m=mantissa, n=window: select_topk_candidates_radix(
-                        keys, kept, thresholds, k, out=out, tile_rows=t, num_warps=w, mantissa=m, window=n))
+            for tile_rows, warps, mantissa, window, regs in VARIANTS[k]:
+                runs[f"bucket r{tile_rows} w{warps} m{mantissa} win{window}" + (f" reg{regs}" if regs else "")] = (
+                    lambda t=tile_rows, w=warps, m=mantissa, n=window, r=regs: select_topk_candidates_radix(
+                        keys, kept, thresholds, k, out=out, tile_rows=t, num_warps=w, mantissa=m, window=n,
+                        max_registers=r))
             for name, fn in runs.items():
                 out.fill_(7)  # a variant that leaves slots unwritten must not inherit the last one's answer
                 got = fn()

@@ -347,7 +347,7 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
                                  out: torch.Tensor | None = None, *, scratch: Scratch | None = None,
                                  tile_rows: int | None = None, num_warps: int | None = None,
                                  mantissa: int | None = None, boundary: int = BOUNDARY,
-                                 window: int = WINDOW) -> torch.Tensor:
+                                 window: int = WINDOW, max_registers: int | None = None) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (selection.make_keys: distinct), sorted descending, NO_KEY padded; the same
     answer as selection.select_topk_keys on the passing keys, bit for bit. kept int32/int64 [rows]
@@ -358,7 +358,8 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     `scratch` (a workspace.Scratch; the allocator where None). k a power of two. No host
     synchronization: capturable in a CUDA graph. tile_rows (keys per thread per tile), num_warps,
     mantissa (bucket resolution), boundary (keys one sort ranks) and window (the longest bucket the
-    window sorts order; 0: always one sort of k), powers of two, override the defaults (the probe's
+    window sorts order; 0: always one sort of k), powers of two, and max_registers (ptxas's register
+    cap, Triton's maxnreg: more resident warps an SM, or spills) override the defaults (the probe's
     sweep)."""
     rows = keys.shape[0]
     if k <= 0 or k & (k - 1):
@@ -382,5 +383,6 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
         keys, keys.stride(0), kept, thresholds, small, hist, out, out.stride(0), out.stride(1),
         TOPK=k, SMALL=2 * k, BOUNDARY=boundary, TILE_ROWS=tile_rows, LANES=lanes, MANTISSA=mantissa,
         NBINS=nbins, DIGIT=DIGIT, WINDOW=min(window, k // 2), num_warps=num_warps,
+        **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     return out

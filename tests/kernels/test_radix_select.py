@@ -37,9 +37,10 @@ def ref_bucket(keys: torch.Tensor, low_score: int, mantissa: int) -> torch.Tenso
     return ((bits >> (23 - mantissa)) - ((127 << mantissa) - 1)).clamp(0, (32 << mantissa) - 1)
 
 
-def ref_path(keys, kept, thresholds, k, mantissa=None, boundary=BOUNDARY, window=WINDOW) -> list[str]:
+def ref_path(keys, kept, thresholds, k, mantissa=None, boundary=BOUNDARY, window=WINDOW, **launch) -> list[str]:
     """Per row, the kernel's path: "n<=K", or "small/..." / "row/..." (scratch row or whole buffer row)
-    then "narrowed" (boundary bucket over `boundary` keys), "windows" or "sorted" (one sort of K)."""
+    then "narrowed" (boundary bucket over `boundary` keys), "windows" or "sorted" (one sort of K); the
+    `launch` options (tiles, warps, register cap) change no path."""
     mantissa = mantissa or CONFIG.get(k, CONFIG[1024])[2]
     paths = []
     for r in range(keys.shape[0]):
@@ -173,9 +174,10 @@ def test_radix_select_equals_torch_topk(name, k, seed):
 
 
 # The probe's sweep: other bucket resolutions, boundary sizes, window lengths (0: always one sort of K),
-# tiles and warps; each on the cases whose path it changes.
+# tiles and warps, a register cap (compiled code only: the interpreter takes the option and ignores
+# it); each on the cases whose path it changes.
 VARIANTS = [dict(mantissa=3), dict(mantissa=6, window=8), dict(boundary=16), dict(window=0),
-            dict(tile_rows=4, num_warps=2)]
+            dict(tile_rows=4, num_warps=2), dict(tile_rows=4, max_registers=80)]
 
 
 @pytest.mark.interpret
