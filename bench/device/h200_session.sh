@@ -38,7 +38,7 @@ for step in $STEPS; do
       timeout $T python3 -m pytest tests/kernels/test_embedding_gpu.py tests/kernels/test_graphs_gpu.py tests/kernels/test_radix_select.py tests/kernels/test_workspace.py \
         tests/kernels/test_out_buffers.py tests/kernels/test_validation.py $O > "$RES/gputests-b.log" 2>&1 &
       wait; tail -6 "$RES/gputests-a.log"; tail -6 "$RES/gputests-b.log" ;;
-    embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --calibration ${CALIBRATION:-sample} --out "$RES" 2>&1 | tail -16 ;;
+    embed) timeout ${EMBED_TIMEOUT:-200} python3 -m bench.embedding --calibration ${CALIBRATION:-sample} --out "$RES" ${EMBED_ARGS:-} 2>&1 | tail -16 ;;
     layouts) timeout ${LAYOUTS_TIMEOUT:-120} python3 -m bench.checks.layouts --rows 8192 --out "$RES" 2>&1 | tail -4 ;;
     hosttime) OUT=$RES timeout ${HOSTTIME_TIMEOUT:-100} python3 -m bench.probes.host_time 2>&1 | tail -12 ;;
     cprofile) OUT=$RES timeout ${CPROFILE_TIMEOUT:-120} python3 -m bench.probes.host_time --cprofile --keys ${CPROFILE_KEYS:-65536} 2>&1 | tail -4; head -c 9000 $RES/host-cprofile-h200.txt ;;
@@ -47,7 +47,7 @@ for step in $STEPS; do
     graphtests) timeout ${GRAPHTESTS_TIMEOUT:-120} python3 -m pytest tests/kernels/test_graphs_gpu.py tests/kernels/test_embedding_gpu.py -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -8 ;;
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
-    selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" 2>&1 | tail -12 ;;
+    selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" ${SELFCAL_ARGS:-} 2>&1 | tail -12 ;;
     *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests)" >&2 ;;
   esac
 done
