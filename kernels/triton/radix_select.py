@@ -57,8 +57,9 @@ clock per SM). SASS compiled offline for sm_90 (compile_sm90), per row with scan
 tl.sort of K keys is ~4,700 / ~11,200: 45 / 55 compare-exchange stages, across lanes in the 1-D
 layout): ~7,200 / ~11,900 in all, against ~12,000 / ~28,000 for the previous kernel (three
 tl.histogram passes at ~48 instructions a key, 1-D prefix sums at ~40, one sort of K; K = 1024 in
-two warps). Registers: 96 / 127 (20 / 16 resident warps an SM). The window sorts remain the largest
-part: Triton's tl.sort does a 64-bit compare and two selects per key and stage.
+two warps). Registers (CONFIG, offline sm_90 builds): 128 / 155, so 16 / 13 resident one-warp programs an
+SM; `max_registers` caps them (80 at K = 512, and (8, 2, 6) at 96 for K = 1024, build without stack). The
+window sorts remain the largest part: Triton's tl.sort does a 64-bit compare and two selects per key and stage.
 
 Limits: K a power of two (SUPPORTED_TOPK); keys distinct (as make_keys makes them; equal keys are
 kept up to K); kept <= capacity; NO_KEY in the kept prefix counts as padding (it is one in the output
