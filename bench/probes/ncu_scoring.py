@@ -24,7 +24,7 @@ def main() -> None:
     args, kw = call_args(prefill_problem(8192, 262144, 512, seed=7))
     problem = validate_prefill(*args, **kw)
     backend = TritonBackend()
-    thresholds, ceilings = calibrate(problem, backend, LiteTopKTuning())  # launch 1 (sample)
+    thresholds, ceilings = calibrate(problem, backend, LiteTopKTuning().sample_size)  # launch 1 (sample)
     capacity = LiteTopKTuning().capacity(512)
     for _ in range(2):  # launches 2, 3 (warm-up) and 4, 5 (measured)
         backend.score_dense(problem)
