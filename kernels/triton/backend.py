@@ -40,6 +40,11 @@ from .certify import finish_scan_triton
 from .decode import (
     FLAG_UNSUPPORTED, decode_operands_triton, scoring_faults_triton, unsupported_rows_triton,
 )
+from .paged import (
+    PagedOperands, paged_block_rows, paged_operands, paged_scoring_faults, paged_subset_operands,
+    paged_unsupported_rows,
+)
+from .paged_scoring import FAULT_DENSE, FAULT_SAMPLE, FAULT_SCAN, launch_paged_scoring
 from .repair import subset_operands_torch, subset_operands_triton
 from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, scan_buffers, score_fp4_kernel
@@ -130,6 +135,7 @@ class TritonBackend(ScoringBackend):
         self.refresh = refresh  # key steps between threshold raises in the scan
         self.num_bins = num_bins  # bins of the scan's threshold histogram (a power of two)
         self.max_registers = max_registers  # the Triton kernel's ptxas register cap (None: the compiler's choice)
+        self.paged_refresh = 4  # key tiles between threshold raises in the paged scan (several programs a row)
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:
@@ -151,7 +157,15 @@ class TritonBackend(ScoringBackend):
         if self._prepared is not None and self._prepared[0] is problem:
             return self._prepared[1]
         if problem.parent is not None:
-            ops = self._subset_operands(problem, self.operands(problem.parent))
+            parent = self.operands(problem.parent)
+            if isinstance(parent, PagedOperands):
+                with stage_range("litetopk.schedule"):
+                    ops = paged_subset_operands(problem, parent)
+            else:
+                ops = self._subset_operands(problem, parent)
+        elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0]):
+            with stage_range("litetopk.decode"):
+                ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting())
         else:
             with stage_range("litetopk.decode"):
                 ops = self._decode(problem)
@@ -197,6 +211,8 @@ class TritonBackend(ScoringBackend):
         (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
         asked (after the scan is enqueued: off the path to the first scoring launch)."""
         ops = self.operands(problem)
+        if isinstance(ops, PagedOperands):
+            return paged_unsupported_rows(problem, ops)
         if runs_triton_stages(problem.device):
             return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
                                            problem.ends, ops.q_unsupported, problem.scratch)
@@ -209,9 +225,11 @@ class TritonBackend(ScoringBackend):
     def scoring_faults(self, problem: PrefillProblem, nonfinite: torch.Tensor) -> torch.Tensor:
         """ScoringBackend.scoring_faults in one launch (decode.scoring_faults_triton) where the Triton
         stages run."""
+        ops = self.operands(problem)
+        if isinstance(ops, PagedOperands):
+            return paged_scoring_faults(problem, ops, nonfinite)
         if not runs_triton_stages(problem.device):
             return super().scoring_faults(problem, nonfinite)
-        ops = self.operands(problem)
         return scoring_faults_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
                                      problem.ends, ops.q_unsupported, problem.row_status, nonfinite, problem.scratch)
 
@@ -273,6 +291,16 @@ class TritonBackend(ScoringBackend):
     def score_dense(self, problem: PrefillProblem, stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         ops = self.operands(problem)
         width = -(-problem.max_end // stride)
+        if isinstance(ops, PagedOperands):  # every row of a group is written across all columns
+            out = problem.scratch.empty((problem.num_rows, width), torch.float32)
+            fault_set = FAULT_SAMPLE if stride != 1 else FAULT_DENSE
+            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
+                                 problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
+                                 fault_set=fault_set, use_asm=ops.use_asm, out=out, stride=stride)
+            faults = ops.schedule.faults[fault_set]
+            if stride == 1:
+                ops.faults = faults
+            return out, faults[0] != 0
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
         # and its nonfinite flag
         out = problem.scratch.empty((problem.num_rows, width), torch.float32)
@@ -290,6 +318,10 @@ class TritonBackend(ScoringBackend):
             # sampled keys twice, once more at the compaction, and could raise a threshold too far)
             raise ValueError("a self-calibrating scan (sample_size > 0) takes no thresholds and no ceilings")
         ops = self.operands(problem)
+        if sample_tiles and isinstance(ops, PagedOperands):
+            raise BackendUnavailableError(
+                "the triton backend's paged mode (decode-shaped calls) has no self-calibrating scan; use "
+                "LiteTopKTuning(calibration='sample') (the default)")
         rows = problem.num_rows
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it). A
@@ -299,10 +331,19 @@ class TritonBackend(ScoringBackend):
         else:
             scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
-        self._launch(problem, ops, dense=False, thresholds=scan.get("thr"), hist_lo=scan.get("hist_lo"),
-                     hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
-                     appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
-                     sample_tiles=sample_tiles)
+        if isinstance(ops, PagedOperands):
+            faults = ops.schedule.faults[FAULT_SCAN]
+            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
+                                 problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
+                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, scan=scan, buffer=buffer,
+                                 capacity=capacity, refresh=self.paged_refresh)
+            ops.faults = faults
+            scan = dict(scan, nonfinite=faults[0])
+        else:
+            self._launch(problem, ops, dense=False, thresholds=scan.get("thr"), hist_lo=scan.get("hist_lo"),
+                         hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
+                         appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
+                         sample_tiles=sample_tiles)
         if runs_triton_stages(dev):
             final, appended, nonfinite = finish_scan_triton(thresholds, scan, problem.scratch)
         else:

@@ -1,0 +1,149 @@
+"""The Triton backend's paged mode: decode-shaped calls scored straight from the FP4 cache over a split
+schedule (paged_scoring.py, split_schedule.py), behind TritonBackend's ScoringBackend methods.
+
+When. A call whose rows are at most PAGED_ROWS_PER_SEQUENCE times its sequences (block-table rows) is
+decode-shaped (next_n = 1-4 rows a request, MTP): each key is read by few programs, so it is scored from
+its page (no int8 copy of the keys) and the key tiles are split over every SM. Other calls (a prefill
+chunk: thousands of rows over few sequences, each key read by every 2-row program of its causal window)
+keep the prefill mode (decode.py's int8 keys read from L2, schedule.py). The choice is made from the
+problem's shapes alone (no host round trip), once per problem; the problem's subsets (the repair's
+rescan) keep their parent's mode and group size, so that every score of a call, its calibration sample,
+its scan, its repair and its dense scores, comes from one kernel and one head-sum order (LiteTopK equals
+dense bit for bit).
+
+Group size. BLOCK_ROWS = 1 where every sequence holds at most one row on average (next_n = 1: N = 64
+MMA columns, one row), else 2 (N = 128; next_n = 3-4 make two groups a request, each reading the keys:
+those shapes are bound by the tensor cores, not by the bytes).
+
+Per call (launches): the queries' decode (operands.py, one launch), the split schedule (one), then the
+pipeline's stages; each scoring launch is one launch over a fixed grid of `programs` programs (PROGRAMS_PER_SM
+per SM), so a call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from ..devices import runs_triton_stages
+from ..status import RowStatus
+from .decode import prepare_queries_fp4_triton
+from .split_schedule import SplitSchedule, build_split_schedule
+
+PAGED_ROWS_PER_SEQUENCE = 4
+PROGRAMS_PER_SM = 2  # the paged kernel holds 160-250 registers a thread at 4 warps: two programs an SM
+INTERPRETED_PROGRAMS = 3  # the grid under TRITON_INTERPRET=1: several programs share each row group's tiles
+STATUS_NONFINITE_C = tl.constexpr(int(RowStatus.NONFINITE))
+STATUS_UNSUPPORTED_C = tl.constexpr(int(RowStatus.UNSUPPORTED))
+
+
+def paged_block_rows(rows: int, batch: int) -> int:
+    """The paged mode's group size for a call of `rows` rows over `batch` block-table rows (module
+    docstring), or 0: the call is not decode-shaped (prefill mode)."""
+    if rows == 0 or rows > PAGED_ROWS_PER_SEQUENCE * batch:
+        return 0
+    return 1 if rows <= batch else 2
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def paged_programs(device: torch.device) -> int:
+    """The paged kernel's grid on `device`: PROGRAMS_PER_SM per SM of a CUDA device, INTERPRETED_PROGRAMS
+    on the CPU (the interpreter)."""
+    if device.type != "cuda":
+        return INTERPRETED_PROGRAMS
+    return PROGRAMS_PER_SM * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@dataclass
+class PagedOperands:
+    """What the paged kernel reads besides the cache: the rows' decoded queries (operands.py's
+    prepare_queries_fp4_triton), the split schedule, the grid; `faults` is the fault-word set
+    [2, rows] of the last full scoring launch (scan or dense scores: scoring_faults reads it)."""
+
+    q_lo: torch.Tensor  # int8 [rows, 64, 128]
+    q_hi: torch.Tensor  # int8 [rows, 64, 128]
+    wq: torch.Tensor  # float32 [rows, 64]
+    rowfac: torch.Tensor  # float32 [rows]
+    q_wide: torch.Tensor  # bool [rows]
+    q_unsupported: torch.Tensor  # bool [rows]
+    schedule: SplitSchedule
+    programs: int
+    use_asm: bool  # the E2M1 decode in PTX (compiled CUDA), else its tl twin (the interpreter)
+    faults: torch.Tensor | None = field(default=None)
+
+    @property
+    def queries(self) -> tuple[torch.Tensor, ...]:
+        return self.q_lo, self.q_hi, self.wq, self.rowfac, self.q_wide
+
+
+def paged_operands(problem, block_rows: int, *, use_asm: bool) -> PagedOperands:
+    """Decode the queries of `problem` (a PrefillProblem) and build its split schedule: two launches."""
+    scratch = problem.scratch
+    q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
+        problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends),
+        weight_scale=problem.weight_scale, scratch=scratch)
+    schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, scratch)
+    return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule, paged_programs(problem.device),
+                         use_asm)
+
+
+def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
+    """The operands of a subset of a paged problem (the repair's rows, sub.parent_rows into the parent's):
+    its queries gathered from the parent's, and a split schedule of its own with the parent's group size."""
+    rows = sub.parent_rows
+    schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows, sub.scratch)
+    return PagedOperands(parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows], parent.rowfac[rows],
+                         parent.q_wide[rows], parent.q_unsupported[rows], schedule, parent.programs, parent.use_asm)
+
+
+@triton.jit
+def paged_faults_kernel(status_ptr, nonfinite_ptr, unsupported_ptr, q_unsupported_ptr, starts_ptr, ends_ptr, out_ptr,
+                        rows, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < rows
+    live = tl.load(ends_ptr + offs, mask=mask, other=0) > tl.load(starts_ptr + offs, mask=mask, other=0)
+    unsupported = (tl.load(unsupported_ptr + offs, mask=mask, other=0) != 0) \
+        | (tl.load(q_unsupported_ptr + offs, mask=mask, other=0) != 0)
+    status = tl.load(status_ptr + offs, mask=mask, other=0)
+    status |= tl.where(tl.load(nonfinite_ptr + offs, mask=mask, other=0) != 0, STATUS_NONFINITE_C, 0)
+    status |= tl.where(live & unsupported, STATUS_UNSUPPORTED_C, 0)
+    tl.store(out_ptr + offs, status, mask=mask)
+
+
+def paged_scoring_faults(problem, ops: PagedOperands, nonfinite: torch.Tensor) -> torch.Tensor:
+    """int32 [rows]: problem.row_status | NONFINITE where bool `nonfinite` | UNSUPPORTED where a live row's
+    query is unsupported or its window held an unsupported key (the last scoring launch's fault words):
+    one launch where devices.runs_triton_stages says so, torch ops elsewhere."""
+    unsupported_keys = ops.faults[1]
+    if runs_triton_stages(problem.device):
+        rows = problem.num_rows
+        out = problem.scratch.empty(rows, torch.int32)
+        if rows:
+            block = 256
+            paged_faults_kernel[(triton.cdiv(rows, block),)](
+                problem.row_status, nonfinite.view(torch.int8), unsupported_keys, ops.q_unsupported.view(torch.int8),
+                problem.starts, problem.ends, out, rows, BLOCK=block)
+        return out
+    live = problem.ends > problem.starts
+    status = torch.where(nonfinite, problem.row_status | int(RowStatus.NONFINITE), problem.row_status)
+    unsupported = live & ((unsupported_keys != 0) | ops.q_unsupported)
+    return torch.where(unsupported, status | int(RowStatus.UNSUPPORTED), status)
+
+
+def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
+    """bool [rows]: live rows whose query is unsupported or whose window held an unsupported key in the last
+    scoring launch (ScoringBackend.unsupported_rows in paged mode)."""
+    live = problem.ends > problem.starts
+    return live & ((ops.faults[1] != 0) | ops.q_unsupported)
+
+
+__all__ = ["PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "paged_block_rows", "paged_operands", "paged_programs",
+           "paged_scoring_faults", "paged_subset_operands", "paged_unsupported_rows"]
