@@ -145,7 +145,8 @@ def query_bytes(q_fp4) -> torch.Tensor:
     (vLLM decode: [B, next_n, 64, 64]), as uint8 [rows, 64, 64]: a view of the same bytes."""
     q_fp4 = _require_tensor(q_fp4, "q_fp4")
     if q_fp4.dtype not in QUERY_DTYPES:
-        raise InputDtypeError(f"q_fp4 must be one of {[_dtype_name(d) for d in QUERY_DTYPES]}, got {_dtype_name(q_fp4.dtype)}")
+        wanted = [_dtype_name(d) for d in QUERY_DTYPES]
+        raise InputDtypeError(f"q_fp4 must be one of {wanted}, got {_dtype_name(q_fp4.dtype)}")
     if q_fp4.ndim < 3 or tuple(q_fp4.shape[-2:]) != (NUM_HEADS, VALUE_BYTES):
         raise InputShapeError(f"q_fp4 must be [..., {NUM_HEADS}, {VALUE_BYTES}], got {list(q_fp4.shape)}")
     return _contiguous_view(q_fp4, "q_fp4").view(torch.uint8).reshape(-1, NUM_HEADS, VALUE_BYTES)
@@ -180,7 +181,8 @@ def head_weights(weights, rows: int) -> torch.Tensor:
     if weights.ndim == 3 and weights.shape[-1] == 1:
         weights = weights.squeeze(-1)
     if weights.ndim != 2 or tuple(weights.shape) != (rows, NUM_HEADS):
-        raise InputShapeError(f"weights must be [{rows}, {NUM_HEADS}] or [{rows}, {NUM_HEADS}, 1], got {list(weights.shape)}")
+        raise InputShapeError(f"weights must be [{rows}, {NUM_HEADS}] or [{rows}, {NUM_HEADS}, 1], "
+                              f"got {list(weights.shape)}")
     return weights
 
 
@@ -221,7 +223,8 @@ def vllm_kv_cache_pages(kv_cache) -> torch.Tensor:
         raise InputShapeError(f"vLLM kv_cache must be uint8 [blocks, {PAGE_SIZE}, >= {VLLM_FP4_TOKEN_BYTES}], "
                               f"got {_dtype_name(kv_cache.dtype)} {list(kv_cache.shape)}")
     if kv_cache.stride(2) != 1 or kv_cache.stride(1) != width:
-        raise InputError(f"the bytes of one vLLM kv_cache block must be contiguous, got strides {list(kv_cache.stride())}")
+        raise InputError(f"the bytes of one vLLM kv_cache block must be contiguous, "
+                         f"got strides {list(kv_cache.stride())}")
     block_stride = kv_cache.stride(0) if blocks > 1 else PAGE_SIZE * width
     return kv_cache.as_strided((blocks, PAGE_SIZE, 1, VLLM_FP4_TOKEN_BYTES),
                                (block_stride, VLLM_FP4_TOKEN_BYTES, VLLM_FP4_TOKEN_BYTES, 1))
@@ -257,8 +260,10 @@ def topk_sglang_c4_indexer(
     rows = q.shape[0]
     ends = _lengths(c4_seq_lens, rows, "c4_seq_lens")
     return _sglang_call(q, q_sf, kv_cache, page_table, weights, _zeros(rows, q.device), ends,
-                        c4_sparse_page_indices, c4_sparse_raw_indices, topk=topk, max_seq_len=max_seq_len,
-                        weight_scale=weight_scale, backend=backend, workspace=workspace)
+                        (c4_sparse_page_indices, "c4_sparse_page_indices"),
+                        (c4_sparse_raw_indices, "c4_sparse_raw_indices"),
+                        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend,
+                        workspace=workspace)
 
 
 def topk_sglang_fp4_indexer(
@@ -271,21 +276,22 @@ def topk_sglang_fp4_indexer(
     [starts[t], ends[t]) (int32 [T]) through page_table[t] (int32 [T, max_pages]). Other arguments
     as topk_sglang_c4_indexer (out_physical / out_raw: its two index buffers)."""
     q = query_bytes(q_fp4)
-    return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, out_physical, out_raw,
-                        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend,
-                        workspace=workspace)
+    return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, (out_physical, "out_physical"),
+                        (out_raw, "out_raw"), topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale,
+                        backend=backend, workspace=workspace)
 
 
 def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physical, out_raw, *, topk,
                  max_seq_len, weight_scale, backend, workspace) -> TopKResult:
+    """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors)."""
     rows = q.shape[0]
     page_table = _require_tensor(page_table, "page_table")
     if page_table.ndim != 2 or page_table.shape[0] != rows:
         raise InputShapeError(f"page_table must be int32 [{rows}, max_pages] (one row per query token), "
                               f"got {list(page_table.shape)}")
-    out = {"physical_indices": index_buffer(out_physical, rows, topk, "c4_sparse_page_indices")}
-    if out_raw is not None:
-        out["raw_indices"] = index_buffer(out_raw, rows, topk, "c4_sparse_raw_indices")
+    out = {"physical_indices": index_buffer(out_physical[0], rows, topk, out_physical[1])}
+    if out_raw[0] is not None:
+        out["raw_indices"] = index_buffer(out_raw[0], rows, topk, out_raw[1])
     row_to_batch = torch.arange(rows, dtype=torch.int32, device=q.device)  # page_table row t serves row t
     return litetopk_prefill(
         q, sglang_q_scale_bytes(q_sf), kv_cache, page_table, head_weights(weights, rows), row_to_batch, starts,
