@@ -24,7 +24,9 @@ sglang (sgl-project/sglang):
   S2 python/sglang/srt/layers/attention/dsv4/metadata.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5
      (PagedIndexerMetadata: page_size 256, c4_page_size 64, max_c4_seq_len; the terms comment)
   S3 python/sglang/srt/layers/attention/deepseek_v4_backend.py @ 00021f78220abd9502d41286e9836258132b3c6d
-     (make_forward_metadata_from_raw_decode / _raw_verify, expand_extend_with_same_length)
+     (init_forward_metadata_indexer, make_forward_metadata_from_raw_decode / _raw_verify,
+      expand_extend_with_same_length; make_core_attn_metadata read in other stored versions of
+      this file, found by content, not at this commit)
   S4 python/sglang/kernels/ops/attention/dsv4/elementwise.py @ 05d82b60d243d684c578bffbd15fe2ec437a345c
      (fused_q_indexer_rope_hadamard_fp4_quant: the FP4 query's dtypes and shapes)
   S5 python/sglang/kernels/ops/attention/dsv4/fp4_litetopk_hip.py @ 0bbd7a312e481cd820d7afd4726ae30a1693579a
@@ -50,13 +52,16 @@ Tensor mapping, sglang (`topk_sglang_c4_indexer`; S1 forward_c4_indexer unless s
               it as [pages, 64, 1, 68]); passed as is.
   block_table <- indexer_metadata.page_table: int32 [T, max_pages], ONE ROW PER QUERY TOKEN (S3
               make_core_attn_metadata: req_to_token[req_pool_indices_repeated, ::256] // 256; a
-              256-token page holds 64 C4 keys, so the same page id addresses the C4 cache).
+              256-token page holds 64 C4 keys, so the same page id addresses the C4 cache; S1
+              pads missing rows with 0).
   weights  <- weights float32 [T, 64, 1] (S4, softmax and head scales folded in), viewed [T, 64].
   row_to_batch <- arange(T): page-table row t serves query row t.
   starts   <- 0.
-  ends     <- indexer_metadata.c4_seq_lens int32 [T] (or [T, 1]): seq_lens_casual // 4 per
-              token (S3: decode one token per request, seq_lens; MTP verify next_n tokens per
-              request, L + j - next_n + 1 for j < next_n; padded rows 1).
+  ends     <- indexer_metadata.c4_seq_lens int32 [T] (or [T, 1]; S3 names the field
+              compressed_seq_lens): c4_topk_lengths_raw = seq_lens_casual // 4 per token, not
+              clamped (S3 init_forward_metadata_indexer; S2's comment still says "bounded by at
+              least 1"); seq_lens_casual is seq_lens at decode (one token per request) and
+              L + j - next_n + 1 for j < next_n at MTP verify (S3); S1 pads missing rows with 1.
   max_seq_len <- indexer_metadata.max_c4_seq_len (optional; S2: page_table.shape[1] * 64 while
               capturing).
   out physical_indices <- core_metadata.c4_sparse_page_indices int32 [T, K] (slot = page * 64 +
@@ -72,15 +77,15 @@ Tensor mapping, vLLM decode (`topk_vllm_indexer_decode`; V1 `if has_decode:` unl
   kv_cache <- kv_cache: the layer's 3-D uint8 [blocks, 64, 132] allocation (V5: FP8-sized; FP4
               uses the first 64 * 68 bytes of a block, V4), viewed like kv_cache_as_quant_view:
               [blocks, 64, 1, 68] with the block stride kept; the 4-D view itself is taken too.
-  block_table <- decode_metadata.block_table int32 [B, max_blocks] (V2: per request on the
+  block_table <- decode_metadata.block_table int32 [>= B, max_blocks] (V2: per request on the
               native path; on the flattened path one row per token, with next_n = 1).
   weights  <- weights[:num_padded_tokens] float32 [B * next_n, 64] (V3: softmax and head scales
               folded in).
-  row_to_batch <- arange(B) repeated next_n times: row b * next_n + j belongs to request b.
+  row_to_batch <- arange(B * next_n) // next_n: row b * next_n + j belongs to request b.
   starts   <- 0.
-  ends     <- decode_metadata.seq_lens int32 [B, next_n] (native MTP: (L_b - next_n + j + 1) // 4,
-              V2 _prepare_decode_tensors, clamped at 0 for padding requests), [B, 1] (next_n = 1 or
-              flattened), or [B].
+  ends     <- decode_metadata.seq_lens[:B] int32 [B, next_n] (native MTP: max(L_b - next_n + j + 1,
+              0) // 4, V2 _prepare_decode_tensors: the clamp keeps padding requests at 0), [B, 1]
+              (next_n = 1, or the flattened path), or [B].
   max_seq_len <- max_model_len (the indexer's, already compressed: V5), optional.
   out raw_indices <- topk_indices_buffer[:B * next_n, :K] (request-relative C4 positions, -1
               padded; V5 compute_global_topk_indices_and_lens maps them through the block table).
@@ -334,7 +339,7 @@ def topk_vllm_indexer_decode(
     q = query_bytes(q_fp4)
     if q.shape[0] != rows:
         raise InputShapeError(f"q_fp4 must hold B * next_n = {rows} query rows, got {list(q_fp4.shape)}")
-    row_to_request = torch.arange(requests, dtype=torch.int32, device=q.device).repeat_interleave(next_n)
+    row_to_request = torch.arange(rows, dtype=torch.int32, device=q.device) // next_n  # row b * next_n + j -> b
     return litetopk_prefill(
         q, query_scale_bytes(q_scale), vllm_kv_cache_pages(kv_cache), block_table, head_weights(weights, rows),
         row_to_request, _zeros(rows, q.device), ends, topk=topk, weight_scale=weight_scale, backend=backend,
