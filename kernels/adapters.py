@@ -67,7 +67,8 @@ Tensor mapping, sglang (`topk_sglang_c4_indexer`; S1 forward_c4_indexer unless s
   out physical_indices <- core_metadata.c4_sparse_page_indices int32 [T, K] (slot = page * 64 +
               j % 64, -1 padded: S1 topk_transform_512_*); out raw_indices <- c4_sparse_raw_indices
               (optional).
-  Decode, MTP verify and extend hand the indexer the same tensors; only T and the lengths differ.
+  Decode, MTP verify and extend hand the indexer the same tensors; only T and the lengths differ
+  (the FP4 indexer always takes the paged path: S1 _can_use_nonpaged_indexer refuses it).
 
 Tensor mapping, vLLM decode (`topk_vllm_indexer_decode`; V1 `if has_decode:` unless said):
   q_fp4    <- padded_q_quant_decode_tokens: uint8 [B, next_n, 64, 64] (V3 index_q_packed
@@ -101,9 +102,13 @@ Tensor mapping, vLLM prefill (`topk_vllm_indexer_prefill_chunk`; V1 `for chunk i
               searchsorted on the device; V2 BuildPrefillChunkMetadataKernel writes ks = the
               request's start in the gathered keys, ke = ks + (start_pos + 1 + i) // 4).
   starts / ends <- 0 / chunk.cu_seqlen_ke - chunk.cu_seqlen_ks.
-  out raw_indices <- topk_indices_buffer[chunk.token_start:chunk.token_end, :K].
+  out raw_indices <- topk_indices_buffer[chunk.token_start:chunk.token_end, :K] (request-relative
+              C4 positions: V5's prefill gathers each request's C4 keys from position 0 and combines
+              them with these indices; top_k_per_row_prefill's own code was not read).
+  Not mapped: decode context parallelism (V1 _merge_dcp_topk_global, V2 local seq_lens): each
+  rank's local windows and the cross-rank merge stay the engine's.
 
-Where we differ from the engines' own top-k (none changes which keys are selected):
+Where we differ from the engines' own top-k (the same keys, up to exact ties at the K-th place):
 - a row whose window holds <= K keys returns its keys ordered by score; sglang returns them in
   position order (S1 `needs_sequential`), vLLM and DeepGEMM's top-k leave the order unspecified;
 - exact ties at the K-th place go to the lower position (sglang's and vLLM's radix top-k do not
