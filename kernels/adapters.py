@@ -55,7 +55,8 @@ Tensor mapping, sglang (`topk_sglang_c4_indexer`; S1 forward_c4_indexer unless s
               256-token page holds 64 C4 keys, so the same page id addresses the C4 cache; S1
               pads missing rows with 0).
   weights  <- weights float32 [T, 64, 1] (S4, softmax and head scales folded in), viewed [T, 64].
-  row_to_batch <- arange(T): page-table row t serves query row t.
+  row_to_batch <- arange(T): page-table row t serves query row t (with next_n > 1 at MTP verify:
+              t - t % next_n, the request's first token, whose row its other tokens repeat).
   starts   <- 0.
   ends     <- indexer_metadata.c4_seq_lens int32 [T] (or [T, 1]; S3 names the field
               compressed_seq_lens): c4_topk_lengths_raw = seq_lens_casual // 4 per token, not
@@ -248,18 +249,24 @@ def topk_sglang_c4_indexer(
     q_fp4: torch.Tensor, q_sf: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
     weights: torch.Tensor, c4_seq_lens: torch.Tensor, c4_sparse_page_indices: torch.Tensor, *, topk: int,
     c4_sparse_raw_indices: torch.Tensor | None = None, max_seq_len: int | None = None, weight_scale: float = 1.0,
-    backend: str = "auto", workspace: torch.Tensor | None = None,
+    next_n: int = 1, backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """sglang's DeepSeek-V4 C4 indexer call (`forward_c4_indexer`, module docstring): decode, MTP
     verify and extend alike. Query row t sees C4 positions [0, c4_seq_lens[t]) through its own
     page-table row page_table[t].
+
+    `next_n` > 1 (MTP verify, T = B * next_n) tells the operator that rows b * next_n + j are one
+    request's: they read page_table[b * next_n] (sglang repeats a request's page-table row for each
+    of its tokens, S3 expand_extend_with_same_length), so the operator sees next_n rows per sequence
+    and can share key tiles among them. The answer is the same; it is the caller's promise that the
+    next_n rows of each request are equal (not checked: that would read the table on the host).
 
     Parameters: q_fp4 int8 / uint8 [T, 64, 64]; q_sf int32 [T, 64] (or [T, 1, 64]); kv_cache the
     indexer buffer uint8 [pages, 4352] (or its [pages, 64, 1, 68] view); page_table int32
     [T, max_pages]; weights float32 [T, 64, 1] (or [T, 64]); c4_seq_lens int32 [T] (or [T, 1]);
     c4_sparse_page_indices int32 [>= T, >= K], written at [:T, :K] with physical slots (-1 padded);
     c4_sparse_raw_indices (optional) likewise with C4 positions; max_seq_len the static window
-    bound (indexer_metadata.max_c4_seq_len).
+    bound (indexer_metadata.max_c4_seq_len); next_n as above (default 1: every row its own).
     Returns the TopKResult (its status bits say which rows published nothing).
     Raises InputError for tensors that do not match.
 
@@ -269,11 +276,13 @@ def topk_sglang_c4_indexer(
     q = query_bytes(q_fp4)
     rows = q.shape[0]
     ends = _lengths(c4_seq_lens, rows, "c4_seq_lens")
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1 or rows % next_n:
+        raise InputError(f"next_n must be a positive int dividing the {rows} query rows, got {next_n!r}")
     return _sglang_call(q, q_sf, kv_cache, page_table, weights, _zeros(rows, q.device), ends,
                         (c4_sparse_page_indices, "c4_sparse_page_indices"),
                         (c4_sparse_raw_indices, "c4_sparse_raw_indices"),
                         topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend,
-                        workspace=workspace)
+                        workspace=workspace, next_n=next_n)
 
 
 def topk_sglang_fp4_indexer(
@@ -288,12 +297,13 @@ def topk_sglang_fp4_indexer(
     q = query_bytes(q_fp4)
     return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, (out_physical, "out_physical"),
                         (out_raw, "out_raw"), topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale,
-                        backend=backend, workspace=workspace)
+                        backend=backend, workspace=workspace, next_n=1)
 
 
 def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physical, out_raw, *, topk,
-                 max_seq_len, weight_scale, backend, workspace) -> TopKResult:
-    """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors)."""
+                 max_seq_len, weight_scale, backend, workspace, next_n) -> TopKResult:
+    """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors);
+    row t reads page-table row t - t % next_n."""
     rows = q.shape[0]
     page_table = _require_tensor(page_table, "page_table")
     if page_table.ndim != 2 or page_table.shape[0] != rows:
@@ -303,6 +313,8 @@ def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physi
     if out_raw[0] is not None:
         out["raw_indices"] = index_buffer(out_raw[0], rows, topk, out_raw[1])
     row_to_batch = torch.arange(rows, dtype=torch.int32, device=q.device)  # page_table row t serves row t
+    if next_n > 1:
+        row_to_batch = row_to_batch // next_n * next_n  # a request's rows share its first token's row
     return litetopk_prefill(
         q, sglang_q_scale_bytes(q_sf), kv_cache, page_table, head_weights(weights, rows), row_to_batch, starts,
         ends, topk=topk, weight_scale=weight_scale, backend=backend, out=out, max_seq_len=max_seq_len,
