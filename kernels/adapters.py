@@ -1,82 +1,428 @@
-"""Adapters from serving engines' DeepSeek-V4 FP4 indexer tensors to `litetopk_prefill`, zero copy.
+"""Adapters from sglang's and vLLM's DeepSeek-V4 FP4 indexer calls to `litetopk_prefill`, zero copy.
 
-Each adapter reinterprets the engine's tensors as the operator's arguments by views only (the
-cache, queries, scales and weights are never copied) and writes the answer into the engine's
-own int32 index buffer.
+Each adapter takes the tensors the engine hands its own indexer logits + top-k at that call site
+(decode, MTP verify and prefill), reinterprets them as the operator's arguments by views, builds the
+per-row metadata (row_to_batch, starts, ends) on the device from shapes alone (no host sync, no
+data-dependent shape: the call can be captured in a CUDA graph), and writes the answer through
+`out=` into the engine's own int32 index buffer. The queries, scales, weights, cache and tables are
+never copied.
 
-Matched (tensor shapes and dtypes as issue 14 item 5 states them; NOT yet checked line by line
-against a pinned sglang / vLLM commit, see docs/cache-layouts.md):
-- sglang, DeepSeek-V4 FP4 indexer (CUDA): q values uint8 [T, 64, 64]; q scales int32 [T, 1, 64]
-  whose bytes are our [T, 64, 4]; weights float32 [T, 64, 1] with the softmax scale folded in; a
-  page table with one row per query token; the cache in our format; physical indices written
-  into the caller's int32 [T, K] buffer.
-- vLLM, DeepSeek-V4 indexer: the cache in our format as a slice of per-block slabs (pages
-  stride(0) >= 4352 bytes apart, e.g. 4608); a block table per request; raw request-relative
-  indices written into `topk_indices_buffer` (any int32 [T, K] view, e.g. buf[:T, :K]).
+    engine                 call site (pinned below)                adapter
+    sglang, any mode       DeepseekV4 backend `forward_c4_indexer`   topk_sglang_c4_indexer
+    sglang, own windows    (per-token [start, end) windows)         topk_sglang_fp4_indexer
+    vLLM, decode / MTP     `sparse_attn_indexer`, `if has_decode:`  topk_vllm_indexer_decode
+    vLLM, prefill chunk    `sparse_attn_indexer`, `for chunk in`    topk_vllm_indexer_prefill_chunk
+    vLLM, own windows      (row_to_request, starts, ends)           topk_vllm_indexer
+
+Matched line by line against the public sources in the search tool's store. The store keeps
+versions file by file, so each file below is pinned at its own commit (not one tree); a newer
+engine may have moved a tensor.
+
+sglang (sgl-project/sglang):
+  S1 python/sglang/srt/layers/attention/dsv4/indexer.py @ 00509fc37435a43a8b44aa0d942c980298a2d20c
+     (C4IndexerBackendMixin.forward_c4_indexer, C4Indexer.compute_q, topk_transform_512_*)
+  S2 python/sglang/srt/layers/attention/dsv4/metadata.py @ 0094505da74125a31ceb354f37ae7a1b6a97d3f5
+     (PagedIndexerMetadata: page_size 256, c4_page_size 64, max_c4_seq_len; the terms comment)
+  S3 python/sglang/srt/layers/attention/deepseek_v4_backend.py @ 00021f78220abd9502d41286e9836258132b3c6d
+     (init_forward_metadata_indexer, make_forward_metadata_from_raw_decode / _raw_verify,
+      expand_extend_with_same_length; make_core_attn_metadata read in other stored versions of
+      this file, found by content, not at this commit)
+  S4 python/sglang/kernels/ops/attention/dsv4/elementwise.py @ 05d82b60d243d684c578bffbd15fe2ec437a345c
+     (fused_q_indexer_rope_hadamard_fp4_quant: the FP4 query's dtypes and shapes)
+  S5 python/sglang/kernels/ops/attention/dsv4/fp4_litetopk_hip.py @ 0bbd7a312e481cd820d7afd4726ae30a1693579a
+     (sglang's own LiteTopK call on ROCm, through AITER: prefill only; see kernels/aiter.py)
+vLLM (vllm-project/vllm):
+  V1 vllm/model_executor/layers/sparse_attn_indexer.py @ 006475fe481a855ea61dd7aafc3722458fcbbeea
+     (sparse_attn_indexer: the prefill chunks and the decode branch; kv_cache_as_quant_view)
+  V2 vllm/v1/attention/backends/mla/indexer.py @ 0023368d052caf392d159ab32d380a807a89be99
+     (DeepSeekV32IndexerDecodeMetadata, _prepare_decode_tensors, build_prefill_chunk_metadata)
+  V3 vllm/v1/attention/ops/deepseek_v4_ops/fused_indexer_q.py @ 0f70fc66c98d693f6929a4c2624e4a76f7a980e2
+     (fused_indexer_q_rope_quant(use_fp4=True): the FP4 query's dtypes and shapes)
+  V4 vllm/v1/attention/ops/deepseek_v4_ops/fused_compress_quant_cache.py @ 0de10a276eced6036e9752a223cba53c996d31cd
+     (the MXFP4 indexer cache block: values [0, 64*64), scales [64*64, +64*4), low nibble first)
+  V5 vllm/model_executor/layers/deepseek_v4_attention.py @ 0a291a2e1074b13971361df76245548a4ea4a77d
+     (DeepseekV4Indexer: 132-byte FP8-sized pages of which FP4 uses the first 68 per token;
+      _forward_decode: topk_indices_buffer rows are request-relative C4 positions, -1 padded)
+
+Tensor mapping, sglang (`topk_sglang_c4_indexer`; S1 forward_c4_indexer unless said):
+  q_fp4    <- q_indexer[0]: int8 [T, 64, 64] (S4), viewed as uint8.
+  q_scale  <- q_indexer[1]: int32 [T, 64] (S4; older versions [T, 1, 64]), its bytes viewed as
+              uint8 [T, 64, 4] (little endian: byte g is group g's UE8M0 scale).
+  kv_cache <- token_to_kv_pool.get_index_k_with_scale_buffer(layer): uint8 [pages, 4352] (S1 views
+              it as [pages, 64, 1, 68]); passed as is.
+  block_table <- indexer_metadata.page_table: int32 [T, max_pages], ONE ROW PER QUERY TOKEN (S3
+              make_core_attn_metadata: req_to_token[req_pool_indices_repeated, ::256] // 256; a
+              256-token page holds 64 C4 keys, so the same page id addresses the C4 cache; S1
+              pads missing rows with 0).
+  weights  <- weights float32 [T, 64, 1] (S4, softmax and head scales folded in), viewed [T, 64].
+  row_to_batch <- arange(T): page-table row t serves query row t (with next_n > 1 at MTP verify:
+              t - t % next_n, the request's first token, whose row its other tokens repeat).
+  starts   <- 0.
+  ends     <- indexer_metadata.c4_seq_lens int32 [T] (or [T, 1]; S3 names the field
+              compressed_seq_lens): c4_topk_lengths_raw = seq_lens_casual // 4 per token, not
+              clamped (S3 init_forward_metadata_indexer; S2's comment still says "bounded by at
+              least 1"); seq_lens_casual is seq_lens at decode (one token per request) and
+              L + j - next_n + 1 for j < next_n at MTP verify (S3); S1 pads missing rows with 1.
+  max_seq_len <- indexer_metadata.max_c4_seq_len (optional; S2: page_table.shape[1] * 64 while
+              capturing).
+  out physical_indices <- core_metadata.c4_sparse_page_indices int32 [T, K] (slot = page * 64 +
+              j % 64, -1 padded: S1 topk_transform_512_*); out raw_indices <- c4_sparse_raw_indices
+              (optional).
+  Decode, MTP verify and extend hand the indexer the same tensors; only T and the lengths differ
+  (the FP4 indexer always takes the paged path: S1 _can_use_nonpaged_indexer refuses it).
+
+Tensor mapping, vLLM decode (`topk_vllm_indexer_decode`; V1 `if has_decode:` unless said):
+  q_fp4    <- padded_q_quant_decode_tokens: uint8 [B, next_n, 64, 64] (V3 index_q_packed
+              [T, 64, 64] reshaped), or the flat [B * next_n, 64, 64].
+  q_scale  <- padded_q_scale: int32 [B, next_n, 64] (V3: 4 UE8M0 bytes per head as one int32),
+              or [B * next_n, 64]; its bytes viewed as uint8 [B * next_n, 64, 4].
+  kv_cache <- kv_cache: the layer's 3-D uint8 [blocks, 64, 132] allocation (V5: FP8-sized; FP4
+              uses the first 64 * 68 bytes of a block, V4), viewed like kv_cache_as_quant_view:
+              [blocks, 64, 1, 68] with the block stride kept; the 4-D view itself is taken too.
+  block_table <- decode_metadata.block_table int32 [>= B, max_blocks] (V2: per request on the
+              native path; on the flattened path one row per token, with next_n = 1).
+  weights  <- weights[:num_padded_tokens] float32 [B * next_n, 64] (V3: softmax and head scales
+              folded in).
+  row_to_batch <- arange(B * next_n) // next_n: row b * next_n + j belongs to request b.
+  starts   <- 0.
+  ends     <- decode_metadata.seq_lens[:B] int32 [B, next_n] (native MTP: max(L_b - next_n + j + 1,
+              0) // 4, V2 _prepare_decode_tensors: the clamp keeps padding requests at 0), [B, 1]
+              (next_n = 1, or the flattened path), or [B].
+  max_seq_len <- max_model_len (the indexer's, already compressed: V5), optional.
+  out raw_indices <- topk_indices_buffer[:B * next_n, :K] (request-relative C4 positions, -1
+              padded; V5 compute_global_topk_indices_and_lens maps them through the block table).
+  vLLM's `requires_padding` calls (uneven decode lengths) pack q with pack_seq_triton first and
+  unpack the indices after (V1); the adapter takes the packed tensors, as DeepGEMM does.
+
+Tensor mapping, vLLM prefill (`topk_vllm_indexer_prefill_chunk`; V1 `for chunk in ...chunks`):
+  q_fp4 / q_scale / weights <- q_quant / q_scale / weights [chunk.token_start:chunk.token_end]
+              (shapes as at decode, flat).
+  kv_cache <- kv_cache (read in place: the chunk's gather into k_quant is not needed).
+  block_table <- chunk.block_table int32 [chunk requests, max_blocks].
+  row_to_batch <- the request of each row: the r with cu_seq_lens[r] == cu_seqlen_ks[t] (a
+              searchsorted on the device; V2 BuildPrefillChunkMetadataKernel writes ks = the
+              request's start in the gathered keys, ke = ks + (start_pos + 1 + i) // 4).
+  starts / ends <- 0 / chunk.cu_seqlen_ke - chunk.cu_seqlen_ks.
+  out raw_indices <- topk_indices_buffer[chunk.token_start:chunk.token_end, :K] (request-relative
+              C4 positions: V5's prefill gathers each request's C4 keys from position 0 and combines
+              them with these indices; top_k_per_row_prefill's own code was not read).
+  Not mapped: decode context parallelism (V1 _merge_dcp_topk_global, V2 local seq_lens): each
+  rank's local windows and the cross-rank merge stay the engine's.
+
+Where we differ from the engines' own top-k (the same keys, up to exact ties at the K-th place):
+- a row whose window holds <= K keys returns its keys ordered by score; sglang returns them in
+  position order (S1 `needs_sequential`), vLLM and DeepGEMM's top-k leave the order unspecified;
+- exact ties at the K-th place go to the lower position (sglang's and vLLM's radix top-k do not
+  fix it);
+- a faulted row (bad page, window past max_seq_len, NaN/inf) publishes -1 everywhere and carries a
+  RowStatus bit in the returned TopKResult; the engines have no status and would publish garbage.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .cache_layout import NUM_HEADS, SCALE_BYTES
-from .errors import InputError, InputShapeError
+from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
+from .errors import InputDtypeError, InputError, InputShapeError
 from .operator import litetopk_prefill
 from .result import TopKResult
 
+#: dtypes an engine may hold the packed E2M1 queries in (viewed as uint8, never converted).
+QUERY_DTYPES = tuple(
+    dtype for dtype in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if dtype is not None
+)
+#: bytes of one token in vLLM's FP4 indexer cache block: 64 packed values + 4 scales (V1, V4).
+VLLM_FP4_TOKEN_BYTES = VALUE_BYTES + SCALE_BYTES
 
-def _check_index_buffer(buffer: torch.Tensor, rows: int, topk: int, name: str) -> None:
-    if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int32 or tuple(buffer.shape) != (rows, topk):
-        got = list(buffer.shape) if isinstance(buffer, torch.Tensor) else type(buffer).__name__
-        raise InputShapeError(f"{name} must be int32 [{rows}, {topk}], got {got}")
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _require_tensor(tensor, name: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    return tensor
+
+
+def _contiguous_view(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    if not tensor.is_contiguous():
+        raise InputError(f"{name} must be contiguous (the adapter views it, it never copies)")
+    return tensor
+
+
+def query_bytes(q_fp4) -> torch.Tensor:
+    """An engine's packed E2M1 queries, uint8 / int8 (sglang) / float4_e2m1fn_x2 [..., 64, 64]
+    (vLLM decode: [B, next_n, 64, 64]), as uint8 [rows, 64, 64]: a view of the same bytes."""
+    q_fp4 = _require_tensor(q_fp4, "q_fp4")
+    if q_fp4.dtype not in QUERY_DTYPES:
+        wanted = [_dtype_name(d) for d in QUERY_DTYPES]
+        raise InputDtypeError(f"q_fp4 must be one of {wanted}, got {_dtype_name(q_fp4.dtype)}")
+    if q_fp4.ndim < 3 or tuple(q_fp4.shape[-2:]) != (NUM_HEADS, VALUE_BYTES):
+        raise InputShapeError(f"q_fp4 must be [..., {NUM_HEADS}, {VALUE_BYTES}], got {list(q_fp4.shape)}")
+    return _contiguous_view(q_fp4, "q_fp4").view(torch.uint8).reshape(-1, NUM_HEADS, VALUE_BYTES)
+
+
+def query_scale_bytes(q_scale, name: str = "q_scale") -> torch.Tensor:
+    """An engine's UE8M0 query scales as our uint8 [rows, 64, 4], a view of the same bytes: int32
+    [..., 64] (sglang [T, 64] or [T, 1, 64], vLLM [T, 64] or [B, next_n, 64]: byte g of a head's
+    int32 is group g) or uint8 [..., 64, 4] (ours). Raises InputError for anything else."""
+    q_scale = _require_tensor(q_scale, name)
+    if q_scale.dtype == torch.int32 and q_scale.ndim >= 2 and q_scale.shape[-1] == NUM_HEADS:
+        return _contiguous_view(q_scale, name).view(torch.uint8).reshape(-1, NUM_HEADS, SCALE_BYTES)
+    if q_scale.dtype == torch.uint8 and q_scale.ndim >= 3 and tuple(q_scale.shape[-2:]) == (NUM_HEADS, SCALE_BYTES):
+        return _contiguous_view(q_scale, name).reshape(-1, NUM_HEADS, SCALE_BYTES)
+    raise InputShapeError(f"{name} must be int32 [..., {NUM_HEADS}] (the engines' packed scales) or uint8 "
+                          f"[..., {NUM_HEADS}, {SCALE_BYTES}], got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}")
 
 
 def sglang_q_scale_bytes(q_scale: torch.Tensor) -> torch.Tensor:
-    """sglang's int32 [T, 1, 64] query scales as our uint8 [T, 64, 4] (a view of the same bytes)."""
-    if q_scale.dtype != torch.int32 or q_scale.ndim != 3 or tuple(q_scale.shape[1:]) != (1, NUM_HEADS):
-        raise InputShapeError(f"sglang q_scale must be int32 [T, 1, {NUM_HEADS}], got {q_scale.dtype} {list(q_scale.shape)}")
-    if not q_scale.is_contiguous():
-        raise InputError("sglang q_scale must be contiguous")
-    return q_scale.view(torch.uint8).view(q_scale.shape[0], NUM_HEADS, SCALE_BYTES)
+    """sglang's int32 query scales, [T, 64] (S4) or [T, 1, 64], as our uint8 [T, 64, 4] (a view)."""
+    q_scale = _require_tensor(q_scale, "sglang q_scale")
+    if q_scale.dtype != torch.int32 or q_scale.ndim not in (2, 3) or q_scale.shape[-1] != NUM_HEADS or (
+            q_scale.ndim == 3 and q_scale.shape[1] != 1):
+        raise InputShapeError(f"sglang q_scale must be int32 [T, {NUM_HEADS}] or [T, 1, {NUM_HEADS}], "
+                              f"got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}")
+    return query_scale_bytes(q_scale, "sglang q_scale")
+
+
+def head_weights(weights, rows: int) -> torch.Tensor:
+    """Head weights float32 / bfloat16 [rows, 64] or sglang's [rows, 64, 1], as [rows, 64] (a view)."""
+    weights = _require_tensor(weights, "weights")
+    if weights.ndim == 3 and weights.shape[-1] == 1:
+        weights = weights.squeeze(-1)
+    if weights.ndim != 2 or tuple(weights.shape) != (rows, NUM_HEADS):
+        raise InputShapeError(f"weights must be [{rows}, {NUM_HEADS}] or [{rows}, {NUM_HEADS}, 1], "
+                              f"got {list(weights.shape)}")
+    return weights
+
+
+def _lengths(lengths, rows: int | None, name: str) -> torch.Tensor:
+    """int32 per-row window ends of any shape ([T], [T, 1], [B, next_n]) flattened to [rows] (a view)."""
+    lengths = _require_tensor(lengths, name)
+    if lengths.dtype != torch.int32:
+        raise InputDtypeError(f"{name} must be int32, got {_dtype_name(lengths.dtype)}")
+    flat = _contiguous_view(lengths, name).reshape(-1)
+    if rows is not None and flat.shape[0] != rows:
+        raise InputShapeError(f"{name} must hold one length per query row ({rows}), got {list(lengths.shape)}")
+    return flat
+
+
+def index_buffer(buffer, rows: int, topk: int, name: str) -> torch.Tensor:
+    """The [rows, K] corner of an engine's int32 index buffer (vLLM's topk_indices_buffer is
+    [max_num_batched_tokens, K]; sglang's page-index buffers may be padded to a multiple of 64)."""
+    if (not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int32 or buffer.ndim != 2
+            or buffer.shape[0] < rows or buffer.shape[1] < topk):
+        got = (f"{_dtype_name(buffer.dtype)} {list(buffer.shape)}" if isinstance(buffer, torch.Tensor)
+               else type(buffer).__name__)
+        raise InputShapeError(f"{name} must be int32 [>= {rows}, >= {topk}] (written at [:{rows}, :{topk}]), got {got}")
+    return buffer[:rows, :topk]
+
+
+def vllm_kv_cache_pages(kv_cache) -> torch.Tensor:
+    """vLLM's FP4 indexer cache as pages the operator reads in place (V1 kv_cache_as_quant_view).
+
+    The layer's allocation is uint8 [blocks, 64, W] with W >= 68 (V5: W = 132, FP8-sized) and any
+    block stride; a block's first 64 * 68 bytes are our page (V4). It is returned as the view
+    DeepGEMM gets, [blocks, 64, 1, 68] with the block stride kept. Any other view is returned as
+    given (the operator accepts [blocks, 4352] and [blocks, 64, 1, 68] at any block stride)."""
+    kv_cache = _require_tensor(kv_cache, "kv_cache")
+    if kv_cache.ndim != 3:
+        return kv_cache
+    blocks, block_size, width = kv_cache.shape
+    if kv_cache.dtype != torch.uint8 or block_size != PAGE_SIZE or width < VLLM_FP4_TOKEN_BYTES:
+        raise InputShapeError(f"vLLM kv_cache must be uint8 [blocks, {PAGE_SIZE}, >= {VLLM_FP4_TOKEN_BYTES}], "
+                              f"got {_dtype_name(kv_cache.dtype)} {list(kv_cache.shape)}")
+    if kv_cache.stride(2) != 1 or kv_cache.stride(1) != width:
+        raise InputError(f"the bytes of one vLLM kv_cache block must be contiguous, "
+                         f"got strides {list(kv_cache.stride())}")
+    block_stride = kv_cache.stride(0) if blocks > 1 else PAGE_SIZE * width
+    return kv_cache.as_strided((blocks, PAGE_SIZE, 1, VLLM_FP4_TOKEN_BYTES),
+                               (block_stride, VLLM_FP4_TOKEN_BYTES, VLLM_FP4_TOKEN_BYTES, 1))
+
+
+def _zeros(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(rows, dtype=torch.int32, device=device)
+
+
+def topk_sglang_c4_indexer(
+    q_fp4: torch.Tensor, q_sf: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
+    weights: torch.Tensor, c4_seq_lens: torch.Tensor, c4_sparse_page_indices: torch.Tensor, *, topk: int,
+    c4_sparse_raw_indices: torch.Tensor | None = None, max_seq_len: int | None = None, weight_scale: float = 1.0,
+    next_n: int = 1, backend: str = "auto", workspace: torch.Tensor | None = None,
+) -> TopKResult:
+    """sglang's DeepSeek-V4 C4 indexer call (`forward_c4_indexer`, module docstring): decode, MTP
+    verify and extend alike. Query row t sees C4 positions [0, c4_seq_lens[t]) through its own
+    page-table row page_table[t].
+
+    `next_n` > 1 (MTP verify, T = B * next_n) tells the operator that rows b * next_n + j are one
+    request's: they read page_table[b * next_n] (sglang repeats a request's page-table row for each
+    of its tokens, S3 expand_extend_with_same_length), so the operator sees next_n rows per sequence
+    and can share key tiles among them. The answer is the same; it is the caller's promise that the
+    next_n rows of each request are equal (not checked: that would read the table on the host).
+
+    Parameters: q_fp4 int8 / uint8 [T, 64, 64]; q_sf int32 [T, 64] (or [T, 1, 64]); kv_cache the
+    indexer buffer uint8 [pages, 4352] (or its [pages, 64, 1, 68] view); page_table int32
+    [T, max_pages]; weights float32 [T, 64, 1] (or [T, 64]); c4_seq_lens int32 [T] (or [T, 1]);
+    c4_sparse_page_indices int32 [>= T, >= K], written at [:T, :K] with physical slots (-1 padded);
+    c4_sparse_raw_indices (optional) likewise with C4 positions; max_seq_len the static window
+    bound (indexer_metadata.max_c4_seq_len); next_n as above (default 1: every row its own).
+    Returns the TopKResult (its status bits say which rows published nothing).
+    Raises InputError for tensors that do not match.
+
+    Example: ``topk_sglang_c4_indexer(q_fp4, q_sf, kv, meta.page_table, w, meta.c4_seq_lens,
+    core.c4_sparse_page_indices, topk=512, max_seq_len=meta.max_c4_seq_len)``.
+    """
+    q = query_bytes(q_fp4)
+    rows = q.shape[0]
+    ends = _lengths(c4_seq_lens, rows, "c4_seq_lens")
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1 or rows % next_n:
+        raise InputError(f"next_n must be a positive int dividing the {rows} query rows, got {next_n!r}")
+    return _sglang_call(q, q_sf, kv_cache, page_table, weights, _zeros(rows, q.device), ends,
+                        (c4_sparse_page_indices, "c4_sparse_page_indices"),
+                        (c4_sparse_raw_indices, "c4_sparse_raw_indices"),
+                        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend,
+                        workspace=workspace, next_n=next_n)
 
 
 def topk_sglang_fp4_indexer(
     q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
     weights: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, out_physical: torch.Tensor, *,
-    topk: int, backend: str = "auto",
+    topk: int, out_raw: torch.Tensor | None = None, max_seq_len: int | None = None, weight_scale: float = 1.0,
+    backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
-    """sglang's DeepSeek-V4 FP4 indexer call (module docstring): query row t reads window
-    [starts[t], ends[t]) through page_table[t] (int32 [T, max_pages], one row per query token);
-    writes the physical slots into `out_physical` (int32 [T, K]) and returns the TopKResult.
-    weights float32 [T, 64, 1]. Raises InputError for tensors that do not match."""
-    rows = q_fp4.shape[0]
-    if weights.ndim != 3 or tuple(weights.shape[1:]) != (NUM_HEADS, 1):
-        raise InputShapeError(f"sglang weights must be [T, {NUM_HEADS}, 1], got {list(weights.shape)}")
-    _check_index_buffer(out_physical, rows, topk, "out_physical")
-    row_to_batch = torch.arange(rows, dtype=torch.int32, device=q_fp4.device)  # page_table row t serves row t
-    result = litetopk_prefill(
-        q_fp4, sglang_q_scale_bytes(q_scale), kv_cache, page_table, weights.view(rows, NUM_HEADS),
-        row_to_batch, starts, ends, topk=topk, backend=backend, out={"physical_indices": out_physical},
+    """sglang's FP4 indexer tensors with explicit per-token windows: query row t reads window
+    [starts[t], ends[t]) (int32 [T]) through page_table[t] (int32 [T, max_pages]). Other arguments
+    as topk_sglang_c4_indexer (out_physical / out_raw: its two index buffers)."""
+    q = query_bytes(q_fp4)
+    return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, (out_physical, "out_physical"),
+                        (out_raw, "out_raw"), topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale,
+                        backend=backend, workspace=workspace, next_n=1)
+
+
+def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physical, out_raw, *, topk,
+                 max_seq_len, weight_scale, backend, workspace, next_n) -> TopKResult:
+    """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors);
+    row t reads page-table row t - t % next_n."""
+    rows = q.shape[0]
+    page_table = _require_tensor(page_table, "page_table")
+    if page_table.ndim != 2 or page_table.shape[0] != rows:
+        raise InputShapeError(f"page_table must be int32 [{rows}, max_pages] (one row per query token), "
+                              f"got {list(page_table.shape)}")
+    out = {"physical_indices": index_buffer(out_physical[0], rows, topk, out_physical[1])}
+    if out_raw[0] is not None:
+        out["raw_indices"] = index_buffer(out_raw[0], rows, topk, out_raw[1])
+    row_to_batch = torch.arange(rows, dtype=torch.int32, device=q.device)  # page_table row t serves row t
+    if next_n > 1:
+        row_to_batch = row_to_batch // next_n * next_n  # a request's rows share its first token's row
+    return litetopk_prefill(
+        q, sglang_q_scale_bytes(q_sf), kv_cache, page_table, head_weights(weights, rows), row_to_batch, starts,
+        ends, topk=topk, weight_scale=weight_scale, backend=backend, out=out, max_seq_len=max_seq_len,
+        workspace=workspace,
     )
-    return result
+
+
+def topk_vllm_indexer_decode(
+    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+    weights: torch.Tensor, seq_lens: torch.Tensor, topk_indices_buffer: torch.Tensor, *, topk: int,
+    max_seq_len: int | None = None, weight_scale: float = 1.0, backend: str = "auto",
+    workspace: torch.Tensor | None = None,
+) -> TopKResult:
+    """vLLM's DeepSeek-V4 indexer decode call (`sparse_attn_indexer`, module docstring): B requests,
+    next_n query rows each; row b * next_n + j reads C4 positions [0, seq_lens[b, j]) of request b
+    through block_table[b].
+
+    Parameters: q_fp4 uint8 [B, next_n, 64, 64] (or [B * next_n, 64, 64]); q_scale int32
+    [B, next_n, 64] (or [B * next_n, 64]); kv_cache the layer's uint8 [blocks, 64, >= 68] (or the
+    [blocks, 64, 1, 68] DeepGEMM view), any block stride; block_table int32 [>= B, max_blocks] (row b serves request b);
+    weights float32 [B * next_n, 64]; seq_lens int32 [B, next_n], [B, 1] or [B];
+    topk_indices_buffer int32 [>= B * next_n, >= K], written at [:B * next_n, :K] with
+    request-relative C4 positions (-1 padded); max_seq_len the static window bound (the indexer's
+    max_model_len).
+    Returns the TopKResult. Raises InputError for tensors that do not match.
+
+    Example: ``topk_vllm_indexer_decode(q, q_sf, kv_cache, meta.block_table, weights[:n],
+    meta.seq_lens, topk_indices_buffer, topk=512, max_seq_len=max_model_len)``.
+    """
+    block_table = _require_tensor(block_table, "block_table")
+    seq_lens = _require_tensor(seq_lens, "seq_lens")
+    if seq_lens.ndim not in (1, 2) or block_table.ndim != 2 or block_table.shape[0] < seq_lens.shape[0]:
+        raise InputShapeError(f"seq_lens must be [B] or [B, next_n] and block_table [>= B, max_blocks], got "
+                              f"seq_lens {list(seq_lens.shape)}, block_table {list(block_table.shape)}")
+    requests = seq_lens.shape[0]
+    next_n = seq_lens.shape[1] if seq_lens.ndim == 2 else 1
+    rows = requests * next_n
+    ends = _lengths(seq_lens, rows, "seq_lens")
+    q = query_bytes(q_fp4)
+    if q.shape[0] != rows:
+        raise InputShapeError(f"q_fp4 must hold B * next_n = {rows} query rows, got {list(q_fp4.shape)}")
+    row_to_request = torch.arange(rows, dtype=torch.int32, device=q.device) // next_n  # row b * next_n + j -> b
+    return litetopk_prefill(
+        q, query_scale_bytes(q_scale), vllm_kv_cache_pages(kv_cache), block_table, head_weights(weights, rows),
+        row_to_request, _zeros(rows, q.device), ends, topk=topk, weight_scale=weight_scale, backend=backend,
+        out={"raw_indices": index_buffer(topk_indices_buffer, rows, topk, "topk_indices_buffer")},
+        max_seq_len=max_seq_len, workspace=workspace,
+    )
+
+
+def vllm_prefill_rows(cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
+                      cu_seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row_to_request, starts, ends) int32 [rows] of a vLLM prefill chunk, on the device: row t's
+    request is the r with cu_seq_lens[r] == cu_seqlen_ks[t] (the last such r: requests with no C4
+    key come before it and own no row with a key), its window [0, ke - ks). Rows of a request with
+    no key get request 0 or the last, and an empty window."""
+    ks = _lengths(cu_seqlen_ks, None, "cu_seqlen_ks")
+    ke = _lengths(cu_seqlen_ke, ks.shape[0], "cu_seqlen_ke")
+    cu = _lengths(cu_seq_lens, None, "cu_seq_lens")
+    if cu.shape[0] < 2:
+        raise InputShapeError(f"cu_seq_lens must be [requests + 1] with requests >= 1, got {list(cu_seq_lens.shape)}")
+    requests = cu.shape[0] - 1
+    row_to_request = torch.searchsorted(cu[1:], ks, right=True).clamp_(max=requests - 1).to(torch.int32)
+    return row_to_request, _zeros(ks.shape[0], ks.device), ke - ks
+
+
+def topk_vllm_indexer_prefill_chunk(
+    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+    weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, cu_seq_lens: torch.Tensor,
+    topk_indices_buffer: torch.Tensor, *, topk: int, max_seq_len: int | None = None, weight_scale: float = 1.0,
+    backend: str = "auto", workspace: torch.Tensor | None = None,
+) -> TopKResult:
+    """vLLM's DeepSeek-V4 indexer prefill call for one chunk (`sparse_attn_indexer`, module
+    docstring): the chunk's query rows (q_fp4 / q_scale / weights sliced [token_start:token_end]),
+    its block_table int32 [requests, max_blocks] and its cu_seqlen_ks / cu_seqlen_ke int32 [rows] /
+    cu_seq_lens int32 [requests + 1] (vllm_prefill_rows); the cache read in place (no gather).
+    Writes request-relative C4 positions into topk_indices_buffer [:rows, :K] (pass
+    topk_indices_buffer[token_start:token_end]). Returns the TopKResult."""
+    row_to_request, starts, ends = vllm_prefill_rows(cu_seqlen_ks, cu_seqlen_ke, cu_seq_lens)
+    return topk_vllm_indexer(
+        q_fp4, q_scale, kv_cache, block_table, weights, row_to_request, starts, ends, topk_indices_buffer,
+        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend, workspace=workspace,
+    )
 
 
 def topk_vllm_indexer(
     q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     weights: torch.Tensor, row_to_request: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-    topk_indices_buffer: torch.Tensor, *, topk: int, backend: str = "auto",
+    topk_indices_buffer: torch.Tensor, *, topk: int, max_seq_len: int | None = None, weight_scale: float = 1.0,
+    backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
-    """vLLM's DeepSeek-V4 indexer call (module docstring): `kv_cache` any uint8 view of 4352-byte
-    pages (vLLM's 4608-byte slab pages included), `block_table` int32 [requests, max_pages],
-    query row t of request row_to_request[t] sees [starts[t], ends[t]); writes the raw
-    request-relative indices (-1 padded) into `topk_indices_buffer` (int32 [T, K], strided views
-    allowed) and returns the TopKResult."""
-    _check_index_buffer(topk_indices_buffer, q_fp4.shape[0], topk, "topk_indices_buffer")
-    result = litetopk_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_request, starts, ends, topk=topk, backend=backend,
-        out={"raw_indices": topk_indices_buffer},
+    """vLLM's DeepSeek-V4 indexer tensors with explicit windows: query row t of request
+    row_to_request[t] sees [starts[t], ends[t]) (int32 [T]) through block_table (int32 [requests,
+    max_blocks]); q_fp4, q_scale, kv_cache and weights as topk_vllm_indexer_decode (q_scale also our
+    uint8 [T, 64, 4]; kv_cache also any view of 4352-byte pages, e.g. vLLM's slab pages); writes
+    request-relative indices (-1 padded) into topk_indices_buffer [:T, :K] (strided views allowed)."""
+    q = query_bytes(q_fp4)
+    rows = q.shape[0]
+    return litetopk_prefill(
+        q, query_scale_bytes(q_scale), vllm_kv_cache_pages(kv_cache), block_table, head_weights(weights, rows),
+        row_to_request, starts, ends, topk=topk, weight_scale=weight_scale, backend=backend,
+        out={"raw_indices": index_buffer(topk_indices_buffer, rows, topk, "topk_indices_buffer")},
+        max_seq_len=max_seq_len, workspace=workspace,
     )
-    return result
 
 
-__all__ = ["sglang_q_scale_bytes", "topk_sglang_fp4_indexer", "topk_vllm_indexer"]
+__all__ = [
+    "QUERY_DTYPES", "VLLM_FP4_TOKEN_BYTES", "head_weights", "index_buffer", "query_bytes", "query_scale_bytes",
+    "sglang_q_scale_bytes", "topk_sglang_c4_indexer", "topk_sglang_fp4_indexer", "topk_vllm_indexer",
+    "topk_vllm_indexer_decode", "topk_vllm_indexer_prefill_chunk", "vllm_kv_cache_pages", "vllm_prefill_rows",
+]

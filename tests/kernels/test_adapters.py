@@ -1,6 +1,7 @@
 """Engine adapters (kernels/adapters.py) on the CPU reference: zero copy of the inputs (data
-pointers reach the operator unchanged), the answer equal to a direct call, and the engine's
-index buffer written in place (a strided row view included)."""
+pointers reach the operator unchanged; the engines' dtypes and shapes viewed as our bytes), the
+answer equal to a direct call, and the engine's index buffer written in place (a strided row view
+included). The engines' decode calls: test_adapters_decode.py."""
 
 from __future__ import annotations
 
@@ -65,3 +66,23 @@ def test_adapters_check_the_engine_tensors(seed):
     with pytest.raises(InputError, match="topk_indices_buffer must be int32"):
         adapters.topk_vllm_indexer(*p.args()[:5], p.row_to_batch, p.starts, p.ends,
                                    torch.empty(1, 3, dtype=torch.int32), topk=p.topk, backend="reference")
+
+
+def test_engine_tensors_are_viewed_as_our_bytes(seed):
+    """The engines' dtypes and shapes (int8 / float4 queries, int32 [.., 64] scales, sglang's
+    [T, 64, 1] weights, vLLM's FP8-sized 3-D cache) become our arguments as views of the same bytes."""
+    p = make_problem(seed, seq_lens=[300], rows_per_seq=4, spread=1)
+    rows = p.q_fp4.shape[0]
+    for q in (p.q_fp4.view(torch.int8), p.q_fp4.view(torch.float4_e2m1fn_x2), p.q_fp4.view(2, 2, 64, 64)):
+        view = adapters.query_bytes(q)
+        assert view.data_ptr() == p.q_fp4.data_ptr() and torch.equal(view, p.q_fp4), f"{q.dtype} {list(q.shape)}"
+    for scales in (p.q_scale.view(torch.int32).view(rows, 64), p.q_scale.view(torch.int32).view(2, 2, 64), p.q_scale):
+        view = adapters.query_scale_bytes(scales)
+        assert view.data_ptr() == p.q_scale.data_ptr() and torch.equal(view, p.q_scale), f"{list(scales.shape)}"
+    assert torch.equal(adapters.head_weights(p.weights.view(rows, 64, 1), rows), p.weights)
+    slab = torch.randint(0, 256, (p.kv_cache.shape[0], 9000), dtype=torch.uint8)
+    slab[:, :4352] = p.kv_cache
+    blocks = slab[:, :64 * 132].view(-1, 64, 132)  # vLLM's layer allocation, blocks 9000 bytes apart
+    pages = adapters.vllm_kv_cache_pages(blocks)
+    assert pages.data_ptr() == slab.data_ptr() and pages.stride(0) == 9000 and tuple(pages.shape[1:]) == (64, 1, 68)
+    assert torch.equal(pages.reshape(-1, 4352), p.kv_cache), "a block's first 4352 bytes are our page"
