@@ -80,7 +80,7 @@ class Case:
     @classmethod
     def parse(cls, name: str) -> Case:
         shape, k = name.split("-k")
-        batch, next_n, keys = shape.split("x")
+        batch, next_n, keys = shape.split("x", 2)
         return cls(int(batch), int(next_n), None if keys == "mixed" else int(keys), int(k))
 
 
@@ -244,8 +244,9 @@ def table(report: dict):
     from rich.table import Table
 
     c = report["ceilings"]
-    title = (f"decode top-k on {report['card']['name']} ({report['backend']}): GPU us, median of {report['reps']}; "
-             f"copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, int8 {c['int8_ops_per_s'] / 1e12:.0f} TOP/s")
+    unit = "GPU us" if report["device"].startswith("cuda") else "wall us (CPU)"
+    title = (f"decode top-k on {report['card']['name']} ({report['backend']}): {unit}, median of {report['reps']}; "
+             f"copy {c['copy_bytes_per_s'] / 1e12:.3g} TB/s, int8 {c['int8_ops_per_s'] / 1e12:.4g} TOP/s")
     t = Table(title=title)
     for col in ("case", "rows", "keys read", "runner", "eager", "dense", "floor", "runner/floor", "eager/floor",
                 "runner/dense", "exact", "notes"):
@@ -276,26 +277,36 @@ def table(report: dict):
 
 
 def plot(report: dict, path: str) -> None:
+    """Per K a column: time per call against the keys read (next_n 1, 2, 4 drawn a little right of each
+    other), the floor as a bar; below, each variant's time / floor with the issue's 2x line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     done = [r for r in report["cases"] if "times" in r]
     ks = sorted({r["topk"] for r in done}) or [512]
-    fig, axes = plt.subplots(1, len(ks), figsize=(7 * len(ks), 5), squeeze=False)
+    fig, axes = plt.subplots(2, len(ks), figsize=(7 * len(ks), 9), squeeze=False, sharex="col",
+                             gridspec_kw=dict(height_ratios=(3, 2)))
     style = dict(runner=("o", "tab:blue"), eager=("^", "tab:orange"), dense=("s", "tab:green"))
-    for ax, k in zip(axes[0], ks):
+    unit = "GPU us" if report["device"].startswith("cuda") else "wall us (CPU)"
+    for col, k in enumerate(ks):
         cases = [r for r in done if r["topk"] == k]
-        x = [r["keys_read"] for r in cases]
+        x = [r["keys_read"] * 1.07 ** (r["next_n"].bit_length() - 1) for r in cases]
+        top, bottom = axes[0][col], axes[1][col]
         for v, (marker, color) in style.items():
-            ax.scatter(x, [r["times"][v]["median_us"] for r in cases], marker=marker, color=color, label=v, alpha=0.7)
-        ax.scatter(x, [r["floor_us"] for r in cases], marker="_", color="black", s=200, label="floor")
-        ax.set(xscale="log", yscale="log", xlabel="C4 keys read (sum of the sequences' lengths)", ylabel="GPU us",
-               title=f"K = {k}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"decode top-k, {report['card']['name']}: time per call and the floor")
+            top.scatter(x, [r["times"][v]["median_us"] for r in cases], marker=marker, color=color, label=v, alpha=0.7)
+            bottom.scatter(x, [r["ratio"][v] for r in cases], marker=marker, color=color, label=v, alpha=0.7)
+        top.scatter(x, [r["floor_us"] for r in cases], marker="_", color="black", s=150, label="floor")
+        bottom.axhline(2.0, color="black", lw=0.8, ls="--", label="2x the floor")
+        top.set(yscale="log", ylabel=f"{unit} per call", title=f"K = {k}")
+        bottom.set(xscale="log", yscale="log", ylabel="time / floor", xlabel="C4 keys read (sum of the sequences' lengths)")
+        for ax in (top, bottom):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.legend(fontsize=8)
+    fig.suptitle(f"decode top-k on {report['card']['name']} ({report['backend']}): time per call and the floor")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
