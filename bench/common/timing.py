@@ -38,8 +38,9 @@ class CallTimer:
        decode step whose previous layer streamed other bytes (instead of rotating copies of the inputs,
        which small decode caches would need by the hundred to exceed the L2);
     2. a spin kernel (torch.cuda._sleep) holds the GPU while the host enqueues the call (1.5 x the
-       longest host time of the function so far): the CUDA events around the call then time the device
-       work back to back, not the host's Python (a call that syncs with the host loses that);
+       function's median host time in the warm-up rounds, raised up to 4x by a rep that outlasts it):
+       the CUDA events around the call then time the device work back to back, not the host's Python
+       (a call that waits for the device inside also times the host's work after the wait);
     3. CUDA events right around the call.
     A rep whose host time exceeded its spin is counted in `host_bound_reps` (its time may hold gaps).
     On the CPU it is the wall time of the call (perf_counter), nothing flushed.
@@ -87,7 +88,10 @@ class CallTimer:
                 fn()
                 host[name].append((time.perf_counter() - t0) * 1e6)
         self.sync()
-        spin = {name: 1.5 * times[-1] + 20.0 for name, times in host.items()}  # the first warm call may compile
+        # 1.5 x the median warm host time; a rep that outlasts its spin raises it, to at most 4x (a call that
+        # waits for the device inside would otherwise see its spin in its own host time and grow it forever)
+        base = {name: 1.5 * statistics.median(times) + 20.0 for name, times in host.items()}
+        spin = dict(base)
         timed = {name: [] for name in calls}
         bound = dict.fromkeys(calls, 0)
         host = {name: [] for name in calls}
@@ -108,7 +112,7 @@ class CallTimer:
                     events[name] = (start, end)
                     if wall > spin[name]:
                         bound[name] += 1
-                        spin[name] = 1.5 * wall + 20.0
+                        spin[name] = min(max(spin[name], 1.5 * wall + 20.0), 4 * base[name])
                 else:
                     timed[name].append(wall)
             self.sync()
