@@ -198,6 +198,10 @@ def run_group(batch: int, keys: int | None, cases: list[Case], args, timer, ceil
     shape = dict(lengths=lengths if keys is None else None, lengths_min=min(lengths), lengths_max=max(lengths))
     rows = batch * max(c.next_n for c in cases)
     estimate = estimate_bytes(lengths, rows)
+    if deadline is not None and time.perf_counter() > deadline:
+        for c in cases:
+            record(c, dict(shape, skipped="time limit (--time-limit)"))
+        return
     if estimate > args.memory_budget:
         for c in cases:
             record(c, dict(shape, skipped=f"memory: estimated {estimate / 2**30:.1f} GiB > budget "
@@ -335,7 +339,8 @@ def parse(argv):
     p.add_argument("--spread", type=int, default=0, help="MXFP4 block-scale spread (bench/common/problems.py)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--memory-budget", type=float, help="GiB a case may use (default 90 %% of the device's memory)")
-    p.add_argument("--time-limit", type=float, help="seconds: start no case after this (the rest listed as skipped)")
+    p.add_argument("--time-limit", type=float, help="seconds from the start: begin no case after this (the rest "
+                                                    "listed as skipped)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"), help="folder of decode-<tag>.json / .png")
     p.add_argument("--tag", help="file name tag (default: the card, e.g. h100, h200, cpu)")
     args = p.parse_args(argv)
@@ -368,6 +373,7 @@ def _tag(device: torch.device) -> str:
 
 
 def main(argv=None) -> int:
+    began = time.perf_counter()  # --time-limit counts from here (the ceilings and the first compiles included)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
     if args.device.type == "cuda":
@@ -398,11 +404,11 @@ def main(argv=None) -> int:
 
     timer = CallTimer(args.device)
     report["timer"] = dict(flush_bytes=timer.flush_bytes, spin_cycles_per_us=timer.cycles_per_us)
-    console.print(f"[decode] {len(cases)} cases on {report['card']['name']} ({args.backend}); measuring the ceilings ...")
+    console.print(f"decode: {len(cases)} cases on {report['card']['name']} ({args.backend}); measuring the ceilings ...")
     report["ceilings"] = measure_ceilings(timer)
     save()
     start = time.perf_counter()
-    deadline = start + args.time_limit if args.time_limit else None
+    deadline = began + args.time_limit if args.time_limit else None
 
     def on_term(signum, frame):
         raise Stop()
@@ -413,7 +419,7 @@ def main(argv=None) -> int:
         groups.setdefault((c.batch, c.keys), []).append(c)
     order = sorted(groups, key=lambda g: (g[0] * (g[1] or args.mixed_range[1]), g[1] is None))
     try:
-        with Progress(TextColumn("[decode] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        with Progress(TextColumn("decode: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             task = progress.add_task("", total=len(cases))
 
@@ -440,10 +446,10 @@ def main(argv=None) -> int:
         report["complete"] = True
     except (Stop, KeyboardInterrupt):
         report["interrupted"] = f"stopped after {time.perf_counter() - start:.0f} s"
-        console.print(f"[bold yellow][decode] {report['interrupted']}: writing what was measured[/]")
+        console.print(f"[bold yellow]decode: {report['interrupted']}: writing what was measured[/]")
     except Exception as exc:  # noqa: BLE001 -- e.g. a sticky CUDA error in a group's cleanup: the run fails, loudly
         report["aborted"] = _error(exc)
-        console.print(f"[bold red][decode] aborted: {escape(report['aborted'])}[/]")
+        console.print(f"[bold red]decode: aborted: {escape(report['aborted'])}[/]")
         traceback.print_exc()
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -459,9 +465,9 @@ def main(argv=None) -> int:
     save()
     console.print(table(report))
     plot(report, png_path)
-    console.print(f"[decode] wrote {json_path} and {png_path}")
+    console.print(f"decode: wrote {json_path} and {png_path}")
     if failures:
-        console.print(f"[bold red][decode] FAILED: {len(failures)} case(s) not exact or in error: {', '.join(failures)}[/]")
+        console.print(f"[bold red]decode: FAILED: {len(failures)} case(s) not exact or in error: {', '.join(failures)}[/]")
         return 1
     return 0
 

@@ -55,7 +55,7 @@ for step in $STEPS; do
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
     selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" ${SELFCAL_ARGS:-} 2>&1 | tail -12 ;;
     decode) T=${DECODE_TIMEOUT:-560}
-      timeout $T python3 -m bench.decode --out "$RES" --time-limit $((T - 40)) ${DECODE_ARGS:-} 2>&1 | tail -${DECODE_TAIL:-120}
+      timeout $T python3 -m bench.decode --out "$RES" --time-limit $((T - 40)) ${DECODE_ARGS:-} 2>&1 | tail -${DECODE_TAIL:-60}
       cp "$RES"/decode-*.json "$RES"/decode-*.png "$OUT"/ ;;
     *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests decode)" >&2 ;;
   esac
