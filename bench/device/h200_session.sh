@@ -4,6 +4,12 @@
 # returns at most 8 files). Carry `.whl` (bench/device/gpu_service_wheels.sh) for the service step.
 #   run(command="bash bench/device/h200_session.sh", carry=[".whl"], timeout_s=600)
 # CALIBRATION=scan makes the bench, timeline and embed steps run LiteTopKTuning(calibration="scan").
+# decode: the decode benchmark, its JSON and PNG also copied into $OUT; DECODE_ARGS="--quick" for the goal shapes,
+# DECODE_TIMEOUT (default 560 s) its limit (the benchmark starts no case after DECODE_TIMEOUT - 40 s, then writes
+# what it measured); LITETOPK_COMMIT=<sha> names the commit in its JSON (the copy there has no .git: write
+# the sha of `git rev-parse HEAD` here into the command); DECODE_ARGS="--batch 1 8 --tag h100-a" and the like
+# split the full grid over several calls:
+#   run(command="STEPS=decode DECODE_ARGS=--quick LITETOPK_COMMIT=<sha> bash bench/device/h200_session.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RES=/tmp/h200-results
@@ -48,7 +54,10 @@ for step in $STEPS; do
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
     selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" ${SELFCAL_ARGS:-} 2>&1 | tail -12 ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests)" >&2 ;;
+    decode) T=${DECODE_TIMEOUT:-560}
+      timeout $T python3 -m bench.decode --out "$RES" --time-limit $((T - 40)) ${DECODE_ARGS:-} 2>&1 | tail -${DECODE_TAIL:-60}
+      cp "$RES"/decode-*.json "$RES"/decode-*.png "$OUT"/ ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests decode)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .
