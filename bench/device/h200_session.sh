@@ -8,7 +8,8 @@
 # DECODE_TIMEOUT (default 560 s) its limit (the benchmark starts no case after DECODE_TIMEOUT - 40 s, then writes
 # what it measured); LITETOPK_COMMIT=<sha> names the commit in its JSON (the copy there has no .git: write
 # the sha of `git rev-parse HEAD` here into the command); DECODE_ARGS="--batch 1 8 --tag h100-a" and the like
-# split the full grid over several calls:
+# split the full grid over several calls. paged: bench.probes.paged_probe (PAGED_ARGS="--shapes ..."); pagedtests:
+# the paged mode's GPU tests (log kept):
 #   run(command="STEPS=decode DECODE_ARGS=--quick LITETOPK_COMMIT=<sha> bash bench/device/h200_session.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,10 +55,16 @@ for step in $STEPS; do
     radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
     selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" ${SELFCAL_ARGS:-} 2>&1 | tail -12 ;;
+    paged) timeout ${PAGED_TIMEOUT:-240} python3 -m bench.probes.paged_probe --out "$RES" ${PAGED_ARGS:-} 2>&1 | tail -${PAGED_TAIL:-24}
+      cp "$RES"/paged-probe-*.json "$OUT"/ ;;
+    pagedtests)  # the paged mode's tests (interpreter-marked ones run compiled here) and the operator suites on decode shapes
+      timeout ${PAGEDTESTS_TIMEOUT:-200} python3 -m pytest tests/kernels/test_paged_scoring.py tests/kernels/test_reference_operator.py \
+        tests/kernels/test_adapters_decode.py tests/kernels/test_out_buffers.py -q -p no:cacheprovider -o addopts= -rf -x \
+        > "$RES/pagedtests.log" 2>&1; tail -12 "$RES/pagedtests.log" ;;
     decode) T=${DECODE_TIMEOUT:-560}
       timeout $T python3 -m bench.decode --out "$RES" --time-limit $((T - 40)) ${DECODE_ARGS:-} 2>&1 | tail -${DECODE_TAIL:-60}
       cp "$RES"/decode-*.json "$RES"/decode-*.png "$OUT"/ ;;
-    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests decode)" >&2 ;;
+    *) echo "unknown step '$step' (timeline gluon wide split tuning check bench service servicediag servicecheck gputests gputests2 embed radix calib selfcal layouts hosttime cprofile glue runnertime graphtests decode paged pagedtests)" >&2 ;;
   esac
 done
 tar czf "$OUT/results.tgz" -C "$RES" .

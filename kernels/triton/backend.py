@@ -41,7 +41,7 @@ from .decode import (
     FLAG_UNSUPPORTED, decode_operands_triton, scoring_faults_triton, unsupported_rows_triton,
 )
 from .paged import (
-    PagedOperands, paged_block_rows, paged_operands, paged_scoring_faults, paged_subset_operands,
+    PAGED_MODES, PagedOperands, paged_block_rows, paged_operands, paged_scoring_faults, paged_subset_operands,
     paged_unsupported_rows,
 )
 from .paged_scoring import FAULT_DENSE, FAULT_SAMPLE, FAULT_SCAN, launch_paged_scoring
@@ -119,9 +119,12 @@ class TritonBackend(ScoringBackend):
 
     def __init__(self, block_rows: int = GLUON_BLOCK_ROWS, block_keys: int = GLUON_BLOCK_KEYS,
                  num_warps: int = GLUON_NUM_WARPS, num_stages: int = 3, refresh: int = 16, num_bins: int = NUM_BINS,
-                 max_registers: int | None = None, scoring_kernel: str = "auto"):
+                 max_registers: int | None = None, scoring_kernel: str = "auto", paged: str = "auto"):
         if scoring_kernel not in SCORING_KERNELS:
             raise ValueError(f"scoring_kernel={scoring_kernel!r} is not one of {SCORING_KERNELS}")
+        if paged not in PAGED_MODES:
+            raise ValueError(f"paged={paged!r} is not one of {PAGED_MODES}")
+        self.paged = paged  # paged.py: "auto" decides by the call's shapes; "never" / "always" force a mode
         gluon_tile = (block_rows, block_keys, num_warps) == (GLUON_BLOCK_ROWS, GLUON_BLOCK_KEYS, GLUON_NUM_WARPS)
         if scoring_kernel == "gluon" and not gluon_tile:
             raise ValueError(f"the gluon scoring kernel has one tile: block_rows={GLUON_BLOCK_ROWS}, "
@@ -163,7 +166,7 @@ class TritonBackend(ScoringBackend):
                     ops = paged_subset_operands(problem, parent)
             else:
                 ops = self._subset_operands(problem, parent)
-        elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0]):
+        elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0], self.paged):
             with stage_range("litetopk.decode"):
                 ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting())
         else:

@@ -35,16 +35,18 @@ from .decode import prepare_queries_fp4_triton
 from .split_schedule import SplitSchedule, build_split_schedule
 
 PAGED_ROWS_PER_SEQUENCE = 4
+PAGED_MODES = ("auto", "never", "always")
 PROGRAMS_PER_SM = 2  # the paged kernel holds 160-250 registers a thread at 4 warps: two programs an SM
 INTERPRETED_PROGRAMS = 3  # the grid under TRITON_INTERPRET=1: several programs share each row group's tiles
 STATUS_NONFINITE_C = tl.constexpr(int(RowStatus.NONFINITE))
 STATUS_UNSUPPORTED_C = tl.constexpr(int(RowStatus.UNSUPPORTED))
 
 
-def paged_block_rows(rows: int, batch: int) -> int:
+def paged_block_rows(rows: int, batch: int, mode: str = "auto") -> int:
     """The paged mode's group size for a call of `rows` rows over `batch` block-table rows (module
-    docstring), or 0: the call is not decode-shaped (prefill mode)."""
-    if rows == 0 or rows > PAGED_ROWS_PER_SEQUENCE * batch:
+    docstring), or 0: prefill mode. `mode` (TritonBackend(paged=...)): "auto" decides by the shapes,
+    "never" and "always" force a mode (tests and benchmarks compare the two on the same call)."""
+    if rows == 0 or mode == "never" or (mode == "auto" and rows > PAGED_ROWS_PER_SEQUENCE * batch):
         return 0
     return 1 if rows <= batch else 2
 
@@ -145,5 +147,5 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     return live & ((ops.faults[1] != 0) | ops.q_unsupported)
 
 
-__all__ = ["PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "paged_block_rows", "paged_operands", "paged_programs",
+__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "paged_block_rows", "paged_operands", "paged_programs",
            "paged_scoring_faults", "paged_subset_operands", "paged_unsupported_rows"]

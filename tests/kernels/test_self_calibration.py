@@ -37,6 +37,9 @@ from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_ti
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
 
+# The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
+pytestmark = pytest.mark.usefixtures("prefill_mode")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 SAMPLE_SIZE = 2048  # LiteTopKTuning's default: 32 key tiles of 64

@@ -34,6 +34,9 @@ from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
 from tests.problems import make_problem, oracle_scores, random_fp4
 
+# The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
+pytestmark = pytest.mark.usefixtures("prefill_mode")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 

@@ -21,7 +21,8 @@ from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_same
 from tests.problems import make_problem, results_equal
 
-pytestmark = [pytest.mark.interpret,
+# The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
+pytestmark = [pytest.mark.usefixtures("prefill_mode"), pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="interpreter only: on a GPU the Triton stages run compiled in every operator test")]
 

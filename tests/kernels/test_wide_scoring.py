@@ -28,6 +28,9 @@ from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_triton_backend import DEVICE, FIELDS, check_against_oracle, run_both
 from tests.problems import make_problem
 
+# The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
+pytestmark = pytest.mark.usefixtures("prefill_mode")
+
 SEQ_LENS = [1300, 700]  # 21 and 11 key tiles of 64
 PAGE, PAGE_BYTES, SCALES_AT = 64, 4352, 64 * 64
 #: key tiles of sequence 0 that get one wide key each (sequence 1 gets those inside it)

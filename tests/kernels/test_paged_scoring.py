@@ -1,0 +1,222 @@
+"""The Triton backend's paged mode (decode-shaped calls): the split schedule, the paged scoring kernel and
+the operator on decode shapes, against the float64 oracle and bit for bit between LiteTopK and dense.
+
+Under the interpreter (CI) the kernel runs its tl twin of the E2M1 decode over a grid of
+paged.INTERPRETED_PROGRAMS programs, so several programs share every row group's tiles; on a GPU the
+same tests run the compiled kernel with its PTX decode, and the `gpu` tests compare the two decodes and
+the two modes of the backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, operator
+from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.paged import paged_block_rows
+from litetopk.kernels.triton.paged_scoring import FAULT_DENSE, launch_paged_scoring
+from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
+from litetopk.kernels.validation import validate_prefill
+from litetopk.kernels.workspace import Scratch
+from tests.kernels.test_triton_backend import check_against_oracle, run_both
+from tests.problems import make_problem, oracle_scores
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def paged_mode(monkeypatch):
+    """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
+    monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always"))
+
+
+def ref_split_schedule(row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int):
+    """(groups as lists of rows, spans, tiles) in plain Python: runs of one sequence cut every block_rows rows."""
+    groups = []
+    for row, b in enumerate(row_to_batch):
+        if groups and row_to_batch[groups[-1][-1]] == b and len(groups[-1]) < block_rows and groups[-1][-1] == row - 1:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    spans, tiles = [], []
+    for group in groups:
+        windows = [(starts[r], ends[r]) for r in group if ends[r] > starts[r]]
+        lo = min((s for s, _ in windows), default=0)
+        hi = max((e for _, e in windows), default=0)
+        spans.append((lo, hi))
+        tiles.append(-(-hi // 64) - lo // 64 if windows else 0)
+    return groups, spans, tiles
+
+
+@pytest.mark.parametrize("block_rows", [1, 2])
+@pytest.mark.parametrize("case", ["sequence-major", "interleaved", "one row", "all empty", "over one block of rows"])
+def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = {"one row": 1, "over one block of rows": 2500}.get(case, 37)
+    batch = 9
+    rtb = torch.randint(0, batch, (rows,), generator=gen)
+    if case != "interleaved":
+        rtb = torch.sort(rtb).values
+    ends = torch.randint(0, 3000, (rows,), generator=gen)
+    starts = (ends - torch.randint(0, 2000, (rows,), generator=gen)).clamp_min(0)
+    empty = torch.rand(rows, generator=gen) < (1.0 if case == "all empty" else 0.2)
+    rtb, starts, ends = (torch.where(empty, 0, t).to(torch.int32) for t in (rtb, starts, ends))
+    where = f"[{case}, block_rows {block_rows}] seed {seed}"
+    want_groups, want_spans, want_tiles = ref_split_schedule(rtb.tolist(), starts.tolist(), ends.tolist(), block_rows)
+    for build in (lambda: build_split_schedule_torch(rtb, starts, ends, block_rows),
+                  lambda: build_split_schedule_triton(rtb, starts, ends, block_rows, Scratch("cpu"))):
+        got = build()
+        g = int(got.groups[0])
+        assert g == len(want_groups), f"{where}: {g} groups, want {len(want_groups)}"
+        rows_of = [list(range(int(got.group_row[i]), int(got.group_row[i]) + int(got.group_count[i]))) for i in range(g)]
+        assert rows_of == want_groups, f"{where}: groups"
+        assert got.group_span[:g].tolist() == [list(s) for s in want_spans], f"{where}: spans"
+        assert got.tile_offset.tolist() == [0, *np.cumsum(want_tiles).tolist(), *[sum(want_tiles)] * (rows - g)], \
+            f"{where}: tile offsets"
+        assert not bool(got.group_count[g:].any()) and not bool(got.group_span[g:].any()), f"{where}: unused groups"
+        assert not bool(got.faults.any()), f"{where}: fault words zeroed"
+
+
+def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str = "litetopk"):
+    """The paged kernel's dense scores [rows, max_end] of problem p (interpreter or GPU), poisoned first."""
+    args = list(p.args())
+    kw = dict(topk=p.topk, weight_scale=p.weight_scale)
+    if cache_format == "aiter":
+        args[2], kw["kv_scale"] = aiter_pages_from_litetopk(p.kv_cache)
+    problem = validate_prefill(*[t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in args],
+                               **{k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    backend = TritonBackend(paged="always")
+    ops = backend.operands(problem)
+    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows)
+    out = torch.full((problem.num_rows, problem.max_end), 12345.0, device=DEVICE)
+    launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
+                         problem.starts, problem.ends, topk=p.topk, programs=programs, fault_set=FAULT_DENSE,
+                         use_asm=ops.use_asm, out=out)
+    return out.cpu(), schedule.faults[FAULT_DENSE].cpu()
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("block_rows", [1, 2])
+@pytest.mark.parametrize("cache_format", ["litetopk", "aiter"])
+def test_paged_kernel_scores_within_the_float64_bound(block_rows, cache_format, seed):
+    p = make_problem(seed, seq_lens=[700, 300, 1100], rows_per_seq=2, spread=2, causal=False)
+    got, faults = paged_dense_scores(p, block_rows=block_rows, programs=5, cache_format=cache_format)
+    want, bound = oracle_scores(p)
+    where = f"[block_rows {block_rows}, {cache_format}] seed {seed}"
+    width = want.shape[1]
+    assert not bool((got == 12345.0).any()), f"{where}: every score written"
+    assert bool(torch.isneginf(got[:, width:]).all()), f"{where}: -inf past the windows"
+    inside = np.isfinite(want)
+    assert bool(torch.isneginf(got[:, :width][torch.from_numpy(~inside)]).all()), f"{where}: -inf outside windows"
+    error = np.abs(got[:, :width].double().numpy()[inside] - want[inside])
+    limit = np.broadcast_to(bound[:, None], want.shape)[inside] + 1e-30
+    assert bool((error <= limit).all()), f"{where}: max error / bound {float((error / limit).max())}"
+    assert not bool(faults.any()), f"{where}: no fault in these windows"
+
+
+@pytest.mark.interpret
+def test_paged_kernel_gives_the_prefill_modes_bits_at_two_rows(seed):
+    p = make_problem(seed, seq_lens=[900, 500], rows_per_seq=2, spread=2)
+    paged, _ = paged_dense_scores(p, block_rows=2, programs=4)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk, weight_scale=p.weight_scale)
+    prefill, _ = TritonBackend(paged="never").score_dense(problem)
+    assert torch.equal(paged, prefill.cpu()), f"seed {seed}: paged and prefill scores differ"
+
+
+PAGED_CASES = {
+    # name: (make_problem arguments, operator keywords); every case is decode-shaped (auto picks paged)
+    "many sequences, one row each, uneven lengths": (dict(seq_lens=[1500, 300, 2200, 900, 64, 1300], rows_per_seq=1,
+                                                          spread=1), {}),
+    "next_n 2, K=1024, windows shorter than K": (dict(seq_lens=[900, 1200], rows_per_seq=2, topk=1024, spread=1), {}),
+    "next_n 4, sliding windows (non-causal)": (dict(seq_lens=[2000, 1400], rows_per_seq=4, causal=False, spread=1), {}),
+    "next_n 3, wide vectors (hi operands)": (dict(seq_lens=[1300, 700], rows_per_seq=3, spread=2), {}),
+    "calibrated, several programs raise one row's threshold": (
+        dict(seq_lens=[3200, 2600], rows_per_seq=1, spread=1), dict(tuning=LiteTopKTuning(sample_size=400))),
+    "equal lengths, next_n 2, calibrated": (dict(seq_lens=[2400, 2400, 2400], rows_per_seq=2, spread=1),
+                                            dict(tuning=LiteTopKTuning(sample_size=300))),
+    "tiny capacity: repaired": (dict(seq_lens=[1500, 900], rows_per_seq=1, spread=1),
+                                dict(tuning=LiteTopKTuning(candidate_capacity=40))),
+    "forced underfill: repaired": (dict(seq_lens=[2000, 1800], rows_per_seq=2, spread=1),
+                                   dict(tuning=LiteTopKTuning(sample_size=300, calibration_offset=1e30))),
+}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("name", list(PAGED_CASES))
+def test_paged_operator_against_float64_oracle(name, seed):
+    build, kw = PAGED_CASES[name]
+    p = make_problem(seed, **build, note=name)
+    assert paged_block_rows(p.q_fp4.shape[0], p.block_table.shape[0]), f"[{name}]: the case must be decode-shaped"
+    lite, dense = run_both(p, **kw)
+    where = f"[{name}] seed {seed}"
+    assert not lite.status.any() and not dense.status.any(), f"{where}: status {lite.status.tolist()}"
+    if "repaired" in name:
+        assert int(lite.repaired.sum()) > 0, f"{where}: the case must exercise the repair path"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.interpret
+def test_paged_mode_forced_on_a_prefill_shaped_call_is_exact(paged_mode, seed):
+    p = make_problem(seed, seq_lens=[1400], rows_per_seq=6, spread=1)
+    lite, dense = run_both(p, tuning=LiteTopKTuning(sample_size=300))
+    where = f"seed {seed}"
+    assert not lite.status.any(), f"{where}: status {lite.status.tolist()}"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.interpret
+def test_unsupported_keys_are_a_status_bit_of_the_rows_reading_them(seed):
+    p = make_problem(seed, seq_lens=[600, 600], rows_per_seq=1, spread=0, causal=False)
+    page = int(p.block_table[1, 3])  # position 3 * 64 + 5 of sequence 1: token 5 of this page, scales at 4096 + 4 * 5
+    p.kv_cache.view(-1, 4352)[page, 4096 + 20:4096 + 24] = torch.tensor([100, 109, 110, 110], dtype=torch.uint8)
+    p.starts[:] = torch.tensor([0, 0], dtype=torch.int32)
+    p.ends[:] = torch.tensor([600, 600], dtype=torch.int32)
+    lite, dense = run_both(p)
+    where = f"seed {seed}"
+    assert lite.status.tolist() == [0, 128] and dense.status.tolist() == [0, 128], f"{where}: {lite.status.tolist()}"
+    p.starts[1] = 3 * 64 + 6  # the key left out of the window: the row is answered
+    lite, dense = run_both(p)
+    assert lite.status.tolist() == [0, 0], f"{where}: {lite.status.tolist()}"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_rows", [1, 2])
+def test_ptx_decode_gives_the_tl_decodes_bits(block_rows, seed):
+    p = make_problem(seed, seq_lens=[3000, 2000, 900], rows_per_seq=2, spread=3)
+    problem = validate_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk)
+    ops = TritonBackend(paged="always").operands(problem)
+    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows)
+    outs = []
+    for use_asm in (True, False):
+        out = torch.full((problem.num_rows, problem.max_end), 12345.0, device="cuda")
+        launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
+                             problem.starts, problem.ends, topk=p.topk, programs=ops.programs,
+                             fault_set=FAULT_DENSE, use_asm=use_asm, out=out)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), f"seed {seed}: the PTX and tl decodes differ"
+    assert not bool((outs[0] == 12345.0).any()), f"seed {seed}: every score written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n, topk", [(1, 512), (2, 1024), (4, 512)])
+def test_paged_mode_on_the_gpu_is_exact_at_decode_shapes(next_n, topk, seed):
+    p = make_problem(seed, seq_lens=[20000, 9000, 33000, 4000] * 4, rows_per_seq=next_n, topk=topk, spread=1)
+    lite, dense = run_both(p)
+    where = f"[next_n {next_n}, K {topk}] seed {seed}"
+    assert not lite.status.any(), f"{where}: status {lite.status.tolist()}"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.gpu
+def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
+    """Both modes are exact against float64; at two rows a group the paged kernel has the prefill kernel's
+    layout and head-sum order: the same bits."""
+    p = make_problem(seed, seq_lens=[12000, 7000, 15000], rows_per_seq=2, spread=1)
+    problem = validate_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk)
+    paged, _ = paged_dense_scores(p, block_rows=2, programs=264)
+    prefill, _ = TritonBackend(paged="never").score_dense(problem)
+    assert torch.equal(paged, prefill.cpu()), f"seed {seed}: paged (2 rows a group) and prefill scores differ"
