@@ -168,7 +168,8 @@ class TritonBackend(ScoringBackend):
                 ops = self._subset_operands(problem, parent)
         elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0], self.paged):
             with stage_range("litetopk.decode"):
-                ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting())
+                ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting(),
+                                     gluon=self._use_gluon(problem.device))
         else:
             with stage_range("litetopk.decode"):
                 ops = self._decode(problem)
@@ -299,7 +300,7 @@ class TritonBackend(ScoringBackend):
             fault_set = FAULT_SAMPLE if stride != 1 else FAULT_DENSE
             launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=fault_set, use_asm=ops.use_asm, out=out, stride=stride)
+                                 fault_set=fault_set, use_asm=ops.use_asm, gluon=ops.gluon, out=out, stride=stride)
             faults = ops.schedule.faults[fault_set]
             if stride == 1:
                 ops.faults = faults
@@ -338,7 +339,7 @@ class TritonBackend(ScoringBackend):
             faults = ops.schedule.faults[FAULT_SCAN]
             launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, scan=scan, buffer=buffer,
+                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, gluon=ops.gluon, scan=scan, buffer=buffer,
                                  capacity=capacity, refresh=self.paged_refresh)
             ops.faults = faults
             scan = dict(scan, nonfinite=faults[0])

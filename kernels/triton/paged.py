@@ -16,8 +16,8 @@ MMA columns, one row), else 2 (N = 128; next_n = 3-4 make two groups a request, 
 those shapes are bound by the tensor cores, not by the bytes).
 
 Per call (launches): the queries' decode (operands.py, one launch), the split schedule (one), then the
-pipeline's stages; each scoring launch is one launch over a fixed grid of `programs` programs (PROGRAMS_PER_SM
-per SM), so a call can be captured in a CUDA graph.
+pipeline's stages; each scoring launch is one launch over a fixed grid (paged_programs: programs an SM by
+the kernel's registers), so a call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from .split_schedule import SplitSchedule, build_split_schedule
 
 PAGED_ROWS_PER_SEQUENCE = 4
 PAGED_MODES = ("auto", "never", "always")
-PROGRAMS_PER_SM = 2  # the paged kernel holds 160-250 registers a thread at 4 warps: two programs an SM
 INTERPRETED_PROGRAMS = 3  # the grid under TRITON_INTERPRET=1: several programs share each row group's tiles
 STATUS_NONFINITE_C = tl.constexpr(int(RowStatus.NONFINITE))
 STATUS_UNSUPPORTED_C = tl.constexpr(int(RowStatus.UNSUPPORTED))
@@ -56,12 +55,14 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def paged_programs(device: torch.device) -> int:
-    """The paged kernel's grid on `device`: PROGRAMS_PER_SM per SM of a CUDA device, INTERPRETED_PROGRAMS
-    on the CPU (the interpreter)."""
+def paged_programs(device: torch.device, block_rows: int, gluon: bool) -> int:
+    """The paged kernel's grid on `device`: as many programs an SM as its registers let reside (offline
+    sm_90 builds: the Gluon kernel 126-136 registers a thread at one row a group, 184 at two; the Triton
+    kernel 160-250), INTERPRETED_PROGRAMS on the CPU (the interpreter)."""
     if device.type != "cuda":
         return INTERPRETED_PROGRAMS
-    return PROGRAMS_PER_SM * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    per_sm = 3 if gluon and block_rows == 1 else 2
+    return per_sm * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @dataclass
@@ -79,6 +80,7 @@ class PagedOperands:
     schedule: SplitSchedule
     programs: int
     use_asm: bool  # the E2M1 decode in PTX (compiled CUDA), else its tl twin (the interpreter)
+    gluon: bool  # score with the Gluon kernel (paged_scoring_gluon.py), else the Triton one
     faults: torch.Tensor | None = field(default=None)
 
     @property
@@ -86,15 +88,15 @@ class PagedOperands:
         return self.q_lo, self.q_hi, self.wq, self.rowfac, self.q_wide
 
 
-def paged_operands(problem, block_rows: int, *, use_asm: bool) -> PagedOperands:
+def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool) -> PagedOperands:
     """Decode the queries of `problem` (a PrefillProblem) and build its split schedule: two launches."""
     scratch = problem.scratch
     q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
         problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends),
         weight_scale=problem.weight_scale, scratch=scratch)
     schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, scratch)
-    return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule, paged_programs(problem.device),
-                         use_asm)
+    return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule,
+                         paged_programs(problem.device, block_rows, gluon), use_asm, gluon)
 
 
 def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
@@ -103,7 +105,8 @@ def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     rows = sub.parent_rows
     schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows, sub.scratch)
     return PagedOperands(parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows], parent.rowfac[rows],
-                         parent.q_wide[rows], parent.q_unsupported[rows], schedule, parent.programs, parent.use_asm)
+                         parent.q_wide[rows], parent.q_unsupported[rows], schedule, parent.programs, parent.use_asm,
+                         parent.gluon)
 
 
 @triton.jit

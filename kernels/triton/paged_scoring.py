@@ -352,13 +352,14 @@ def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: b
 
 def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch: torch.Tensor,
                          queries: tuple, schedule: SplitSchedule, starts: torch.Tensor, ends: torch.Tensor, *,
-                         topk: int, programs: int, fault_set: int, use_asm: bool, num_warps: int = 4,
+                         topk: int, programs: int, fault_set: int, use_asm: bool, gluon: bool = False, num_warps: int = 4,
                          out: torch.Tensor | None = None, stride: int = 1, scan: dict | None = None,
                          buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4) -> None:
     """Launch score_fp4_paged_kernel over `programs` programs: dense (`out` float32 [rows, width], column c
     = position c * stride) or scan (`scan`: scoring.scan_buffers' dict, prepared; `buffer` int64 [rows,
     capacity]). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton. The
-    launch ORs its faults into schedule.faults[fault_set] (zeroed by the schedule's launch)."""
+    launch ORs its faults into schedule.faults[fault_set] (zeroed by the schedule's launch). `gluon`: the
+    kernel's Gluon twin (paged_scoring_gluon.py: sm_90, compiled; the same bits)."""
     q_lo, q_hi, wq, rowfac, q_wide = queries
     dense = out is not None
     unused32 = rowfac  # float32, never read in the other mode
@@ -373,7 +374,11 @@ def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch
             schedule.faults if dense else scan["appended"], unused32 if dense else scan["raised"],
             faults[0], faults[1], programs)
     if starts.shape[0]:
-        score_fp4_paged_kernel[(programs,)](
-            *args, **paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
-                                          strided=stride != 1, use_asm=use_asm, refresh=refresh),
-            num_warps=num_warps)
+        constants = paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
+                                         strided=stride != 1, use_asm=use_asm, refresh=refresh)
+        if gluon:
+            from .paged_scoring_gluon import GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+
+            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, num_warps=GLUON_PAGED_WARPS)
+        else:
+            score_fp4_paged_kernel[(programs,)](*args, **constants, num_warps=num_warps)

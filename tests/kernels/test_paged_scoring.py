@@ -80,8 +80,10 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
         assert not bool(got.faults.any()), f"{where}: fault words zeroed"
 
 
-def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str = "litetopk"):
-    """The paged kernel's dense scores [rows, max_end] of problem p (interpreter or GPU), poisoned first."""
+def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str = "litetopk", gluon: bool = False,
+                       stride: int = 1):
+    """The paged kernel's dense scores [rows, ceil(max_end / stride)] of problem p (interpreter or GPU; the
+    Gluon twin with `gluon`), poisoned first, and its fault words."""
     args = list(p.args())
     kw = dict(topk=p.topk, weight_scale=p.weight_scale)
     if cache_format == "aiter":
@@ -91,10 +93,10 @@ def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str =
     backend = TritonBackend(paged="always")
     ops = backend.operands(problem)
     schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows)
-    out = torch.full((problem.num_rows, problem.max_end), 12345.0, device=DEVICE)
+    out = torch.full((problem.num_rows, -(-problem.max_end // stride)), 12345.0, device=DEVICE)
     launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
                          problem.starts, problem.ends, topk=p.topk, programs=programs, fault_set=FAULT_DENSE,
-                         use_asm=ops.use_asm, out=out)
+                         use_asm=ops.use_asm, gluon=gluon, out=out, stride=stride)
     return out.cpu(), schedule.faults[FAULT_DENSE].cpu()
 
 
@@ -220,3 +222,31 @@ def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
     paged, _ = paged_dense_scores(p, block_rows=2, programs=264)
     prefill, _ = TritonBackend(paged="never").score_dense(problem)
     assert torch.equal(paged, prefill.cpu()), f"seed {seed}: paged (2 rows a group) and prefill scores differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_rows", [1, 2])
+@pytest.mark.parametrize("cache_format, stride", [("litetopk", 1), ("aiter", 1), ("litetopk", 7)])
+def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_format, stride, seed):
+    p = make_problem(seed, seq_lens=[9000, 3000, 14000], rows_per_seq=2, spread=3, causal=False)
+    where = f"[block_rows {block_rows}, {cache_format}, stride {stride}] seed {seed}"
+    triton_scores, triton_faults = paged_dense_scores(p, block_rows=block_rows, programs=264,
+                                                      cache_format=cache_format, stride=stride)
+    gluon_scores, gluon_faults = paged_dense_scores(p, block_rows=block_rows, programs=396,
+                                                    cache_format=cache_format, gluon=True, stride=stride)
+    assert not bool((gluon_scores == 12345.0).any()), f"{where}: every score written"
+    assert torch.equal(gluon_scores, triton_scores), f"{where}: Gluon and Triton paged scores differ"
+    assert torch.equal(gluon_faults, triton_faults), f"{where}: fault words differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, monkeypatch, seed):
+    p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
+    answers = {}
+    for kernel in ("triton", "gluon"):
+        monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always", scoring_kernel=kernel))
+        answers[kernel], _ = run_both(p)
+    where = f"[next_n {next_n}] seed {seed}"
+    for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
+        assert torch.equal(getattr(answers["gluon"], field), getattr(answers["triton"], field)), f"{where}: {field}"

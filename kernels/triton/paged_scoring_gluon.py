@@ -1,0 +1,416 @@
+"""The paged scoring kernel in Gluon (sm_90 only): paged_scoring.py's kernel with explicit layouts.
+
+The math, the modes, the schedule and the scan's shared thresholds are paged_scoring.py's; this kernel
+returns the same bits (the same exact integer dot, the same epilogue in the same NVMMA layout, so the
+same head-sum order; tests/kernels/test_paged_scoring.py compares the two on a GPU).
+
+What Gluon buys (paged_scoring.py's Triton kernel runs ~540 instructions a 64-key step, ~200 of them
+layout conversions of the per-key exponent logic through shared memory, with a barrier each): every
+tensor of a step lives where it is used. One thread owns one (key, 32-element group) pair, twice:
+    packed values  uint8 [64, 4, 16]  one 16-byte load (the group's bytes, as the decode consumes them)
+    words          int32 [64, 4, 4]   the same bytes again (an L1 hit) for the group's nonzero test
+    scales         int32 [64, 4]      one byte
+so the group's nonzero test is in-thread, the key's smallest exponent and spread are two lane
+exchanges over the 4 groups of a key, and the shift d of a group is a per-thread value that the E2M1
+decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded halves of the
+key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8, two K = 64 halves)
+are stored to shared memory with 16-byte stores, and one warpgroup's wgmma (m64nNk32, N = 64 x
+BLOCK_ROWS) reads them with the queries' halves (staged per row group). Per key, the factor kfac, the
+unsupported flag and the tile's wide flag go through shared memory beside the operand, ordered by the
+one barrier a step needs before its MMA. The next step's page is loaded into registers at the top of a
+step (its latency overlaps the step), so with several programs an SM the loads stay in flight.
+Wide tiles (a key whose groups span 4-7 binades: a hi operand) and wide query rows take a branch that
+builds the hi halves and adds their MMAs (operands.py's Horner form); rare.
+Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, 4 warps, BLOCK_KEYS = PAGE_SIZE = 64, sm_90 (wgmma); no
+interpreter (the Triton kernel is the CI-tested twin).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from .keys import _ordering_keys
+from .paged_scoring import E2M1_ASM
+from .scoring import SUBNORMAL_UNIT
+
+GLUON_PAGED_WARPS = 4
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _e2m1_halves(words, shift):
+    """(a, b) int32 words of int8x4: paged_scoring.E2M1_ASM on int32 `words` of packed E2M1 bytes (4 bytes
+    of one group each) with the group's `shift` (int32, 0..3)."""
+    return gl.inline_asm_elementwise(E2M1_ASM, "=r,=r,r,r", [words, shift], dtype=(gl.int32, gl.int32),
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _load_page(pos, live, tile_page, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
+               value_page_stride, scale_page_stride, W3: gl.constexpr, G: gl.constexpr, PAGE: gl.constexpr,
+               STRIDED: gl.constexpr, TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr,
+               SCALE_OFFSET: gl.constexpr, SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr):
+    """(words int32 [64, 4, 4] in W3: each key's packed E2M1 bytes, one group of 16 a thread; scales int32
+    [64, 4] in G; live bool [64]) of the keys at positions `pos` ([64] in G's key slice) of sequence b64.
+    Contiguous tiles are one page (logical page `tile_page`: one block-table read); strided ones read a
+    page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127)."""
+    offs_g = gl.arange(0, 4, layout=gl.SliceLayout(0, G))
+    offs_word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, W3)))
+    token = pos % PAGE
+    if INTERLEAVED:  # AITER: token t's scales at (t % 16) * 4 + t // 16 of each group's 64 bytes
+        token_scale = (token % 16) * 4 + token // 16
+    else:
+        token_scale = token * 4
+    in_page_w = gl.convert_layout((token * (TOKEN_STRIDE // 4))[:, None] + (offs_g * (GROUP_STRIDE // 4))[None, :],
+                                  gl.SliceLayout(2, W3))
+    in_page_w = gl.max_contiguous(gl.multiple_of(in_page_w[:, :, None] + offs_word[None, None, :], [1, 1, 4]),
+                                  [1, 1, 4])
+    in_page_s = token_scale[:, None] + (offs_g * SCALE_GROUP_STRIDE)[None, :]
+    if STRIDED:  # a page a key (the calibration sample): 64-bit page addresses per key
+        page = gl.load(block_table_ptr + b64 * bt_stride + pos // PAGE, mask=live, other=-1).to(gl.int64)
+        live = live & (page >= 0) & (page < num_pages)
+        page = gl.where(live, page, 0)
+        page_w = gl.convert_layout(page * (value_page_stride // 4), gl.SliceLayout(1, gl.SliceLayout(2, W3)))
+        words_at = values_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + page_w[:, None, None] + in_page_w
+        scales_at = scales_ptr + (page * scale_page_stride + SCALE_OFFSET)[:, None] + in_page_s
+    else:  # one page: its address once, then 32-bit offsets inside it
+        page = gl.load(block_table_ptr + b64 * bt_stride + tile_page).to(gl.int64)
+        page_ok = (page >= 0) & (page < num_pages)
+        live = live & page_ok
+        page = gl.where(page_ok, page, 0)
+        words_at = (values_ptr + page * value_page_stride).to(gl.pointer_type(gl.int32), bitcast=True) + in_page_w
+        scales_at = scales_ptr + page * scale_page_stride + SCALE_OFFSET + in_page_s
+    live_g = live[:, None] & (offs_g >= 0)[None, :]
+    words = gl.load(words_at, mask=gl.convert_layout(live_g, gl.SliceLayout(2, W3))[:, :, None], other=0)
+    scales = gl.load(scales_at, mask=live_g, other=127).to(gl.int32)
+    return words, scales, live
+
+
+@gluon.jit
+def _key_exponents(words, scales, W3: gl.constexpr, G: gl.constexpr):
+    """Per (key, group) in G: (d the group's shift, spread and kfac per key (G's key slice)), as
+    paged_scoring._key_exponents (operands.py's _decode_vectors): m the smallest scale of the nonzero
+    groups with a finite scale; kfac = 2^(m - 127), NaN for a NaN scale."""
+    nonzero = gl.convert_layout((gl.reduce_or(words, 2) & 0x77777777) != 0, G)
+    counted = nonzero & (scales != 255)
+    any_counted = gl.max(counted.to(gl.int32), axis=1) > 0
+    m = gl.where(any_counted, gl.min(gl.where(counted, scales, 255), axis=1), 127)
+    d = gl.where(counted, scales - m[:, None], 0)
+    spread = gl.max(d, axis=1)
+    nan_scale = gl.max((scales == 255).to(gl.int32), axis=1) > 0
+    kfac_bits = gl.where(m >= 1, m << 23, 4194304)  # 2^-127 is the subnormal 2^22 * 2^-149
+    kfac_bits = gl.where(nan_scale, 0x7FC00000, kfac_bits)
+    return d, spread, kfac_bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _shift_words(d, W3: gl.constexpr):
+    """[64, 4] per group (G) -> [64, 4, 4] per word (W3): each thread's own groups, no data moved."""
+    d_w = gl.convert_layout(d, gl.SliceLayout(2, W3))
+    return gl.broadcast(d_w[:, :, None], gl.full([64, 4, 4], 0, gl.int32, W3))[0]
+
+
+@gluon.jit
+def _stage_halves(words, shift, a_smem, b_smem, A32: gl.constexpr):
+    """Decode `words` (int32 [64, 4, 4]) with per-word shifts into the two K halves of the key operand,
+    stored as int8x4 words in a_smem / b_smem (int8 [64, 64], viewed as int32 [64, 16] in A32)."""
+    a, b = _e2m1_halves(words, shift)
+    a_smem._reinterpret(gl.int32, [64, 16], A32).store(gl.reshape(a, [64, 16]))
+    b_smem._reinterpret(gl.int32, [64, 16], A32).store(gl.reshape(b, [64, 16]))
+
+
+@gluon.jit
+def _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: gl.constexpr,
+                layout: gl.constexpr):
+    """(rows int64, row_ok, starts, ends) [BLOCK_ROWS] of row group `group` in `layout`."""
+    first = gl.load(group_row_ptr + group)
+    count = gl.load(group_count_ptr + group)
+    lanes = gl.arange(0, BLOCK_ROWS, layout=layout)
+    row_ok = lanes < count
+    rows = gl.where(row_ok, first + lanes, 0).to(gl.int64)
+    starts = gl.load(starts_ptr + rows, mask=row_ok, other=0)
+    ends = gl.load(ends_ptr + rows, mask=row_ok, other=0)
+    return rows, row_ok, starts, ends
+
+
+@gluon.jit
+def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, qa_smem, qb_smem, N: gl.constexpr,
+                   BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """Store the group's query halves [N, 64] (column n = head n // BLOCK_ROWS, row lane n % BLOCK_ROWS;
+    lanes past the group's count read zeros) of operand q_ptr (q_lo or q_hi) in qa_smem / qb_smem."""
+    first = gl.load(group_row_ptr + group)
+    count = gl.load(group_count_ptr + group)
+    offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
+    n_ok = (offs_n % BLOCK_ROWS) < count
+    vec = (first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64) * H + offs_n // BLOCK_ROWS
+    k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+    dim_a = 8 * (k // 4) + k % 4
+    at = q_ptr + vec[:, None] * D + dim_a[None, :]
+    qa_smem.store(gl.load(at, mask=n_ok[:, None], other=0))
+    qb_smem.store(gl.load(at + 4, mask=n_ok[:, None], other=0))
+
+
+@gluon.jit
+def _first_group(t, tile_offset_ptr, groups):
+    """The group whose global tiles hold tile t (paged_scoring._first_group)."""
+    lo = 0
+    hi = groups
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if gl.load(tile_offset_ptr + mid) <= t:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@gluon.jit
+def score_fp4_paged_gluon_kernel(
+    values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,
+    block_table_ptr, bt_stride, rtb_ptr,
+    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,
+    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,
+    starts_ptr, ends_ptr,
+    out_ptr, out_width, position_stride,
+    thr_ptr, hist_lo_ptr, hist_width_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,
+    nonfinite_ptr, unsupported_ptr,
+    num_programs,
+    TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr, STRIDED: gl.constexpr,
+    REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
+    TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
+    SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
+    gl.static_assert(num_warps == 4, "one warpgroup")
+    gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
+    BK: gl.constexpr = 64
+    N: gl.constexpr = BLOCK_ROWS * H
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, N, 32])
+    # one thread = one (key, group): keys on 8 lanes x 4 warps (two keys a thread), groups on 4 lanes
+    W3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1],
+                                        warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0])
+    G: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[8, 4],
+                                       warps_per_cta=[num_warps, 1], order=[1, 0])
+    KEY: gl.constexpr = gl.SliceLayout(1, G)
+    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
+                                        warps_per_cta=[num_warps, 1], order=[1, 0])
+    tile: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BK, N], gl.float32, mma), [BK, H, BLOCK_ROWS]), axis=1).type.layout
+    key_of_tile: gl.constexpr = gl.SliceLayout(1, tile)
+    row_of_tile: gl.constexpr = gl.SliceLayout(0, tile)
+    # a [64, 2] tile with each element in one lane only (lane bit 0: the row, lane bit 1: key + 8)
+    flat: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[], lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+        block_bases=[], shape=[BK, 2])
+    row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
+    hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
+                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+    row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
+    flat_1d: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 64], gl.int8)
+    # the same bytes as int32 words (the decode writes 4 int8 a word): the same 64-byte swizzle
+    A32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=a_layout.swizzle_byte_width, element_bitwidth=32,
+                                             rank=2)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 64], gl.int8)
+    a_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
+    b_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
+    a_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
+    b_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
+    qa = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+    qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+    qa_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+    qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+    kfac_smem = gl.allocate_shared_memory(gl.float32, [BK], flat_1d)
+    bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
+    wide_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
+
+    pid = gl.program_id(0)
+    groups = gl.load(groups_ptr)
+    if DENSE:
+        group_tiles = gl.cdiv(out_width, BK)
+        total = groups * group_tiles
+    else:
+        group_tiles = 0
+        total = gl.load(tile_offset_ptr + groups)
+    share = gl.cdiv(total, num_programs)
+    t = pid * share
+    t_end = gl.minimum(t + share, total)
+    if DENSE:
+        group = t // gl.maximum(group_tiles, 1)
+    else:
+        group = _first_group(t, tile_offset_ptr, groups)
+    offs_key = gl.arange(0, BK, layout=KEY)
+    offs_tk = gl.arange(0, BK, layout=key_of_tile)
+    offs_fk = gl.arange(0, BK, layout=gl.SliceLayout(1, flat))
+    offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
+    offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
+    while t < t_end:
+        first_row = gl.load(group_row_ptr + group)
+        count = gl.load(group_count_ptr + group)
+        b64 = gl.load(rtb_ptr + first_row).to(gl.int64)
+        span_lo = gl.load(group_span_ptr + 2 * group)
+        span_hi = gl.load(group_span_ptr + 2 * group + 1)
+        if DENSE:
+            group_first = group * group_tiles
+            stop = gl.minimum(t_end, group_first + group_tiles)
+            first_tile = 0
+        else:
+            group_first = gl.load(tile_offset_ptr + group)
+            stop = gl.minimum(t_end, gl.load(tile_offset_ptr + group + 1))
+            first_tile = span_lo // BK
+        rows, row_ok, starts, ends = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr,
+                                                 BLOCK_ROWS, row_of_tile)
+        rowfac = gl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
+        n_ok = (offs_n % BLOCK_ROWS) < count
+        wq = gl.load(wq_ptr + (first_row + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64) * H
+                     + offs_n // BLOCK_ROWS, mask=n_ok, other=0.0)
+        # the scan's rows: two lanes (a second, masked one at BLOCK_ROWS = 1), as the flat layout holds them
+        h_rows, h_ok, _, _ = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2, row_of_hist)
+        q_wide = gl.max(gl.load(q_wide_ptr + h_rows, mask=h_ok, other=0).to(gl.int32), axis=0) != 0
+        gl.thread_barrier()  # the previous group's last MMA has read the query operands
+        _stage_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, qa, qb, N, BLOCK_ROWS, H, D, ld)
+        if q_wide:
+            _stage_queries(group, group_row_ptr, group_count_ptr, q_hi_ptr, qa_hi, qb_hi, N, BLOCK_ROWS, H, D, ld)
+        if DENSE:
+            probe = gl.zeros([BK, BLOCK_ROWS], gl.float32, tile)
+            bad_rows = gl.zeros([BK, BLOCK_ROWS], gl.int32, tile)
+        else:
+            rows_f, ok_f, starts_f, ends_f = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2,
+                                                         row_of_flat)
+            thr_h = gl.load(raised_ptr + h_rows, mask=h_ok, other=0.0, volatile=True)
+            hist_lo_h = gl.load(hist_lo_ptr + h_rows, mask=h_ok, other=0.0)
+            hist_width_h = gl.load(hist_width_ptr + h_rows, mask=h_ok, other=0.0)
+            thr = gl.convert_layout(thr_h, row_of_flat)
+            hist_lo = gl.load(hist_lo_ptr + rows_f, mask=ok_f, other=0.0)
+            hist_width = gl.load(hist_width_ptr + rows_f, mask=ok_f, other=0.0)
+            hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
+            probe = gl.zeros([BK, 2], gl.float32, flat)
+            bad_rows = gl.zeros([BK, 2], gl.int32, flat)
+        first_local = t - group_first
+        n_local = stop - group_first
+        # the first step's page, then each step loads the next one's at its top
+        if DENSE:
+            column = first_local * BK + offs_key
+            pos = column * position_stride
+            live = (column < out_width) & (pos >= span_lo) & (pos < span_hi)
+        else:
+            pos = (first_tile + first_local) * BK + offs_key
+            live = (pos >= span_lo) & (pos < span_hi)
+        words, scales, live = _load_page(
+            pos, live, first_tile + first_local, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
+            value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET,
+            SCALE_GROUP_STRIDE, INTERLEAVED)
+        for tile_index in range(first_local, n_local):
+            more = tile_index + 1 < n_local
+            if DENSE:
+                column_n = (tile_index + 1) * BK + offs_key
+                pos_n = column_n * position_stride
+                live_n = (column_n < out_width) & (pos_n >= span_lo) & (pos_n < span_hi) & more
+            else:
+                pos_n = (first_tile + tile_index + 1) * BK + offs_key
+                live_n = (pos_n >= span_lo) & (pos_n < span_hi) & more
+            words_n, scales_n, live_n = _load_page(
+                pos_n, live_n, gl.where(more, first_tile + tile_index + 1, first_tile + tile_index), b64, bt_stride,
+                block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride, W3, G, PAGE,
+                STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+            d, spread, kfac = _key_exponents(words, scales, W3, G)
+            # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
+            gl.thread_barrier()
+            shift = _shift_words(d, W3)
+            _stage_halves(words, shift, a_lo, b_lo, A32)
+            kfac_smem.store(kfac)
+            bad_smem.store((live & (spread >= 8)).to(gl.int32))
+            wide_smem.store((spread >= 4).to(gl.int32))
+            gl.thread_barrier()
+            fence_async_shared()
+            k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
+            if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
+                in_lo = shift <= 3
+                in_hi = (shift >= 4) & (shift <= 7)
+                _stage_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3), a_lo, b_lo, A32)
+                _stage_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3), a_hi, b_hi, A32)
+                gl.thread_barrier()
+                fence_async_shared()
+                acc = gl.zeros([BK, N], gl.int32, mma)
+                if q_wide:
+                    acc = warpgroup_mma(a_hi, qa_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(b_hi, qb_hi.permute((1, 0)), acc)
+                acc = warpgroup_mma(a_hi, qa.permute((1, 0)), acc * 16)
+                acc = warpgroup_mma(b_hi, qb.permute((1, 0)), acc)
+                if q_wide:
+                    acc = warpgroup_mma(a_lo, qa_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(b_lo, qb_hi.permute((1, 0)), acc)
+                acc = warpgroup_mma(a_lo, qa.permute((1, 0)), acc * 16)
+                acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc)
+                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+            else:
+                acc = warpgroup_mma(a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False,
+                                    is_async=True)
+                acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+            terms = relu_sub * wq[None, :]
+            scores = gl.sum(gl.reshape(terms, [BK, H, BLOCK_ROWS]), axis=1)
+            kfac_t = kfac_smem.load(key_of_tile)
+            scores = scores * rowfac[None, :] * kfac_t[:, None]
+            if DENSE:
+                column_t = tile_index * BK + offs_tk
+                pos_t = column_t * position_stride
+                in_window = (pos_t[:, None] >= starts[None, :]) & (pos_t[:, None] < ends[None, :]) & row_ok[None, :]
+                probe += gl.where(in_window, scores, 0.0) * 0.0
+                bad_rows |= (bad_smem.load(key_of_tile)[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
+                gl.store(out_ptr + rows[None, :] * out_width + column_t[:, None],
+                         gl.where(in_window, scores, float("-inf")),
+                         mask=(column_t < out_width)[:, None] & row_ok[None, :])
+            else:
+                # One element a thread (the flat layout picks, in each lane, one of the four it holds): no
+                # replicated atomics. At BLOCK_ROWS = 1 the second column is a masked copy of the first.
+                if BLOCK_ROWS == 1:
+                    scores = gl.reshape(gl.join(scores, scores), [BK, 2])
+                scores = gl.convert_layout(scores, flat)
+                pos_f = (first_tile + tile_index) * BK + offs_fk
+                in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :]) & ok_f[None, :]
+                probe += gl.where(in_window, scores, 0.0) * 0.0
+                bad_rows |= (bad_smem.load(gl.SliceLayout(1, flat))[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
+                windowed = gl.where(in_window, scores, float("nan"))
+                passing = windowed >= thr[None, :]
+                one = gl.full([BK, 2], 1, gl.int32, flat)
+                slot = gl.atomic_add(appended_ptr + rows_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
+                                     sem="relaxed")
+                keys = _ordering_keys(windowed, pos_f[:, None])
+                gl.store(buf_ptr + rows_f[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+                bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
+                bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
+                gl.atomic_add(hist_ptr + rows_f[None, :] * NB + bin_of, one,
+                              mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
+                if ((tile_index + 1 - first_local) % REFRESH == 0) | (tile_index + 1 == n_local):
+                    gl.thread_barrier()
+                    thr_h = gl.maximum(thr_h, gl.load(raised_ptr + h_rows, mask=h_ok, other=0.0, volatile=True))
+                    hist = gl.load(hist_ptr + h_rows[:, None] * NB + offs_bin[None, :], mask=h_ok[:, None], other=0,
+                                   volatile=True)
+                    at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
+                    best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
+                    edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h
+                    thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
+                    gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
+                    thr = gl.convert_layout(thr_h, row_of_flat)
+            words = words_n
+            scales = scales_n
+            live = live_n
+        nonfinite = gl.sum(probe, axis=0)
+        if DENSE:
+            gl.atomic_or(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int32), mask=row_ok, sem="relaxed")
+            gl.atomic_or(unsupported_ptr + rows, gl.max(bad_rows, axis=0), mask=row_ok, sem="relaxed")
+        else:
+            gl.atomic_or(nonfinite_ptr + rows_f, (nonfinite != nonfinite).to(gl.int32), mask=ok_f, sem="relaxed")
+            gl.atomic_or(unsupported_ptr + rows_f, gl.max(bad_rows, axis=0), mask=ok_f, sem="relaxed")
+        t = stop
+        group += 1
