@@ -70,6 +70,16 @@ class ScoringBackend(abc.ABC):
         keys its rows share, and takes its thresholds from them (calibration.py, "In the scan"); a
         backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
 
+    def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
+        """Where the scan's thresholds come from for `problem` when LiteTopKTuning asks for `requested`
+        ("sample": the calibration stage; "scan": the scan's own sample): the requested one, or "sample"
+        where this backend scores the problem with a scan that has no sample of its own (the same answer:
+        both give lower bounds of the K-th best). Raises BackendUnavailableError where the backend has no
+        self-calibrating scan at all."""
+        if requested == "scan":
+            raise self_calibration_unavailable(self)
+        return requested
+
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor | None:
         """bool [rows]: rows this backend cannot score exactly (they get RowStatus.UNSUPPORTED and
         publish nothing), computed on the device; None when it scores every valid input."""

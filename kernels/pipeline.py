@@ -81,7 +81,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
                  out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
-    if tuning.calibration == "scan":  # no calibration stage: the scan's own sample sets its thresholds
+    if backend.calibration_for(problem, tuning.calibration) == "scan":  # the scan's own sample sets its thresholds
         with stage_range("litetopk.scan"):
             scan = backend.scan_candidates(problem, None, capacity, sample_size=tuning.sample_size)
     else:

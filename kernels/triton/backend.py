@@ -209,6 +209,14 @@ class TritonBackend(ScoringBackend):
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
                         schedule=schedule)
 
+    def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
+        """ScoringBackend.calibration_for: "scan" is the prefill mode's self-calibrating scan; the paged mode
+        (paged.py: several programs a row, no program sees a row's recent keys first) calibrates from the
+        sample stage."""
+        if requested == "scan" and isinstance(self.operands(problem), PagedOperands):
+            return "sample"
+        return requested
+
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
         """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
         than 7 binades of scale, or whose head weights are outside the scoring epilogue's range
@@ -323,9 +331,7 @@ class TritonBackend(ScoringBackend):
             raise ValueError("a self-calibrating scan (sample_size > 0) takes no thresholds and no ceilings")
         ops = self.operands(problem)
         if sample_tiles and isinstance(ops, PagedOperands):
-            raise BackendUnavailableError(
-                "the triton backend's paged mode (decode-shaped calls) has no self-calibrating scan; use "
-                "LiteTopKTuning(calibration='sample') (the default)")
+            raise ValueError("the paged mode has no self-calibrating scan (calibration_for gives 'sample')")
         rows = problem.num_rows
         dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it). A

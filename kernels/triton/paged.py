@@ -145,7 +145,10 @@ def paged_scoring_faults(problem, ops: PagedOperands, nonfinite: torch.Tensor) -
 
 def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     """bool [rows]: live rows whose query is unsupported or whose window held an unsupported key in the last
-    scoring launch (ScoringBackend.unsupported_rows in paged mode)."""
+    full scoring launch (ScoringBackend.unsupported_rows in paged mode; the keys are read only by scoring:
+    before any, a ValueError)."""
+    if ops.faults is None:
+        raise ValueError("the paged mode knows a row's unsupported keys after scoring it (scan or dense scores)")
     live = problem.ends > problem.starts
     return live & ((ops.faults[1] != 0) | ops.q_unsupported)
 

@@ -181,7 +181,7 @@ def test_scan_calibrates_itself_safely(name, seed):
     build, all_calibrate = SCAN_CASES[name]
     p = make_problem(seed, **build, note=name)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
-    backend = TritonBackend()
+    backend = TritonBackend(paged="never")
     capacity = LiteTopKTuning().capacity(p.topk)
     where = f"[{name}] seed {seed}"
     if "wide" in name:
@@ -277,7 +277,7 @@ def test_a_self_calibrating_scan_takes_no_thresholds_or_ceilings(given, seed):
     arguments = {"thresholds": keys, "ceilings": None} if given == "thresholds" else {"thresholds": None,
                                                                                        "ceilings": keys}
     with pytest.raises(ValueError, match="takes no thresholds and no ceilings"):
-        TritonBackend().scan_candidates(problem, arguments["thresholds"], 4096, ceilings=arguments["ceilings"],
+        TritonBackend(paged="never").scan_candidates(problem, arguments["thresholds"], 4096, ceilings=arguments["ceilings"],
                                         sample_size=SAMPLE_SIZE)
 
 

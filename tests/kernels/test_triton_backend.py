@@ -256,7 +256,7 @@ def check_unsupported(p, want: list[int], where: str):
     bits = [int(RowStatus.UNSUPPORTED) if r in want else 0 for r in range(p.q_fp4.shape[0])]
     assert lite.status.tolist() == bits and dense.status.tolist() == bits, f"{where}: {lite.status.tolist()}"
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
-    assert TritonBackend().unsupported_rows(problem).cpu().nonzero().flatten().tolist() == want, where
+    assert TritonBackend(paged="never").unsupported_rows(problem).cpu().nonzero().flatten().tolist() == want, where
     for r in want:
         assert_nothing_published(lite, r, where)
         assert_nothing_published(dense, r, where)
@@ -306,7 +306,7 @@ def test_head_weights_beyond_the_epilogue_range_are_a_status_bit(seed):
 def test_scan_threshold_only_rises_and_stays_safe(refresh, num_bins, seed):
     p = make_problem(seed, seq_lens=[2400], rows_per_seq=3, spread=1)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
-    backend = TritonBackend(refresh=refresh, num_bins=num_bins)
+    backend = TritonBackend(paged="never", refresh=refresh, num_bins=num_bins)
     thresholds, ceilings = calibrate(problem, backend, 600)
     assert ceilings is not None and bool((thresholds != NO_KEY).all()), "the case needs a calibrated threshold"
     scan = backend.scan_candidates(problem, thresholds, 4096, ceilings=ceilings)
@@ -385,7 +385,7 @@ def test_schedule_covers_every_row_once_within_one_sequence(block_rows, seq_lens
     check_schedule(problem.row_to_batch.cpu(), problem.starts.cpu(), problem.ends.cpu(), len(seq_lens), block_rows,
                    where)
     # the backend launches exactly this schedule
-    ops = TritonBackend(block_rows=block_rows).operands(problem)
+    ops = TritonBackend(paged="never", block_rows=block_rows).operands(problem)
     want = build_schedule(problem.row_to_batch, problem.starts, problem.ends, len(seq_lens), block_rows, ops.q_wide,
                           ops.keys.flags, Scratch(DEVICE))
     assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f)) for f in ("rows", "batch", "span", "q_wide")), where
@@ -447,7 +447,7 @@ def test_litetopk_allocates_no_score_matrix(seed):
     p.starts.fill_(0)
     p.ends.fill_(keys)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
-    backend = TritonBackend()
+    backend = TritonBackend(paged="never")
     tuning = LiteTopKTuning(sample_size=512)
     matrix = rows * keys
     with LargestFloatTensors() as spy:
@@ -480,7 +480,8 @@ def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
         pytest.skip("the Gluon scoring kernel runs on sm_90 only")
     p = make_problem(seed, **GLUON_CASES[name], note=name)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
-    gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
+    gluon = TritonBackend(paged="never", scoring_kernel="gluon")
+    twin = TritonBackend(paged="never", scoring_kernel="triton")
     where = f"[{name}] seed {seed}"
     assert gluon.operands(problem).gluon and not twin.operands(problem).gluon, f"{where}: the kernels asked for"
     wide = bool(twin.operands(problem).schedule.variants[1][1].any())  # the wide variant has the work (a device flag)
@@ -501,15 +502,15 @@ def test_gluon_kernel_returns_the_triton_kernels_bits(name, seed):
 
 def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
     with pytest.raises(ValueError, match="one tile"):
-        TritonBackend(block_rows=4, scoring_kernel="gluon")
+        TritonBackend(paged="never", block_rows=4, scoring_kernel="gluon")
     with pytest.raises(ValueError, match="scoring_kernel='fast'"):
-        TritonBackend(scoring_kernel="fast")
+        TritonBackend(paged="never", scoring_kernel="fast")
     p = make_problem(seed, seq_lens=[300], rows_per_seq=2, spread=1)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
     if DEVICE == "cpu":
         with pytest.raises(BackendUnavailableError, match="sm_90"):
-            TritonBackend(scoring_kernel="gluon").operands(problem)
-    assert not TritonBackend(scoring_kernel="triton").operands(problem).gluon
+            TritonBackend(paged="never", scoring_kernel="gluon").operands(problem)
+    assert not TritonBackend(paged="never", scoring_kernel="triton").operands(problem).gluon
 
 
 def ref_histogram_ranges(threshold_scores, ceilings, num_bins):

@@ -63,7 +63,7 @@ def planted_problem(seed: int, tiles: list[int], causal: bool):
 def check_planted(p, problem, planted, where):
     """Exactly the planted key and query vectors are wide (the decoded flags; keys are decoded up to
     the largest window end of their sequence)."""
-    ops = TritonBackend(scoring_kernel="triton").operands(problem)
+    ops = TritonBackend(paged="never", scoring_kernel="triton").operands(problem)
     wide_keys = sorted(map(tuple, ((ops.keys.flags_of_keys & FLAG_WIDE) != 0).nonzero().tolist()))
     need = [int(p.ends[p.row_to_batch == b].max()) for b in range(len(SEQ_LENS))]
     seen = sorted((b, j) for b, j in planted if j < need[b])
@@ -104,7 +104,7 @@ def test_wide_variant_on_narrow_data_is_the_narrow_variant(causal, seed):
     p = make_problem(seed, seq_lens=SEQ_LENS, rows_per_seq=3, spread=0, causal=causal)
     where = f"[{'causal' if causal else 'sub-windows'}] seed {seed}"
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
-    backend = TritonBackend()
+    backend = TritonBackend(paged="never")
     ops = backend.operands(problem)
     assert not bool(ops.schedule.variants[1][1].any()), f"{where}: the data must hold no wide vector"
     want_dense = backend.score_dense(problem)[0].clone()
@@ -129,7 +129,8 @@ def test_gluon_wide_variant_returns_the_triton_kernels_bits(layout, causal, seed
     where = f"[{layout}, {'causal' if causal else 'sub-windows'}] seed {seed}"
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
     check_planted(p, problem, planted, where)
-    gluon, twin = TritonBackend(scoring_kernel="gluon"), TritonBackend(scoring_kernel="triton")
+    gluon = TritonBackend(paged="never", scoring_kernel="gluon")
+    twin = TritonBackend(paged="never", scoring_kernel="triton")
     for stride in (1, 5):
         g_scores, g_flags = gluon.score_dense(problem, stride=stride)
         t_scores, t_flags = twin.score_dense(problem, stride=stride)
