@@ -308,7 +308,8 @@ class TritonBackend(ScoringBackend):
             fault_set = FAULT_SAMPLE if stride != 1 else FAULT_DENSE
             launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=fault_set, use_asm=ops.use_asm, gluon=ops.gluon, out=out, stride=stride)
+                                 fault_set=fault_set, use_asm=ops.use_asm, gluon=ops.gluon, out=out, stride=stride,
+                                 query_rows=ops.query_rows)
             faults = ops.schedule.faults[fault_set]
             if stride == 1:
                 ops.faults = faults
@@ -346,7 +347,7 @@ class TritonBackend(ScoringBackend):
             launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
                                  fault_set=FAULT_SCAN, use_asm=ops.use_asm, gluon=ops.gluon, scan=scan, buffer=buffer,
-                                 capacity=capacity, refresh=self.paged_refresh)
+                                 capacity=capacity, refresh=self.paged_refresh, query_rows=ops.query_rows)
             ops.faults = faults
             scan = dict(scan, nonfinite=faults[0])
         else:

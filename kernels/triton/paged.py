@@ -23,7 +23,7 @@ the kernel's registers), so a call can be captured in a CUDA graph.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -81,6 +81,7 @@ class PagedOperands:
     programs: int
     use_asm: bool  # the E2M1 decode in PTX (compiled CUDA), else its tl twin (the interpreter)
     gluon: bool  # score with the Gluon kernel (paged_scoring_gluon.py), else the Triton one
+    query_rows: torch.Tensor | None = None  # int64 [rows]: a subset's rows in its parent's operands (above)
     faults: torch.Tensor | None = field(default=None)
 
     @property
@@ -101,12 +102,10 @@ def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool) -> P
 
 def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     """The operands of a subset of a paged problem (the repair's rows, sub.parent_rows into the parent's):
-    its queries gathered from the parent's, and a split schedule of its own with the parent's group size."""
-    rows = sub.parent_rows
+    the parent's queries, read through sub.parent_rows (query_rows: nothing gathered), and a split schedule
+    of its own with the parent's group size (one launch)."""
     schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows, sub.scratch)
-    return PagedOperands(parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows], parent.rowfac[rows],
-                         parent.q_wide[rows], parent.q_unsupported[rows], schedule, parent.programs, parent.use_asm,
-                         parent.gluon)
+    return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None)
 
 
 @triton.jit
@@ -128,18 +127,19 @@ def paged_scoring_faults(problem, ops: PagedOperands, nonfinite: torch.Tensor) -
     query is unsupported or its window held an unsupported key (the last scoring launch's fault words):
     one launch where devices.runs_triton_stages says so, torch ops elsewhere."""
     unsupported_keys = ops.faults[1]
+    q_unsupported = ops.q_unsupported if ops.query_rows is None else ops.q_unsupported[ops.query_rows]
     if runs_triton_stages(problem.device):
         rows = problem.num_rows
         out = problem.scratch.empty(rows, torch.int32)
         if rows:
             block = 256
             paged_faults_kernel[(triton.cdiv(rows, block),)](
-                problem.row_status, nonfinite.view(torch.int8), unsupported_keys, ops.q_unsupported.view(torch.int8),
+                problem.row_status, nonfinite.view(torch.int8), unsupported_keys, q_unsupported.view(torch.int8),
                 problem.starts, problem.ends, out, rows, BLOCK=block)
         return out
     live = problem.ends > problem.starts
     status = torch.where(nonfinite, problem.row_status | int(RowStatus.NONFINITE), problem.row_status)
-    unsupported = live & ((unsupported_keys != 0) | ops.q_unsupported)
+    unsupported = live & ((unsupported_keys != 0) | q_unsupported)
     return torch.where(unsupported, status | int(RowStatus.UNSUPPORTED), status)
 
 
@@ -150,7 +150,8 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     if ops.faults is None:
         raise ValueError("the paged mode knows a row's unsupported keys after scoring it (scan or dense scores)")
     live = problem.ends > problem.starts
-    return live & ((ops.faults[1] != 0) | ops.q_unsupported)
+    q_unsupported = ops.q_unsupported if ops.query_rows is None else ops.q_unsupported[ops.query_rows]
+    return live & ((ops.faults[1] != 0) | q_unsupported)
 
 
 __all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "paged_block_rows", "paged_operands", "paged_programs",

@@ -198,8 +198,19 @@ def _score_keys(pos, live, b64, bt_stride, block_table_ptr, num_pages, values_pt
 
 
 @triton.jit
+def _query_row(row, query_row_ptr, INDIRECT: tl.constexpr):
+    """The row of the query operands (q_lo, q_hi, wq, rowfac, q_wide) that row `row` reads: itself, or with
+    INDIRECT query_row[row] (a subset problem's rows read their parent's operands: no gather)."""
+    if INDIRECT:
+        return tl.load(query_row_ptr + row)
+    else:
+        return row
+
+
+@triton.jit
 def _group_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,
-                   starts_ptr, ends_ptr, BLOCK_ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr):
+                   query_row_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+                   INDIRECT: tl.constexpr):
     """Group `group`'s rows and query operands: (rows int64 [BLOCK_ROWS] (0 past its count), row_ok,
     starts, ends, q_a, q_b, q_hi_a, q_hi_b int8 [64, N] (the halves of the K order: module docstring),
     q_wide (a row needs q_hi), wq float32 [N], rowfac float32 [BLOCK_ROWS])."""
@@ -209,18 +220,20 @@ def _group_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq
     lanes = tl.arange(0, BLOCK_ROWS)
     row_ok = lanes < count
     rows = tl.where(row_ok, first + lanes, 0).to(tl.int64)
+    q_rows = _query_row(rows, query_row_ptr, INDIRECT).to(tl.int64)
     starts = tl.load(starts_ptr + rows, mask=row_ok, other=0)
     ends = tl.load(ends_ptr + rows, mask=row_ok, other=0)
-    rowfac = tl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
+    rowfac = tl.load(rowfac_ptr + q_rows, mask=row_ok, other=0.0)
     offs_n = tl.arange(0, N)
     n_ok = (offs_n % BLOCK_ROWS) < count
-    n_vec = (first + tl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(tl.int64) * H + offs_n // BLOCK_ROWS
+    n_rows = _query_row((first + tl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(tl.int64), query_row_ptr, INDIRECT)
+    n_vec = n_rows.to(tl.int64) * H + offs_n // BLOCK_ROWS
     k = tl.arange(0, 64)
     dim_a = 8 * (k // 4) + k % 4
     at_a = q_lo_ptr + n_vec[None, :] * D + dim_a[:, None]
     q_a = tl.load(at_a, mask=n_ok[None, :], other=0)
     q_b = tl.load(at_a + 4, mask=n_ok[None, :], other=0)
-    q_wide = tl.max(tl.load(q_wide_ptr + rows, mask=row_ok, other=0).to(tl.int32), axis=0) != 0
+    q_wide = tl.max(tl.load(q_wide_ptr + q_rows, mask=row_ok, other=0).to(tl.int32), axis=0) != 0
     hi_a = q_hi_ptr + n_vec[None, :] * D + dim_a[:, None]
     q_hi_a = tl.load(hi_a, mask=n_ok[None, :] & q_wide, other=0)
     q_hi_b = tl.load(hi_a + 4, mask=n_ok[None, :] & q_wide, other=0)
@@ -246,7 +259,7 @@ def _first_group(t, tile_offset_ptr, groups):
 def score_fp4_paged_kernel(
     values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,  # the cache (KVCache), in place
     block_table_ptr, bt_stride, rtb_ptr,                                      # int32 [B, max_pages]; [rows]
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,                       # operands.py's query outputs
+    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,        # operands.py's query outputs; INDIRECT
     groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,  # split_schedule.py
     starts_ptr, ends_ptr,                                                     # int32 [rows] windows
     out_ptr, out_width, position_stride,                                      # dense: float32 [rows, out_width]
@@ -256,7 +269,7 @@ def score_fp4_paged_kernel(
     TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr, STRIDED: tl.constexpr,
     REFRESH: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr,
-    SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr, USE_ASM: tl.constexpr,
+    SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr, USE_ASM: tl.constexpr, INDIRECT: tl.constexpr,
 ):
     BK: tl.constexpr = 64
     pid = tl.program_id(0)
@@ -277,8 +290,8 @@ def score_fp4_paged_kernel(
         group = _first_group(t, tile_offset_ptr, groups)
     while t < t_end:
         rows, row_ok, starts, ends, q_a, q_b, q_hi_a, q_hi_b, q_wide, wq, rowfac = _group_queries(
-            group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,
-            starts_ptr, ends_ptr, BLOCK_ROWS, H, D)
+            group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,
+            starts_ptr, ends_ptr, BLOCK_ROWS, H, D, INDIRECT)
         b64 = tl.load(rtb_ptr + tl.load(group_row_ptr + group)).to(tl.int64)
         span_lo = tl.load(group_span_ptr + 2 * group)
         span_hi = tl.load(group_span_ptr + 2 * group + 1)
@@ -341,23 +354,26 @@ def score_fp4_paged_kernel(
 
 
 def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: bool, strided: bool,
-                         use_asm: bool, refresh: int = 4, num_bins: int = NUM_BINS) -> dict:
+                         use_asm: bool, indirect: bool = False, refresh: int = 4, num_bins: int = NUM_BINS) -> dict:
     """The constexpr arguments of one score_fp4_paged_kernel variant, as launched (shared with the
     offline compile check, so CI compiles what the GPU runs)."""
     return dict(TOPK=topk, BLOCK_ROWS=block_rows, DENSE=dense, STRIDED=strided, REFRESH=refresh, NB=num_bins,
                 H=HEADS, D=HEAD_DIM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
                 GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
-                SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales, USE_ASM=use_asm)
+                SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales, USE_ASM=use_asm,
+                INDIRECT=indirect)
 
 
 def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch: torch.Tensor,
                          queries: tuple, schedule: SplitSchedule, starts: torch.Tensor, ends: torch.Tensor, *,
                          topk: int, programs: int, fault_set: int, use_asm: bool, gluon: bool = False, num_warps: int = 4,
                          out: torch.Tensor | None = None, stride: int = 1, scan: dict | None = None,
-                         buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4) -> None:
+                         buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4,
+                         query_rows: torch.Tensor | None = None) -> None:
     """Launch score_fp4_paged_kernel over `programs` programs: dense (`out` float32 [rows, width], column c
     = position c * stride) or scan (`scan`: scoring.scan_buffers' dict, prepared; `buffer` int64 [rows,
-    capacity]). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton. The
+    capacity]). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton, and
+    `query_rows` (int64 [rows], optional) the operand row each row reads (a subset's parent rows). The
     launch ORs its faults into schedule.faults[fault_set] (zeroed by the schedule's launch). `gluon`: the
     kernel's Gluon twin (paged_scoring_gluon.py: sm_90, compiled; the same bits)."""
     q_lo, q_hi, wq, rowfac, q_wide = queries
@@ -366,6 +382,7 @@ def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch
     faults = schedule.faults[fault_set]
     args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, cache.num_pages,
             block_table, block_table.stride(0), row_to_batch, q_lo, q_hi, wq, rowfac, q_wide.view(torch.int8),
+            query_rows if query_rows is not None else schedule.tile_offset,
             schedule.groups, schedule.group_row, schedule.group_count, schedule.group_span, schedule.tile_offset,
             starts, ends,
             out if dense else unused32, out.shape[1] if dense else 0, stride,
@@ -375,7 +392,8 @@ def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch
             faults[0], faults[1], programs)
     if starts.shape[0]:
         constants = paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
-                                         strided=stride != 1, use_asm=use_asm, refresh=refresh)
+                                         strided=stride != 1, use_asm=use_asm, indirect=query_rows is not None,
+                                         refresh=refresh)
         if gluon:
             from .paged_scoring_gluon import GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
 

@@ -140,15 +140,26 @@ def _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLO
 
 
 @gluon.jit
-def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, qa_smem, qb_smem, N: gl.constexpr,
-                   BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+def _query_row(row, query_row_ptr, INDIRECT: gl.constexpr):
+    """paged_scoring._query_row."""
+    if INDIRECT:
+        return gl.load(query_row_ptr + row)
+    else:
+        return row
+
+
+@gluon.jit
+def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, qa_smem, qb_smem, N: gl.constexpr,
+                   BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr,
+                   INDIRECT: gl.constexpr):
     """Store the group's query halves [N, 64] (column n = head n // BLOCK_ROWS, row lane n % BLOCK_ROWS;
     lanes past the group's count read zeros) of operand q_ptr (q_lo or q_hi) in qa_smem / qb_smem."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
     n_ok = (offs_n % BLOCK_ROWS) < count
-    vec = (first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64) * H + offs_n // BLOCK_ROWS
+    n_rows = _query_row((first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
+    vec = n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS
     k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
     dim_a = 8 * (k // 4) + k % 4
     at = q_ptr + vec[:, None] * D + dim_a[None, :]
@@ -174,7 +185,7 @@ def _first_group(t, tile_offset_ptr, groups):
 def score_fp4_paged_gluon_kernel(
     values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,
     block_table_ptr, bt_stride, rtb_ptr,
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,
+    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,
     groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,
     starts_ptr, ends_ptr,
     out_ptr, out_width, position_stride,
@@ -184,7 +195,7 @@ def score_fp4_paged_gluon_kernel(
     TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr, STRIDED: gl.constexpr,
     REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
-    SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr,
+    SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr, INDIRECT: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
@@ -268,17 +279,20 @@ def score_fp4_paged_gluon_kernel(
             first_tile = span_lo // BK
         rows, row_ok, starts, ends = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr,
                                                  BLOCK_ROWS, row_of_tile)
-        rowfac = gl.load(rowfac_ptr + rows, mask=row_ok, other=0.0)
+        rowfac = gl.load(rowfac_ptr + _query_row(rows, query_row_ptr, INDIRECT), mask=row_ok, other=0.0)
         n_ok = (offs_n % BLOCK_ROWS) < count
-        wq = gl.load(wq_ptr + (first_row + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64) * H
-                     + offs_n // BLOCK_ROWS, mask=n_ok, other=0.0)
+        n_rows = _query_row((first_row + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
+        wq = gl.load(wq_ptr + n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS, mask=n_ok, other=0.0)
         # the scan's rows: two lanes (a second, masked one at BLOCK_ROWS = 1), as the flat layout holds them
         h_rows, h_ok, _, _ = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2, row_of_hist)
-        q_wide = gl.max(gl.load(q_wide_ptr + h_rows, mask=h_ok, other=0).to(gl.int32), axis=0) != 0
+        q_wide = gl.max(gl.load(q_wide_ptr + _query_row(h_rows, query_row_ptr, INDIRECT), mask=h_ok,
+                                other=0).to(gl.int32), axis=0) != 0
         gl.thread_barrier()  # the previous group's last MMA has read the query operands
-        _stage_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, qa, qb, N, BLOCK_ROWS, H, D, ld)
+        _stage_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, query_row_ptr, qa, qb, N, BLOCK_ROWS, H, D, ld,
+                       INDIRECT)
         if q_wide:
-            _stage_queries(group, group_row_ptr, group_count_ptr, q_hi_ptr, qa_hi, qb_hi, N, BLOCK_ROWS, H, D, ld)
+            _stage_queries(group, group_row_ptr, group_count_ptr, q_hi_ptr, query_row_ptr, qa_hi, qb_hi, N, BLOCK_ROWS,
+                           H, D, ld, INDIRECT)
         if DENSE:
             probe = gl.zeros([BK, BLOCK_ROWS], gl.float32, tile)
             bad_rows = gl.zeros([BK, BLOCK_ROWS], gl.int32, tile)
