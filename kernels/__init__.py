@@ -17,7 +17,6 @@ from .errors import (
     InputShapeError,
     LiteTopKError,
     RowFaultError,
-    SlotOverflowError,
     UnsupportedTopKError,
 )
 from .graphs import LiteTopKGraphs
@@ -45,7 +44,6 @@ __all__ = [
     "LiteTopKTuning",
     "RowFaultError",
     "RowStatus",
-    "SlotOverflowError",
     "TopKResult",
     "UnsupportedTopKError",
     "allocate_workspace",

@@ -34,12 +34,10 @@ VALUE_BYTES = HEAD_DIM // 2  # 64 bytes of packed E2M1 per key
 SCALE_BYTES = HEAD_DIM // 32  # 4 UE8M0 scale bytes per key
 GROUP_BYTES = VALUE_BYTES // SCALE_BYTES  # 16 packed bytes per 32-element group
 PAGE_VALUE_BYTES = PAGE_SIZE * VALUE_BYTES  # 4096
-PAGE_SCALE_BYTES = PAGE_SIZE * SCALE_BYTES  # 256
 PAGE_BYTES = PAGE_SIZE * (VALUE_BYTES + SCALE_BYTES)  # 4352
 CACHE_FORMATS = ("litetopk", "aiter")
 AITER_VALUE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE, GROUP_BYTES)  # kv_cache [pages, 1, 4, 64, 16]
 AITER_SCALE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE)  # kv_scale [pages, 1, 4, 64]
-AITER_Q_SCALE_SHAPE = (1, SCALE_BYTES, 16, NUM_HEADS // 16)  # q_scale [rows, 1, 4, 16, 4]
 
 
 @dataclass(frozen=True)

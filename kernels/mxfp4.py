@@ -24,8 +24,6 @@ from .errors import InputError
 GROUP_SIZE = 32
 SCALE_BIAS = 127
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-#: E2M1 codes 0..15 as twice their value: exact small integers (-12..12), used by integer scoring.
-E2M1_TIMES_TWO = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # Midpoints between consecutive magnitudes; a tie rounds to the even code, i.e. up at odd midpoints.
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _MIN_AMAX = 6.0 * 2.0**-127

@@ -21,7 +21,7 @@ CONTRACT_NAMES = {
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
     "BACKEND_NAMES", "resolve_backend", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
-    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
+    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "RowFaultError",
     "BackendUnavailableError", "DeviceError", "allocate_workspace", "workspace_bytes", "LiteTopKGraphs",
 }
 
@@ -91,7 +91,6 @@ def test_error_tree():
     assert issubclass(kernels.InputDtypeError, kernels.InputError)
     assert issubclass(kernels.InputShapeError, kernels.InputError)
     assert issubclass(kernels.UnsupportedTopKError, kernels.InputError)
-    assert issubclass(kernels.SlotOverflowError, kernels.InputError)
     assert issubclass(kernels.RowFaultError, kernels.LiteTopKError)
     assert issubclass(kernels.BackendUnavailableError, (kernels.LiteTopKError, RuntimeError))
     assert issubclass(kernels.DeviceError, (kernels.LiteTopKError, RuntimeError))
