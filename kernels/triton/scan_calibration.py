@@ -29,7 +29,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .keys import NO_KEY_C, _scores_of_keys
+from ..keys import NO_KEY_C, _scores_of_keys
 
 BISECTION_STEPS = tl.constexpr(12)  # each bracket ends at 2^-12 of the sample's range
 CALIBRATION_CHUNK = gl.constexpr(256)  # buffer slots of a row read at a time by _calibrate_in_scan_gluon

@@ -37,7 +37,7 @@ path and ~50 M on the general one (SASS, bench/NOTES.md; ~53 M and ~126 us befor
                               the programs used (a program sums the first lanes before its block, FLAGS at a time)
     schedule_order_kernel     each used program's place by span length (a rank over the used ones); writes
                               the Schedule
-The repair's schedule (one row a program, row order) is written by kernels/triton/repair.py.
+The repair's schedule (one row a program, row order) is written by subset.py.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from ..devices import runs_triton_stages
-from ..workspace import Scratch
-from .decode import FLAG_WIDE
+from ..scratch import Scratch
+from .operands import FLAG_WIDE
 
 BLOCK = 64  # rows a program of schedule_programs_kernel lays out
 # The two ranks: RANK_BLOCK rows (programs) a program ranks, against RANK_TILE others at a time. Small

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 
-from .keys import _ordering_keys
+from ..keys import _ordering_keys
 from .scan_calibration import _calibrate_in_scan_gluon, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles
 from .scoring import SUBNORMAL_UNIT
 from triton.experimental.gluon import language as gl

@@ -1,5 +1,8 @@
 """MXFP4 -> exact int8 operands for tensor-core scoring (Triton, sm_90 and the interpreter).
 
+Layer: backends (triton/; the Triton backend's own operand preparation: backend.py calls it, the
+schedule and the scoring kernels read its flags). Imports the formats and utilities only.
+
 Math. An MXFP4 vector of 128 elements is sum-exact as
     x[e] = c[e] / 2 * 2^(s[g] - 127),   c = 2 * E2M1 value, an integer in -12..12, g = e // 32.
 Let m = the smallest scale byte of the vector's nonzero groups and d[g] = s[g] - m >= 0. Then
@@ -21,7 +24,7 @@ kernels, so that one program decodes one key tile.
 
 The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
 torch op on the host path; a call decodes in one launch. Its inputs from the row checks' launch
-(kernels/row_checks.py): need[b] = sequence_ends[b] (the keys any row of sequence b reads) and zeroed
+(row_checks.py, problem.py): need[b] = sequence_ends[b] (the keys any row of sequence b reads) and zeroed
 words for the flag summary (summary[0] key flags, [1] query flags, [2] refused weights) and batch_wide.
     decode_kernel            the keys (_decode_key_tile, one key tile a program) and the queries
                              (_decode_query_block, one query row a program) side by side in one grid
@@ -46,7 +49,7 @@ import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE, KVCache
 from ..status import RowStatus
-from ..workspace import Scratch
+from ..scratch import Scratch
 
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
