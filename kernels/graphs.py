@@ -61,8 +61,9 @@ from .operator import get_backend, litetopk_prefill, on_device
 from .pipeline import LiteTopKTuning
 from .result import RESULT_FIELDS, TopKResult
 from .status import CAPACITY_EVENTS
+from .scratch import ALIGNMENT
 from .validation import _byte_span, check_prefill
-from .workspace import ALIGNMENT, allocate_workspace
+from .workspace import allocate_workspace
 
 #: The inputs copied into the arena before every replay (the cache is read in place).
 STAGED_INPUTS = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")
