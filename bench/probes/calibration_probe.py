@@ -34,10 +34,10 @@ from bench.common.timing import cuda_ms
 
 from litetopk.kernels.calibration import calibrate, calibration_keys_torch, sample_stride
 from litetopk.kernels.pipeline import LiteTopKTuning
-from litetopk.kernels.selection import NO_KEY
+from litetopk.kernels.keys import NO_KEY
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.calibration import BAND_PER_THREAD, calibration_keys_triton, order_tiling
-from litetopk.kernels.triton.keys import NO_KEY_C, _ordered_bits, _scores_of_ordered
+from litetopk.kernels.calibration import BAND_PER_THREAD, calibration_keys_triton, order_tiling
+from litetopk.kernels.keys import NO_KEY_C, _ordered_bits, _scores_of_ordered
 from litetopk.kernels.validation import validate_prefill
 
 DEVICE = "cuda"

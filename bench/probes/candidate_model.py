@@ -32,7 +32,7 @@ import sys
 import numpy as np
 import torch
 
-from litetopk.kernels.calibration import MAX_SAMPLE_STRIDE
+from litetopk.kernels.backend import MAX_SAMPLE_STRIDE
 from litetopk.kernels.pipeline import LiteTopKTuning
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS
 from litetopk.kernels.triton.scoring import NUM_BINS

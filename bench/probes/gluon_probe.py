@@ -14,7 +14,8 @@ import time
 import torch
 
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
-from litetopk.kernels.pipeline import calibrate, run_dense, run_litetopk
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.pipeline import run_dense, run_litetopk
 from litetopk.kernels.selection import select_candidates
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill

@@ -143,7 +143,7 @@ def offline(out_dir: str) -> dict:
     """Compile for sm_90 here (no GPU): resources and the innermost wgmma loop's opcode mix."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from litetopk.kernels.triton import compile_sm90 as sm90
+    from litetopk.kernels.compile import sm90
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "split_dense")

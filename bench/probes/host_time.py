@@ -147,7 +147,7 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     from triton.runtime.interpreter import InterpretedFunction
 
     from litetopk.kernels import allocate_workspace
-    from litetopk.kernels.workspace import Scratch
+    from litetopk.kernels.scratch import Scratch
 
     problem = prefill_problem(rows, keys * 4, topk, 3, device="cpu")
     k = problem.pop("topk")

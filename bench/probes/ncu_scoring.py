@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from litetopk.kernels import LiteTopKTuning
-from litetopk.kernels.pipeline import calibrate
+from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 

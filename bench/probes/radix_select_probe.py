@@ -29,9 +29,9 @@ import triton.language as tl
 
 from bench.common.timing import cuda_ms
 
-from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton import radix_select
-from litetopk.kernels.triton.radix_select import _first_shift, select_topk_candidates_radix
+from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
+from litetopk.kernels import selection as radix_select
+from litetopk.kernels.selection import _first_shift, select_topk_candidates_radix
 
 ROWS = 8192
 WINDOW = 65536

@@ -16,8 +16,8 @@ import os
 
 from triton.compiler import ASTSource
 
-from litetopk.kernels.triton import compile_sm90 as sm90
-from litetopk.kernels.triton.compile_sm90 import BIN, SCORE_TYPES, innermost_mma_loop, opcode_mix  # noqa: F401
+from litetopk.kernels.compile import sm90
+from litetopk.kernels.compile.sm90 import BIN, SCORE_TYPES, innermost_mma_loop, opcode_mix  # noqa: F401
 
 
 def compile_sm90(kernel, types: dict, constants: dict, num_warps: int, num_stages: int, path: str,

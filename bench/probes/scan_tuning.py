@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill
-from litetopk.kernels.pipeline import calibrate, run_litetopk
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.pipeline import run_litetopk
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 

@@ -22,7 +22,7 @@ import torch
 from litetopk.kernels import BackendUnavailableError, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.cache_layout import CACHE_FORMATS
 from litetopk.kernels.flydsl import compiled_configurations
-from litetopk.kernels.flydsl.compile import variant_name
+from litetopk.kernels.compile.gfx950 import variant_name
 from litetopk.kernels.operator import get_backend
 from tests.problems import make_problem
 
@@ -45,7 +45,7 @@ def dump(tmp_path_factory) -> Path:
         )
     folder = tmp_path_factory.mktemp("flydsl_isa")
     done = subprocess.run(
-        [sys.executable, "-m", "litetopk.kernels.flydsl.compile", str(folder)],
+        [sys.executable, "-m", "litetopk.kernels.compile.gfx950", str(folder)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, f"compile-only build failed:\n{done.stdout}\n{done.stderr}"

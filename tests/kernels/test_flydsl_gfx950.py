@@ -18,7 +18,7 @@ import torch
 
 from litetopk.kernels import dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.operator import get_backend, is_gfx950
-from litetopk.kernels.selection import NO_KEY, kth_key, make_keys
+from litetopk.kernels.keys import NO_KEY, kth_key, make_keys
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_aiter_layout import in_device
 from tests.kernels.test_flydsl_addressing import LAYOUTS, cache_in_layout

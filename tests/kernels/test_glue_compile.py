@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_glue_sm90 import KERNELS
+from litetopk.kernels.compile.sm90_glue import KERNELS
 from tests.kernels.offline_compile import offline_summary
 
 NAMES = [kernel.fn.__name__ for kernel in KERNELS]
@@ -15,7 +15,7 @@ NAMES = [kernel.fn.__name__ for kernel in KERNELS]
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
     """compile_glue_sm90's summary, built once in a fresh process (no interpreter)."""
-    return offline_summary("litetopk.kernels.triton.compile_glue_sm90", tmp_path_factory.mktemp("glue_sm90"))
+    return offline_summary("litetopk.kernels.compile.sm90_glue", tmp_path_factory.mktemp("glue_sm90"))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
+from litetopk.kernels.compile.sm90 import GLUON_VARIANTS
 from litetopk.kernels.triton.scoring_gluon import GLUON_MAX_REGISTERS
 from tests.kernels.offline_compile import offline_summary
 
@@ -16,7 +16,7 @@ from tests.kernels.offline_compile import offline_summary
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
     """compile_sm90's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
-    return offline_summary("litetopk.kernels.triton.compile_sm90", tmp_path_factory.mktemp("gluon_sm90"))
+    return offline_summary("litetopk.kernels.compile.sm90", tmp_path_factory.mktemp("gluon_sm90"))
 
 
 # The scan spills one register under the cap: one store and one reload (L1) per step, measured

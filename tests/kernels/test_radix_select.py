@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton.radix_select import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
+from litetopk.kernels.selection import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
+from litetopk.kernels.scratch import Scratch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -15,7 +15,7 @@ import torch
 
 from litetopk.kernels.triton import schedule
 from litetopk.kernels.triton.schedule import RANK_BLOCK, build_schedule_torch, build_schedule_triton, max_programs
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.scratch import Scratch
 from tests.kernels.test_triton_stages import random_metadata
 
 pytestmark = [pytest.mark.interpret,

@@ -27,12 +27,12 @@ import triton
 import triton.language as tl
 
 from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, dense_topk_prefill, litetopk_prefill
-from litetopk.kernels.calibration import MAX_SAMPLE_STRIDE
+from litetopk.kernels.backend import MAX_SAMPLE_STRIDE
 from litetopk.kernels.flydsl import FlyDSLBackend
 from litetopk.kernels.reference import ReferenceBackend
-from litetopk.kernels.selection import NO_KEY, make_keys, split_keys
+from litetopk.kernels.keys import NO_KEY, make_keys, split_keys
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.decode import FLAG_WIDE
+from litetopk.kernels.triton.operands import FLAG_WIDE
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_tiles
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem

@@ -22,15 +22,12 @@ from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, RowFaultEr
 from litetopk.kernels.cache_layout import describe_kv_cache
 from litetopk.kernels.mxfp4 import dequantize_mxfp4
 from litetopk.kernels.calibration import calibrate
-from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.keys import NO_KEY, make_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.schedule import build_schedule, max_programs
-from litetopk.kernels.triton.decode import (
-    FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton,
-    prepare_queries_fp4_triton,
-)
+from litetopk.kernels.triton.operands import FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton, prepare_queries_fp4_triton
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.scratch import Scratch
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
 from tests.problems import make_problem, oracle_scores, random_fp4
 
@@ -511,7 +508,7 @@ def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
 
 def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
     """The scan's histogram origin and bin width in torch (prepare_scan_triton's contract)."""
-    from litetopk.kernels.selection import split_keys
+    from litetopk.kernels.keys import split_keys
 
     lo = threshold_scores
     if ceilings is None:
@@ -525,7 +522,7 @@ def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
 @pytest.mark.interpret
 @pytest.mark.parametrize("with_ceilings", [True, False])
 def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, seed):
-    from litetopk.kernels.selection import score_floor_keys, split_keys
+    from litetopk.kernels.keys import score_floor_keys, split_keys
     from litetopk.kernels.triton.scoring import prepare_scan_triton
 
     rng = np.random.default_rng(seed)
@@ -553,8 +550,8 @@ def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, see
 def test_scan_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
     """A self-calibrating scan passes no thresholds and has no thr buffer (scan_buffers): the scan's
     finish (Triton and torch) then acts as for NO_KEY, threshold score -inf, on every row."""
-    from litetopk.kernels.triton.backend import finish_scan_torch
-    from litetopk.kernels.triton.certify import finish_scan_triton
+    from litetopk.kernels.triton.scan_outputs import finish_scan_torch
+    from litetopk.kernels.triton.scan_outputs import finish_scan_triton
     from litetopk.kernels.triton.scoring import prepare_scan_triton, scan_buffers
 
     rows = 300

@@ -19,10 +19,10 @@ import torch
 from litetopk.kernels import RowStatus
 from litetopk.kernels.assembly import assemble_into_torch, assemble_result, result_buffers
 from litetopk.kernels.calibration import calibration_keys_torch
-from litetopk.kernels.selection import NO_KEY, make_keys
-from litetopk.kernels.triton.assembly import assemble_into_triton
-from litetopk.kernels.triton.calibration import calibration_keys_triton, kth_largest_scores_triton
-from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
+from litetopk.kernels.keys import NO_KEY, make_keys
+from litetopk.kernels.assembly import assemble_into_triton
+from litetopk.kernels.calibration import calibration_keys_triton, kth_largest_scores_triton
+from litetopk.kernels.selection import select_topk_candidates_radix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512

@@ -17,7 +17,7 @@ import torch
 from bench.probes.host_time import count_launches_cpu, triton_stages_on_cpu
 from litetopk.kernels import LiteTopKTuning, RowStatus, litetopk_prefill
 from litetopk.kernels.triton.schedule import build_schedule_torch, build_schedule_triton
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.scratch import Scratch
 from tests.kernels.test_reference_operator import assert_same
 from tests.problems import make_problem, results_equal
 

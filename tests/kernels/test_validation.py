@@ -23,10 +23,11 @@ from litetopk.kernels import (
     litetopk_prefill,
 )
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, ZEROED_WORDS, row_checks_torch
-from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.problem import ZEROED_WORDS
+from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, row_checks_torch
+from litetopk.kernels.keys import NO_KEY, make_keys
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.scratch import Scratch
 from tests.problems import make_problem
 
 INT32_MAX = 2**31 - 1
@@ -231,7 +232,7 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
     """kernels/triton/row_checks.py (what validation runs on a CUDA device) on the same cases: the
     same status bits and the same effective windows as the torch checks, the sequences' ends, and
     its zeroed words written over a poisoned workspace."""
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     changes, want = ROW_FAULTS[case]
@@ -256,7 +257,7 @@ def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
     """No rows: every sequence ends at 0; no sequence: every row is INVALID_ROW; many rows (several of
     the sequences' blocks): the ends as the torch checks give them. The zeroed words in every case."""
     from litetopk.kernels.row_checks import row_checks_torch
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(seed)
@@ -345,7 +346,7 @@ def test_row_checks_flag_slot_overflow(case):
 def test_row_checks_twins_agree_on_slot_overflow(case):
     """The Triton twin (kernels/triton/row_checks.py) against the torch checks: same bits, same
     effective metadata."""
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args, want = slot_case(case)

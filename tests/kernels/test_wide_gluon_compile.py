@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
+from litetopk.kernels.compile.sm90 import GLUON_VARIANTS
 from litetopk.kernels.triton.scoring_gluon import GLUON_BLOCK_KEYS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS
 from tests.kernels.offline_compile import offline_summary
 
@@ -28,7 +28,7 @@ KEY_TILE = GLUON_BLOCK_KEYS * 128  # bytes of one int8 key tile (D = 128)
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
-    return offline_summary("litetopk.kernels.triton.compile_sm90", tmp_path_factory.mktemp("gluon_wide_sm90"))
+    return offline_summary("litetopk.kernels.compile.sm90", tmp_path_factory.mktemp("gluon_wide_sm90"))
 
 
 def programs_per_sm(info: dict) -> tuple[int, int]:

@@ -35,7 +35,7 @@ from litetopk.kernels.calibration import sample_stride, shape_changes
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import run_litetopk
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import ALIGNMENT
+from litetopk.kernels.scratch import ALIGNMENT
 from tests.problems import make_problem
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -203,7 +203,7 @@ def test_carved_views_are_kept_on_the_workspace_and_follow_it(seed, monkeypatch)
     """A workspace keeps its carved views for the next call (a lookup instead of a view op): the next
     call's buffers are the same tensors, at the same bytes. Where the tensor has been pointed at other
     memory since (set_), nothing stale is handed out; and the views kept stay bounded."""
-    from litetopk.kernels import workspace as ws
+    from litetopk.kernels import scratch as ws
 
     gen = torch.Generator().manual_seed(seed)
     workspace = torch.randint(0, 256, (64 * ALIGNMENT,), generator=gen, dtype=torch.uint8)
@@ -386,7 +386,7 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
     """Scratch carves contiguous buffers of the asked shape and dtype, each starting on ALIGNMENT bytes
     inside the workspace, in call order and never overlapping; a workspace whose size is no multiple of
     an itemsize (spare bytes) still serves every dtype; one byte too many is an InputError."""
-    from litetopk.kernels.workspace import Scratch
+    from litetopk.kernels.scratch import Scratch
 
     gen = torch.Generator().manual_seed(seed)
     dtypes = (torch.int64, torch.int32, torch.float32, torch.int8, torch.int16, torch.uint8, torch.bool)
