@@ -34,7 +34,8 @@ def _check_index_buffer(buffer: torch.Tensor, rows: int, topk: int, name: str) -
 def sglang_q_scale_bytes(q_scale: torch.Tensor) -> torch.Tensor:
     """sglang's int32 [T, 1, 64] query scales as our uint8 [T, 64, 4] (a view of the same bytes)."""
     if q_scale.dtype != torch.int32 or q_scale.ndim != 3 or tuple(q_scale.shape[1:]) != (1, NUM_HEADS):
-        raise InputShapeError(f"sglang q_scale must be int32 [T, 1, {NUM_HEADS}], got {q_scale.dtype} {list(q_scale.shape)}")
+        raise InputShapeError(f"sglang q_scale must be int32 [T, 1, {NUM_HEADS}], "
+                              f"got {q_scale.dtype} {list(q_scale.shape)}")
     if not q_scale.is_contiguous():
         raise InputError("sglang q_scale must be contiguous")
     return q_scale.view(torch.uint8).view(q_scale.shape[0], NUM_HEADS, SCALE_BYTES)

@@ -16,8 +16,15 @@ from __future__ import annotations
 import torch
 
 from .cache_layout import (
-    NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, GROUP_BYTES, describe_kv_cache,
-    pack_kv_cache, unpack_kv_cache,
+    GROUP_BYTES,
+    NUM_HEADS,
+    PAGE_BYTES,
+    PAGE_SIZE,
+    PAGE_VALUE_BYTES,
+    SCALE_BYTES,
+    describe_kv_cache,
+    pack_kv_cache,
+    unpack_kv_cache,
 )
 from .errors import InputShapeError
 

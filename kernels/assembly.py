@@ -65,7 +65,8 @@ def assemble_result_kernel(
     tl.store(counts_ptr + row * counts_s0, tl.sum(live.to(tl.int32), axis=0))
     tl.store(status_out_ptr + row * status_s0, status)
     tl.store(repaired_out_ptr + row * repaired_s0, tl.load(repaired_ptr + row))
-    tl.store(candidates_out_ptr + row * candidates_s0, tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32))
+    tl.store(candidates_out_ptr + row * candidates_s0,
+             tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32))
 
 
 def assemble_into_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
@@ -83,7 +84,8 @@ def assemble_into_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, blo
         block_table.shape[1], values, *values.stride(), raw, *raw.stride(), physical, *physical.stride(),
         counts, counts.stride(0), status_out, status_out.stride(0),
         repaired.contiguous(), repaired_out, repaired_out.stride(0), candidates.contiguous(), candidates_out,
-        candidates_out.stride(0), TOPK=k, PAGE=PAGE_SIZE, INVALID_PAGE=int(RowStatus.INVALID_PAGE), SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
+        candidates_out.stride(0), TOPK=k, PAGE=PAGE_SIZE, INVALID_PAGE=int(RowStatus.INVALID_PAGE),
+        SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
         num_warps=4)
 
 

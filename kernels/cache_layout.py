@@ -153,7 +153,8 @@ def gather_keys(cache: KVCache, pages: torch.Tensor, tokens: torch.Tensor) -> tu
     value_at = (tokens * cache.value_token_stride + (byte // GROUP_BYTES) * cache.value_group_stride
                 + byte % GROUP_BYTES)
     group = torch.arange(SCALE_BYTES, device=pages.device)
-    scale_at = cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales) + group * cache.scale_group_stride
+    scale_at = (cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales)
+                + group * cache.scale_group_stride)
     return cache.values[pages, value_at], cache.scales[pages, scale_at]
 
 

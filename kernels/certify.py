@@ -55,7 +55,8 @@ def certificate_kernel(status_ptr, appended_ptr, starts_ptr, ends_ptr, rows, cap
     mask = offs < rows
     status = tl.load(status_ptr + offs, mask=mask, other=0)
     appended = tl.load(appended_ptr + offs, mask=mask, other=0)
-    window = (tl.load(ends_ptr + offs, mask=mask, other=0) - tl.load(starts_ptr + offs, mask=mask, other=0)).to(tl.int64)
+    window = (tl.load(ends_ptr + offs, mask=mask, other=0)
+              - tl.load(starts_ptr + offs, mask=mask, other=0)).to(tl.int64)
     kept = tl.minimum(appended, capacity)
     overflow = appended > capacity
     underfilled = (appended <= capacity) & (kept < tl.minimum(window, TOPK))

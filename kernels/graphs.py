@@ -40,9 +40,10 @@ call runs the operator directly on the runner's workspace and the inputs where t
 no arena check; the caller's graph holds it): the caller orders that graph's replays with the
 runner's own calls. Free the runner only after its last call's work is done. check=True
 synchronizes: with repair, rows left with a capacity event are finished by the eager operator
-(litetopk_prefill check=True), then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
-interpreter) a "graph" is the captured call itself, re-run on the staged buffers: the same staging
-and bits, no host savings; that is how CI tests the staging (tests/kernels/test_graphs.py).
+(litetopk_prefill check=True), then raise_for_status. On a device without CUDA graphs (CPU: the
+reference backend, or Triton's interpreter) a "graph" is the captured call itself, re-run on the
+staged buffers: the same staging and bits, no host savings; that is how CI tests the staging
+(tests/kernels/test_graphs.py).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ from .errors import InputError
 from .operator import get_backend, litetopk_prefill, on_device
 from .pipeline import LiteTopKTuning
 from .result import RESULT_FIELDS, TopKResult
-from .status import CAPACITY_EVENTS
 from .scratch import ALIGNMENT
+from .status import CAPACITY_EVENTS
 from .validation import _byte_span, check_prefill
 from .workspace import allocate_workspace
 
@@ -132,7 +133,8 @@ def _carve(arena: torch.Tensor, specs: Sequence[tuple[str, tuple, torch.dtype]])
 
 
 def _staging_specs(rows: int, table_shape: tuple, weights_dtype: torch.dtype, topk: int):
-    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8), ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
+    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8),
+              ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
               ("block_table", table_shape, torch.int32), ("weights", (rows, NUM_HEADS), weights_dtype)]
     inputs += [(name, (rows,), torch.int32) for name in ("row_to_batch", "starts", "ends")]
     fields = [(name, shape_of(rows, topk), dtype) for name, (shape_of, dtype) in RESULT_FIELDS.items()]
@@ -160,7 +162,8 @@ class LiteTopKGraphs:
         self.max_graphs = max_graphs
         self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
         self.workspace = workspace if workspace is not None else allocate_workspace(
-            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning, max_batch=max_batch)
+            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning,
+            max_batch=max_batch)
         self._ks = (topk,) if isinstance(topk, int) else tuple(topk)
         inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32,
                                         max(self._ks))
@@ -289,7 +292,8 @@ class LiteTopKGraphs:
         self.stats["captures"] += 1
         return captured
 
-    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> tuple[_Captured, torch.Tensor]:
+    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict,
+               repair: bool) -> tuple[_Captured, torch.Tensor]:
         """(the views of a new signature, the arena they lie in): the runner's, or a larger new one when
         it is too small (installed by the caller once the signature is captured)."""
         input_specs, field_specs = _staging_specs(inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape),

@@ -95,7 +95,8 @@ def on_device(device: torch.device, backend: ScoringBackend):
 def litetopk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
+    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
     check: bool = False, workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """Top-`topk` keys of every query row by the fused LiteTopK method (docs/contract.md §1-§4).

@@ -41,7 +41,6 @@ from .profiling import stage_range
 from .repair import REPAIR_ROWS, complete_repair, repair_on_device
 from .result import TopKResult
 
-
 CALIBRATIONS = ("sample", "scan")
 
 

@@ -141,7 +141,8 @@ def row_checks_kernel(
 
 
 def row_checks_triton(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                      starts: torch.Tensor, ends: torch.Tensor, max_end: int, scratch: Scratch | None = None) -> RowChecks:
+                      starts: torch.Tensor, ends: torch.Tensor, max_end: int,
+                      scratch: Scratch | None = None) -> RowChecks:
     """row_checks_torch in one kernel, its outputs from `scratch` (None: the allocator)."""
     rows = row_to_batch.shape[0]
     batch, max_pages = block_table.shape

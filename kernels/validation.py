@@ -29,8 +29,8 @@ import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCache, describe_kv_cache
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
-from .result import RESULT_FIELDS
 from .problem import PrefillProblem
+from .result import RESULT_FIELDS
 from .row_checks import row_checks
 from .scratch import ALIGNMENT, STORAGE_ALIGNMENT, Scratch
 
@@ -154,9 +154,10 @@ def check_out(out, rows: int, k: int, device: torch.device, inputs: dict[str, to
 
 
 def check_workspace(workspace, device: torch.device, inputs: dict[str, torch.Tensor | None], out) -> None:
-    """Check a caller-owned workspace (workspace.allocate_workspace, carved by scratch.Scratch): a 1-D contiguous uint8 tensor on `device` whose
-    data pointer is a multiple of ALIGNMENT, overlapping no input and no `out` tensor. Its size is
-    checked as the call carves it (Scratch: InputError naming the bytes needed)."""
+    """Check a caller-owned workspace (workspace.allocate_workspace, carved by scratch.Scratch): a 1-D
+    contiguous uint8 tensor on `device` whose data pointer is a multiple of ALIGNMENT, overlapping
+    no input and no `out` tensor. Its size is checked as the call carves it (Scratch: InputError
+    naming the bytes needed)."""
     if workspace is None:
         return
     if not isinstance(workspace, torch.Tensor):

@@ -159,7 +159,8 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
 
     def no_launch(self, *args, **kwargs):
         if this_call["scan"] is None and self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False:
-            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3, counts["launches"] - this_call["launches"])
+            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3,
+                                 counts["launches"] - this_call["launches"])
         counts["launches"] += 1
 
     def counted_carve(self, shape, dtype):

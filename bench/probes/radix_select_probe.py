@@ -28,9 +28,8 @@ import triton
 import triton.language as tl
 
 from bench.common.timing import cuda_ms
-
-from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
 from litetopk.kernels import selection as radix_select
+from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
 from litetopk.kernels.selection import _first_shift, select_topk_candidates_radix
 
 ROWS = 8192
@@ -172,7 +171,10 @@ def path_shares(keys, kept, thresholds, want, k):
     small = passing.sum(1) <= k
     narrowed = ~small & (boundary > radix_select.BOUNDARY)
     windows = ~small & ~narrowed & (widest <= radix_select.WINDOW)
-    share = lambda m: float(m.float().mean())
+
+    def share(m):
+        return float(m.float().mean())
+
     return {"n<=K": share(small), "narrowed": share(narrowed), "windows": share(windows),
             "sorted": share(~small & ~narrowed & ~windows)}
 

@@ -21,7 +21,8 @@ from .. import calibration, certify, dense_selection, repair, row_checks
 from ..triton import operands, scan_outputs, schedule, subset
 from .sm90 import compile_sm90, resource_usage
 
-_KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False)
+_KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1,
+             INTERLEAVED=False)
 _SCHEDULE = dict(BLOCK_ROWS=2, LANES=2)
 #: kernel -> (constexpr arguments, argument types that are not int32 pointers / int32 scalars)
 KERNELS = {
@@ -39,8 +40,8 @@ KERNELS = {
                                          SCAN=schedule.SCAN, FAST_PATHS=True), dict(first_at_ptr="*i8")),
     schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK, FLAGS=schedule.FLAGS),
                                         dict(first_at_ptr="*i8", q_wide_ptr="*i8", prog_q_wide_ptr="*i8")),
-    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE, SCAN=schedule.SCAN,
-                                          WIDE=operands.FLAG_WIDE, FAST_PATHS=True),
+    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE,
+                                          SCAN=schedule.SCAN, WIDE=operands.FLAG_WIDE, FAST_PATHS=True),
                                      dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8")),
     repair.repair_slots_kernel: (dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK), dict(
         overflow_ptr="*i8", top_ptr="*i64", q_ptr="*u8", qs_ptr="*u8", w_ptr="*fp32", chosen_ptr="*i64",

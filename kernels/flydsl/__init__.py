@@ -41,7 +41,8 @@ def _kernel_module():
     try:
         from . import score_fp4
     except ImportError as exc:
-        raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}") from exc
+        raise BackendUnavailableError(
+            f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}") from exc
     return score_fp4
 
 
@@ -52,9 +53,9 @@ class FlyDSLBackend(ScoringBackend):
 
     def check_device(self, device: torch.device) -> None:
         if not is_gfx950(device):
-            found = device.type if device.type != "cuda" else (
-                f"{device} ({'ROCm ' + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip else 'NVIDIA CUDA'})"
-            )
+            vendor = ("ROCm " + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip
+                      else "NVIDIA CUDA") if device.type == "cuda" else ""
+            found = device.type if device.type != "cuda" else f"{device} ({vendor})"
             raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; the inputs are on {found}")
         _kernel_module()
 
@@ -138,7 +139,8 @@ def _stream(device: torch.device):
 def compiled_configurations() -> tuple[dict, ...]:
     """The fixed configurations compiled per process (the JIT caches one binary for each): the
     dense and the scan epilogue, each for both cache formats."""
-    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format} for cache_format in CACHE_FORMATS for scan in (False, True))
+    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format}
+                 for cache_format in CACHE_FORMATS for scan in (False, True))
 
 
 __all__ = ["REQUIREMENT", "FlyDSLBackend", "compiled_configurations", "launch_arguments"]

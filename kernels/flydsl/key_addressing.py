@@ -30,7 +30,12 @@ from dataclasses import dataclass
 import torch
 
 from ..cache_layout import (
-    GROUP_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, VALUE_BYTES, KVCache, token_scale_offsets,
+    GROUP_BYTES,
+    PAGE_SIZE,
+    PAGE_VALUE_BYTES,
+    VALUE_BYTES,
+    KVCache,
+    token_scale_offsets,
 )
 from ..errors import InputError
 

@@ -183,7 +183,8 @@ def score_fp4_flydsl_kernel(
         valid = m < m_hi
         pos = valid.select(m, m_lo) * stride  # invalid lanes re-read a valid key
         pos64 = fx.Int64(pos)
-        page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE), fx.Int32))
+        page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE),
+                              fx.Int32))
         token = pos64 % PAGE_SIZE
         value_word = key_value_word(addressing, page, token, group64, value_page_words)
         k_op = _load(fx.get_iter(kv_value_words) + value_word, fx.Int32, 4)
@@ -218,7 +219,8 @@ def score_fp4_flydsl_kernel(
             fxllvm.generic_store(fx.get_iter(nonfinite) + row64, fx.Int32(1))
         if fx.const_expr(not SCAN):
             if owner & valid:
-                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + fx.Int64(m)), score)  # column m = pos / stride
+                # column m = pos / stride
+                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + fx.Int64(m)), score)
         if fx.const_expr(SCAN):
             plus = (score == 0.0).select(fx.Float32(0.0), score)  # -0.0 ties +0.0
             bits = plus.bitcast(fx.Int32)
@@ -230,7 +232,8 @@ def score_fp4_flydsl_kernel(
                 if taken < out_cols:
                     fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + taken), key)
                 hist_bin = fx.min(fx.max((ordered - hist_base) >> hist_shift, fx.Int64(0)), fx.Int64(HIST_BINS - 1))
-                fxllvm.atomic_add(fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1), syncscope="agent")
+                fxllvm.atomic_add(fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1),
+                                  syncscope="agent")
 
     if fx.const_expr(SCAN):
         if num_tiles > 0:

@@ -6,14 +6,14 @@ scoring_gluon.py, scan_outputs.py, subset.py; never a stage.
 
 Per call the backend decodes the live keys and the queries once into exact int8 operands
 (operands.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
-the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one
-sequence each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel
-in dense or scan mode on the current stream. Nothing is read back on the host. The glue between the
-kernels is Triton kernels too (operands.py's bookkeeping, schedule.py, subset.py's subset operands,
-scan_outputs.py's scan outputs) where devices.runs_triton_stages says so, their torch twins elsewhere: a
-LiteTopK call is 24 launches, 20 with a self-calibrating scan (bench.probes.host_time --cpu counts them). Buffers come from
-problem.scratch (scratch.py). Runs on an NVIDIA CUDA
-device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
+the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one sequence
+each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel in dense
+or scan mode on the current stream. Nothing is read back on the host. The glue between the kernels
+is Triton kernels too (operands.py's bookkeeping, schedule.py, subset.py's subset operands,
+scan_outputs.py's scan outputs) where devices.runs_triton_stages says so, their torch twins
+elsewhere: a LiteTopK call is 24 launches, 20 with a self-calibrating scan (bench.probes.host_time
+--cpu counts them). Buffers come from problem.scratch (scratch.py). Runs on an NVIDIA CUDA device,
+or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
 score_fp4_gluon_kernel (scoring_gluon.py: sm_90 only, <= 128 registers so 4 programs share an SM)
@@ -38,16 +38,23 @@ from ..errors import BackendUnavailableError
 from ..problem import ZEROED_WORDS, PrefillProblem
 from ..profiling import stage_range
 from .operands import (
-    FLAG_UNSUPPORTED, decode_operands_triton, scoring_faults_triton, unsupported_rows_triton,
+    FLAG_UNSUPPORTED,
+    decode_operands_triton,
+    scoring_faults_triton,
+    unsupported_rows_triton,
 )
 from .scan_outputs import finish_scan
 from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, scan_buffers, score_fp4_kernel
 from .scoring_gluon import (
-    GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
+    GLUON_BLOCK_KEYS,
+    GLUON_BLOCK_ROWS,
+    GLUON_MAX_REGISTERS,
+    GLUON_NUM_WARPS,
+    NUM_BUFFERS,
+    score_fp4_gluon_kernel,
 )
 from .subset import subset_operands
-
 
 SCORING_KERNELS = ("auto", "gluon", "triton")
 
@@ -172,7 +179,8 @@ class TritonBackend(ScoringBackend):
             block_keys=self.block_keys, scratch=scratch)
         k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = key_outputs
         q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = query_outputs
-        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
+        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide,
+                           batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
         return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
 
@@ -200,8 +208,8 @@ class TritonBackend(ScoringBackend):
         if runs_triton_stages(problem.device):
             return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
                                            problem.ends, ops.q_unsupported, problem.scratch)
-        prefix = torch.nn.functional.pad(((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
-                                         (1, 0))
+        unsupported_keys = ((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32)
+        prefix = torch.nn.functional.pad(unsupported_keys.cumsum(dim=1), (1, 0))
         b = problem.row_to_batch.long()
         k_unsupported = (prefix[b, problem.ends.long()] - prefix[b, problem.starts.long()]) > 0
         return (problem.ends > problem.starts) & (ops.q_unsupported | k_unsupported)

@@ -48,8 +48,8 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE, KVCache
-from ..status import RowStatus
 from ..scratch import Scratch
+from ..status import RowStatus
 
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
@@ -368,13 +368,13 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
                                windows: tuple[torch.Tensor, torch.Tensor] | None = None,
                                summary: torch.Tensor | None = None,
                                weight_scale: float = 1.0, scratch: Scratch | None = None):
-    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows'
-    `windows` (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and row flags: (wq float32 [rows, 64],
-    rowfac float32 [rows] (times weight_scale, in float32), refused int8 [rows], q_wide bool [rows],
-    q_unsupported bool [rows]) as scoring.py's docstring defines them (NaN where a scale byte is NaN);
-    refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
-    given) gets 1 when there is one; q_wide: a live row with a wide head vector; q_unsupported: a row
-    with a head vector of spread > 7, or refused."""
+    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows' `windows`
+    (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and
+    row flags: (wq float32 [rows, 64], rowfac float32 [rows] (times weight_scale, in float32),
+    refused int8 [rows], q_wide bool [rows], q_unsupported bool [rows]) as scoring.py's docstring
+    defines them (NaN where a scale byte is NaN); refused marks the live rows outside the supported
+    weight range, and `summary[1]` (int32, when given) gets 1 when there is one; q_wide: a live row
+    with a wide head vector; q_unsupported: a row with a head vector of spread > 7, or refused."""
     outputs, queries = _query_side(q_fp4, q_scale, weights, windows, summary, weight_scale,
                                    scratch or Scratch(q_fp4.device))
     _launch_decode(None, queries)

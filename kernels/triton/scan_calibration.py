@@ -41,7 +41,8 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.const
     ceil(n_steps / sample_stride), ceil(2 K / BLOCK_KEYS)) (at least 2 K keys: a K-th best of fewer
     would be the sample's bottom), at most n_steps and at most the tiles the candidate buffer holds
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
-    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
+    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)),
+                        (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
     return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
 
 

@@ -54,7 +54,8 @@ def finish_scan_triton(thresholds: torch.Tensor | None, scan: dict, scratch: Scr
     if rows:
         finish_scan_kernel[(triton.cdiv(rows, BLOCK),)](
             thresholds if thresholds is not None else final, thresholds.stride(0) if thresholds is not None else 0,
-            scan.get("thr", scan["raised"]), scan["raised"], scan["appended"], scan["nonfinite"], rows,  # (no "thr": not read)
+            # (no "thr": not read)
+            scan.get("thr", scan["raised"]), scan["raised"], scan["appended"], scan["nonfinite"], rows,
             final, appended, nonfinite, BLOCK=BLOCK, HAS_THRESHOLDS=thresholds is not None)
     return final, appended, nonfinite.view(torch.bool)
 

@@ -159,7 +159,8 @@ def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
 @triton.jit
 def _count_before(key_i, group_i, offs_i, key_j, group_j, offs_j, mask_j):
     """Of the rows j (one tile), per row i: (rows before it in (key, row) order, rows of earlier groups)."""
-    before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None]))
+    before = ((key_j[None, :] < key_i[:, None])
+              | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None])))
     place = tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
     lower = tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
     return place, lower
@@ -257,7 +258,8 @@ def schedule_programs_kernel(
     order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs (first_at int8)
     starts_ptr, ends_ptr, q_wide_ptr,                   # int32 [n] x2, int8 [n]
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
-    length_ptr, used_ptr,                               # int32 [P]: span length (0: empty rows); int32 [1]: programs used
+    # int32 [P]: span length (0: empty rows); int32 [1]: programs used
+    length_ptr, used_ptr,
     BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr,
 ):
     pid = tl.program_id(0)

@@ -56,10 +56,14 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import HEAD_DIM, NUM_HEADS
-from ..scratch import Scratch
 from ..keys import NO_KEY_C, _ordering_keys, _scores_of_keys
+from ..scratch import Scratch
 from .scan_calibration import (
-    _calibrate_in_scan, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles,
+    _calibrate_in_scan,
+    _ceiling_rank,
+    _first_sample_tile,
+    _phase_bounds,
+    _sample_tiles,
 )
 
 HEADS = NUM_HEADS

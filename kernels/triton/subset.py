@@ -95,7 +95,8 @@ def subset_operands_torch(problem, parent, block_rows: int):
     prog_rows = torch.full((n, block_rows), -1, dtype=torch.int32, device=rows.device)
     prog_rows[:, 0] = torch.arange(n, dtype=torch.int32, device=rows.device)
     span = torch.stack([torch.where(live, problem.starts, 0), torch.where(live, problem.ends, 0)], dim=1)
-    schedule = with_variants(prog_rows, problem.row_to_batch.to(torch.int32).contiguous(), span.to(torch.int32).contiguous(),
+    schedule = with_variants(prog_rows, problem.row_to_batch.to(torch.int32).contiguous(),
+                             span.to(torch.int32).contiguous(),
                              q_wide, parent.keys.flags)
     return (parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows], parent.rowfac[rows], q_wide,
             parent.q_unsupported[rows], schedule)

@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels.calibration import calibration_keys_torch
+from litetopk.kernels.calibration import (
+    BAND_PER_THREAD,
+    calibration_keys_torch,
+    calibration_keys_triton,
+    kth_largest_scores_triton,
+    order_tiling,
+)
 from litetopk.kernels.keys import NO_KEY
-from litetopk.kernels.calibration import BAND_PER_THREAD, calibration_keys_triton, kth_largest_scores_triton, order_tiling
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -21,8 +21,8 @@ import torch
 
 from litetopk.kernels import BackendUnavailableError, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.cache_layout import CACHE_FORMATS
-from litetopk.kernels.flydsl import compiled_configurations
 from litetopk.kernels.compile.gfx950 import variant_name
+from litetopk.kernels.flydsl import compiled_configurations
 from litetopk.kernels.operator import get_backend
 from tests.problems import make_problem
 
@@ -82,7 +82,8 @@ def _metadata(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_isa_targets_gfx950(isa, variant):
-    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"', isa[variant]), f"{variant}: ISA is not for gfx950"
+    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"',
+                     isa[variant]), f"{variant}: ISA is not for gfx950"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

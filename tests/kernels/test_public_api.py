@@ -60,7 +60,8 @@ def test_operator_signatures_match_the_contract():
         params = inspect.signature(fn).parameters
         assert list(params)[:8] == positional, fn.__name__
         assert all(params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional)
-        assert params["topk"].kind is inspect.Parameter.KEYWORD_ONLY and params["topk"].default is inspect.Parameter.empty
+        assert params["topk"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["topk"].default is inspect.Parameter.empty
         assert params["weight_scale"].default == 1.0 and params["backend"].default == "auto"
     assert inspect.signature(kernels.litetopk_prefill).parameters["repair"].default is True
     packing = inspect.signature(kernels.pack_kv_cache).parameters

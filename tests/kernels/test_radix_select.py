@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.selection import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
 from litetopk.kernels.scratch import Scratch
+from litetopk.kernels.selection import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

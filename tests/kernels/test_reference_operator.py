@@ -40,9 +40,9 @@ from litetopk.kernels import (
     dense_topk_prefill,
     litetopk_prefill,
 )
+from litetopk.kernels.keys import NO_KEY, make_keys
 from litetopk.kernels.pipeline import run_dense, run_litetopk
 from litetopk.kernels.reference import ReferenceBackend
-from litetopk.kernels.keys import NO_KEY, make_keys
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import RandomProblem, decode_fp4, make_problem, oracle_scores, oracle_topk
 
@@ -268,7 +268,8 @@ class Case:
 
 CASES = {
     "several sequences, causal windows, K=512": Case(causal),
-    "several sequences, causal windows, K=1024": Case(lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)),
+    "several sequences, causal windows, K=1024":
+        Case(lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)),
     "non-causal windows, K=512": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, causal=False)),
     "non-causal windows, K=1024": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, topk=1024, causal=False)),
     "windows shorter than K, and an empty one": Case(windows_shorter_than_k),
@@ -348,7 +349,8 @@ def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scor
     assert vals[n:] == [float("-inf")] * (k - n), f"{where}: value padding"
     # real answers: positions of the window, their slots, values near the float64 scores
     got = raw[:n]
-    assert all(start <= j < end for j in got) and len(set(got)) == n, f"{where}: positions outside the window or repeated"
+    assert all(start <= j < end for j in got) and len(set(got)) == n, \
+        f"{where}: positions outside the window or repeated"
     table = p.block_table.tolist()[b]
     assert phys[:n] == [table[j // PAGE] * PAGE + j % PAGE for j in got], f"{where}: physical slots"
     s64 = scores[i, got]
@@ -361,7 +363,8 @@ def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scor
             f"{where}: entries {a}, {a + 1} out of order: ({vals[a]}, {got[a]}) then ({vals[a + 1]}, {got[a + 1]})")
     want = oracle_topk(scores[i:i + 1], k)[0]
     if exact:
-        assert got == want, f"{where}: differs from the float64 order at {next(a for a in range(n) if got[a] != want[a])}"
+        assert got == want, \
+            f"{where}: differs from the float64 order at {next(a for a in range(n) if got[a] != want[a])}"
         return
     slack = 2 * bound[i]
     kth = scores[i, want[-1]] if want else 0.0
@@ -449,10 +452,12 @@ def test_reference_operator_against_float64_oracle(name, seed):
         if (p.extra.get("lowest_positions") or case.extra.get("lowest_positions")) and not int(dense.status[i]):
             start, end = int(p.starts[i]), int(p.ends[i])
             want = list(range(start, min(end, start + k)))
-            assert dense.raw_indices[i, : len(want)].tolist() == want, f"{where} row {i}: equal scores -> lowest positions in order"
+            assert dense.raw_indices[i, : len(want)].tolist() == want, \
+                f"{where} row {i}: equal scores -> lowest positions in order"
 
 
-@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512", "calibrated threshold from a strided sample",
+@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512",
+                                  "calibrated threshold from a strided sample",
                                   "tiny capacity: repaired", "near ties (2^-24: float32 rounding)", "NaN/inf weights"])
 def test_rerun_is_bit_identical(name, seed):
     case = CASES[name]
@@ -530,7 +535,8 @@ def ref_scores_float32(p: RandomProblem) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["several sequences, causal windows, K=512", "near ties (2^-24: float32 rounding)",
-                                  "weight_scale 1/3", "bfloat16 weights", "calibrated, K=1024", "non-causal windows, K=512"])
+                                  "weight_scale 1/3", "bfloat16 weights", "calibrated, K=1024",
+                                  "non-causal windows, K=512"])
 def test_values_follow_the_documented_float32_order(name, seed):
     """With the float32 order of reference.py emulated in numpy, set, order and values are exact."""
     case = CASES[name]
@@ -543,7 +549,8 @@ def test_values_follow_the_documented_float32_order(name, seed):
         n = order.size
         for result, label in ((lite, "litetopk"), (dense, "dense")):
             assert result.raw_indices[i, :n].tolist() == order.tolist(), f"[{name}] seed {seed} row {i} {label}: order"
-            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), f"[{name}] seed {seed} row {i} {label}: values"
+            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), \
+                f"[{name}] seed {seed} row {i} {label}: values"
 
 
 # ---- memory bound and threshold tightening of the LiteTopK scan ---------------------------------
@@ -602,7 +609,8 @@ def test_scan_threshold_only_tightens_and_stays_safe(seed):
     scan = backend.scan_candidates(problem, start, capacity=4096)
     windows = problem.window_lengths
     assert (scan.thresholds > NO_KEY).all() and (scan.thresholds <= true_kth).all(), f"seed {seed}"
-    assert (scan.appended < windows * 3 // 4).all(), f"seed {seed}: appended {scan.appended.tolist()} of {windows.tolist()}"
+    assert (scan.appended < windows * 3 // 4).all(), \
+        f"seed {seed}: appended {scan.appended.tolist()} of {windows.tolist()}"
     lite = run_litetopk(problem, backend, repair=True, tuning=LiteTopKTuning())
     assert not lite.repaired.any()
     assert_same(lite, dense, torch.ones(problem.num_rows, dtype=torch.bool), f"seed {seed}: small blocks")

@@ -29,8 +29,8 @@ import triton.language as tl
 from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.backend import MAX_SAMPLE_STRIDE
 from litetopk.kernels.flydsl import FlyDSLBackend
-from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.keys import NO_KEY, make_keys, split_keys
+from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.operands import FLAG_WIDE
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_tiles
@@ -75,7 +75,8 @@ def test_sample_tiles_follow_the_rule(n_steps, capacity, sample_tiles):
     sample_tiles_kernel[(1,)](out, n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, TOPK=topk, BLOCK_KEYS=BLOCK_KEYS)
     n_sample = int(out[0])
     where = f"[{n_steps} tiles, capacity {capacity}, {sample_tiles} sample tiles asked]"
-    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), f"{where}: got {n_sample}"
+    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), \
+        f"{where}: got {n_sample}"
     assert 0 <= n_sample <= min(capacity // BLOCK_KEYS, n_steps), f"{where}: {n_sample} sample tiles"
     floor = max(sample_tiles, 2 * topk // BLOCK_KEYS)  # 2 K keys at least
     assert n_sample >= min(floor, n_steps, capacity // BLOCK_KEYS), f"{where}: {n_sample} sample tiles"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-
 import re
 import weakref
 from pathlib import Path
@@ -34,8 +33,8 @@ from litetopk.kernels import (
 from litetopk.kernels.calibration import sample_stride, shape_changes
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import run_litetopk
-from litetopk.kernels.validation import validate_prefill
 from litetopk.kernels.scratch import ALIGNMENT
+from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -110,7 +109,8 @@ def test_exact_at_the_bounds(case, seed):
     second = call(operator, p, backend, workspace=workspace, **kw)
     same_bits(first, want, f"{case}, seed {seed}, first call")
     same_bits(second, want, f"{case}, seed {seed}, second call on the same workspace")
-    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]), around), f"{case}: bytes outside the workspace written"
+    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]),
+                       around), f"{case}: bytes outside the workspace written"
     with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
         call(operator, p, backend, workspace=workspace[:-1], **kw)
 
@@ -407,7 +407,8 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
         if buf.numel() == 0:  # no bytes (torch reports no address for it)
             continue
         offset = buf.data_ptr() - workspace.data_ptr()
-        assert offset % ALIGNMENT == 0 and 0 <= offset and offset + buf.numel() * dtype.itemsize <= workspace.numel(), where
+        assert offset % ALIGNMENT == 0 and 0 <= offset, where
+        assert offset + buf.numel() * dtype.itemsize <= workspace.numel(), where
         spans.append((offset, offset + buf.numel() * dtype.itemsize))
         buf.view(-1).view(torch.uint8).fill_(len(spans) % 251)  # every byte of it is the workspace's
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"buffers overlap or go back: {spans}"
