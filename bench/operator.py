@@ -31,7 +31,7 @@ import time
 
 from bench.common import REPO_ROOT, RESULTS_DIR
 
-FP8_PEAK_TFLOPS = 1260.0  # measured on the H200 (H200-NOTES.md): the scoring floor
+FP8_PEAK_TFLOPS = 1260.0  # measured on the H200: the scoring floor
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 

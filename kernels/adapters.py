@@ -1,5 +1,7 @@
 """Adapters from serving engines' DeepSeek-V4 FP4 indexer tensors to `litetopk_prefill`, zero copy.
 
+Layer: public face (imports the operator and the formats).
+
 Each adapter reinterprets the engine's tensors as the operator's arguments by views only (the
 cache, queries, scales and weights are never copied) and writes the answer into the engine's
 own int32 index buffer.

@@ -1,5 +1,7 @@
 """Converters between our cache format and AITER's (docs/cache-layouts.md; cache_layout.py).
 
+Layer: formats (imports cache_layout and errors only; aiter.py and the tests use it).
+
 AITER's FlyDSL FP4 indexer (ROCm/aiter `aiter/ops/flydsl/pa_mqa_litetopk_fp4.py`, its writers
 `indexer_k_fp4_paged_preshuffle` / `quant_q_fp4_preshuffle` in
 `op_tests/test_flydsl_pa_mqa_logits_fp4_prefill.py`) stores, per page p, token t, group g:

@@ -1,4 +1,6 @@
-"""The paged FP4 key cache in its two formats (CONTRACT.md §2 and §7; docs/cache-layouts.md).
+"""The paged FP4 key cache in its two formats (docs/contract.md §2 and §7; docs/cache-layouts.md).
+
+Layer: formats, at the bottom of `litetopk.kernels` (imports errors only).
 
 One page holds PAGE_SIZE = 64 compressed tokens; token t's key is 64 packed E2M1 bytes (group g of
 32 elements in bytes [16g, 16g + 16)) and 4 UE8M0 scale bytes (group g). The two formats place them:

@@ -1,5 +1,7 @@
 """The errors of `litetopk.kernels`, as one tree.
 
+Layer: types, at the bottom of `litetopk.kernels` (imports nothing of the package).
+
     LiteTopKError                      base of everything this package raises on purpose
     ├── InputError (ValueError)        a tensor has the wrong dtype, shape, device or layout, or an
     │   │                              argument is out of its range; raised before any device work

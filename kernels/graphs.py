@@ -1,5 +1,7 @@
 """LiteTopKGraphs: `litetopk_prefill` replayed from one CUDA graph per call signature.
 
+Layer: public face (imports the operator, the workspace sizing and the first stage's host checks).
+
 Why. An eager call enqueues 20-24 launches from Python: 2-5 ms of host time at Q = 8192 on the H200,
 and the GPU waits for the host during the short stages before the scan (bench/results/
 host-time-h200.json). A runner captures each call signature once and replays it:

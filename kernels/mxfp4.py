@@ -1,6 +1,8 @@
 """MXFP4 codec: E2M1 values, two per byte, with one UE8M0 scale byte per 32 elements.
 
-Format (CONTRACT.md §1):
+Layer: formats, at the bottom of `litetopk.kernels` (imports errors only).
+
+Format (docs/contract.md §1):
 - element 2i lives in the LOW nibble of byte i, element 2i+1 in the HIGH nibble;
 - nibble = sign bit 0x8 | index into E2M1_VALUES = (0, 0.5, 1, 1.5, 2, 3, 4, 6);
 - scale byte s means 2^(s - 127); one per 32 consecutive elements, group 0 first.

@@ -46,7 +46,7 @@ class PrefillProblem:
     topk: int
     weight_scale: float
     max_end: int  # static bound of every window end: min(max_seq_len, max_pages * 64); sizes buffers
-    scratch: Scratch  # where every stage takes its intermediate buffers (workspace.py)
+    scratch: Scratch  # where every stage takes its intermediate buffers (scratch.py)
     parent: "PrefillProblem | None" = None  # subset(): the problem these rows were taken from
     parent_rows: torch.Tensor | None = None  # subset(): int64 [rows] indices into parent's rows
 

@@ -1,5 +1,7 @@
 """Random, valid prefill problems: the arguments of `litetopk_prefill` in one object.
 
+Layer: utilities (imports the formats only: mxfp4, cache_layout); the package exports random_problem.
+
 `random_problem(rows, keys, topk)` builds what a worker would hold: MXFP4 keys of one or more
 sequences packed into a paged cache whose pages are permuted (so physical and logical positions
 differ), MXFP4 queries, float32 head weights and one key window per row. The quick start, the

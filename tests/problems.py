@@ -1,4 +1,4 @@
-"""Random prefill problems and an independent float64 oracle, written from CONTRACT.md alone.
+"""Random prefill problems and an independent float64 oracle, written from docs/contract.md alone.
 
 Nothing here calls the code under test except to build inputs: `litetopk.kernels.random_problem`
 (which uses `quantize_mxfp4` / `pack_kv_cache`; the codec and the packing have their own

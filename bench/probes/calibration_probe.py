@@ -1,5 +1,5 @@
 """Device probe (H200): the calibration stage split into its parts, in one process: the sample's dense
-scoring (backend.score_dense(problem, stride)), the order statistics (kernels/triton/calibration.py:
+scoring (backend.score_dense(problem, stride)), the order statistics (kernels/calibration.py:
 bisection until the bracket holds <= BAND values, one compaction, a sort of the band) against the
 previous kernel (a copy below: calibration_keys_bisection, 32 bisection steps per rank over the
 whole row) and torch (calibration_keys_torch, the contract), and the whole calibrate().

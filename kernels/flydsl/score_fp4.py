@@ -1,10 +1,12 @@
 """Fused MXFP4 scoring + candidate filter for gfx950 (MI350X / MI355X), written in FlyDSL 0.4.2.
 
+Layer: backends (flydsl/; FlyDSLBackend launches it, compile/gfx950.py builds it offline).
+
 STATUS: compiled for gfx950 in CI (COMPILE_ONLY=1, ARCH=gfx950, final ISA inspected); it has
 not been executed on a gfx950 device by this project. `tests/kernels/test_flydsl_gfx950.py`
 runs it against the reference on an MI355X (see README, "gfx950 backend (FlyDSL)").
 
-Math (CONTRACT.md §1), per query row i and sampled position j = m * stride of its window:
+Math (docs/contract.md §1), per query row i and sampled position j = m * stride of its window:
     dot[h]      = q[i, h, :] . k[j, :]                    one scaled FP4 MFMA per 16 heads
     t[h]        = fl32(w[i, h] * relu(dot[h]))            relu(x) = (x < 0 ? 0 : x), NaN kept
     acc         = 0;  for h = 0 .. 63:  acc = fl32(acc + t[h])      (the reference's order)
@@ -55,7 +57,7 @@ Every page x stride product and every address is int64.
 
 Epilogue, SCAN = False (dense): score[i, j] is stored to out[i * out_cols + j] (the host fills
 -inf); SCAN = True (fused filter): key = ordered_bits(score) * 2^32 + (2^32 - 1 - j)
-(selection.make_keys); a finite key >= the row's current threshold takes a slot by a 64-bit
+(keys.make_keys); a finite key >= the row's current threshold takes a slot by a 64-bit
 atomic add on the row counter, is written when slot < capacity, and counts one in the row's
 histogram of HIST_BINS bins over ordered score bits: bin = clamp((ord - base) >> shift, 0, 63),
 base = the row's input threshold score bits and shift = HIST_SHIFT (or base = -2^31 and shift
@@ -66,7 +68,7 @@ to (base + (b << shift)) * 2^32, which is <= the row's true K-th best key. A NaN
 the window sets the row's nonfinite flag. Positions are j = m * stride (m integer), so the
 calibration sample uses the same kernel.
 
-Limits: H = 64, D = 128 (CONTRACT.md); rows < 2^31 / 64; positions < 2^31; pages and every
+Limits: H = 64, D = 128 (docs/contract.md §1); rows < 2^31 / 64; positions < 2^31; pages and every
 address int64; the value pages 4-byte aligned (start and stride; key_addressing.cache_operands
 raises InputError otherwise), scale pages at any byte stride. The kernel assumes validated input
 (validation.py): windows inside the block table and live pages inside the cache.

@@ -79,7 +79,7 @@ def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: boo
                          num_bins: int = NUM_BINS, defer_appends: bool = True,
                          SELF_CALIBRATE: bool = False) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
-    (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
+    (shared with compile/sm90.py's offline check, so CI compiles what the H200 runs)."""
     constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
                      STRIDED=STRIDED, ANY_WIDE=ANY_WIDE, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
                      NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends, SELF_CALIBRATE=SELF_CALIBRATE)

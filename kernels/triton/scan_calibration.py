@@ -2,6 +2,8 @@
 take (score_fp4_kernel with SELF_CALIBRATE in scoring.py; its Gluon twin in scoring_gluon.py), the
 Triton helpers and _calibrate_in_scan_gluon side by side, with the same arithmetic.
 
+Layer: backends (triton/; scoring.py and scoring_gluon.py call its steps).
+
 The program sets up its own rows, with no launch before the scan (scoring.scan_buffers): threshold
 -inf, histogram off, count and histogram zeroed. Phase A scans n_sample contiguous tiles (_sample_tiles)
 that end with the program's earliest window end (_first_sample_tile: the most recent keys every row sees where the

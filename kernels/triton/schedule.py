@@ -1,6 +1,8 @@
 """The scoring kernels' schedule, built on the device (three Triton launches on CUDA; the torch code
 below is its twin elsewhere, the same bits, tested): no host round trip, capturable.
 
+Layer: backends (triton/; backend.py builds it, subset.py writes the repair's).
+
 A program of the scoring kernels (scoring.py, scoring_gluon.py) owns up to BLOCK_ROWS rows of one
 sequence and walks the union of their windows. The schedule (class Schedule) says which:
     rows     int32 [programs, BLOCK_ROWS]  row indices, -1 padding; lanes fill from the first

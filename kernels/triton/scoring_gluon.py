@@ -1,5 +1,7 @@
 """Fused FP4 scoring + LiteTopK filter in Gluon (sm_90 only): scoring.py's kernel with explicit layouts.
 
+Layer: backends (triton/; backend.py launches it on sm_90, compile/sm90.py builds it offline).
+
 The math, the exact integer scheme, the float32 order and its bound are scoring.py's: per key step
     int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
@@ -52,7 +54,7 @@ counters: no launch before the scan). Offline: its step loops 253 (the sample's:
 histogram add, off by construction) / 347 / 341 instructions (the scan's 326), no stack (104 bytes with
 ANY_WIDE, whose loops reload up to 10 registers a step against scan_wide's 5). Not yet run on an H200.
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
-the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
+the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile/sm90.py's summary).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def _tile_flag(flags_at, step, n_steps, STRIDED: gl.constexpr):
 @gluon.jit
 def _wide_int_dots(lo_tile, hi_tile, q_smem, q_hi_smem, q_wide, k_wide, acc_layout: gl.constexpr,
                    BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
-    """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (decode.py),
+    """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (operands.py),
     as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
     into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29).
     hi_tile: a wide tile's k_hi (the ring slot the score kernel gives it)."""
@@ -169,7 +171,7 @@ def _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N: gl.con
 
 @gluon.jit
 def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
-    """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where the key
+    """buf[row, slot] = the ordering key of (score, position) (keys.make_keys) where the key
     passed and slot < capacity."""
     keys = _ordering_keys(scores, positions[:, None])
     gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
@@ -225,7 +227,7 @@ def score_fp4_gluon_kernel(
 
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
     q_vec = _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N, BLOCK_ROWS, H, D, ld)
-    if ANY_WIDE:  # the hi operands (decode.py): q_hi staged where a row of the program needs it
+    if ANY_WIDE:  # the hi operands (operands.py): q_hi staged where a row of the program needs it
         q_wide = gl.load(prog_q_wide_ptr + pid) != 0
         q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
         q_hi_smem.store(gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide,

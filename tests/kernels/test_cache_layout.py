@@ -1,4 +1,4 @@
-"""Paged key cache (CONTRACT.md §2): `pack_kv_cache` / `unpack_kv_cache` against a byte layout
+"""Paged key cache (docs/contract.md §2): `pack_kv_cache` / `unpack_kv_cache` against a byte layout
 written here from the contract.
 
     page = 64 tokens in 4352 bytes: bytes [0, 4096) token t's 64 packed E2M1 bytes at t * 64,
@@ -101,7 +101,7 @@ def test_unused_pages_and_slots_are_zero(seed):
 
 
 def test_page_view_of_some_stacks_has_the_same_bytes(seed):
-    """CONTRACT §2: some stacks view the cache as [num_pages, 64, 1, 68]; the bytes are the same."""
+    """docs/contract.md §2: some stacks view the cache as [num_pages, 64, 1, 68]; the bytes are the same."""
     k_fp4, k_scale, table, num_pages = random_sequences(seed, batch=1, length=64, spare_pages=0, extra_table_pages=0)
     cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages)
     view = cache.view(num_pages, 64, 1, 68)

@@ -1,4 +1,4 @@
-"""The calibration's order statistics kernel (kernels/triton/calibration.py: bisection over the row
+"""The calibration's order statistics kernel (kernels/calibration.py: bisection over the row
 until the bracket holds <= BAND values, a compaction, a sort of the band) against the contract,
 calibration_keys_torch, bit for bit, and against Python's sort: fresh random samples whose rows take
 every path (a band built after some steps; no step at all, the whole row already within BAND; the

@@ -3,7 +3,7 @@
 The kernel computes every key address with kernels/flydsl/key_addressing.py (`key_value_word`,
 `key_scale_byte`) on the operands `cache_operands` builds; here the same functions run on torch
 int64 tensors over the same operands, for caches in both formats at random page strides and
-offsets, and must land on exactly the bytes CONTRACT.md §2 gives for the key (ref: our contiguous
+offsets, and must land on exactly the bytes docs/contract.md §2 gives for the key (ref: our contiguous
 page matrix, read with `page_values` / `page_scales`). `launch_arguments` is checked the same way:
 the tile loop's addressing, driven by the arguments the backend would launch with, reads every key
 of every window.

@@ -145,7 +145,7 @@ def _kernel_parameters(ir: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_llvm_ir_page_times_stride_and_every_address_are_64_bit(llvm_ir, variant):
-    """CONTRACT.md §7: every address is int64, and the page id read from the block table is
+    """docs/contract.md §2: every address is int64, and the page id read from the block table is
     widened to int64 before it multiplies either page stride (the kernel's first two int64 scalar
     arguments, value_page_words and scale_page_stride)."""
     ir = llvm_ir[variant]

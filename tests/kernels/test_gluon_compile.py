@@ -16,7 +16,7 @@ from tests.kernels.offline_compile import offline_summary
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
-    """compile_sm90's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
+    """compile/sm90.py's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
     return offline_summary("litetopk.kernels.compile.sm90", tmp_path_factory.mktemp("gluon_sm90"))
 
 

@@ -1,4 +1,4 @@
-"""The public surface of `litetopk.kernels` (CONTRACT.md §6): small, curated and as documented."""
+"""The public surface of `litetopk.kernels` (docs/contract.md §7): small, curated and as documented."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import litetopk.kernels as kernels
 
-#: Names CONTRACT.md §6 promises to outside code.
+#: Names docs/contract.md §7 promises to outside code.
 CONTRACT_NAMES = {
     "SUPPORTED_TOPK", "PAGE_SIZE", "quantize_mxfp4", "dequantize_mxfp4", "pack_kv_cache", "unpack_kv_cache",
     "litetopk_prefill", "dense_topk_prefill", "TopKResult",

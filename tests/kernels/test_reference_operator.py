@@ -1,4 +1,4 @@
-"""The operator on the reference backend (CONTRACT.md §1-§4) against a float64 oracle.
+"""The operator on the reference backend (docs/contract.md §1-§4) against a float64 oracle.
 
 Every case builds fresh random data from the test's seed (printed with any failure), runs
 `litetopk_prefill` and `dense_topk_prefill` with backend="reference", and checks:
@@ -63,7 +63,7 @@ def key_bytes(p: RandomProblem) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def key_at(p: RandomProblem, batch: int, position: int) -> tuple[int, int]:
-    """(physical page, token) of logical `position` of sequence `batch` (CONTRACT §2)."""
+    """(physical page, token) of logical `position` of sequence `batch` (docs/contract.md §2)."""
     return int(p.block_table[batch, position // PAGE]), position % PAGE
 
 

@@ -1,4 +1,4 @@
-"""Shared selection (CONTRACT.md §1 order, §3 outputs): ordering keys, exact top-K, page mapping.
+"""Shared selection (docs/contract.md §1 order, §3 outputs): ordering keys, exact top-K, page mapping.
 
 The reference order is written here in Python: score descending, then position ascending, with
 -0.0 and +0.0 equal.
@@ -115,7 +115,7 @@ DENSE_CASES = {
                     reason="interpreter only: on a GPU every dense operator test runs the Triton twin compiled")
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
-    """settle_ties' Triton twin (kernels/triton/dense_ties.py, no host sync) gives select_topk_dense the
+    """settle_ties' Triton twin (kernels/dense_selection.py, no host sync) gives select_topk_dense the
     torch code's keys, bit for bit, on every dense case (ties across the k-th place, both zeros, rows
     with and without ties side by side)."""
     from bench.probes.host_time import triton_stages_on_cpu

@@ -1,13 +1,13 @@
 """The Triton selections against a plain sort of each row.
 
 Runs the real kernels in Triton's CPU interpreter without a GPU (tests/conftest.py), compiled with
-one. The candidate top-K (kernels/triton/radix_select.py, the selection stage): the compacted path
+one. The candidate top-K (kernels/selection.py: the radix select): the compacted path
 (at most 2 K keys at or above the row's threshold) and the whole-row one (no threshold, or too many
 keys above it), rows with fewer than K kept keys, an empty row, and stale keys past `kept` that must
 be ignored, against Python's sort (independent of the torch twin tests/kernels/test_radix_select.py uses). The
 calibration's
 order statistics: ties, signed zeros, infinities and a width that is not a power of two. The
-one-kernel assembly (kernels/triton/assembly.py): every field equal to the torch assembly's
+one-kernel assembly (kernels/assembly.py): every field equal to the torch assembly's
 (kernels/assembly.py), and the same status bits for a slot that cannot be published.
 """
 

@@ -1,4 +1,4 @@
-"""The one validation layer (CONTRACT.md §1-§3): call-level errors say what to change; row-level
+"""The one validation layer (docs/contract.md §1-§3): call-level errors say what to change; row-level
 faults become status bits of exactly those rows; slots are 64-bit and never wrap (a row reading a
 page whose slots are beyond int32 gets SLOT_OVERFLOW; nothing is raised for it).
 
@@ -234,7 +234,7 @@ def poisoned_scratch(device, seed: int) -> Scratch:
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(ROW_FAULTS))
 def test_row_checks_kernel_finds_the_same_faults(case, seed):
-    """kernels/triton/row_checks.py (what validation runs on a CUDA device) on the same cases: the
+    """row_checks_triton (kernels/row_checks.py: what validation runs on a CUDA device) on the same cases: the
     same status bits and the same effective windows as the torch checks, the sequences' ends, and
     its zeroed words written over a poisoned workspace."""
     from litetopk.kernels.row_checks import row_checks_triton
@@ -348,7 +348,7 @@ def test_row_checks_flag_slot_overflow(case):
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(SLOT_CASES))
 def test_row_checks_twins_agree_on_slot_overflow(case):
-    """The Triton twin (kernels/triton/row_checks.py) against the torch checks: same bits, same
+    """The Triton twin (row_checks_triton, kernels/row_checks.py) against the torch checks: same bits, same
     effective metadata."""
     from litetopk.kernels.row_checks import row_checks_triton
 

@@ -9,7 +9,7 @@ reserved a block, 4 programs need more than the 228 KiB of an H200 multiprocesso
 programs per SM instead of 4 on every problem that holds a wide vector (the scan even without
 counting the reservation twice); bench/NOTES.md, Next steps 2. The count here is the conservative
 one (static section and reservation both); bench/probes/gluon_wide_probe.py asks the driver. The
-numbers are the compiler's own (compile_sm90's summary), built once in a fresh process without the
+numbers are the compiler's own (compile/sm90.py's summary), built once in a fresh process without the
 interpreter."""
 
 from __future__ import annotations
