@@ -12,6 +12,9 @@
 #
 # EXTRAS are pyproject.toml extras: `service` is the service alone (no test tools, no GPU
 # packages); a GPU target adds its backend's extra (Triton on NVIDIA, FlyDSL on AMD gfx950).
+# Triton itself is a core dependency (the pipeline's stage files import it), so every image has it:
+# the CPU image only imports it (the reference backend runs there, nothing is compiled), and the
+# cuda target's `triton` extra names its backend with the same pin.
 # TORCH_INDEX_URL is given to pip as an extra index, so the pinned `torch==X` of pyproject.toml
 # resolves to that index's build (X+cpu, X+cu130, X+rocm7.0); pick the index of the CUDA / ROCm
 # release the pinned torch is built for and a base (and host driver) no older than it. The cuda

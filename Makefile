@@ -31,7 +31,9 @@ $(ROCM_SHIM):
 run: $(STAMP)
 	$(BIN)/python -m litetopk.service
 
+# Lint first (pyproject [tool.ruff]: the folders that are ruff-clean so far), then the suite.
 test: $(STAMP) $(ROCM_SHIM)
+	$(BIN)/ruff check kernels tests/kernels bench
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 clean:

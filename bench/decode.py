@@ -48,8 +48,15 @@ import traceback
 import torch
 from rich.markup import escape
 
-from bench.common.problems import KEY_BYTES, PAGE_BYTES, QUERY_BYTES, decode_lengths, decode_queries, \
-    paged_pages, paged_random_cache
+from bench.common.problems import (
+    KEY_BYTES,
+    PAGE_BYTES,
+    QUERY_BYTES,
+    decode_lengths,
+    decode_queries,
+    paged_pages,
+    paged_random_cache,
+)
 from bench.common.report import run_info
 from bench.common.roofline import floor_us, measure_ceilings
 from bench.common.timing import CallTimer
@@ -58,11 +65,29 @@ from litetopk.kernels import LiteTopKGraphs, TopKResult, dense_topk_prefill, lit
 CHECKED = ("values", "raw_indices", "physical_indices", "counts", "status")  # LiteTopK == dense, bit for bit
 VARIANTS = ("runner", "eager", "dense")
 SPARE_PAGES = 7
-GPU = dict(batch=[1, 8, 64, 256], keys=["16384", "65536", "131072", "mixed"], mixed_range=(1024, 131072), reps=20, warmup=3,
-           quick=["1x1x65536-k512", "64x1x65536-k512", "128x2x32768-k1024", "8x4x16384-k1024", "64x2xmixed-k512",
-                  "256x1x131072-k1024"])
-CPU = dict(batch=[1, 4], keys=["256", "2048", "mixed"], mixed_range=(64, 2048), reps=3, warmup=1,
-           quick=["1x1x2048-k512", "4x2x1024-k1024", "4x4xmixed-k512"])
+GPU = dict(
+    batch=[1, 8, 64, 256],
+    keys=["16384", "65536", "131072", "mixed"],
+    mixed_range=(1024, 131072),
+    reps=20,
+    warmup=3,
+    quick=[
+        "1x1x65536-k512",
+        "64x1x65536-k512",
+        "128x2x32768-k1024",
+        "8x4x16384-k1024",
+        "64x2xmixed-k512",
+        "256x1x131072-k1024",
+    ],
+)
+CPU = dict(
+    batch=[1, 4],
+    keys=["256", "2048", "mixed"],
+    mixed_range=(64, 2048),
+    reps=3,
+    warmup=1,
+    quick=["1x1x2048-k512", "4x2x1024-k1024", "4x4xmixed-k512"],
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +126,19 @@ def build_cases(args) -> list[Case]:
     if args.quick:
         cases = [Case.parse(name) for name in args.defaults["quick"]]
     else:
-        cases = [Case(b, n, None if keys == "mixed" else int(keys), k)
-                 for b in args.batch for keys in args.keys for n in args.next_n for k in args.topk
-                 if not (keys == "mixed" and b == 1)]  # one sequence has no uneven lengths
+        cases = [
+            Case(b, n, None if keys == "mixed" else int(keys), k)
+            for b in args.batch
+            for keys in args.keys
+            for n in args.next_n
+            for k in args.topk
+            if not (keys == "mixed" and b == 1)
+        ]  # one sequence has no uneven lengths
     return [c for c in cases if any(fnmatch.fnmatchcase(c.name, pattern) for pattern in args.cases)]
 
 
 def _syncs(fn) -> str:
-    """"none", or the first host sync of one call (torch.cuda.set_sync_debug_mode("error"))."""
+    """ "none", or the first host sync of one call (torch.cuda.set_sync_debug_mode("error"))."""
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -140,25 +170,42 @@ def check(results: dict[str, TopKResult], ends: torch.Tensor, topk: int) -> dict
     for the eager call and the runner, not compared."""
     eager, runner, dense = results["eager"], results["runner"], results["dense"]
     want_counts = ends.clamp(max=topk).to(torch.int32)
-    out = dict(eager_vs_dense=_differs(eager, dense, CHECKED), runner_vs_dense=_differs(runner, dense, CHECKED),
-               bad_counts_rows=int((dense.counts != want_counts).sum()),
-               status_rows={name: int((r.status != 0).sum()) for name, r in results.items()},
-               repaired_rows=int(eager.repaired.sum()), runner_repaired_rows=int(runner.repaired.sum()),
-               candidates_mean=float(eager.candidates.double().mean()), candidates_max=int(eager.candidates.max()),
-               runner_candidates_mean=float(runner.candidates.double().mean()))
-    out["ok"] = not (out["eager_vs_dense"] or out["runner_vs_dense"] or out["bad_counts_rows"]
-                     or any(out["status_rows"].values()))
+    out = dict(
+        eager_vs_dense=_differs(eager, dense, CHECKED),
+        runner_vs_dense=_differs(runner, dense, CHECKED),
+        bad_counts_rows=int((dense.counts != want_counts).sum()),
+        status_rows={name: int((r.status != 0).sum()) for name, r in results.items()},
+        repaired_rows=int(eager.repaired.sum()),
+        runner_repaired_rows=int(runner.repaired.sum()),
+        candidates_mean=float(eager.candidates.double().mean()),
+        candidates_max=int(eager.candidates.max()),
+        runner_candidates_mean=float(runner.candidates.double().mean()),
+    )
+    out["ok"] = not (
+        out["eager_vs_dense"] or out["runner_vs_dense"] or out["bad_counts_rows"] or any(out["status_rows"].values())
+    )
     return out
 
 
-def run_case(case: Case, lengths: list[int], cache, block_table, queries: dict, runner, timer: CallTimer, args,
-             ceilings: dict) -> dict:
-    inputs = (queries["q_fp4"], queries["q_scale"], cache, block_table, queries["weights"], queries["row_to_batch"],
-              queries["starts"], queries["ends"])
+def run_case(
+    case: Case, lengths: list[int], cache, block_table, queries: dict, runner, timer: CallTimer, args, ceilings: dict
+) -> dict:
+    inputs = (
+        queries["q_fp4"],
+        queries["q_scale"],
+        cache,
+        block_table,
+        queries["weights"],
+        queries["row_to_batch"],
+        queries["starts"],
+        queries["ends"],
+    )
     max_end = max(lengths)
-    calls = {"runner": lambda: runner(*inputs, topk=case.topk, max_seq_len=max_end),
-             "eager": lambda: litetopk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend),
-             "dense": lambda: dense_topk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend)}
+    calls = {
+        "runner": lambda: runner(*inputs, topk=case.topk, max_seq_len=max_end),
+        "eager": lambda: litetopk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend),
+        "dense": lambda: dense_topk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend),
+    }
     t0 = time.perf_counter()
     for fn in calls.values():  # compile, capture the runner's graph
         fn()
@@ -173,12 +220,24 @@ def run_case(case: Case, lengths: list[int], cache, block_table, queries: dict, 
     nbytes = sum(lengths) * KEY_BYTES + rows * QUERY_BYTES
     ops = 2.0 * 64 * 128 * windows
     floor, bound = floor_us(nbytes, ops, ceilings)
-    return dict(rows=rows, keys_read=sum(lengths), row_keys=int(windows), max_end=max_end, bytes=nbytes, ops=ops,
-                floor_us=floor, floor_bound=bound, times=times, syncs=syncs, first_calls_s=first_s,
-                ratio={name: times[name]["median_us"] / floor for name in VARIANTS},
-                runner_over_dense=times["runner"]["median_us"] / times["dense"]["median_us"],
-                exact=exact, runner_stats=dict(runner.stats),
-                peak_bytes=torch.cuda.max_memory_allocated() if timer.cuda else None)  # since the group began
+    return dict(
+        rows=rows,
+        keys_read=sum(lengths),
+        row_keys=int(windows),
+        max_end=max_end,
+        bytes=nbytes,
+        ops=ops,
+        floor_us=floor,
+        floor_bound=bound,
+        times=times,
+        syncs=syncs,
+        first_calls_s=first_s,
+        ratio={name: times[name]["median_us"] / floor for name in VARIANTS},
+        runner_over_dense=times["runner"]["median_us"] / times["dense"]["median_us"],
+        exact=exact,
+        runner_stats=dict(runner.stats),
+        peak_bytes=torch.cuda.max_memory_allocated() if timer.cuda else None,
+    )  # since the group began
 
 
 def _error(exc: BaseException) -> str:
@@ -204,16 +263,30 @@ def run_group(batch: int, keys: int | None, cases: list[Case], args, timer, ceil
         return
     if estimate > args.memory_budget:
         for c in cases:
-            record(c, dict(shape, skipped=f"memory: estimated {estimate / 2**30:.1f} GiB > budget "
-                                          f"{args.memory_budget / 2**30:.1f} GiB"))
+            record(
+                c,
+                dict(
+                    shape,
+                    skipped=f"memory: estimated {estimate / 2**30:.1f} GiB > budget "
+                    f"{args.memory_budget / 2**30:.1f} GiB",
+                ),
+            )
         return
     cache = block_table = runner = queries = None
     try:
         t0 = time.perf_counter()
-        cache, block_table = paged_random_cache(lengths, seed=seed, device=args.device, spread=args.spread,
-                                                spare_pages=SPARE_PAGES)
-        runner = LiteTopKGraphs(rows, max(lengths), tuple(sorted({c.topk for c in cases})), device=args.device,
-                                backend=args.backend, max_batch=batch, max_graphs=len(cases) + 1)
+        cache, block_table = paged_random_cache(
+            lengths, seed=seed, device=args.device, spread=args.spread, spare_pages=SPARE_PAGES
+        )
+        runner = LiteTopKGraphs(
+            rows,
+            max(lengths),
+            tuple(sorted({c.topk for c in cases})),
+            device=args.device,
+            backend=args.backend,
+            max_batch=batch,
+            max_graphs=len(cases) + 1,
+        )
         timer.sync()
         shape["build_s"] = time.perf_counter() - t0
         for next_n in sorted({c.next_n for c in cases}):
@@ -223,17 +296,34 @@ def run_group(batch: int, keys: int | None, cases: list[Case], args, timer, ceil
                     record(c, dict(shape, skipped="time limit (--time-limit)"))
                     continue
                 try:
-                    record(c, dict(shape, **run_case(c, lengths, cache, block_table, queries, runner, timer, args,
-                                                     ceilings)))
+                    record(
+                        c,
+                        dict(shape, **run_case(c, lengths, cache, block_table, queries, runner, timer, args, ceilings)),
+                    )
                 except Exception as exc:  # noqa: BLE001 -- recorded as the case's error (red, exit status 1), never hidden
-                    record(c, dict(shape, **({"skipped": f"out of memory ({_error(exc)})"} if _oom(exc)
-                                             else {"error": _error(exc)})))
+                    record(
+                        c,
+                        dict(
+                            shape,
+                            **({"skipped": f"out of memory ({_error(exc)})"} if _oom(exc) else {"error": _error(exc)}),
+                        ),
+                    )
                     if timer.cuda:
                         torch.cuda.empty_cache()
     except Exception as exc:  # noqa: BLE001 -- as above, for every case of the group
         for c in cases:
-            record(c, dict(shape, **({"skipped": f"out of memory ({_error(exc)})"} if _oom(exc)
-                                     else {"error": f"building the cache or runner: {_error(exc)}"})), replace=False)
+            record(
+                c,
+                dict(
+                    shape,
+                    **(
+                        {"skipped": f"out of memory ({_error(exc)})"}
+                        if _oom(exc)
+                        else {"error": f"building the cache or runner: {_error(exc)}"}
+                    ),
+                ),
+                replace=False,
+            )
     finally:
         del cache, block_table, runner, queries
         gc.collect()
@@ -252,19 +342,44 @@ def table(report: dict):
 
     c = report["ceilings"]
     unit = "GPU us" if report["device"].startswith("cuda") else "wall us (CPU)"
-    title = (f"decode top-k on {report['card']['name']} ({report['backend']}): {unit}, median of {report['reps']}; "
-             f"copy {c['copy_bytes_per_s'] / 1e12:.3g} TB/s, int8 " +
-             (f"{c['int8_ops_per_s'] / 1e12:.4g} TOP/s" if c["int8_ops_per_s"] else f"n/a ({escape(c['int8']['error'])})"))
+    title = (
+        f"decode top-k on {report['card']['name']} ({report['backend']}): {unit}, median of {report['reps']}; "
+        f"copy {c['copy_bytes_per_s'] / 1e12:.3g} TB/s, int8 "
+        + (f"{c['int8_ops_per_s'] / 1e12:.4g} TOP/s" if c["int8_ops_per_s"] else f"n/a ({escape(c['int8']['error'])})")
+    )
     t = Table(title=title)
-    for col in ("case", "rows", "keys read", "runner", "eager", "dense", "floor", "runner/floor", "eager/floor",
-                "runner/dense", "exact", "notes"):
+    for col in (
+        "case",
+        "rows",
+        "keys read",
+        "runner",
+        "eager",
+        "dense",
+        "floor",
+        "runner/floor",
+        "eager/floor",
+        "runner/dense",
+        "exact",
+        "notes",
+    ):
         t.add_column(col, justify="left" if col in ("case", "exact", "notes") else "right")
     for r in report["cases"]:
         if "times" not in r:
             why = r.get("skipped") or r.get("error")
-            t.add_row(r["case"], "", "", "", "", "", "", "", "", "",
-                      "" if "skipped" in r else "[bold red]ERROR[/]",
-                      f"[{'yellow' if 'skipped' in r else 'red'}]{escape(why)}[/]")
+            t.add_row(
+                r["case"],
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "" if "skipped" in r else "[bold red]ERROR[/]",
+                f"[{'yellow' if 'skipped' in r else 'red'}]{escape(why)}[/]",
+            )
             continue
         ms = {v: r["times"][v]["median_us"] for v in VARIANTS}
         e = r["exact"]
@@ -273,14 +388,26 @@ def table(report: dict):
             bad["counts != min(K, window)"] = e["bad_counts_rows"]
         if any(e["status_rows"].values()):
             bad["status"] = e["status_rows"]
-        notes = [f"{v} host-bound x{r['times'][v]['host_bound_reps']}" for v in VARIANTS if r["times"][v]["host_bound_reps"]]
+        notes = [
+            f"{v} host-bound x{r['times'][v]['host_bound_reps']}" for v in VARIANTS if r["times"][v]["host_bound_reps"]
+        ]
         notes += [f"{v} {s}" for v, s in r["syncs"].items() if s != "none"]
         if e["repaired_rows"]:
             notes.append(f"{e['repaired_rows']} repaired")
-        t.add_row(r["case"], str(r["rows"]), f"{r['keys_read']:,}", _us(ms["runner"]), _us(ms["eager"]), _us(ms["dense"]),
-                  f"{_us(r['floor_us'])} {r['floor_bound']}", f"{r['ratio']['runner']:.1f}x", f"{r['ratio']['eager']:.1f}x",
-                  f"{r['runner_over_dense']:.2f}", "[bold red]FAIL " + json.dumps(bad) + "[/]" if bad else "[green]yes[/]",
-                  escape("; ".join(notes)))
+        t.add_row(
+            r["case"],
+            str(r["rows"]),
+            f"{r['keys_read']:,}",
+            _us(ms["runner"]),
+            _us(ms["eager"]),
+            _us(ms["dense"]),
+            f"{_us(r['floor_us'])} {r['floor_bound']}",
+            f"{r['ratio']['runner']:.1f}x",
+            f"{r['ratio']['eager']:.1f}x",
+            f"{r['runner_over_dense']:.2f}",
+            "[bold red]FAIL " + json.dumps(bad) + "[/]" if bad else "[green]yes[/]",
+            escape("; ".join(notes)),
+        )
     return t
 
 
@@ -295,8 +422,9 @@ def plot(report: dict, path: str) -> None:
 
     done = [r for r in report["cases"] if "times" in r]
     ks = sorted({r["topk"] for r in done}) or [512]
-    fig, axes = plt.subplots(2, len(ks), figsize=(7 * len(ks), 9), squeeze=False, sharex="col",
-                             gridspec_kw=dict(height_ratios=(3, 2)))
+    fig, axes = plt.subplots(
+        2, len(ks), figsize=(7 * len(ks), 9), squeeze=False, sharex="col", gridspec_kw=dict(height_ratios=(3, 2))
+    )
     style = dict(runner=("o", "tab:blue"), eager=("^", "tab:orange"), dense=("s", "tab:green"))
     unit = "GPU us" if report["device"].startswith("cuda") else "wall us (CPU)"
     for col, k in enumerate(ks):
@@ -309,7 +437,9 @@ def plot(report: dict, path: str) -> None:
         top.scatter(x, [r["floor_us"] for r in cases], marker="_", color="black", s=150, label="floor")
         bottom.axhline(2.0, color="black", lw=0.8, ls="--", label="2x the floor")
         top.set(yscale="log", ylabel=f"{unit} per call", title=f"K = {k}")
-        bottom.set(xscale="log", yscale="log", ylabel="time / floor", xlabel="C4 keys read (sum of the sequences' lengths)")
+        bottom.set(
+            xscale="log", yscale="log", ylabel="time / floor", xlabel="C4 keys read (sum of the sequences' lengths)"
+        )
         for ax in (top, bottom):
             ax.grid(True, which="both", alpha=0.3)
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -321,26 +451,44 @@ def plot(report: dict, path: str) -> None:
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", default="auto", help="litetopk backend of every variant (auto: triton on NVIDIA, "
-                                                     "reference on the CPU)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="litetopk backend of every variant (auto: triton on NVIDIA, reference on the CPU)",
+    )
     p.add_argument("--batch", type=int, nargs="+", help="sequences per call (GPU default 1 8 64 256; CPU 1 4)")
     p.add_argument("--next-n", type=int, nargs="+", default=[1, 2, 4], help="query rows per sequence (MTP)")
-    p.add_argument("--keys", nargs="+", help="C4 keys per sequence, or 'mixed' (GPU default 16384 65536 131072 "
-                                             "mixed; CPU 256 2048 mixed)")
+    p.add_argument(
+        "--keys",
+        nargs="+",
+        help="C4 keys per sequence, or 'mixed' (GPU default 16384 65536 131072 mixed; CPU 256 2048 mixed)",
+    )
     p.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--cases", nargs="+", default=["*"], help="keep cases whose name matches a glob ('64x1x*', '*mixed*')")
-    p.add_argument("--quick", action="store_true", help="the issue's goal shapes and a few others (a short device call)")
-    p.add_argument("--mixed-range", type=int, nargs=2, metavar=("LO", "HI"), help="lengths of the mixed batches "
-                                                                                  "(GPU 1024 131072; CPU 64 2048)")
+    p.add_argument(
+        "--cases", nargs="+", default=["*"], help="keep cases whose name matches a glob ('64x1x*', '*mixed*')"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the issue's goal shapes and a few others (a short device call)"
+    )
+    p.add_argument(
+        "--mixed-range",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="lengths of the mixed batches (GPU 1024 131072; CPU 64 2048)",
+    )
     p.add_argument("--reps", type=int, help="timed calls per variant (median; GPU 20, CPU 3)")
     p.add_argument("--warmup", type=int, help="untimed rounds after the first calls (GPU 3, CPU 1)")
     p.add_argument("--spread", type=int, default=0, help="MXFP4 block-scale spread (bench/common/problems.py)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--memory-budget", type=float, help="GiB a case may use (default 90 %% of the device's memory)")
-    p.add_argument("--time-limit", type=float, help="seconds from the start: begin no case after this (the rest "
-                                                    "listed as skipped)")
+    p.add_argument(
+        "--time-limit", type=float, help="seconds from the start: begin no case after this (the rest listed as skipped)"
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"), help="folder of decode-<tag>.json / .png")
     p.add_argument("--tag", help="file name tag (default: the card, e.g. h100, h200, cpu)")
     args = p.parse_args(argv)
@@ -357,8 +505,11 @@ def parse(argv):
         if keys != "mixed" and not keys.isdigit():
             p.error(f"--keys {keys}: give key counts or 'mixed'")
     if args.memory_budget is None:
-        total = (torch.cuda.get_device_properties(args.device).total_memory if args.device.type == "cuda"
-                 else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        total = (
+            torch.cuda.get_device_properties(args.device).total_memory
+            if args.device.type == "cuda"
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        )
         args.memory_budget = 0.9 * total
     else:
         args.memory_budget *= 2**30
@@ -391,12 +542,21 @@ def main(argv=None) -> int:
     tag = args.tag or _tag(args.device)
     os.makedirs(args.out, exist_ok=True)
     json_path, png_path = os.path.join(args.out, f"decode-{tag}.json"), os.path.join(args.out, f"decode-{tag}.png")
-    report = dict(run_info(args.device, argv, "bench.decode"), backend=args.backend, reps=args.reps, warmup=args.warmup,
-                  seed=args.seed, spread=args.spread, mixed_range=list(args.mixed_range), memory_budget=args.memory_budget,
-                  windows="row i of sequence b: [0, L_b - next_n + 1 + i)", block_table="shuffled pages, -1 padded",
-                  floor="max((68 B x keys read + 4,608 B x rows) / copy_bytes_per_s, "
-                        "2 x 64 x 128 x row keys / int8_ops_per_s)",
-                  cases=[], complete=False)
+    report = dict(
+        run_info(args.device, argv, "bench.decode"),
+        backend=args.backend,
+        reps=args.reps,
+        warmup=args.warmup,
+        seed=args.seed,
+        spread=args.spread,
+        mixed_range=list(args.mixed_range),
+        memory_budget=args.memory_budget,
+        windows="row i of sequence b: [0, L_b - next_n + 1 + i)",
+        block_table="shuffled pages, -1 padded",
+        floor="max((68 B x keys read + 4,608 B x rows) / copy_bytes_per_s, 2 x 64 x 128 x row keys / int8_ops_per_s)",
+        cases=[],
+        complete=False,
+    )
 
     def save():
         with open(json_path, "w") as f:
@@ -404,7 +564,9 @@ def main(argv=None) -> int:
 
     timer = CallTimer(args.device)
     report["timer"] = dict(flush_bytes=timer.flush_bytes, spin_cycles_per_us=timer.cycles_per_us)
-    console.print(f"decode: {len(cases)} cases on {report['card']['name']} ({args.backend}); measuring the ceilings ...")
+    console.print(
+        f"decode: {len(cases)} cases on {report['card']['name']} ({args.backend}); measuring the ceilings ..."
+    )
     report["ceilings"] = measure_ceilings(timer)
     save()
     start = time.perf_counter()
@@ -419,26 +581,41 @@ def main(argv=None) -> int:
         groups.setdefault((c.batch, c.keys), []).append(c)
     order = sorted(groups, key=lambda g: (g[0] * (g[1] or args.mixed_range[1]), g[1] is None))
     try:
-        with Progress(TextColumn("decode: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
+        with Progress(
+            TextColumn("decode: {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
             task = progress.add_task("", total=len(cases))
 
             def record(case: Case, result: dict, replace: bool = True) -> None:
                 if not replace and any(r["case"] == case.name for r in report["cases"]):
                     return
-                entry = dict(case=case.name, batch=case.batch, next_n=case.next_n,
-                             keys="mixed" if case.keys is None else case.keys, topk=case.topk, **result)
+                entry = dict(
+                    case=case.name,
+                    batch=case.batch,
+                    next_n=case.next_n,
+                    keys="mixed" if case.keys is None else case.keys,
+                    topk=case.topk,
+                    **result,
+                )
                 report["cases"].append(entry)
                 save()
                 progress.advance(task)
                 if "times" in entry:
                     t = {v: _us(entry["times"][v]["median_us"]) for v in VARIANTS}
                     ok = "exact" if entry["exact"]["ok"] else "[bold red]NOT EXACT[/]"
-                    progress.console.print(f"{case.name}: runner {t['runner']} eager {t['eager']} dense {t['dense']} us, "
-                                           f"floor {_us(entry['floor_us'])} us, {ok}")
+                    progress.console.print(
+                        f"{case.name}: runner {t['runner']} eager {t['eager']} dense {t['dense']} us, "
+                        f"floor {_us(entry['floor_us'])} us, {ok}"
+                    )
                 else:
-                    progress.console.print(f"{case.name}: " + (escape(entry["skipped"]) if "skipped" in entry
-                                                               else f"[red]{escape(entry['error'])}[/]"))
+                    progress.console.print(
+                        f"{case.name}: "
+                        + (escape(entry["skipped"]) if "skipped" in entry else f"[red]{escape(entry['error'])}[/]")
+                    )
 
             for g in order:
                 progress.update(task, description=f"{g[0]} sequences x {'mixed' if g[1] is None else g[1]} keys")
@@ -456,8 +633,16 @@ def main(argv=None) -> int:
     done = {r["case"] for r in report["cases"]}
     for c in cases:
         if c.name not in done:
-            report["cases"].append(dict(case=c.name, batch=c.batch, next_n=c.next_n, topk=c.topk,
-                                        keys="mixed" if c.keys is None else c.keys, skipped="not run (stopped)"))
+            report["cases"].append(
+                dict(
+                    case=c.name,
+                    batch=c.batch,
+                    next_n=c.next_n,
+                    topk=c.topk,
+                    keys="mixed" if c.keys is None else c.keys,
+                    skipped="not run (stopped)",
+                )
+            )
     failures = [r["case"] for r in report["cases"] if "error" in r or ("exact" in r and not r["exact"]["ok"])]
     failures += ["(aborted)"] if "aborted" in report else []
     report["failures"] = failures
@@ -467,7 +652,9 @@ def main(argv=None) -> int:
     plot(report, png_path)
     console.print(f"decode: wrote {json_path} and {png_path}")
     if failures:
-        console.print(f"[bold red]decode: FAILED: {len(failures)} case(s) not exact or in error: {', '.join(failures)}[/]")
+        console.print(
+            f"[bold red]decode: FAILED: {len(failures)} case(s) not exact or in error: {', '.join(failures)}[/]"
+        )
         return 1
     return 0
 

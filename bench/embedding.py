@@ -115,8 +115,10 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int, tuning: LiteT
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     del graph, static, out
     runner = _runner(problem, rows, keys, topk, reps, workspace, tuning)
-    return dict(rows=rows, keys=keys, topk=topk, calibration=tuning.calibration, syncs=syncs, host_ms=host_ms, eager_ms=eager,
-                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay, graph_equal=equal,
+    return dict(rows=rows, keys=keys, topk=topk, calibration=tuning.calibration, syncs=syncs, host_ms=host_ms,
+                eager_ms=eager,
+                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay,
+                graph_equal=equal,
                 graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
 
 
@@ -140,7 +142,8 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace, tuni
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace, tuning=tuning)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
     # In place: the inputs written into the runner's own staging buffers (input_buffers): no copy in.
-    views = graphs.input_buffers(rows, tuple(kwargs["block_table"].shape), topk=topk, weights_dtype=kwargs["weights"].dtype)
+    views = graphs.input_buffers(rows, tuple(kwargs["block_table"].shape), topk=topk,
+                                 weights_dtype=kwargs["weights"].dtype)
     for name, view in views.items():
         view.copy_(kwargs[name])
     call_in_place = lambda: graphs(**{**kwargs, **views}, topk=topk)  # noqa: E731
@@ -178,7 +181,8 @@ def main(argv=None) -> int:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
             results.append(measure(args.rows, keys, topk, args.reps, args.seed, tuning))
     table = Table(title=f"litetopk_prefill embedded, calibration={args.calibration} ({torch.cuda.get_device_name()})")
-    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms", "graph == eager",
+    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms",
+                "graph == eager",
                 "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager",
                 "in-place host ms", "in-place ms", "in-place gaps ms", "in-place == eager"):
         table.add_column(col)
@@ -189,7 +193,8 @@ def main(argv=None) -> int:
                       r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
                       f"{r['runner_idle_ms']:.3f}", f"{r['runner_gaps_ms']:.3f}", str(r["runner_equal"]),
                       f"{r['in_place_host_ms']:.3f}", f"{r['in_place_ms']:.2f}", f"{r['in_place_gaps_ms']:.3f}",
-                      str(r["in_place_equal"]) + ("" if r["in_place_syncs"] == "none" else f" (sync: {r['in_place_syncs']})"))
+                      str(r["in_place_equal"])
+                      + ("" if r["in_place_syncs"] == "none" else f" (sync: {r['in_place_syncs']})"))
     Console(width=280).print(table)
     os.makedirs(args.out, exist_ok=True)
     report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -31,7 +31,7 @@ import time
 
 from bench.common import REPO_ROOT, RESULTS_DIR
 
-FP8_PEAK_TFLOPS = 1260.0  # measured on the H200 (H200-NOTES.md): the scoring floor
+FP8_PEAK_TFLOPS = 1260.0  # measured on the H200: the scoring floor
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 
@@ -65,8 +65,8 @@ def worker(args) -> dict:
     """One fresh process: build, warm up, time alternating pairs, check exactness."""
     import torch
 
-    from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
     from bench.common.problems import MODELS, call_args, prefill_problem
+    from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 
     topk = MODELS[args.model]
     problem = prefill_problem(args.rows, args.raw_context[0], topk, seed=args.seed, spread=args.spread[0])
@@ -81,7 +81,8 @@ def worker(args) -> dict:
             except ImportError:
                 continue
         selectors.append(selector)
-        variants[f"dense_{selector}"] = (lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
+        variants[f"dense_{selector}"] = (
+            lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
     lean = lean_dense(args, pos, kw, topk) if args.lean else {}
     variants.update(lean)
     if args.graphs:  # the same method replayed from the operator's own CUDA graph (kernels/graphs.py)
@@ -181,7 +182,8 @@ def write_json(args, points: list[dict]) -> str:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"operator-{tag}.json")
     with open(path, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        json.dump({"command": " ".join(sys.argv), "host": platform.node(),
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "points": points}, f, indent=1)
     return path
 
@@ -190,16 +192,20 @@ def report(args, points: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} (median of {args.processes} processes)")
+    table = Table(title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} "
+                        f"(median of {args.processes} processes)")
     names = list(points[0]["median_ms"].keys())
-    for col in ["model", "C4 keys", "spread", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms", "cand mean/max", "repaired", "exact"]:
+    for col in ["model", "C4 keys", "spread", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms",
+                "cand mean/max", "repaired", "exact"]:
         table.add_column(col)
     for p in points:
         r0 = p["per_process"][0]
         speed = " ".join(f"{p[k]:.2f}x" for k in p if k.startswith("speedup_vs_"))
-        table.add_row(p["model"], str(p["c4_context"]), str(p["spread"]), *[f"{p['median_ms'][n]:.3f}" for n in names], speed,
+        table.add_row(p["model"], str(p["c4_context"]), str(p["spread"]), *[f"{p['median_ms'][n]:.3f}" for n in names],
+                      speed,
                       f"{p['lite_tflops']:.0f}", f"{p['fp8_floor_ms']:.2f}",
-                      f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]), str(p["exact_all_processes"]))
+                      f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]),
+                      str(p["exact_all_processes"]))
     Console().print(table)
     path = write_json(args, points)
     try:
@@ -239,7 +245,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
-                        help="LiteTopKTuning(calibration=...) of lite and lite_graphs: a calibration stage, or the scan's own")
+                        help="LiteTopKTuning(calibration=...) of lite and lite_graphs: a calibration stage, "
+                             "or the scan's own")
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
     parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the lean dense baseline: the scoring kernel alone on prepared operands "

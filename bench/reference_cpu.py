@@ -131,7 +131,8 @@ def check_identical(topk: int, lite_path: str, dense_path: str) -> dict:
 
 
 def run_child(argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.reference_cpu", *argv], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "bench.reference_cpu", *argv], cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -142,7 +143,8 @@ def code_state() -> str:
     top = str(REPO_ROOT)
     paths = sorted(f"kernels/{f}" for f in os.listdir(os.path.join(top, "kernels")) if f.endswith(".py"))
     paths.append("bench/common/problems.py")  # the reference path: kernels/*.py, not triton/ or flydsl/
-    return "".join(git("rev-parse", f"HEAD:{p}") for p in paths) + git("diff", "HEAD", "--", *(f"../{p}" for p in paths))
+    return ("".join(git("rev-parse", f"HEAD:{p}") for p in paths)
+            + git("diff", "HEAD", "--", *(f"../{p}" for p in paths)))
 
 
 def versions() -> dict:
@@ -150,7 +152,8 @@ def versions() -> dict:
     import torch
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True,
+                                text=True).stdout.strip()
     except OSError:
         commit = None
     return {
@@ -244,8 +247,10 @@ def main() -> None:
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
                   "spread": args.spread,
-                  "workload": "bench.common.problems.prefill_problem on the CPU (one sequence, causal rows at its end)"},
-        "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed, "spread": args.spread, "versions": versions(),
+                  "workload": "bench.common.problems.prefill_problem on the CPU "
+                              "(one sequence, causal rows at its end)"},
+        "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed, "spread": args.spread,
+        "versions": versions(),
         "code_changed_during_run": code_state() != code_before,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "elapsed_s": time.time() - started, "results": results, "identical": checks,

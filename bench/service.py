@@ -7,7 +7,8 @@ Modes, per shape:
     uds+out      the same, but every result field is written into caller regions (zero copy)
     tcp          TopKClient over TCP to 127.0.0.1, like `uds`
 Measured: latency p50/p99 of sequential calls (one in flight; the modes take turns call by call)
-and throughput with `--concurrency` requests in flight (AsyncTopKClient; in-process: sequential). Every service answer is checked
+and throughput with `--concurrency` requests in flight (AsyncTopKClient; in-process: sequential). Every service answer
+is checked
 equal (torch.equal, every field) to the in-process answer.
 
 Shapes (rows = query rows at the end of one sequence of `keys` compressed keys, K=512):
@@ -40,8 +41,7 @@ import torch
 
 from bench.common import BENCH_DIR, REPO_ROOT, RESULTS_DIR
 from bench.common.problems import call_args, prefill_problem
-
-from litetopk.clients import TransportError, AsyncTopKClient, TopKClient  # noqa: E402
+from litetopk.clients import AsyncTopKClient, TopKClient, TransportError  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
 
 SHAPES = {  # name -> {device type -> (rows, keys)}
@@ -216,7 +216,8 @@ def bench_shape(name: str, device: torch.device, backend: str, service: Service,
         client._http.event_hooks["response"].append(
             lambda r, got=phases[mode]: got.append(server_timing(r.headers.get("server-timing", "")))
             if r.url.path == "/v1/topk" else None)
-        outs = {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if mode.endswith("+out") else None
+        outs = ({f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
+                if mode.endswith("+out") else None)
         calls[mode] = lambda client=client, call=call, outs=outs: client.topk(*call, **kwargs, out=outs)
         equal[mode] = same(calls[mode](), want)
         if not equal[mode]:

@@ -33,7 +33,6 @@ import torch
 
 from bench.service import FIELDS, Service, server_timing
 
-
 # ---------------------------------------------------------------------------------- the service
 
 
@@ -93,7 +92,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from bench.common.problems import call_args, prefill_problem
-
     from litetopk.clients import TopKClient
 
     problem = prefill_problem(args.rows, 4 * args.keys, 512, seed=7, device=args.device)
@@ -137,7 +135,8 @@ def main(argv=None) -> int:
                 for mode, client in clients.items():
                     _, tensors, out = plans[mode]
                     start = time.perf_counter()
-                    client.topk(*tensors, **kwargs, out=out, result_format="binary" if mode.endswith("body") else "auto")
+                    client.topk(*tensors, **kwargs, out=out,
+                                result_format="binary" if mode.endswith("body") else "auto")
                     if i >= 2:
                         totals[mode].append(1e3 * (time.perf_counter() - start))
             results = {}

@@ -60,7 +60,6 @@ from .wire import (
 Call = tuple[str, str, dict]
 Flow = Generator[Call, httpx.Response, Any]
 
-LARGE_INPUTS = ("q_fp4", "q_scale", "kv_cache", "kv_scale", "weights")
 SMALL_INPUTS = ("block_table", "row_to_batch", "starts", "ends")
 INPUT_ORDER = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 ACCEPT = {"auto": f"{JSON_MEDIA_TYPE}, {BINARY_MEDIA_TYPE}", "json": JSON_MEDIA_TYPE, "binary": BINARY_MEDIA_TYPE}
@@ -338,7 +337,6 @@ class _ClientBase:
         self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
         self._flows = _Flows(self.endpoint, resolve_owner_pid(owner_pid))
         self._token = None if self.endpoint.uds else resolve_token(token)
-        self._timeout = timeout
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.endpoint})"

@@ -1,11 +1,26 @@
-"""litetopk.kernels: MXFP4 codec, paged cache layout, and the top-k operator with its backends.
+"""litetopk.kernels: the exact top-k index selection operator (LiteTopK) with its backends.
 
-Pipeline, one module a stage: mxfp4 (codec) -> cache_layout (pages) -> validation (one layer for
-every backend) -> backends (reference.py, triton/, flydsl/) -> pipeline (LiteTopK method and
-dense baseline, shared) -> selection (exact top-K and page mapping, shared) -> operator (public);
-workspace holds a call's intermediate buffers (allocate_workspace / workspace_bytes: caller-owned);
-graphs replays the operator from per-signature CUDA graphs (LiteTopKGraphs: host time off the call);
-devices holds the vendor checks (is_cuda, is_gfx950) every layer uses.
+The layers, top to bottom; a module imports only modules below it (or beside it on its floor,
+without a cycle), never one above, lazily or not (tests/kernels/test_import_graph.py keeps it so):
+
+    public face   __init__.py   this curated namespace (__all__)
+                  operator.py   litetopk_prefill, dense_topk_prefill, the backend registry
+                  graphs.py     LiteTopKGraphs: the operator replayed from per-signature CUDA graphs
+                  adapters.py   sglang / vLLM tensors -> the operator, zero copy
+                  aiter.py      the drop-in for AITER's FP4 LiteTopK operator
+                  workspace.py  workspace_bytes / allocate_workspace (sizing: it runs the pipeline)
+                  compile/      offline builds for sm_90 and gfx950 (python -m ...; CI's ISA checks)
+    method        pipeline.py   the LiteTopK method and the dense baseline, shared by every backend
+    stages        validation.py  row_checks.py  calibration.py  certify.py  repair.py  selection.py
+                  dense_selection.py  assembly.py: each one file with its torch code, its Triton
+                  twin and the line that picks between them (devices.runs_triton_stages)
+    backends      backend.py    ScoringBackend, CandidateScan: what differs per device
+                  reference.py  exact torch scoring, any device
+                  triton/       Triton scoring on NVIDIA (operands, schedule, Gluon / Triton kernels)
+                  flydsl/       FlyDSL scoring on AMD gfx950
+    types and     problem.py (PrefillProblem), keys.py (ordering keys, torch and Triton),
+    formats       mxfp4.py, cache_layout.py, aiter_layout.py, result.py, status.py, errors.py,
+                  devices.py, profiling.py, problems.py (random_problem), scratch.py (the allocator)
 """
 
 from .cache_layout import PAGE_BYTES, PAGE_SIZE, pack_kv_cache, unpack_kv_cache
@@ -17,7 +32,6 @@ from .errors import (
     InputShapeError,
     LiteTopKError,
     RowFaultError,
-    SlotOverflowError,
     UnsupportedTopKError,
 )
 from .graphs import LiteTopKGraphs
@@ -45,7 +59,6 @@ __all__ = [
     "LiteTopKTuning",
     "RowFaultError",
     "RowStatus",
-    "SlotOverflowError",
     "TopKResult",
     "UnsupportedTopKError",
     "allocate_workspace",

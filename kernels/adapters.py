@@ -1,5 +1,7 @@
 """Adapters from sglang's and vLLM's DeepSeek-V4 FP4 indexer calls to `litetopk_prefill`, zero copy.
 
+Layer: public face (imports the operator and the formats).
+
 Each adapter takes the tensors the engine hands its own indexer logits + top-k at that call site
 (decode, MTP verify and prefill), reinterprets them as the operator's arguments by views, builds the
 per-row metadata (row_to_batch, starts, ends) on the device from shapes alone (no host sync, no

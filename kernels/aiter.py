@@ -1,5 +1,7 @@
 """A drop-in for AITER's FP4 LiteTopK operator, on every backend (docs/cache-layouts.md).
 
+Layer: public face (imports the operator, the workspace sizing and the formats).
+
 Matched: ROCm/aiter `aiter/ops/flydsl/pa_mqa_litetopk_fp4.py` (PR #5309; stored version
 c99a2abb973692e32519dc71533e86fd8e7d32a8) and its tests `op_tests/test_flydsl_pa_mqa_litetopk_fp4.py`.
 A caller of `aiter.ops.flydsl.flydsl_pa_mqa_litetopk_fp4_prefill` imports the function of the same

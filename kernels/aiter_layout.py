@@ -1,5 +1,7 @@
 """Converters between our cache format and AITER's (docs/cache-layouts.md; cache_layout.py).
 
+Layer: formats (imports cache_layout and errors only; aiter.py and the tests use it).
+
 AITER's FlyDSL FP4 indexer (ROCm/aiter `aiter/ops/flydsl/pa_mqa_litetopk_fp4.py`, its writers
 `indexer_k_fp4_paged_preshuffle` / `quant_q_fp4_preshuffle` in
 `op_tests/test_flydsl_pa_mqa_logits_fp4_prefill.py`) stores, per page p, token t, group g:
@@ -16,8 +18,15 @@ from __future__ import annotations
 import torch
 
 from .cache_layout import (
-    NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, GROUP_BYTES, describe_kv_cache,
-    pack_kv_cache, unpack_kv_cache,
+    GROUP_BYTES,
+    NUM_HEADS,
+    PAGE_BYTES,
+    PAGE_SIZE,
+    PAGE_VALUE_BYTES,
+    SCALE_BYTES,
+    describe_kv_cache,
+    pack_kv_cache,
+    unpack_kv_cache,
 )
 from .errors import InputShapeError
 

@@ -1,15 +1,22 @@
 """What a scoring backend provides; everything else (row checks, calibration, certificate and
 repair, selection, assembly) is shared code, one file a stage, that `pipeline.py` runs.
 
-A backend scores keys exactly as CONTRACT.md §1 says, in its own documented float32 order for
+Layer: backends (the interface every backend implements: reference.py, triton/, flydsl/; the stages
+take a ScoringBackend). Imports only the types and utilities below it.
+
+A backend scores keys exactly as docs/contract.md §1 says, in its own documented float32 order for
 the head sum, and offers two ways to consume the scores:
 - `score_dense`: the whole float32 [rows, max_end] matrix (column = position, -inf outside the
   row's window) for the dense baseline, or every stride-th column of it for calibration;
-- `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (selection.make_keys)
+- `scan_candidates`: the fused LiteTopK scan: every key whose ordering key (keys.make_keys)
   is >= the row's threshold is appended to a bounded per-row buffer, and the threshold is only
   ever raised to a value no larger than the row's true K-th best key;
 - `unsupported_rows`: the rows it cannot score exactly (RowStatus.UNSUPPORTED), or None;
   `scoring_faults` sets that bit and NONFINITE in the rows' status (a backend may do it in one launch).
+
+The calibration sample's stride is part of the scan's contract: MAX_SAMPLE_STRIDE caps it for the
+calibration stage (calibration.sample_stride) and for the self-calibrating scan alike (the Triton
+scan kernels take it as an argument; calibration.py says how it was measured).
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from .errors import BackendUnavailableError
+from .problem import PrefillProblem
 from .status import RowStatus, set_status_bit
-from .validation import PrefillProblem
+
+#: The sparsest calibration sample that keeps the scan's candidates inside 8 K (calibration.py, "Cost").
+MAX_SAMPLE_STRIDE = 64
 
 
 @dataclass(frozen=True)

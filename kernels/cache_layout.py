@@ -1,4 +1,6 @@
-"""The paged FP4 key cache in its two formats (CONTRACT.md §2 and §7; docs/cache-layouts.md).
+"""The paged FP4 key cache in its two formats (docs/contract.md §2 and §7; docs/cache-layouts.md).
+
+Layer: formats, at the bottom of `litetopk.kernels` (imports errors only).
 
 One page holds PAGE_SIZE = 64 compressed tokens; token t's key is 64 packed E2M1 bytes (group g of
 32 elements in bytes [16g, 16g + 16)) and 4 UE8M0 scale bytes (group g). The two formats place them:
@@ -34,12 +36,10 @@ VALUE_BYTES = HEAD_DIM // 2  # 64 bytes of packed E2M1 per key
 SCALE_BYTES = HEAD_DIM // 32  # 4 UE8M0 scale bytes per key
 GROUP_BYTES = VALUE_BYTES // SCALE_BYTES  # 16 packed bytes per 32-element group
 PAGE_VALUE_BYTES = PAGE_SIZE * VALUE_BYTES  # 4096
-PAGE_SCALE_BYTES = PAGE_SIZE * SCALE_BYTES  # 256
 PAGE_BYTES = PAGE_SIZE * (VALUE_BYTES + SCALE_BYTES)  # 4352
 CACHE_FORMATS = ("litetopk", "aiter")
 AITER_VALUE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE, GROUP_BYTES)  # kv_cache [pages, 1, 4, 64, 16]
 AITER_SCALE_SHAPE = (1, SCALE_BYTES, PAGE_SIZE)  # kv_scale [pages, 1, 4, 64]
-AITER_Q_SCALE_SHAPE = (1, SCALE_BYTES, 16, NUM_HEADS // 16)  # q_scale [rows, 1, 4, 16, 4]
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ def gather_keys(cache: KVCache, pages: torch.Tensor, tokens: torch.Tensor) -> tu
     value_at = (tokens * cache.value_token_stride + (byte // GROUP_BYTES) * cache.value_group_stride
                 + byte % GROUP_BYTES)
     group = torch.arange(SCALE_BYTES, device=pages.device)
-    scale_at = cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales) + group * cache.scale_group_stride
+    scale_at = (cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales)
+                + group * cache.scale_group_stride)
     return cache.values[pages, value_at], cache.scales[pages, scale_at]
 
 

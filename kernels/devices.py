@@ -1,4 +1,6 @@
-"""Which accelerator a tensor lives on: the named vendor checks every layer uses (STYLE.md §6).
+"""Which accelerator a tensor lives on: the named vendor checks every layer uses.
+
+Layer: utilities, at the bottom of `litetopk.kernels` (imports torch only).
 
 torch calls both NVIDIA and ROCm devices "cuda"; these functions tell them apart.
 """

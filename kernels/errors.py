@@ -1,12 +1,13 @@
 """The errors of `litetopk.kernels`, as one tree.
 
+Layer: types, at the bottom of `litetopk.kernels` (imports nothing of the package).
+
     LiteTopKError                      base of everything this package raises on purpose
     ├── InputError (ValueError)        a tensor has the wrong dtype, shape, device or layout, or an
     │   │                              argument is out of its range; raised before any device work
     │   ├── InputDtypeError            a tensor argument has a dtype the operator does not take
     │   ├── InputShapeError            a tensor argument has the wrong rank or extent
-    │   ├── UnsupportedTopKError       `topk` is not in SUPPORTED_TOPK
-    │   └── SlotOverflowError          a physical slot (page * PAGE_SIZE + offset) does not fit int32
+    │   └── UnsupportedTopKError       `topk` is not in SUPPORTED_TOPK
     ├── RowFaultError                  one or more rows cannot be answered: bad batch index or window
     │   │                              (INVALID_ROW), a live page id outside the cache
     │   │                              (INVALID_PAGE), a NaN/inf weight or score (NONFINITE), or a
@@ -42,10 +43,6 @@ class InputShapeError(InputError):
 
 class UnsupportedTopKError(InputError):
     """`topk` is not one of SUPPORTED_TOPK."""
-
-
-class SlotOverflowError(InputError):
-    """A physical slot index does not fit in int32 (it is never wrapped)."""
 
 
 class RowFaultError(LiteTopKError):

@@ -1,5 +1,7 @@
 """LiteTopKGraphs: `litetopk_prefill` replayed from one CUDA graph per call signature.
 
+Layer: public face (imports the operator, the workspace sizing and the first stage's host checks).
+
 Why. An eager call enqueues 20-24 launches from Python: 2-5 ms of host time at Q = 8192 on the H200,
 and the GPU waits for the host during the short stages before the scan (bench/results/
 host-time-h200.json). A runner captures each call signature once and replays it:
@@ -40,9 +42,10 @@ call runs the operator directly on the runner's workspace and the inputs where t
 no arena check; the caller's graph holds it): the caller orders that graph's replays with the
 runner's own calls. Free the runner only after its last call's work is done. check=True
 synchronizes: with repair, rows left with a capacity event are finished by the eager operator
-(litetopk_prefill check=True), then raise_for_status. On a device without CUDA graphs (CPU: the reference backend, or Triton's
-interpreter) a "graph" is the captured call itself, re-run on the staged buffers: the same staging
-and bits, no host savings; that is how CI tests the staging (tests/kernels/test_graphs.py).
+(litetopk_prefill check=True), then raise_for_status. On a device without CUDA graphs (CPU: the
+reference backend, or Triton's interpreter) a "graph" is the captured call itself, re-run on the
+staged buffers: the same staging and bits, no host savings; that is how CI tests the staging
+(tests/kernels/test_graphs.py).
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ from .errors import InputError
 from .operator import get_backend, litetopk_prefill, on_device
 from .pipeline import LiteTopKTuning
 from .result import RESULT_FIELDS, TopKResult
+from .scratch import ALIGNMENT
 from .status import CAPACITY_EVENTS
 from .validation import _byte_span, check_prefill
-from .workspace import ALIGNMENT, allocate_workspace
+from .workspace import allocate_workspace
 
 #: The inputs copied into the arena before every replay (the cache is read in place).
 STAGED_INPUTS = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")
@@ -131,7 +135,8 @@ def _carve(arena: torch.Tensor, specs: Sequence[tuple[str, tuple, torch.dtype]])
 
 
 def _staging_specs(rows: int, table_shape: tuple, weights_dtype: torch.dtype, topk: int):
-    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8), ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
+    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8),
+              ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
               ("block_table", table_shape, torch.int32), ("weights", (rows, NUM_HEADS), weights_dtype)]
     inputs += [(name, (rows,), torch.int32) for name in ("row_to_batch", "starts", "ends")]
     fields = [(name, shape_of(rows, topk), dtype) for name, (shape_of, dtype) in RESULT_FIELDS.items()]
@@ -159,7 +164,8 @@ class LiteTopKGraphs:
         self.max_graphs = max_graphs
         self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
         self.workspace = workspace if workspace is not None else allocate_workspace(
-            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning, max_batch=max_batch)
+            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning,
+            max_batch=max_batch)
         self._ks = (topk,) if isinstance(topk, int) else tuple(topk)
         inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32,
                                         max(self._ks))
@@ -288,7 +294,8 @@ class LiteTopKGraphs:
         self.stats["captures"] += 1
         return captured
 
-    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> tuple[_Captured, torch.Tensor]:
+    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict,
+               repair: bool) -> tuple[_Captured, torch.Tensor]:
         """(the views of a new signature, the arena they lie in): the runner's, or a larger new one when
         it is too small (installed by the caller once the signature is captured)."""
         input_specs, field_specs = _staging_specs(inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape),

@@ -1,6 +1,8 @@
 """MXFP4 codec: E2M1 values, two per byte, with one UE8M0 scale byte per 32 elements.
 
-Format (CONTRACT.md §1):
+Layer: formats, at the bottom of `litetopk.kernels` (imports errors only).
+
+Format (docs/contract.md §1):
 - element 2i lives in the LOW nibble of byte i, element 2i+1 in the HIGH nibble;
 - nibble = sign bit 0x8 | index into E2M1_VALUES = (0, 0.5, 1, 1.5, 2, 3, 4, 6);
 - scale byte s means 2^(s - 127); one per 32 consecutive elements, group 0 first.
@@ -24,8 +26,6 @@ from .errors import InputError
 GROUP_SIZE = 32
 SCALE_BIAS = 127
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-#: E2M1 codes 0..15 as twice their value: exact small integers (-12..12), used by integer scoring.
-E2M1_TIMES_TWO = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # Midpoints between consecutive magnitudes; a tie rounds to the even code, i.e. up at odd midpoints.
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _MIN_AMAX = 6.0 * 2.0**-127

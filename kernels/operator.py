@@ -1,5 +1,9 @@
 """The public operator: validation, then one backend, then the shared pipeline.
 
+Layer: public face (graphs.py, adapters.py, aiter.py and workspace.py build on it). It imports the
+method (pipeline.py), the first stage (validation.py) and, through the backend registry, the
+backends (each loaded on first use: get_backend / new_backend).
+
     litetopk_prefill(...)   the fused LiteTopK method (pipeline.run_litetopk)
     dense_topk_prefill(...) the dense baseline (pipeline.run_dense)
 
@@ -91,12 +95,13 @@ def on_device(device: torch.device, backend: ScoringBackend):
 def litetopk_prefill(
     q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
     topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
+    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
     check: bool = False, workspace: torch.Tensor | None = None,
 ) -> TopKResult:
-    """Top-`topk` keys of every query row by the fused LiteTopK method (CONTRACT.md §1-§4).
+    """Top-`topk` keys of every query row by the fused LiteTopK method (docs/contract.md §1-§4).
 
-    Inputs as in CONTRACT.md §2: q_fp4 uint8 [rows, 64, 64], q_scale uint8 [rows, 64, 4],
+    Inputs as in docs/contract.md §2: q_fp4 uint8 [rows, 64, 64], q_scale uint8 [rows, 64, 4],
     kv_cache uint8 [num_pages, 4352] (any view of 4352-byte pages lying stride(0) >= 4352 bytes
     apart), or with `kv_scale` AITER's pair kv_cache [num_pages, 1, 4, 64, 16] / kv_scale
     [num_pages, 1, 4, 64] (docs/cache-layouts.md), read in place; block_table int32 [batch,
@@ -116,7 +121,7 @@ def litetopk_prefill(
     repairs any capacity events left beyond the device repair's capacity, then raises RowFaultError
     for faulty rows (never use it under graph capture). `workspace` (allocate_workspace / workspace_bytes:
     a uint8 device tensor, reused across calls, one call at a time) holds every explicit intermediate
-    buffer of the call (kernels/workspace.py says which); without it they come from torch's allocator.
+    buffer of the call (kernels/scratch.py says which); without it they come from torch's allocator.
     """
     problem = validate_prefill(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,

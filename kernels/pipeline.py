@@ -1,21 +1,26 @@
-"""The LiteTopK method and the dense baseline, written once for every backend (CONTRACT.md §4).
+"""The LiteTopK method and the dense baseline, written once for every backend (docs/contract.md §4, §6).
 
-The stages, one file each (torch code beside its Triton twin; devices.runs_triton_stages decides
-which runs), every one on the inputs' device and the caller's current stream, with sizes from shapes
-and static bounds only, so that a call needs no host round trip and can be captured in a CUDA graph:
-    row_checks.py   validation's per-row faults, each sequence's keys and the zeroed words of the
-                    stages' device accumulators (run by validate_prefill: the call's first launch)
-    calibration.py  a safe threshold per row from a strided sample        (the backend scores it;
-                    with LiteTopKTuning(calibration="scan") the scan takes it from its own first tiles)
-    (backend)       the fused scan: candidates above the threshold        (scan_candidates)
-    certify.py      the certificate, and the exact repair of capacity events on the device
-    selection.py    the exact top-K of the candidates
-    assembly.py     keys -> values, raw and physical indices, counts, into caller-owned `out`
+Layer: method (the operator and workspace.py run it; it runs the stages and takes a backend).
+
+The stages, one file each (torch code beside its Triton twin and the line that picks between them,
+devices.runs_triton_stages), every one on the inputs' device and the caller's current stream, with
+sizes from shapes and static bounds only, so that a call needs no host round trip and can be
+captured in a CUDA graph:
+    validation.py       the host checks, then the row checks (row_checks.py: per-row faults, each
+                        sequence's keys and the zeroed words of the stages' device accumulators; the
+                        call's first launch), run by the operator before this module
+    calibration.py      a safe threshold per row from a strided sample      (the backend scores it;
+                        with LiteTopKTuning(calibration="scan") the scan takes it from its own first tiles)
+    (backend)           the fused scan: candidates above the threshold      (scan_candidates)
+    certify.py          the certificate, then the selection of the candidates (selection.py: exact top-K)
+    repair.py           the exact rescan of capacity events, on the device
+    assembly.py         keys -> values, raw and physical indices, counts, into caller-owned `out`
+    dense_selection.py  the dense baseline's exact top-K of its score matrix (run_dense)
 Rows that fail the certificate are capacity events: with repair=True the device repair rescans them
-exactly (up to certify.REPAIR_ROWS per call; `check=True` finishes any beyond that on a synchronizing
+exactly (up to repair.REPAIR_ROWS per call; `check=True` finishes any beyond that on a synchronizing
 path and then raises for faulty rows); with repair=False they keep their status bit and publish
 nothing. Each stage runs inside a profiler range "litetopk.<stage>" for timelines (profiling.stage_range).
-Every stage takes its explicit buffers from `problem.scratch` (workspace.py): the caller's workspace
+Every stage takes its explicit buffers from `problem.scratch` (scratch.py): the caller's workspace
 when one is given, torch's allocator otherwise; the published result goes into `out` or new tensors.
 """
 
@@ -29,12 +34,12 @@ import torch
 from .assembly import assemble_result
 from .backend import ScoringBackend
 from .calibration import calibrate
-from .certify import REPAIR_ROWS, certify, complete_repair, repair_on_device
+from .certify import certify
+from .dense_selection import select_topk_dense
+from .problem import PrefillProblem
 from .profiling import stage_range
+from .repair import REPAIR_ROWS, complete_repair, repair_on_device
 from .result import TopKResult
-from .selection import select_topk_dense
-from .validation import PrefillProblem
-
 
 CALIBRATIONS = ("sample", "scan")
 
@@ -48,13 +53,13 @@ class LiteTopKTuning:
       sample of its own most recent key tiles, scored once (calibration.py, "In the scan"; backends
       that have no such scan raise BackendUnavailableError).
     sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
-      at most calibration.MAX_SAMPLE_STRIDE; the default is measured there). With
+      at most backend.MAX_SAMPLE_STRIDE; the default is measured in calibration.py). With
       calibration="scan": at least this many keys of each program's span (in whole key tiles).
     capacity_factor: candidate buffer = capacity_factor * K keys per row, unless
       candidate_capacity is given.
     calibration_offset: added to every calibrated threshold score. Fault injection for tests of
       the underfill certificate; production value 0.0.
-    repair_rows: capacity-event rows the device repair rescans per call (certify.py).
+    repair_rows: capacity-event rows the device repair rescans per call (repair.py).
     """
 
     calibration: str = "sample"
@@ -98,7 +103,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     if repair:
         with stage_range("litetopk.repair"):
             repair_on_device(problem, backend, state, tuning.repair_rows)
-            if check:  # a data-dependent number of rescans: outside the workspace (workspace.Scratch)
+            if check:  # a data-dependent number of rescans: outside the workspace (scratch.Scratch)
                 with problem.scratch.from_allocator():
                     complete_repair(problem, backend, state)
     with stage_range("litetopk.assemble"):
@@ -110,7 +115,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
 def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str,
               out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The dense baseline: the whole score matrix, then an exact top-K of it (ties across the K-th
-    place settled exactly: selection.settle_ties, on the device where the Triton stages run)."""
+    place settled exactly: dense_selection.settle_ties, on the device where the Triton stages run)."""
     with stage_range("litetopk.dense_score"):
         scores, nonfinite = backend.score_dense(problem)
     with stage_range("litetopk.dense_select"):

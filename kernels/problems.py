@@ -1,5 +1,7 @@
 """Random, valid prefill problems: the arguments of `litetopk_prefill` in one object.
 
+Layer: utilities (imports the formats only: mxfp4, cache_layout); the package exports random_problem.
+
 `random_problem(rows, keys, topk)` builds what a worker would hold: MXFP4 keys of one or more
 sequences packed into a paged cache whose pages are permuted (so physical and logical positions
 differ), MXFP4 queries, float32 head weights and one key window per row. The quick start, the
@@ -25,7 +27,7 @@ from .mxfp4 import quantize_mxfp4
 
 
 @dataclass
-class Problem:
+class RandomProblem:
     """Arguments of litetopk_prefill: the eight tensors in order (`args()`), `topk` and `weight_scale`
     (`kwargs()`); `note` and `extra` are free for whoever builds it (tests name their cases there)."""
 
@@ -51,10 +53,10 @@ class Problem:
         """{"topk": ..., "weight_scale": ...}: the keyword arguments the problem fixes."""
         return {"topk": self.topk, "weight_scale": self.weight_scale}
 
-    def to(self, device) -> Problem:
+    def to(self, device) -> RandomProblem:
         """The same problem with every tensor on `device`."""
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return Problem(**moved)
+        return RandomProblem(**moved)
 
 
 def random_mxfp4(shape, rng: np.random.Generator, spread: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +81,7 @@ def random_problem(
     weight_scale: float = 1.0,
     spare_pages: int = 3,
     note: str = "",
-) -> Problem:
+) -> RandomProblem:
     """A random valid problem on `device`, the same for the same arguments.
 
     `keys` is the number of compressed keys of one sequence, or a list of per-sequence lengths;
@@ -120,7 +122,7 @@ def random_problem(
             a, c = sorted(rng.integers(0, n + 1, size=2))
             starts[i], ends[i] = a, c
     weights = torch.from_numpy(rng.standard_normal((rows, NUM_HEADS)).astype(np.float32)).to(weights_dtype)
-    problem = Problem(
+    problem = RandomProblem(
         q_fp4=q_fp4, q_scale=q_scale, kv_cache=cache, block_table=torch.from_numpy(block_table),
         weights=weights, row_to_batch=torch.from_numpy(row_to_batch), starts=torch.from_numpy(starts),
         ends=torch.from_numpy(ends), topk=topk, weight_scale=weight_scale, note=note,
@@ -128,4 +130,4 @@ def random_problem(
     return problem.to(device)
 
 
-__all__ = ["Problem", "random_mxfp4", "random_problem"]
+__all__ = ["RandomProblem", "random_mxfp4", "random_problem"]

@@ -1,5 +1,7 @@
 """Profiler ranges around the pipeline's stages (bench/probes/stage_timeline.py reads them).
 
+Layer: utilities, at the bottom of `litetopk.kernels` (imports torch only).
+
 `stage_range("litetopk.<stage>")` is torch.profiler.record_function while a torch profiler is
 recording and a no-op otherwise: an idle range still costs ~10-15 us of host time to enter and
 leave, ~0.2 ms over a call's ten ranges, on the host path before the scan.

@@ -1,6 +1,8 @@
 """Reference backend: exact scoring in plain torch, on any device (the CPU default and the oracle).
 
-Math (CONTRACT.md §1), in this fixed order:
+Layer: backends (the operator's registry loads it; imports the backend interface, types and formats).
+
+Math (docs/contract.md §1), in this fixed order:
     dot[i, h, j] = q[i, h, :] . k[j, :]        float64 GEMM of the decoded MXFP4 values
     r            = relu(float32(dot))           one rounding of the exact dot
     acc          = 0;  for h = 0 .. 63:  acc = fl32(acc + fl32(w[i, h] * r[h]))
@@ -14,7 +16,7 @@ still float64-accurate (relative error below 2^-40 of its largest term).
 Tiling: rows in chunks, keys in blocks, so that one block of dots holds at most
 `block_elements` float64 values (default 2^22, 32 MiB); no [rows, S] tensor is allocated by
 `scan_candidates`. The outputs (score matrix, candidate buffer and scan state) come from
-`problem.scratch` (the caller's workspace, workspace.py); the blocks' temporaries, whose number
+`problem.scratch` (the caller's workspace, scratch.py); the blocks' temporaries, whose number
 depends on the windows, from torch's allocator.
 """
 
@@ -24,9 +26,9 @@ import torch
 
 from .backend import CandidateScan, ScoringBackend, self_calibration_unavailable
 from .cache_layout import NUM_HEADS, PAGE_SIZE, gather_keys
+from .keys import NO_KEY, kth_key, make_keys
 from .mxfp4 import dequantize_mxfp4
-from .selection import NO_KEY, kth_key, make_keys
-from .validation import PrefillProblem
+from .problem import PrefillProblem
 
 
 def ref_score_keys(

@@ -1,4 +1,7 @@
-"""TopKResult: what every backend returns (CONTRACT.md §3)."""
+"""TopKResult: what every backend returns (docs/contract.md §3).
+
+Layer: types, at the bottom of `litetopk.kernels` (imports errors and status only).
+"""
 
 from __future__ import annotations
 

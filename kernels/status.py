@@ -1,4 +1,7 @@
-"""Per-row status bits of a TopKResult (CONTRACT.md §3). A row with any bit set publishes nothing."""
+"""Per-row status bits of a TopKResult (docs/contract.md §3). A row with any bit set publishes nothing.
+
+Layer: types, at the bottom of `litetopk.kernels` (imports torch only).
+"""
 
 from __future__ import annotations
 

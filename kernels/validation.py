@@ -1,4 +1,9 @@
-"""The one validation layer in front of every backend (CONTRACT.md §1-§3).
+"""The one validation layer in front of every backend (docs/contract.md §1-§3).
+
+Layer: stage, the first (the operator and graphs.py call it; it launches the row checks). Host
+checks (check_prefill, check_topk, check_out, check_workspace) read shapes, dtypes, strides, devices
+and addresses only; validate_prefill adds the row checks' launch and builds the PrefillProblem
+(problem.py) every later stage and backend takes.
 
 `validate_prefill` checks what would make a call meaningless (dtypes, shapes, contiguity, one
 device, K, weight_scale) and raises InputError saying what to change. Faults that belong to single
@@ -19,76 +24,17 @@ from `max_end`, a static bound of every window end (no host round trip, CUDA-gra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES, KVCache, describe_kv_cache
 from .errors import InputDtypeError, InputError, InputShapeError, UnsupportedTopKError
+from .problem import PrefillProblem
 from .result import RESULT_FIELDS
 from .row_checks import row_checks
-from .workspace import ALIGNMENT, STORAGE_ALIGNMENT, Scratch
+from .scratch import ALIGNMENT, STORAGE_ALIGNMENT, Scratch
 
 SUPPORTED_TOPK = (512, 1024)
-
-
-@dataclass(frozen=True)
-class PrefillProblem:
-    """Validated inputs of one prefill call; every tensor is on `device` and contiguous except the
-    cache, whose pages may lie any stride apart (`cache_layout.describe_kv_cache`).
-
-    `starts`/`ends` are the effective windows: rows with a status bit have an empty window.
-    `weights` is float32 (bfloat16 input is widened exactly).
-    """
-
-    q_fp4: torch.Tensor  # uint8 [rows, 64, 64]
-    q_scale: torch.Tensor  # uint8 [rows, 64, 4]
-    cache: KVCache  # the paged keys in either format, read in place (cache_layout.py)
-    block_table: torch.Tensor  # int32 [batch, max_pages]
-    weights: torch.Tensor  # float32 [rows, 64]
-    row_to_batch: torch.Tensor  # int32 [rows]
-    starts: torch.Tensor  # int32 [rows]
-    ends: torch.Tensor  # int32 [rows]
-    row_status: torch.Tensor  # int32 [rows], bits found by validation
-    sequence_ends: torch.Tensor  # int32 [batch]: the key positions any row of a sequence may read (row_checks.py)
-    zeroed: torch.Tensor  # int32 [ZEROED_WORDS + batch]: zeros for the stages' device accumulators (row_checks.py)
-    topk: int
-    weight_scale: float
-    max_end: int  # static bound of every window end: min(max_seq_len, max_pages * 64); sizes buffers
-    scratch: Scratch  # where every stage takes its intermediate buffers (workspace.py)
-    parent: "PrefillProblem | None" = None  # subset(): the problem these rows were taken from
-    parent_rows: torch.Tensor | None = None  # subset(): int64 [rows] indices into parent's rows
-
-    @property
-    def num_rows(self) -> int:
-        return self.q_fp4.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.q_fp4.device
-
-    @property
-    def window_lengths(self) -> torch.Tensor:
-        """int64 [rows]: keys in each row's effective window."""
-        return (self.ends - self.starts).long()
-
-    def subset(self, rows: torch.Tensor, live: torch.Tensor | None = None) -> "PrefillProblem":
-        """The same problem restricted to `rows` (int64 device indices, repeats allowed), in that
-        order; where `live` (bool [len(rows)]) is False the row's window is emptied (a padding
-        slot: it scores nothing). Gathers on the device; no host round trip."""
-        keep = (lambda t: t) if live is None else (lambda t: torch.where(live, t, 0))
-        return replace(
-            self,
-            q_fp4=self.q_fp4[rows],
-            q_scale=self.q_scale[rows],
-            weights=self.weights[rows],
-            row_to_batch=keep(self.row_to_batch[rows]),
-            starts=keep(self.starts[rows]),
-            ends=keep(self.ends[rows]),
-            row_status=self.row_status[rows],
-            parent=self.parent if self.parent is not None else self,
-            parent_rows=rows if self.parent_rows is None else self.parent_rows[rows],
-        )
 
 
 def _require(tensor: torch.Tensor, name: str, dtypes: tuple[torch.dtype, ...], shape: tuple) -> None:
@@ -208,9 +154,10 @@ def check_out(out, rows: int, k: int, device: torch.device, inputs: dict[str, to
 
 
 def check_workspace(workspace, device: torch.device, inputs: dict[str, torch.Tensor | None], out) -> None:
-    """Check a caller-owned workspace (workspace.py): a 1-D contiguous uint8 tensor on `device` whose
-    data pointer is a multiple of ALIGNMENT, overlapping no input and no `out` tensor. Its size is
-    checked as the call carves it (Scratch: InputError naming the bytes needed)."""
+    """Check a caller-owned workspace (workspace.allocate_workspace, carved by scratch.Scratch): a 1-D
+    contiguous uint8 tensor on `device` whose data pointer is a multiple of ALIGNMENT, overlapping
+    no input and no `out` tensor. Its size is checked as the call carves it (Scratch: InputError
+    naming the bytes needed)."""
     if workspace is None:
         return
     if not isinstance(workspace, torch.Tensor):

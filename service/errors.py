@@ -3,7 +3,6 @@
     ServiceError                      raised by the service itself, with one of CODES
     litetopk.kernels errors           translated here (kernels/errors.py draws that tree):
         UnsupportedTopKError      ->  unsupported_topk
-        SlotOverflowError         ->  slot_overflow
         InputDtypeError           ->  bad_dtype
         InputShapeError           ->  bad_shape
         InputError                ->  invalid_input (layout, device, range)
@@ -39,7 +38,6 @@ from litetopk.kernels import (
     InputShapeError,
     RowFaultError,
     RowStatus,
-    SlotOverflowError,
     UnsupportedTopKError,
 )
 from litetopk.kernels.errors import LiteTopKError
@@ -134,8 +132,6 @@ def as_service_error(exc: BaseException) -> ServiceError:
         return exc
     if isinstance(exc, UnsupportedTopKError):
         return ServiceError("unsupported_topk", str(exc))
-    if isinstance(exc, SlotOverflowError):
-        return ServiceError("slot_overflow", str(exc))
     if isinstance(exc, InputDtypeError):
         return ServiceError("bad_dtype", str(exc))
     if isinstance(exc, InputShapeError):

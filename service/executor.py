@@ -113,10 +113,6 @@ class DeviceExecutor:
     def start(self) -> None:
         self._thread.start()
 
-    @property
-    def depth(self) -> int:
-        return self._queue.qsize()
-
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
         """Queue `fn` for the worker; the returned future gets its value or exception."""
         retry = {"Retry-After": str(self.retry_after_s)}

@@ -31,7 +31,6 @@ from .state import ServiceState, get_state
 log = logging.getLogger("litetopk.service")
 
 PEER_SCOPE_KEY = "litetopk.peer"  # scope["extensions"][PEER_SCOPE_KEY] = (pid, uid, gid) on the Unix socket
-TOKEN_FILE_NAME = "token"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Random prefill problems and an independent float64 oracle, written from CONTRACT.md alone.
+"""Random prefill problems and an independent float64 oracle, written from docs/contract.md alone.
 
 Nothing here calls the code under test except to build inputs: `litetopk.kernels.random_problem`
 (which uses `quantize_mxfp4` / `pack_kv_cache`; the codec and the packing have their own
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from litetopk.kernels import random_problem
-from litetopk.kernels.problems import Problem, random_mxfp4
+from litetopk.kernels.problems import RandomProblem, random_mxfp4
 
 H, D, PAGE = 64, 128, 64
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
@@ -27,7 +27,7 @@ def decode_fp4(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return (values.reshape(*scales.shape, 32) * factor[..., None]).reshape(*packed.shape[:-1], D)
 
 
-def oracle_scores(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+def oracle_scores(p: RandomProblem) -> tuple[np.ndarray, np.ndarray]:
     """(scores float64 [rows, S], bound float64 [rows]) with -inf outside windows.
 
     bound[i] covers float32 rounding of a 64-term head sum of non-negative-ReLU products:
@@ -73,7 +73,7 @@ def random_fp4(shape, rng: np.random.Generator, spread: int = 3) -> tuple[torch.
     return random_mxfp4(shape, rng, spread)
 
 
-def make_problem(seed: int, *, seq_lens: list[int], rows_per_seq: int, spread: int = 3, **options) -> Problem:
+def make_problem(seed: int, *, seq_lens: list[int], rows_per_seq: int, spread: int = 3, **options) -> RandomProblem:
     """`litetopk.kernels.random_problem` with `rows_per_seq` rows for each of `seq_lens`, blocks
     spread over 3 binades by default (wide vectors included); `options` are random_problem's."""
     return random_problem(len(seq_lens) * rows_per_seq, seq_lens, seed=seed, spread=spread, **options)

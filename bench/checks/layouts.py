@@ -22,7 +22,6 @@ import torch
 
 from bench.common import RESULTS_DIR
 from bench.common.problems import call_args, prefill_problem
-
 from litetopk.kernels import dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.aiter import flydsl_pa_mqa_litetopk_fp4_prefill
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk, shuffle_q_scale_aiter
@@ -86,7 +85,8 @@ def main() -> None:
         point = check_point(args.rows, args.keys, topk, args.backend, args.device, args.seed)
         points.append(point)
         print(f"rows={args.rows} keys={args.keys} topk={topk} backend={args.backend}: "
-              f"{'OK' if point['ok'] else 'MISMATCH'} " + json.dumps({k: v for k, v in point.items() if isinstance(v, dict)}),
+              f"{'OK' if point['ok'] else 'MISMATCH'} "
+              + json.dumps({k: v for k, v in point.items() if isinstance(v, dict)}),
               flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "check-layouts.json")

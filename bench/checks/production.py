@@ -19,7 +19,6 @@ import torch
 
 from bench.common import RESULTS_DIR
 from bench.common.problems import call_args, prefill_problem
-
 from litetopk.kernels import dense_topk_prefill, litetopk_prefill, unpack_kv_cache  # noqa: E402
 from litetopk.kernels.mxfp4 import dequantize_mxfp4  # noqa: E402
 
@@ -53,7 +52,8 @@ def check_rows(result, problem, rows, k) -> dict:
         extra = set(got.tolist()) - set(order.tolist())
         missing = set(order.tolist()) - set(got.tolist())
         slack = 2 * bound[n]
-        set_violations += sum(1 for j in extra if s64[j] < kth - slack) + sum(1 for j in missing if s64[j] > kth + slack)
+        set_violations += (sum(1 for j in extra if s64[j] < kth - slack)
+                           + sum(1 for j in missing if s64[j] > kth + slack))
         checked += 1
     return {"rows_checked": checked, "max_abs_value_error": worst_value, "max_bound": float(bound.max()),
             "set_violations": set_violations, "value_within_bound": worst_value <= float(bound.max())}
@@ -65,7 +65,8 @@ def main() -> None:
     parser.add_argument("--sample-rows", type=int, default=32)
     parser.add_argument("--out", default=os.environ.get("OUT", str(RESULTS_DIR)))
     args = parser.parse_args()
-    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv), "cases": []}
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
+              "cases": []}
     for raw in (262144, 786432):
         for k in (512, 1024):
             t0 = time.time()
@@ -75,7 +76,8 @@ def main() -> None:
             dense = dense_topk_prefill(*pos, **kw, backend="triton")
             same = {f: torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS}
             rows = torch.randperm(args.rows, device="cuda")[: args.sample_rows]
-            case = {"c4_keys": raw // 4, "topk": k, "lite_equals_dense": same, "status_rows": int((lite.status != 0).sum()),
+            case = {"c4_keys": raw // 4, "topk": k, "lite_equals_dense": same,
+                    "status_rows": int((lite.status != 0).sum()),
                     "repaired_rows": int(lite.repaired.sum()), "candidates_max": int(lite.candidates.max()),
                     **check_rows(lite, problem, rows, k), "seconds": time.time() - t0}
             report["cases"].append(case)

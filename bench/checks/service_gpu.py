@@ -28,7 +28,6 @@ import torch
 from bench.common import REPO_ROOT, RESULTS_DIR
 from bench.common.problems import call_args, prefill_problem
 from bench.service import Service
-
 from litetopk.clients import TopKClient  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
 
@@ -97,8 +96,9 @@ def main() -> int:
         try:
             with TopKClient(service.url) as client:
                 summary["service"] = client.info()
-            child = subprocess.Popen([sys.executable, "-m", "bench.checks.service_gpu", "--rows", str(args.rows), "--keys", str(args.keys),
-                                      "--device", str(device), "--backend", args.backend,
+            child = subprocess.Popen([sys.executable, "-m", "bench.checks.service_gpu", "--rows", str(args.rows),
+                                      "--keys", str(args.keys), "--device", str(device),
+                                      "--backend", args.backend,
                                       "--worker", service.uds, service.url],
                                      stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
             line = child.stdout.readline()

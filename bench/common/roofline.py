@@ -26,7 +26,7 @@ def measure_ceilings(timer: CallTimer, *, copy_bytes: int | None = None, mm_size
     mm_size = mm_size or (8192 if cuda else 512)
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy = timer.measure({"copy": lambda: dst.copy_(src)}, reps=reps, warm=2)["copy"]
+    copy = timer.measure({"copy": lambda: dst.copy_(src)}, reps=reps, warm=2)["copy"]  # noqa: F821
     del src, dst
     ceilings = dict(copy_bytes_per_s=2.0 * copy_bytes / (copy["median_us"] * 1e-6),
                     copy=dict(bytes=copy_bytes, counted="read + write", median_us=copy["median_us"],
@@ -35,7 +35,7 @@ def measure_ceilings(timer: CallTimer, *, copy_bytes: int | None = None, mm_size
     b = torch.randint(-128, 128, (mm_size, mm_size), dtype=torch.int8, device=device)  # B^T, [N, K]
     ops = 2.0 * mm_size ** 3
     try:
-        mm = timer.measure({"int_mm": lambda: torch._int_mm(a, b.t())}, reps=reps, warm=2)["int_mm"]
+        mm = timer.measure({"int_mm": lambda: torch._int_mm(a, b.t())}, reps=reps, warm=2)["int_mm"]  # noqa: F821
     except RuntimeError as exc:  # this torch has no int8 matmul here: said in the report, floors from bytes only
         ceilings.update(int8_ops_per_s=None, int8=dict(op="torch._int_mm", error=f"{type(exc).__name__}: {exc}"[:300]))
     else:

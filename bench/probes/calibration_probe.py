@@ -1,5 +1,5 @@
 """Device probe (H200): the calibration stage split into its parts, in one process: the sample's dense
-scoring (backend.score_dense(problem, stride)), the order statistics (kernels/triton/calibration.py:
+scoring (backend.score_dense(problem, stride)), the order statistics (kernels/calibration.py:
 bisection until the bracket holds <= BAND values, one compaction, a sort of the band) against the
 previous kernel (a copy below: calibration_keys_bisection, 32 bisection steps per rank over the
 whole row) and torch (calibration_keys_torch, the contract), and the whole calibrate().
@@ -31,13 +31,17 @@ import triton.language as tl
 
 from bench.common.problems import call_args, prefill_problem
 from bench.common.timing import cuda_ms
-
-from litetopk.kernels.calibration import calibrate, calibration_keys_torch, sample_stride
+from litetopk.kernels.calibration import (
+    BAND_PER_THREAD,
+    calibrate,
+    calibration_keys_torch,
+    calibration_keys_triton,
+    order_tiling,
+    sample_stride,
+)
+from litetopk.kernels.keys import NO_KEY, NO_KEY_C, _ordered_bits, _scores_of_ordered
 from litetopk.kernels.pipeline import LiteTopKTuning
-from litetopk.kernels.selection import NO_KEY
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.calibration import BAND_PER_THREAD, calibration_keys_triton, order_tiling
-from litetopk.kernels.triton.keys import NO_KEY_C, _ordered_bits, _scores_of_ordered
 from litetopk.kernels.validation import validate_prefill
 
 DEVICE = "cuda"
@@ -173,15 +177,15 @@ def main():
             steps = row_steps(sample, (k, ceiling_rank), band)
             case = {
                 "keys": keys, "k": k, "width": width, "stride": stride, "ceiling_rank": ceiling_rank, "band": band,
-                "score_dense_ms": cuda_ms(lambda: backend.score_dense(problem, stride), reps=REPS, warm=WARM),
-                "order_bisection_ms": cuda_ms(lambda: calibration_keys_bisection(sample, k, ceiling_rank, out),
+                "score_dense_ms": cuda_ms(lambda: backend.score_dense(problem, stride), reps=REPS, warm=WARM),  # noqa: F821 (its `del` at the loop's end)
+                "order_bisection_ms": cuda_ms(lambda: calibration_keys_bisection(sample, k, ceiling_rank, out),  # noqa: F821 (its `del` at the loop's end)
                                               reps=REPS, warm=WARM),
-                "order_band_ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),
+                "order_band_ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),  # noqa: F821 (its `del` at the loop's end)
                                          reps=REPS, warm=WARM),
                 "order_band_variants": band_variants(sample, k, ceiling_rank, want),
-                "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank),
+                "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank),  # noqa: F821 (its `del` at the loop's end)
                                           reps=REPS, warm=WARM),
-                "calibrate_ms": cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=15, warm=WARM),
+                "calibrate_ms": cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=15, warm=WARM),  # noqa: F821 (its `del` at the loop's end)
                 "equal_bisection": equal_old, "equal_band": equal_new,
                 **steps,
                 "no_threshold_rows": int((want[0] == NO_KEY).sum()),

@@ -10,7 +10,8 @@ REFRESH tiles the threshold rises to one bin below the highest edge with >= K ke
   min(max_end // sample_size, MAX_SAMPLE_STRIDE); threshold = its K-th best, histogram up to its
   max(1, K / (2 stride))-th best; the scan walks every tile in order.
 - "scan" (the self-calibrating scan, scan_calibration._calibrate_in_scan): the last n_sample tiles first
-  (scan_calibration._sample_tiles; a causal row's program ends its sample with the row's window), every key kept; threshold = the lower end of a BISECTION_STEPS-step
+  (scan_calibration._sample_tiles; a causal row's program ends its sample with the row's window), every key kept;
+  threshold = the lower end of a BISECTION_STEPS-step
   bisection of their K-th best over [min, max], histogram up to the same bracket of the
   max(1, K n_sample / (2 n_tiles))-th best; the buffer keeps the sampled keys >= the threshold, then
   the tiles before the sample are walked in order.
@@ -32,7 +33,7 @@ import sys
 import numpy as np
 import torch
 
-from litetopk.kernels.calibration import MAX_SAMPLE_STRIDE
+from litetopk.kernels.backend import MAX_SAMPLE_STRIDE
 from litetopk.kernels.pipeline import LiteTopKTuning
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS
 from litetopk.kernels.triton.scoring import NUM_BINS
@@ -114,7 +115,8 @@ def draw(report: dict, path: str) -> None:
     labels = [f"{c['keys'] // 1024}K, K={c['k']}" for c in cases]
     for i, mode in enumerate(("sample", "scan")):
         ax.bar([x + (i - 0.5) * 0.38 for x in range(len(cases))], [c[mode]["mean"] for c in cases], 0.38,
-               yerr=[[0] * len(cases), [c[mode]["max"] - c[mode]["mean"] for c in cases]], label=f"calibration={mode!r}")
+               yerr=[[0] * len(cases), [c[mode]["max"] - c[mode]["mean"] for c in cases]],
+               label=f"calibration={mode!r}")
     ax.plot(range(len(cases)), [c["capacity"] for c in cases], "k_", markersize=30, label="buffer (8 K)")
     ax.set_xticks(range(len(cases)), labels, fontsize=8)
     ax.set_ylabel("candidates a row (mean, bar to max)")

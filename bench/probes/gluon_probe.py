@@ -13,14 +13,15 @@ import time
 
 import torch
 
+from bench.common.problems import call_args, prefill_problem
+from bench.common.timing import cuda_ms, json_logger
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
-from litetopk.kernels.pipeline import calibrate, run_dense, run_litetopk
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.pipeline import run_dense, run_litetopk
 from litetopk.kernels.selection import select_candidates
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from bench.common.problems import call_args, prefill_problem
-from bench.common.timing import cuda_ms, json_logger
 
 def main() -> None:
     OUT = os.environ.get("OUT", "/tmp")
@@ -49,7 +50,8 @@ def main() -> None:
         found = {}
         backends = kernels()
         dense_scores = {name: be.score_dense(problem) for name, be in list(backends.items())[:2]}
-        found["dense_scores_equal"] = all(torch.equal(x, y) for x, y in zip(dense_scores["gluon"], dense_scores["triton_br2"]))
+        found["dense_scores_equal"] = all(torch.equal(x, y)
+                                          for x, y in zip(dense_scores["gluon"], dense_scores["triton_br2"]))
         del dense_scores
         strided = {name: be.score_dense(problem, stride=13) for name, be in list(backends.items())[:2]}
         found["strided_scores_equal"] = all(torch.equal(x, y) for x, y in zip(strided["gluon"], strided["triton_br2"]))
@@ -83,7 +85,7 @@ def main() -> None:
             res[f"{name}_calibrate"] = cuda_ms(lambda: calibrate(problem, be, tuning.sample_size))
             scan = be.scan_candidates(problem, thr, cap, ceilings=ceil)
             kept = scan.appended.clamp(max=cap)
-            res[f"{name}_select"] = cuda_ms(lambda: select_candidates(scan.keys, kept, scan.thresholds, topk))
+            res[f"{name}_select"] = cuda_ms(lambda: select_candidates(scan.keys, kept, scan.thresholds, topk))  # noqa: F821 (its `del` at the loop's end)
             res[f"{name}_cand_mean"] = float(scan.appended.float().mean())
             del scan
             log(f"prod_k{topk}", res)

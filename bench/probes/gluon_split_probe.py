@@ -40,7 +40,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
 )
 
 from litetopk.kernels.triton.scoring_gluon import _issue_key_tile, _program_rows, _stage_query_operand
@@ -143,7 +146,7 @@ def offline(out_dir: str) -> dict:
     """Compile for sm_90 here (no GPU): resources and the innermost wgmma loop's opcode mix."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from litetopk.kernels.triton import compile_sm90 as sm90
+    from litetopk.kernels.compile import sm90
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "split_dense")
@@ -155,11 +158,10 @@ def offline(out_dir: str) -> dict:
 
 def on_device(out_dir: str) -> dict:
     """On the H200: scores against the backend's dense scores (float32 rounding), then times both."""
-    from litetopk.kernels.triton import TritonBackend
-    from litetopk.kernels.validation import validate_prefill
-
     from bench.common.problems import call_args, prefill_problem
     from bench.common.timing import cuda_ms
+    from litetopk.kernels.triton import TritonBackend
+    from litetopk.kernels.validation import validate_prefill
 
     args, kw = call_args(prefill_problem(8192, 262144, 512, seed=7))
     problem = validate_prefill(*args, **kw)

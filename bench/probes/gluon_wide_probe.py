@@ -32,17 +32,17 @@ import os
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning
-from litetopk.kernels.pipeline import calibrate, run_litetopk
-from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.backend import gluon_launch_options
-from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS, SCORE_TYPES, build_sm90
-from litetopk.kernels.triton.decode import FLAG_WIDE, decode_queries_fp4_triton
-from litetopk.kernels.triton.scoring_gluon import GLUON_NUM_WARPS, score_fp4_gluon_kernel
-from litetopk.kernels.validation import validate_prefill
-
 from bench.common.problems import call_args, prefill_problem
 from bench.common.timing import cuda_ms, json_logger
+from litetopk.kernels import LiteTopKTuning
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.compile.sm90 import GLUON_VARIANTS, SCORE_TYPES, build_sm90
+from litetopk.kernels.pipeline import run_litetopk
+from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.backend import gluon_launch_options
+from litetopk.kernels.triton.operands import FLAG_WIDE, decode_queries_fp4_triton
+from litetopk.kernels.triton.scoring_gluon import GLUON_NUM_WARPS, score_fp4_gluon_kernel
+from litetopk.kernels.validation import validate_prefill
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 # case -> (variant, wide key tiles kept, wide query rows kept)

@@ -147,7 +147,7 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
     from triton.runtime.interpreter import InterpretedFunction
 
     from litetopk.kernels import allocate_workspace
-    from litetopk.kernels.workspace import Scratch
+    from litetopk.kernels.scratch import Scratch
 
     problem = prefill_problem(rows, keys * 4, topk, 3, device="cpu")
     k = problem.pop("topk")
@@ -159,7 +159,8 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
 
     def no_launch(self, *args, **kwargs):
         if this_call["scan"] is None and self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False:
-            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3, counts["launches"] - this_call["launches"])
+            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3,
+                                 counts["launches"] - this_call["launches"])
         counts["launches"] += 1
 
     def counted_carve(self, shape, dtype):

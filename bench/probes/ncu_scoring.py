@@ -1,4 +1,5 @@
-"""Nsight Compute view of the two scoring kernels (the Gluon kernel on sm_90: TritonBackend()'s choice) at the production shape (Q = 8192, S = 65,536,
+"""Nsight Compute view of the two scoring kernels (the Gluon kernel on sm_90: TritonBackend()'s choice) at the
+production shape (Q = 8192, S = 65,536,
 K = 512): one dense launch and one scan launch, after a warm-up of each. Run it under ncu:
 
     ncu --kernel-name regex:score_fp4 --launch-skip 3 --launch-count 2 \\
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from bench.common.problems import call_args, prefill_problem
 from litetopk.kernels import LiteTopKTuning
-from litetopk.kernels.pipeline import calibrate
+from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
 
-from bench.common.problems import call_args, prefill_problem
 
 def main() -> None:
     args, kw = call_args(prefill_problem(8192, 262144, 512, seed=7))

@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     report = dict(run_info(device, sys.argv, "bench.probes.paged_probe"), shapes={})
     tag = torch.cuda.get_device_name(device).split()[1].lower() if " " in torch.cuda.get_device_name(device) else "gpu"
     path = os.path.join(args.out, f"paged-probe-{tag}.json")
-    print(f"{'shape':<18} {'mode':<12} {'lite busy':>10} {'lite span':>10} {'dense busy':>10} {'cands':>7} exact  heaviest (us)")
+    print(f"{'shape':<18} {'mode':<12} {'lite busy':>10} {'lite span':>10} {'dense busy':>10} {'cands':>7} "
+          "exact  heaviest (us)")
     for shape in args.shapes:
         record = probe_shape(shape, device, args.seed)
         report["shapes"][shape] = record
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
             lite, dense = record[f"litetopk-{mode}"], record[f"dense-{mode}"]
             heavy = ", ".join(f"{k[:28]} {v:.0f}" for k, v in list(lite["heaviest_us"].items())[:4])
             print(f"{shape:<18} {mode:<12} {lite['busy_ms'] * 1e3:>9.1f}u {lite['span_ms'] * 1e3:>9.1f}u "
-                  f"{dense['busy_ms'] * 1e3:>9.1f}u {lite['candidates_mean']:>7.0f} {record[f'exact-{mode}']!s:<6} {heavy}",
+                  f"{dense['busy_ms'] * 1e3:>9.1f}u {lite['candidates_mean']:>7.0f} "
+                  f"{record[f'exact-{mode}']!s:<6} {heavy}",
                   flush=True)
         print(f"{'':<18} modes: same values {record['modes_same_values']}, index agreement "
               f"{record['modes_index_agreement']:.4f}; gluon == triton (paged) {record['gluon_equals_triton']}",

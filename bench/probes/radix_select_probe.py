@@ -1,16 +1,16 @@
-"""Device probe (H200): the candidate top-K, bucket select (kernels/triton/radix_select.py) against the
+"""Device probe (H200): the candidate top-K, bucket select (kernels/selection.py) against the
 previous radix select (a copy below: select_topk_candidates_radix_v1, three tl.histogram passes and
 one sort of K), in one process (the bitonic top-K before both, 0.689 ms at K = 512 on the H200, was
 deleted once the bucket select measured faster: radix-select-probe-h200-v12-partial.txt).
 
 Input per K in (512, 1024): 8192 rows of an 8 K-key candidate buffer holding ~2,200 / ~4,400 kept
-keys (the scan's counts, bench/NOTES.md v7a): ordering keys (selection.make_keys) of the top
+keys (the scan's counts, bench/NOTES.md v7a): ordering keys (keys.make_keys) of the top
 scores of 65,536 normal float32 scores (drawn as the tail quantiles directly) at distinct random
 positions, in random order; the threshold per row is the score floor of its (1.21 K)-th best key
 (the scan's final thresholds pass ~619 / ~1,249 keys), and, as a second case, none (NO_KEY: every
 kept key passes). Variants of the new kernel: its CONFIG, then VARIANTS (tile rows, warps, bucket
 resolution, window length; window 0 = always one sort of K). Every variant's keys are checked bit for
-bit against torch (selection.select_topk_keys on the passing prefix) before it
+bit against torch (keys.select_topk_keys on the passing prefix) before it
 is timed; timing: CUDA events, 5 warm-up calls, the median of 30. Prints a table, writes
 DIR/radix-select-probe.json.
 
@@ -28,10 +28,9 @@ import triton
 import triton.language as tl
 
 from bench.common.timing import cuda_ms
-
-from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton import radix_select
-from litetopk.kernels.triton.radix_select import _first_shift, select_topk_candidates_radix
+from litetopk.kernels import selection as radix_select
+from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
+from litetopk.kernels.selection import _first_shift, select_topk_candidates_radix
 
 ROWS = 8192
 WINDOW = 65536
@@ -39,7 +38,7 @@ KEPT = {512: 2200, 1024: 4400}
 PASSING_PER_K = 1.21
 WARM, REPS = 5, 30
 # (tile_rows, num_warps, mantissa, window, max_registers) per K: the new kernel's variants besides its CONFIG.
-# Register caps (offline sm_90 builds, compile_sm90): CONFIG takes 128 registers at K = 512 (16 one-warp
+# Register caps (offline sm_90 builds, compile/sm90.py): CONFIG takes 128 registers at K = 512 (16 one-warp
 # programs an SM) and 155 at K = 1024 (13); capped at 80 (K = 512) it has no stack (25 an SM), and
 # (8, 2, 6) at K = 1024 takes 128 registers, 96 capped without stack (20 warps an SM). Is the kernel
 # latency-bound (more resident warps, faster)?
@@ -146,7 +145,7 @@ def candidate_buffer(k: int, gen: torch.Generator):
 
 
 def torch_top(keys, kept, thresholds, k):
-    """selection.select_topk_keys over each row's kept keys at or above its threshold."""
+    """keys.select_topk_keys over each row's kept keys at or above its threshold."""
     live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
     return select_topk_keys(torch.where(live & (keys >= thresholds[:, None]), keys, NO_KEY), k)
 
@@ -172,7 +171,10 @@ def path_shares(keys, kept, thresholds, want, k):
     small = passing.sum(1) <= k
     narrowed = ~small & (boundary > radix_select.BOUNDARY)
     windows = ~small & ~narrowed & (widest <= radix_select.WINDOW)
-    share = lambda m: float(m.float().mean())
+
+    def share(m):
+        return float(m.float().mean())
+
     return {"n<=K": share(small), "narrowed": share(narrowed), "windows": share(windows),
             "sorted": share(~small & ~narrowed & ~windows)}
 

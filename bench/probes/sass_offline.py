@@ -4,7 +4,7 @@ No device time: Triton's wheel carries ptxas and cuobjdump. The loop's instructi
 tracked the H200's scan / dense times while the kernel was issue-bound (bench/NOTES.md, session 2).
 
     python3 -m bench.probes.sass_offline              # the Triton kernel at the backend's tile, dense and scan
-    python -m litetopk.kernels.triton.compile_sm90 DIR   # the Gluon kernel (what sm_90 runs)
+    python -m litetopk.kernels.compile.sm90 DIR          # the Gluon kernel (what sm_90 runs)
     python3 -m bench.probes.sass_offline --warps 8    # another tile configuration
 Writes the SASS, PTX and TTGIR under $OUT (default /tmp/litetopk-sass).
 """
@@ -16,13 +16,13 @@ import os
 
 from triton.compiler import ASTSource
 
-from litetopk.kernels.triton import compile_sm90 as sm90
-from litetopk.kernels.triton.compile_sm90 import BIN, SCORE_TYPES, innermost_mma_loop, opcode_mix  # noqa: F401
+from litetopk.kernels.compile import sm90
+from litetopk.kernels.compile.sm90 import BIN, SCORE_TYPES, innermost_mma_loop, opcode_mix  # noqa: F401
 
 
 def compile_sm90(kernel, types: dict, constants: dict, num_warps: int, num_stages: int, path: str,
                  source=ASTSource) -> str:
-    """kernels/triton/compile_sm90.compile_sm90 with the warps and stages as arguments."""
+    """kernels/compile/sm90.compile_sm90 with the warps and stages as arguments."""
     return sm90.compile_sm90(kernel, types, constants, dict(num_warps=num_warps, num_stages=num_stages), path,
                              source=source)
 

@@ -19,13 +19,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill
-from litetopk.kernels.pipeline import calibrate, run_litetopk
-from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.validation import validate_prefill
-
 from bench.common.problems import call_args, prefill_problem
 from bench.common.timing import cuda_ms, json_logger
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.pipeline import run_litetopk
+from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.validation import validate_prefill
 
 VARIANTS = ((4096, 16), (3072, 16), (2048, 16), (1536, 16))  # (sample_size, refresh); 1024 and below overflow (v12)
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")

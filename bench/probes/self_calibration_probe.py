@@ -26,7 +26,6 @@ import time
 import torch
 
 from bench.common.problems import call_args, prefill_problem
-
 from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
@@ -124,7 +123,8 @@ def main(argv=None):
     tunings = {mode: LiteTopKTuning(calibration=mode, sample_size=args.sample_size) for mode in MODES}
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)", "rows": args.rows,
               "warm": args.warm, "pairs": args.pairs,
-              "command": "python -m bench.probes.self_calibration_probe " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": "python -m bench.probes.self_calibration_probe "
+                         + " ".join(sys.argv[1:] if argv is None else argv),
               "cases": []}
     print(f"{'keys':>7} {'K':>5} {'s':>2} | {'call sample':>11} {'call scan':>9} | {'stages sample':>13} "
           f"{'stages scan':>11} | {'cand sample':>13} {'cand scan':>13} | exact repaired")
@@ -133,13 +133,14 @@ def main(argv=None):
             for spread in args.spread:
                 args_, kw = call_args(prefill_problem(args.rows, keys * 4, k, seed=11, device=device, spread=spread))
                 dense = dense_topk_prefill(*args_, **kw, backend="triton")
-                results = {mode: litetopk_prefill(*args_, **kw, backend="triton", tuning=t) for mode, t in tunings.items()}
+                results = {mode: litetopk_prefill(*args_, **kw, backend="triton", tuning=t) for mode,
+                           t in tunings.items()}
                 exact = {mode: all(torch.equal(getattr(r, f), getattr(dense, f)) for f in FIELDS)
                          for mode, r in results.items()}
                 repaired = {mode: int(r.repaired.sum()) for mode, r in results.items()}
                 candidates = {mode: [float(r.candidates.float().mean()), int(r.candidates.max())]
                               for mode, r in results.items()}
-                calls = alternating_ms({mode: (lambda t=t: litetopk_prefill(*args_, **kw, backend="triton", tuning=t))
+                calls = alternating_ms({mode: (lambda t=t: litetopk_prefill(*args_, **kw, backend="triton", tuning=t))  # noqa: F821 (its `del` at the loop's end)
                                         for mode, t in tunings.items()}, args.warm, args.pairs)
                 stages = alternating_ms(stage_calls(args_, kw, tunings), args.warm, args.pairs)
                 case = dict(keys=keys, k=k, spread=spread, call_ms=calls, stages_ms=stages, exact=exact,

@@ -78,11 +78,13 @@ def call_stages(trace: dict) -> list[dict]:
             row["host_ms"] += span["dur"] / 1e3
             row["calls"] += 1
         if not stages:
-            raise ValueError(f"call {i}: no '{PREFIX}<stage>' range inside it: does this commit's pipeline mark its stages?")
+            raise ValueError(f"call {i}: no '{PREFIX}<stage>' range inside it: "
+                             "does this commit's pipeline mark its stages?")
         mine = [(e, launch) for e, launch in activities if t0 <= launch["ts"] <= t1]
         by_stage: dict[str, list[dict]] = {}
         for e, launch in mine:
-            around = [s for s in inside if s.get("tid") == launch.get("tid") and _inside(launch, s["ts"], s["ts"] + s["dur"])]
+            around = [s for s in inside
+                      if s.get("tid") == launch.get("tid") and _inside(launch, s["ts"], s["ts"] + s["dur"])]
             if around:
                 by_stage.setdefault(min(around, key=lambda s: s["dur"])["name"][len(PREFIX):], []).append(e)
         for name, kernels in by_stage.items():
@@ -167,8 +169,8 @@ def main() -> None:
 
         report["device"] = torch.cuda.get_device_name(0)
         for topk, raw in ((512, 262144), (1024, 262144), (512, 786432)):
-            trace = profile_calls(topk, raw, args.reps, os.path.join(args.out, f"stage-trace-{args.tag}-k{topk}-raw{raw}.json"),
-                                  args.calibration)
+            trace_path = os.path.join(args.out, f"stage-trace-{args.tag}-k{topk}-raw{raw}.json")
+            trace = profile_calls(topk, raw, args.reps, trace_path, args.calibration)
             report[f"k{topk}_raw{raw}"] = table = median_table(call_stages(trace))
             print_table(f"{args.tag} K={topk} raw={raw}", table)
     with open(os.path.join(args.out, f"stage-timeline-{args.tag}.json"), "w") as f:

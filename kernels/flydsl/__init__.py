@@ -1,5 +1,8 @@
 """FlyDSL backend: the fused MXFP4 scoring + filter kernel for gfx950 (MI350X / MI355X).
 
+Layer: backends (flydsl/; the operator's registry loads it). compile/gfx950.py builds its kernels
+without a device.
+
 Compiled for gfx950 here (CI compiles every FlyDSL kernel with COMPILE_ONLY=1, ARCH=gfx950 and
 checks the final ISA); it has not been executed on a gfx950 device by this project. A user with
 an MI355X verifies it with the commands in README.md, "gfx950 backend (FlyDSL)".
@@ -7,14 +10,13 @@ an MI355X verifies it with the commands in README.md, "gfx950 backend (FlyDSL)".
     FlyDSLBackend            the ScoringBackend: check_device, score_dense, scan_candidates
     score_fp4.py             the kernel (math, tiling, limits, precision bound in its docstring)
     key_addressing.py        where the kernel reads a key in either cache format (no flydsl needed)
-    compile.py               compile every kernel variant for gfx950 without a device (CI)
 
 The cache is read in place in either format ("litetopk" at any 4-byte-aligned page stride, or
 AITER's kv_cache / kv_scale pair, each at its own stride): the format is a compile-time constant
 of the kernel (compiled_configurations), the page strides launch arguments (launch_arguments).
 
 Only the scoring runs here; calibration, certificate, selection, page mapping and repair are the
-shared code of pipeline.py / selection.py. `check_device` raises BackendUnavailableError on any
+shared code of pipeline.py and its stages. `check_device` raises BackendUnavailableError on any
 device that is not a ROCm gfx950 device, or when flydsl is missing; there is no fallback.
 """
 
@@ -23,11 +25,11 @@ from __future__ import annotations
 import torch
 
 from ..backend import CandidateScan, ScoringBackend, self_calibration_unavailable
-from ..devices import is_gfx950
 from ..cache_layout import CACHE_FORMATS
+from ..devices import is_gfx950
 from ..errors import BackendUnavailableError
-from ..selection import NO_KEY
-from ..validation import PrefillProblem
+from ..keys import NO_KEY
+from ..problem import PrefillProblem
 from .key_addressing import cache_operands
 
 #: What this backend needs, in the words of its errors.
@@ -39,7 +41,8 @@ def _kernel_module():
     try:
         from . import score_fp4
     except ImportError as exc:
-        raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}") from exc
+        raise BackendUnavailableError(
+            f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}") from exc
     return score_fp4
 
 
@@ -50,9 +53,9 @@ class FlyDSLBackend(ScoringBackend):
 
     def check_device(self, device: torch.device) -> None:
         if not is_gfx950(device):
-            found = device.type if device.type != "cuda" else (
-                f"{device} ({'ROCm ' + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip else 'NVIDIA CUDA'})"
-            )
+            vendor = ("ROCm " + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip
+                      else "NVIDIA CUDA") if device.type == "cuda" else ""
+            found = device.type if device.type != "cuda" else f"{device} ({vendor})"
             raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; the inputs are on {found}")
         _kernel_module()
 
@@ -127,7 +130,7 @@ def launch_arguments(problem: PrefillProblem, *, scan: bool, out: torch.Tensor, 
 
 def _stream(device: torch.device):
     """The FlyDSL stream of `device`'s current stream; none for the CPU placeholders of the
-    compile-only build (compile.py), which launches nothing."""
+    compile-only build (compile/gfx950.py), which launches nothing."""
     import flydsl.expr as fx
 
     return fx.Stream(torch.cuda.current_stream(device) if device.type == "cuda" else None)
@@ -136,7 +139,8 @@ def _stream(device: torch.device):
 def compiled_configurations() -> tuple[dict, ...]:
     """The fixed configurations compiled per process (the JIT caches one binary for each): the
     dense and the scan epilogue, each for both cache formats."""
-    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format} for cache_format in CACHE_FORMATS for scan in (False, True))
+    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format}
+                 for cache_format in CACHE_FORMATS for scan in (False, True))
 
 
 __all__ = ["REQUIREMENT", "FlyDSLBackend", "compiled_configurations", "launch_arguments"]

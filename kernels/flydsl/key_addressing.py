@@ -1,5 +1,7 @@
 """Where the FlyDSL scoring kernel reads a key, in either cache format (docs/cache-layouts.md).
 
+Layer: backends (flydsl/; imports the formats only, no flydsl).
+
 The kernel (score_fp4.py) takes a cache as two operands built here by `cache_operands`:
     value_words   int32, the cache's value bytes as words from the first byte of page 0
     scale_bytes   uint8, the cache's scale bytes from the first byte of page 0
@@ -30,7 +32,12 @@ from dataclasses import dataclass
 import torch
 
 from ..cache_layout import (
-    GROUP_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, VALUE_BYTES, KVCache, token_scale_offsets,
+    GROUP_BYTES,
+    PAGE_SIZE,
+    PAGE_VALUE_BYTES,
+    VALUE_BYTES,
+    KVCache,
+    token_scale_offsets,
 )
 from ..errors import InputError
 

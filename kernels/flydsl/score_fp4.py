@@ -1,10 +1,12 @@
 """Fused MXFP4 scoring + candidate filter for gfx950 (MI350X / MI355X), written in FlyDSL 0.4.2.
 
+Layer: backends (flydsl/; FlyDSLBackend launches it, compile/gfx950.py builds it offline).
+
 STATUS: compiled for gfx950 in CI (COMPILE_ONLY=1, ARCH=gfx950, final ISA inspected); it has
 not been executed on a gfx950 device by this project. `tests/kernels/test_flydsl_gfx950.py`
 runs it against the reference on an MI355X (see README, "gfx950 backend (FlyDSL)").
 
-Math (CONTRACT.md §1), per query row i and sampled position j = m * stride of its window:
+Math (docs/contract.md §1), per query row i and sampled position j = m * stride of its window:
     dot[h]      = q[i, h, :] . k[j, :]                    one scaled FP4 MFMA per 16 heads
     t[h]        = fl32(w[i, h] * relu(dot[h]))            relu(x) = (x < 0 ? 0 : x), NaN kept
     acc         = 0;  for h = 0 .. 63:  acc = fl32(acc + t[h])      (the reference's order)
@@ -55,7 +57,7 @@ Every page x stride product and every address is int64.
 
 Epilogue, SCAN = False (dense): score[i, j] is stored to out[i * out_cols + j] (the host fills
 -inf); SCAN = True (fused filter): key = ordered_bits(score) * 2^32 + (2^32 - 1 - j)
-(selection.make_keys); a finite key >= the row's current threshold takes a slot by a 64-bit
+(keys.make_keys); a finite key >= the row's current threshold takes a slot by a 64-bit
 atomic add on the row counter, is written when slot < capacity, and counts one in the row's
 histogram of HIST_BINS bins over ordered score bits: bin = clamp((ord - base) >> shift, 0, 63),
 base = the row's input threshold score bits and shift = HIST_SHIFT (or base = -2^31 and shift
@@ -66,7 +68,7 @@ to (base + (b << shift)) * 2^32, which is <= the row's true K-th best key. A NaN
 the window sets the row's nonfinite flag. Positions are j = m * stride (m integer), so the
 calibration sample uses the same kernel.
 
-Limits: H = 64, D = 128 (CONTRACT.md); rows < 2^31 / 64; positions < 2^31; pages and every
+Limits: H = 64, D = 128 (docs/contract.md §1); rows < 2^31 / 64; positions < 2^31; pages and every
 address int64; the value pages 4-byte aligned (start and stride; key_addressing.cache_operands
 raises InputError otherwise), scale pages at any byte stride. The kernel assumes validated input
 (validation.py): windows inside the block table and live pages inside the cache.
@@ -183,7 +185,8 @@ def score_fp4_flydsl_kernel(
         valid = m < m_hi
         pos = valid.select(m, m_lo) * stride  # invalid lanes re-read a valid key
         pos64 = fx.Int64(pos)
-        page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE), fx.Int32))
+        page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE),
+                              fx.Int32))
         token = pos64 % PAGE_SIZE
         value_word = key_value_word(addressing, page, token, group64, value_page_words)
         k_op = _load(fx.get_iter(kv_value_words) + value_word, fx.Int32, 4)
@@ -218,7 +221,8 @@ def score_fp4_flydsl_kernel(
             fxllvm.generic_store(fx.get_iter(nonfinite) + row64, fx.Int32(1))
         if fx.const_expr(not SCAN):
             if owner & valid:
-                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + fx.Int64(m)), score)  # column m = pos / stride
+                # column m = pos / stride
+                fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + fx.Int64(m)), score)
         if fx.const_expr(SCAN):
             plus = (score == 0.0).select(fx.Float32(0.0), score)  # -0.0 ties +0.0
             bits = plus.bitcast(fx.Int32)
@@ -230,7 +234,8 @@ def score_fp4_flydsl_kernel(
                 if taken < out_cols:
                     fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + taken), key)
                 hist_bin = fx.min(fx.max((ordered - hist_base) >> hist_shift, fx.Int64(0)), fx.Int64(HIST_BINS - 1))
-                fxllvm.atomic_add(fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1), syncscope="agent")
+                fxllvm.atomic_add(fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1),
+                                  syncscope="agent")
 
     if fx.const_expr(SCAN):
         if num_tiles > 0:

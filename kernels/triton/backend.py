@@ -1,15 +1,19 @@
-"""TritonBackend: the H200 path (decode.py + scoring.py behind the ScoringBackend interface).
+"""TritonBackend: the H200 path (operands.py + scoring.py behind the ScoringBackend interface).
+
+Layer: backends (triton/; the operator's registry loads it). It imports the backend interface, the
+types and the utilities below it, and its own modules: operands.py, schedule.py, scoring.py,
+scoring_gluon.py, scan_outputs.py, subset.py; never a stage.
 
 Per call the backend decodes the live keys and the queries once into exact int8 operands
-(decode.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
-the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one
-sequence each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel
-in dense or scan mode on the current stream. Nothing is read back on the host. The glue between the
-kernels is Triton kernels too (decode.py's bookkeeping, schedule.py, repair.py's subset operands,
-certify.py's scan outputs) where devices.runs_triton_stages says so, their torch twins elsewhere: a
-LiteTopK call is 24 launches, 20 with a self-calibrating scan (bench.probes.host_time --cpu counts them). Buffers come from
-problem.scratch (workspace.py). Runs on an NVIDIA CUDA
-device, or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
+(operands.py; cached for the calls of one problem: calibration, scan and repair, whose subset reuses
+the keys), builds a schedule of programs on the device (schedule.py: BLOCK_ROWS rows of one sequence
+each, the longest windows first, a fixed grid from shapes), and launches a scoring kernel in dense
+or scan mode on the current stream. Nothing is read back on the host. The glue between the kernels
+is Triton kernels too (operands.py's bookkeeping, schedule.py, subset.py's subset operands,
+scan_outputs.py's scan outputs) where devices.runs_triton_stages says so, their torch twins
+elsewhere: a LiteTopK call is 24 launches, 20 with a self-calibrating scan (bench.probes.host_time
+--cpu counts them). Buffers come from problem.scratch (scratch.py). Runs on an NVIDIA CUDA device,
+or on CPU tensors under TRITON_INTERPRET=1 (how CI tests the kernels).
 
 Two scoring kernels compute the same bits (the same integer scheme, float32 order and layouts):
 score_fp4_gluon_kernel (scoring_gluon.py: sm_90 only, <= 128 registers so 4 programs share an SM)
@@ -28,30 +32,40 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend import CandidateScan, ScoringBackend
-from ..calibration import MAX_SAMPLE_STRIDE
+from ..backend import MAX_SAMPLE_STRIDE, CandidateScan, ScoringBackend
 from ..devices import is_cuda, runs_triton_stages
 from ..errors import BackendUnavailableError
+from ..problem import ZEROED_WORDS, PrefillProblem
 from ..profiling import stage_range
-from ..row_checks import ZEROED_WORDS
-from ..selection import NO_KEY, score_floor_keys
-from ..validation import PrefillProblem
-from .certify import finish_scan_triton
-from .decode import (
-    FLAG_UNSUPPORTED, decode_operands_triton, scoring_faults_triton, unsupported_rows_triton,
+from .operands import (
+    FLAG_UNSUPPORTED,
+    decode_operands_triton,
+    scoring_faults_triton,
+    unsupported_rows_triton,
 )
 from .paged import (
-    PAGED_MODES, PagedOperands, paged_block_rows, paged_operands, paged_scoring_faults, paged_subset_operands,
+    PAGED_MODES,
+    PagedOperands,
+    launch_paged_scoring,
+    paged_block_rows,
+    paged_operands,
+    paged_scoring_faults,
+    paged_subset_operands,
     paged_unsupported_rows,
 )
-from .paged_scoring import FAULT_DENSE, FAULT_SAMPLE, FAULT_SCAN, launch_paged_scoring
-from .repair import subset_operands_torch, subset_operands_triton
+from .paged_scoring import FAULT_DENSE, FAULT_SAMPLE, FAULT_SCAN
+from .scan_outputs import finish_scan
 from .schedule import Schedule, build_schedule
 from .scoring import HEAD_DIM, HEADS, NUM_BINS, prepare_scan_triton, scan_buffers, score_fp4_kernel
 from .scoring_gluon import (
-    GLUON_BLOCK_KEYS, GLUON_BLOCK_ROWS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS, score_fp4_gluon_kernel,
+    GLUON_BLOCK_KEYS,
+    GLUON_BLOCK_ROWS,
+    GLUON_MAX_REGISTERS,
+    GLUON_NUM_WARPS,
+    NUM_BUFFERS,
+    score_fp4_gluon_kernel,
 )
-
+from .subset import subset_operands
 
 SCORING_KERNELS = ("auto", "gluon", "triton")
 
@@ -76,7 +90,7 @@ def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: boo
                          num_bins: int = NUM_BINS, defer_appends: bool = True,
                          SELF_CALIBRATE: bool = False) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
-    (shared with compile_sm90.py's offline check, so CI compiles what the H200 runs)."""
+    (shared with compile/sm90.py's offline check, so CI compiles what the H200 runs)."""
     constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
                      STRIDED=STRIDED, ANY_WIDE=ANY_WIDE, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
                      NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends, SELF_CALIBRATE=SELF_CALIBRATE)
@@ -85,7 +99,7 @@ def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: boo
 
 @dataclass(frozen=True)
 class KeyOperands:
-    """Decoded, exact int8 key operands of one problem (decode.py), shared by its subsets."""
+    """Decoded, exact int8 key operands of one problem (operands.py), shared by its subsets."""
 
     k_lo: torch.Tensor  # int8 [B, s_pad, 128]
     k_hi: torch.Tensor  # int8 [B, s_pad, 128]
@@ -94,7 +108,7 @@ class KeyOperands:
     tile_wide: torch.Tensor  # int8 [B, s_pad / BLOCK_KEYS]: the key tile holds a wide key
     batch_wide: torch.Tensor  # int8 [B, 4]: byte 0 of int32 word b: sequence b holds a wide key (strided scans)
     flags_of_keys: torch.Tensor  # int8 [B, s_pad]: each key's decode flags
-    flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (decode.py)
+    flags: torch.Tensor  # int32 [2]: OR of the key flags, OR of the live query flags (operands.py)
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ class Operands:
     keys: KeyOperands
     q_lo: torch.Tensor  # int8 [rows, 64, 128]
     q_hi: torch.Tensor
-    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (decode.prepare_queries_fp4_triton)
+    wq: torch.Tensor  # float32 [rows, 64]: w' * 2^shift (operands.prepare_queries_fp4_triton)
     rowfac: torch.Tensor  # float32 [rows]: 2^(149 - shift) * weight_scale (exact: a power of two times it)
     q_wide: torch.Tensor  # bool [rows]: a live row with a head vector that needs a hi operand
     q_unsupported: torch.Tensor  # bool [rows]: a query vector or the head weights cannot be scored exactly
@@ -180,8 +194,8 @@ class TritonBackend(ScoringBackend):
         batch = problem.block_table.shape[0]
         scratch = problem.scratch
         s_pad = max(-(-problem.max_end // self.block_keys) * self.block_keys, self.block_keys)
-        # The keys any row reads, and zeroed words from the row checks' launch (row_checks.py): the flag
-        # summary (OR of the key flags, of the query flags, weights refused: decode.py) and batch_wide.
+        # The keys any row reads, and zeroed words from the row checks' launch (problem.py): the flag
+        # summary (OR of the key flags, of the query flags, weights refused: operands.py) and batch_wide.
         summary, batch_wide = problem.zeroed[:ZEROED_WORDS], problem.zeroed[ZEROED_WORDS:]
         key_outputs, query_outputs = decode_operands_triton(
             problem.cache, problem.block_table, problem.sequence_ends, s_pad, summary, batch_wide, problem.q_fp4,
@@ -189,14 +203,14 @@ class TritonBackend(ScoringBackend):
             block_keys=self.block_keys, scratch=scratch)
         k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = key_outputs
         q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = query_outputs
-        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide, batch_wide=batch_wide.view(torch.int8).view(batch, 4),
+        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide,
+                           batch_wide=batch_wide.view(torch.int8).view(batch, 4),
                            flags_of_keys=k_flags, flags=summary[0:2])
         return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
 
     def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
         """The operands of a subset (the repair's rows: one row a program, scanned only), gathered from
-        its parent's (kernels/triton/repair.py)."""
-        subset_operands = subset_operands_triton if runs_triton_stages(problem.device) else subset_operands_torch
+        its parent's (subset.py)."""
         with stage_range("litetopk.schedule"):
             q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule = subset_operands(problem, parent, self.block_rows)
         return Operands(parent.keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported,
@@ -220,7 +234,7 @@ class TritonBackend(ScoringBackend):
     def unsupported_rows(self, problem: PrefillProblem) -> torch.Tensor:
         """bool [rows]: live rows holding (or whose window holds) a vector whose nonzero blocks span more
         than 7 binades of scale, or whose head weights are outside the scoring epilogue's range
-        (decode.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
+        (operands.py); they get RowStatus.UNSUPPORTED (backend='reference' scores them). Computed when
         asked (after the scan is enqueued: off the path to the first scoring launch)."""
         ops = self.operands(problem)
         if isinstance(ops, PagedOperands):
@@ -228,14 +242,14 @@ class TritonBackend(ScoringBackend):
         if runs_triton_stages(problem.device):
             return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
                                            problem.ends, ops.q_unsupported, problem.scratch)
-        prefix = torch.nn.functional.pad(((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32).cumsum(dim=1),
-                                         (1, 0))
+        unsupported_keys = ((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32)
+        prefix = torch.nn.functional.pad(unsupported_keys.cumsum(dim=1), (1, 0))
         b = problem.row_to_batch.long()
         k_unsupported = (prefix[b, problem.ends.long()] - prefix[b, problem.starts.long()]) > 0
         return (problem.ends > problem.starts) & (ops.q_unsupported | k_unsupported)
 
     def scoring_faults(self, problem: PrefillProblem, nonfinite: torch.Tensor) -> torch.Tensor:
-        """ScoringBackend.scoring_faults in one launch (decode.scoring_faults_triton) where the Triton
+        """ScoringBackend.scoring_faults in one launch (operands.scoring_faults_triton) where the Triton
         stages run."""
         ops = self.operands(problem)
         if isinstance(ops, PagedOperands):
@@ -334,7 +348,6 @@ class TritonBackend(ScoringBackend):
         if sample_tiles and isinstance(ops, PagedOperands):
             raise ValueError("the paged mode has no self-calibrating scan (calibration_for gives 'sample')")
         rows = problem.num_rows
-        dev = problem.device
         # The kernel compares scores with the threshold's score (a superset of the keys >= it). A
         # self-calibrating scan sets up its rows itself: no launch before it.
         if sample_tiles:
@@ -355,22 +368,6 @@ class TritonBackend(ScoringBackend):
                          hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
                          appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
                          sample_tiles=sample_tiles)
-        if runs_triton_stages(dev):
-            final, appended, nonfinite = finish_scan_triton(thresholds, scan, problem.scratch)
-        else:
-            final, appended, nonfinite = finish_scan_torch(thresholds, scan)
+        final, appended, nonfinite = finish_scan(thresholds, scan, problem.scratch)
         return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite)
 
-
-def finish_scan_torch(thresholds: torch.Tensor | None, scan: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(final threshold keys int64, appended int64, nonfinite bool) [rows] of a scan's raw outputs: the
-    threshold, raised to the score-floor key of the scan's raised threshold score where it rose (torch;
-    Triton twin: kernels/triton/certify.py)."""
-    raised = scan["raised"]
-    if thresholds is None:  # a self-calibrating scan's: NO_KEY (-inf) everywhere
-        thresholds = torch.full_like(raised, NO_KEY, dtype=torch.int64)
-        thr = torch.full_like(raised, float("-inf"))
-    else:
-        thr = scan["thr"]
-    final = torch.maximum(thresholds, torch.where(raised > thr, score_floor_keys(raised), NO_KEY))
-    return final, scan["appended"].long(), scan["nonfinite"].bool()

@@ -29,9 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..cache_layout import PAGE_SIZE, KVCache
 from ..devices import runs_triton_stages
 from ..status import RowStatus
-from .decode import prepare_queries_fp4_triton
+from .operands import prepare_queries_fp4_triton
+from .paged_scoring import score_fp4_paged_kernel
+from .paged_scoring_gluon import GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+from .scoring import HEAD_DIM, HEADS, NUM_BINS
 from .split_schedule import SplitSchedule, build_split_schedule
 
 PAGED_ROWS_PER_SEQUENCE = 4
@@ -108,6 +112,54 @@ def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None)
 
 
+def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: bool, strided: bool,
+                         use_asm: bool, indirect: bool = False, refresh: int = 4, num_bins: int = NUM_BINS) -> dict:
+    """The constexpr arguments of one score_fp4_paged_kernel variant, as launched (shared with the
+    offline compile check, so CI compiles what the GPU runs)."""
+    return dict(TOPK=topk, BLOCK_ROWS=block_rows, DENSE=dense, STRIDED=strided, REFRESH=refresh, NB=num_bins,
+                H=HEADS, D=HEAD_DIM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
+                GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
+                SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales, USE_ASM=use_asm,
+                INDIRECT=indirect)
+
+
+def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch: torch.Tensor,
+                         queries: tuple, schedule: SplitSchedule, starts: torch.Tensor, ends: torch.Tensor, *,
+                         topk: int, programs: int, fault_set: int, use_asm: bool, gluon: bool = False,
+                         num_warps: int = 4,
+                         out: torch.Tensor | None = None, stride: int = 1, scan: dict | None = None,
+                         buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4,
+                         query_rows: torch.Tensor | None = None) -> None:
+    """Launch score_fp4_paged_kernel over `programs` programs: dense (`out` float32 [rows, width], column c
+    = position c * stride) or scan (`scan`: scoring.scan_buffers' dict, prepared; `buffer` int64 [rows,
+    capacity]). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton, and
+    `query_rows` (int64 [rows], optional) the operand row each row reads (a subset's parent rows). The
+    launch ORs its faults into schedule.faults[fault_set] (zeroed by the schedule's launch). `gluon`: the
+    kernel's Gluon twin (paged_scoring_gluon.py: sm_90, compiled; the same bits)."""
+    q_lo, q_hi, wq, rowfac, q_wide = queries
+    dense = out is not None
+    unused32 = rowfac  # float32, never read in the other mode
+    faults = schedule.faults[fault_set]
+    args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, cache.num_pages,
+            block_table, block_table.stride(0), row_to_batch, q_lo, q_hi, wq, rowfac, q_wide.view(torch.int8),
+            query_rows if query_rows is not None else schedule.tile_offset,
+            schedule.groups, schedule.group_row, schedule.group_count, schedule.group_span, schedule.tile_offset,
+            starts, ends,
+            out if dense else unused32, out.shape[1] if dense else 0, stride,
+            *((unused32,) * 3 if dense else (scan["thr"], scan["hist_lo"], scan["hist_width"])),
+            schedule.faults if dense else scan["hist"], buffer if buffer is not None else schedule.faults, capacity,
+            schedule.faults if dense else scan["appended"], unused32 if dense else scan["raised"],
+            faults[0], faults[1], programs)
+    if starts.shape[0]:
+        constants = paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
+                                         strided=stride != 1, use_asm=use_asm, indirect=query_rows is not None,
+                                         refresh=refresh)
+        if gluon:
+            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, num_warps=GLUON_PAGED_WARPS)
+        else:
+            score_fp4_paged_kernel[(programs,)](*args, **constants, num_warps=num_warps)
+
+
 @triton.jit
 def paged_faults_kernel(status_ptr, nonfinite_ptr, unsupported_ptr, q_unsupported_ptr, starts_ptr, ends_ptr, out_ptr,
                         rows, BLOCK: tl.constexpr):
@@ -154,5 +206,6 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     return live & ((ops.faults[1] != 0) | q_unsupported)
 
 
-__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "paged_block_rows", "paged_operands", "paged_programs",
+__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "launch_paged_scoring", "paged_block_rows",
+           "paged_launch_options", "paged_operands", "paged_programs",
            "paged_scoring_faults", "paged_subset_operands", "paged_unsupported_rows"]

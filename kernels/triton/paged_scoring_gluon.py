@@ -31,7 +31,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .keys import _ordering_keys
+from ..keys import _ordering_keys
 from .paged_scoring import E2M1_ASM
 from .scoring import SUBNORMAL_UNIT
 

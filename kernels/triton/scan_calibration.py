@@ -2,6 +2,8 @@
 take (score_fp4_kernel with SELF_CALIBRATE in scoring.py; its Gluon twin in scoring_gluon.py), the
 Triton helpers and _calibrate_in_scan_gluon side by side, with the same arithmetic.
 
+Layer: backends (triton/; scoring.py and scoring_gluon.py call its steps).
+
 The program sets up its own rows, with no launch before the scan (scoring.scan_buffers): threshold
 -inf, histogram off, count and histogram zeroed. Phase A scans n_sample contiguous tiles (_sample_tiles)
 that end with the program's earliest window end (_first_sample_tile: the most recent keys every row sees where the
@@ -29,7 +31,7 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .keys import NO_KEY_C, _scores_of_keys
+from ..keys import NO_KEY_C, _scores_of_keys
 
 BISECTION_STEPS = tl.constexpr(12)  # each bracket ends at 2^-12 of the sample's range
 CALIBRATION_CHUNK = gl.constexpr(256)  # buffer slots of a row read at a time by _calibrate_in_scan_gluon
@@ -41,7 +43,8 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.const
     ceil(n_steps / sample_stride), ceil(2 K / BLOCK_KEYS)) (at least 2 K keys: a K-th best of fewer
     would be the sample's bottom), at most n_steps and at most the tiles the candidate buffer holds
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
-    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
+    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)),
+                        (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
     return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
 
 

@@ -1,6 +1,8 @@
 """The scoring kernels' schedule, built on the device (three Triton launches on CUDA; the torch code
 below is its twin elsewhere, the same bits, tested): no host round trip, capturable.
 
+Layer: backends (triton/; backend.py builds it, subset.py writes the repair's).
+
 A program of the scoring kernels (scoring.py, scoring_gluon.py) owns up to BLOCK_ROWS rows of one
 sequence and walks the union of their windows. The schedule (class Schedule) says which:
     rows     int32 [programs, BLOCK_ROWS]  row indices, -1 padding; lanes fill from the first
@@ -37,7 +39,7 @@ path and ~50 M on the general one (SASS, bench/NOTES.md; ~53 M and ~126 us befor
                               the programs used (a program sums the first lanes before its block, FLAGS at a time)
     schedule_order_kernel     each used program's place by span length (a rank over the used ones); writes
                               the Schedule
-The repair's schedule (one row a program, row order) is written by kernels/triton/repair.py.
+The repair's schedule (one row a program, row order) is written by subset.py.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ import triton
 import triton.language as tl
 
 from ..devices import runs_triton_stages
-from ..workspace import Scratch
-from .decode import FLAG_WIDE
+from ..scratch import Scratch
+from .operands import FLAG_WIDE
 
 BLOCK = 64  # rows a program of schedule_programs_kernel lays out
 # The two ranks: RANK_BLOCK rows (programs) a program ranks, against RANK_TILE others at a time. Small
@@ -159,7 +161,8 @@ def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
 @triton.jit
 def _count_before(key_i, group_i, offs_i, key_j, group_j, offs_j, mask_j):
     """Of the rows j (one tile), per row i: (rows before it in (key, row) order, rows of earlier groups)."""
-    before = (key_j[None, :] < key_i[:, None]) | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None]))
+    before = ((key_j[None, :] < key_i[:, None])
+              | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None])))
     place = tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
     lower = tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
     return place, lower
@@ -257,7 +260,8 @@ def schedule_programs_kernel(
     order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs (first_at int8)
     starts_ptr, ends_ptr, q_wide_ptr,                   # int32 [n] x2, int8 [n]
     rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
-    length_ptr, used_ptr,                               # int32 [P]: span length (0: empty rows); int32 [1]: programs used
+    # int32 [P]: span length (0: empty rows); int32 [1]: programs used
+    length_ptr, used_ptr,
     BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr,
 ):
     pid = tl.program_id(0)

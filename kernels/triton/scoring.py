@@ -1,11 +1,13 @@
 """Fused FP4 scoring + LiteTopK filter on tensor cores (Triton; sm_90 wgmma, and the interpreter).
 
-Math (CONTRACT.md §1) with the exact integer scheme of decode.py:
+Layer: backends (triton/; backend.py launches it).
+
+Math (docs/contract.md §1) with the exact integer scheme of operands.py:
     int_dot[j, (i, h)] = k_lo[j].q_lo[i,h] + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi   (int8 MMA -> int32)
     r                  = relu(int_dot) * 2^-149                 exact (see below)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * r) ) * rowfac[i] * kfac[j] )
 with wq[i,h] = w[i,h] * 2^(mq[i,h] - 129 + shift_i), rowfac[i] = 2^(149 - shift_i) * weight_scale and
-kfac[j] = 2^(mk[j] - 127) (decode.prepare_queries_fp4_triton: shift_i puts the row's largest |wq| in
+kfac[j] = 2^(mk[j] - 127) (operands.prepare_queries_fp4_triton: shift_i puts the row's largest |wq| in
 [2^126, 2^127) and the launcher refuses rows whose nonzero |wq| fall below 2^23, so every product
 wq * r with r != 0 is a normal float32). Every factor but w and weight_scale is an exact power of
 two, and ReLU and the head sum commute with a positive power of two, so this is the contract's
@@ -21,7 +23,7 @@ per product, no conversion. In the wide branches int_dot (< 2^29) is converted o
 scaled by 2^-149 exactly. The hi terms run only in programs (query side) or key tiles (key side)
 that hold a wide vector.
 
-Tiling (the fast orientation measured on the H200, H200-NOTES.md): keys on the MMA's M side
+Tiling (the fast orientation measured on the H200): keys on the MMA's M side
 (BLOCK_KEYS keys per step), (head, query row) on the N side, column n = head * BLOCK_ROWS + row,
 so that each thread's accumulator columns hold two rows x 16 heads (BLOCK_ROWS 2, the backend's
 tile, the same layout and order as scoring_gluon.py; 32 heads at BLOCK_ROWS 4) and the head sum
@@ -32,7 +34,7 @@ means stride 1, whose key tiles are contiguous and need no bounds mask: s_pad co
 Scan epilogue: a score >= the row's threshold score (float32; thresholds are score floors, so
 this admits every key at or above the threshold key, and possibly more keys of the same score)
 takes a slot with one relaxed atomic on the row's counter; its key ordered(score) << 32 |
-(2^32 - 1 - position) (selection.make_keys) is stored at buf[row, slot] (int64 addressing) if slot
+(2^32 - 1 - position) (keys.make_keys) is stored at buf[row, slot] (int64 addressing) if slot
 < capacity; the counter keeps counting past it (the overflow certificate). Passing scores are also
 counted in a per-row histogram of NUM_BINS linear bins over [hist_lo, hist_lo + NUM_BINS *
 hist_width). The step loop runs in inner loops of REFRESH steps (loads, MMAs and predicated
@@ -56,10 +58,14 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import HEAD_DIM, NUM_HEADS
-from ..workspace import Scratch
-from .keys import NO_KEY_C, _ordering_keys, _scores_of_keys
+from ..keys import NO_KEY_C, _ordering_keys, _scores_of_keys
+from ..scratch import Scratch
 from .scan_calibration import (
-    _calibrate_in_scan, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles,
+    _calibrate_in_scan,
+    _ceiling_rank,
+    _first_sample_tile,
+    _phase_bounds,
+    _sample_tiles,
 )
 
 HEADS = NUM_HEADS

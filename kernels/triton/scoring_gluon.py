@@ -1,29 +1,32 @@
 """Fused FP4 scoring + LiteTopK filter in Gluon (sm_90 only): scoring.py's kernel with explicit layouts.
 
+Layer: backends (triton/; backend.py launches it on sm_90, compile/sm90.py builds it offline).
+
 The math, the exact integer scheme, the float32 order and its bound are scoring.py's: per key step
     int_dot[j, (h, i)] = k_lo[j] . q_lo[i, h]                          (int8 wgmma -> int32, exact)
     score[i, j]        = fl32( fl32( sum_h fl32(wq[i,h] * bits_as_f32(relu(int_dot))) ) * rowfac[i] * kfac[j] )
-where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages
-q_hi when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key, into
-the ring's other slot (no k_hi buffer of its own: 48 KiB of shared memory a program, so 4 programs
-share an SM as in the common case; a separate 8 KiB buffer had put the wide variants at 56-56.5 KiB,
-over a quarter of the SM's 228 KiB with the 2 KiB static and reserved a block: 3 programs). The k_hi copy and the next lo copy around a wide tile are issued after
-the MMA of the step before them with cp.async (overlapping that step's epilogue; no synchronous
-copy); the tiles' wide flags are loaded one step ahead and the keys' factors before the MMA, so no
-load latency sits between a step's barrier and its MMA. The hi dots join by Horner's rule in the
-same accumulator (_wide_int_dots), and relu(int_dot) is converted once and scaled by 2^-149, as in
-scoring.py. A narrow step of the ANY_WIDE variant is the common case's step (the same bits).
+where no live vector is wide (ANY_WIDE false, the common case). With ANY_WIDE the program stages q_hi
+when one of its rows needs it and copies a tile's k_hi when the tile holds a wide key, into the ring's
+other slot (no k_hi buffer of its own: 48 KiB of shared memory a program, so 4 programs share an SM as
+in the common case; a separate 8 KiB buffer had put the wide variants at 56-56.5 KiB, over a quarter of
+the SM's 228 KiB with the 2 KiB static and reserved a block: 3 programs). The k_hi copy and the next lo
+copy around a wide tile are issued after the MMA of the step before them with cp.async (overlapping that
+step's epilogue; no synchronous copy); the tiles' wide flags are loaded one step ahead and the keys'
+factors before the MMA, so no load latency sits between a step's barrier and its MMA. The hi dots join
+by Horner's rule in the same accumulator (_wide_int_dots), and relu(int_dot) is converted once and
+scaled by 2^-149, as in scoring.py. A narrow step of the ANY_WIDE variant is the common case's step (the
+same bits).
 The head sum is reduced in the layout the Triton kernel gets for the same tile at BLOCK_ROWS = 2
 (gl.sum over the same NVMMA layout), so the two kernels return the same bits (checked on the H200
-by tests/kernels/test_triton_backend.py, tests/kernels/test_wide_scoring.py and bench/gluon_probe.py).
+by tests/kernels/test_triton_backend.py, tests/kernels/test_wide_scoring.py and bench/probes/gluon_probe.py).
 
-What Gluon buys over the Triton kernel (bench/NOTES.md, session 4): the register budget. One
-warpgroup (4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEYS = 64 keys per
-wgmma (m64n128k32, 4 k-steps): 64 int32 accumulators and 32 head weights per thread, so the kernel
-fits <= 128 registers (ptxas cap, `maxnreg`) and 4 programs share an SM, where the Triton kernel
-needs ~250 registers and gets 2 (Nsight: latency-bound at 2 warps per scheduler). Key tiles are
-copied global -> shared with cp.async into a ring of NUM_BUFFERS tiles (no registers; two CTA
-barriers per step, one after the copy wait and one before the wgmma; the copy of step s + NUM_BUFFERS - 1 in flight during step s's MMA and epilogue).
+What Gluon buys over the Triton kernel (bench/NOTES.md, session 4): the register budget. One warpgroup
+(4 warps), BLOCK_ROWS = 2 rows x 64 heads = 128 MMA columns, BLOCK_KEYS = 64 keys per wgmma (m64n128k32,
+4 k-steps): 64 int32 accumulators and 32 head weights per thread, so the kernel fits <= 128 registers
+(ptxas cap, `maxnreg`) and 4 programs share an SM, where the Triton kernel needs ~250 registers and gets
+2 (Nsight: latency-bound at 2 warps per scheduler). Key tiles are copied global -> shared with cp.async
+into a ring of NUM_BUFFERS tiles (no registers; two CTA barriers per step, one after the copy wait and
+one before the wgmma; the copy of step s + NUM_BUFFERS - 1 in flight during step s's MMA and epilogue).
 
 Tiling: keys on the MMA's M side, column n = head * BLOCK_ROWS + row on the N side (scoring.py).
 After the head sum each (key, row) score sits in 4 lanes (the reduction's replication); the dense
@@ -51,20 +54,23 @@ counters: no launch before the scan). Offline: its step loops 253 (the sample's:
 histogram add, off by construction) / 347 / 341 instructions (the scan's 326), no stack (104 bytes with
 ANY_WIDE, whose loops reload up to 10 registers a step against scan_wide's 5). Not yet run on an H200.
 Limits: D = 128, 64 heads, BLOCK_ROWS = 2, sm_90 (wgmma); no interpreter (the Triton kernel is
-the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile_sm90 summary).
+the CI-tested twin). The ANY_WIDE variants spill up to 10 registers (compile/sm90.py's summary).
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
-
-from .keys import _ordering_keys
-from .scan_calibration import _calibrate_in_scan_gluon, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles
-from .scoring import SUBNORMAL_UNIT
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy, fence_async_shared, warpgroup_mma, warpgroup_mma_wait,
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
 )
+
+from ..keys import _ordering_keys
+from .scan_calibration import _calibrate_in_scan_gluon, _ceiling_rank, _first_sample_tile, _phase_bounds, _sample_tiles
+from .scoring import SUBNORMAL_UNIT
 
 GLUON_BLOCK_ROWS = 2
 GLUON_BLOCK_KEYS = 64
@@ -115,7 +121,7 @@ def _tile_flag(flags_at, step, n_steps, STRIDED: gl.constexpr):
 @gluon.jit
 def _wide_int_dots(lo_tile, hi_tile, q_smem, q_hi_smem, q_wide, k_wide, acc_layout: gl.constexpr,
                    BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
-    """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (decode.py),
+    """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (operands.py),
     as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
     into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29).
     hi_tile: a wide tile's k_hi (the ring slot the score kernel gives it)."""
@@ -165,7 +171,7 @@ def _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N: gl.con
 
 @gluon.jit
 def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
-    """buf[row, slot] = the ordering key of (score, position) (selection.make_keys) where the key
+    """buf[row, slot] = the ordering key of (score, position) (keys.make_keys) where the key
     passed and slot < capacity."""
     keys = _ordering_keys(scores, positions[:, None])
     gl.store(buf_ptr + rows64[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
@@ -221,7 +227,7 @@ def score_fp4_gluon_kernel(
 
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
     q_vec = _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N, BLOCK_ROWS, H, D, ld)
-    if ANY_WIDE:  # the hi operands (decode.py): q_hi staged where a row of the program needs it
+    if ANY_WIDE:  # the hi operands (operands.py): q_hi staged where a row of the program needs it
         q_wide = gl.load(prog_q_wide_ptr + pid) != 0
         q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
         q_hi_smem.store(gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide,
@@ -244,7 +250,8 @@ def score_fp4_gluon_kernel(
         n_steps = gl.cdiv(hi - lo, BLOCK_KEYS)
         hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
                                                      warps_per_cta=[num_warps, 1], order=[1, 0])
-        h_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=gl.SliceLayout(1, hist_layout)))
+        h_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS
+                         + gl.arange(0, BLOCK_ROWS, layout=gl.SliceLayout(1, hist_layout)))
         h_ok = h_rows >= 0
         h_rows64 = gl.where(h_ok, h_rows, 0).to(gl.int64)
         offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
@@ -257,14 +264,16 @@ def score_fp4_gluon_kernel(
             hist_lo_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
             hist_width_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
             gl.store(appended_ptr + h_rows64, gl.zeros([BLOCK_ROWS], gl.int32, row_of_hist), mask=h_ok)
-            gl.store(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :], gl.zeros([BLOCK_ROWS, NB], gl.int32, hist_layout),
+            gl.store(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :],
+                     gl.zeros([BLOCK_ROWS, NB], gl.int32, hist_layout),
                      mask=h_ok[:, None])
         else:
             thr_h = gl.load(thr_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_lo_h = gl.load(hist_lo_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_width_h = gl.load(hist_width_ptr + h_rows64, mask=h_ok, other=0.0)
         row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
-        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat)
+        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS,
+                                                       row_of_flat)
         rows64_f = rows_f.to(gl.int64)
         if SELF_CALIBRATE:
             hist_lo = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
@@ -294,7 +303,8 @@ def score_fp4_gluon_kernel(
             phase_steps = n_steps
         offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
         for s in gl.static_range(NUM_BUFFERS - 1):
-            _issue_key_tile(s, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS), offs_k, offs_d,
+            _issue_key_tile(s, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS),
+                            offs_k, offs_d,
                             BLOCK_KEYS, D, STRIDED)
         if ANY_WIDE:
             # A wide tile's k_hi takes the ring's other slot (no shared memory of its own: 4 programs
@@ -332,11 +342,13 @@ def score_fp4_gluon_kernel(
             fence_async_shared()
             if ANY_WIDE:
                 if not k_wide:  # (a wide tile's k_hi holds the other slot until its MMA is done)
-                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
+                                    ring.index((step + 1) % 2),
                                     offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
             else:
                 _issue_key_tile(step + NUM_BUFFERS - 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
-                                ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                                ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D,
+                                STRIDED)
             gl.thread_barrier()
             # the keys' factors are loaded before the MMA, so that their latency overlaps it
             pos = phase_lo + (step * BLOCK_KEYS + offs_tk) * stride
@@ -355,7 +367,8 @@ def score_fp4_gluon_kernel(
                     relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
                 # this step's MMA, the last reader of both slots, has completed
                 if k_wide:  # the next phase_lo tile into the slot this tile's k_hi held
-                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index((step + 1) % 2),
+                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
+                                    ring.index((step + 1) % 2),
                                     offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
                 if k_wide_next:  # the next tile's k_hi into this tile's phase_lo slot
                     _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_hi_ptr, hi, ring.index(step % 2),

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE
 from ..devices import runs_triton_stages
-from ..workspace import Scratch
+from ..scratch import Scratch
 
 BLOCK = 1024  # rows (groups) the schedule kernel reads at a time
 FAULT_SETS = 3  # per-row fault words: the calibration sample's launch, the scan's, the dense scores'

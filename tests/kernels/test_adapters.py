@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import InputError, litetopk_prefill
-from litetopk.kernels import adapters
+from litetopk.kernels import InputError, adapters, litetopk_prefill
 from tests.kernels.test_aiter_layout import in_padded_slab
 from tests.problems import make_problem
 

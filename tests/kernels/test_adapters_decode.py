@@ -14,8 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import InputError, RowStatus, litetopk_prefill, random_problem
-from litetopk.kernels import adapters
+from litetopk.kernels import InputError, RowStatus, adapters, litetopk_prefill, random_problem
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle
 from tests.problems import Problem, oracle_scores, results_equal
 
@@ -71,8 +70,11 @@ def sglang_tensors(p: Problem) -> dict:
     [T, 64, 1] weights, one page-table row per query token, c4_seq_lens [T], the cache 2-D."""
     rows = p.q_fp4.shape[0]
     return dict(
-        q_fp4=p.q_fp4.view(torch.int8), q_sf=p.q_scale.view(torch.int32).view(rows, H), kv_cache=p.kv_cache,
-        page_table=p.block_table[p.row_to_batch.long()].contiguous(), weights=p.weights.view(rows, H, 1),
+        q_fp4=p.q_fp4.view(torch.int8),
+        q_sf=p.q_scale.view(torch.int32).view(rows, H),
+        kv_cache=p.kv_cache,
+        page_table=p.block_table[p.row_to_batch.long()].contiguous(),
+        weights=p.weights.view(rows, H, 1),
         c4_seq_lens=p.ends.clone(),
     )
 
@@ -82,16 +84,19 @@ def vllm_block_slab(cache: torch.Tensor, width: int = 132, block_stride: int = 8
     width] (FP8-sized, width 132) whose blocks lie block_stride bytes apart; FP4 uses each block's
     first 64 * 68 bytes, the rest is random (never read)."""
     slab = torch.randint(0, 256, (cache.shape[0], block_stride), dtype=torch.uint8, device=cache.device)
-    slab[:, :cache.shape[1]] = cache
-    return slab[:, :64 * width].view(cache.shape[0], 64, width)
+    slab[:, : cache.shape[1]] = cache
+    return slab[:, : 64 * width].view(cache.shape[0], 64, width)
 
 
 def vllm_decode_tensors(p: Problem, requests: int, next_n: int) -> dict:
     """vLLM's decode-branch inputs for `p`: q uint8 [B, next_n, 64, 64], q_scale int32 [B, next_n, 64],
     the layer's 3-D cache, the per-request block table, weights [B * next_n, 64], seq_lens [B, next_n]."""
     return dict(
-        q_fp4=p.q_fp4.view(requests, next_n, H, 64), q_scale=p.q_scale.view(torch.int32).view(requests, next_n, H),
-        kv_cache=vllm_block_slab(p.kv_cache), block_table=p.block_table, weights=p.weights,
+        q_fp4=p.q_fp4.view(requests, next_n, H, 64),
+        q_scale=p.q_scale.view(torch.int32).view(requests, next_n, H),
+        kv_cache=vllm_block_slab(p.kv_cache),
+        block_table=p.block_table,
+        weights=p.weights,
         seq_lens=p.ends.clone().view(requests, next_n),
     )
 
@@ -119,8 +124,9 @@ def test_sglang_c4_indexer_decode_matches_the_oracle_and_a_direct_call(name, mon
     pages = torch.full((rows + 2, k + 64), POISON, dtype=torch.int32)  # padded as sglang's _pad_last_dim may
     raw = torch.full((rows, k), POISON, dtype=torch.int32)
     seen = spy_on_operator(monkeypatch)
-    result = adapters.topk_sglang_c4_indexer(**t, c4_sparse_page_indices=pages, c4_sparse_raw_indices=raw, topk=k,
-                                             backend="reference")
+    result = adapters.topk_sglang_c4_indexer(
+        **t, c4_sparse_page_indices=pages, c4_sparse_raw_indices=raw, topk=k, backend="reference"
+    )
     args, _ = seen[0]
     views = (t["q_fp4"], t["q_sf"], t["kv_cache"], t["page_table"], t["weights"], t["c4_seq_lens"])
     assert [args[i].data_ptr() for i in (0, 1, 2, 3, 4, 7)] == [v.data_ptr() for v in views], f"{where}: a copy"
@@ -128,7 +134,9 @@ def test_sglang_c4_indexer_decode_matches_the_oracle_and_a_direct_call(name, mon
     assert results_equal(result, want) == [], f"{where}: differs from the direct call in {results_equal(result, want)}"
     assert torch.equal(pages[:rows, :k], want.physical_indices), f"{where}: c4_sparse_page_indices"
     assert torch.equal(raw, want.raw_indices), f"{where}: c4_sparse_raw_indices"
-    assert bool((pages[rows:] == POISON).all()) and bool((pages[:, k:] == POISON).all()), f"{where}: wrote outside [:T, :K]"
+    assert bool((pages[rows:] == POISON).all()) and bool((pages[:, k:] == POISON).all()), (
+        f"{where}: wrote outside [:T, :K]"
+    )
     check_against_oracle(result, p, where)
 
 
@@ -141,8 +149,9 @@ def test_sglang_mtp_rows_may_share_their_requests_page_table_row(monkeypatch, se
     grouped = torch.full((12, p.topk), POISON, dtype=torch.int32)
     want = adapters.topk_sglang_c4_indexer(**t, c4_sparse_page_indices=per_token, topk=p.topk, backend="reference")
     seen = spy_on_operator(monkeypatch)
-    got = adapters.topk_sglang_c4_indexer(**t, c4_sparse_page_indices=grouped, topk=p.topk, next_n=3,
-                                          backend="reference")
+    got = adapters.topk_sglang_c4_indexer(
+        **t, c4_sparse_page_indices=grouped, topk=p.topk, next_n=3, backend="reference"
+    )
     assert seen[0][0][5].tolist() == [0, 0, 0, 3, 3, 3, 6, 6, 6, 9, 9, 9], "row_to_batch"
     assert results_equal(got, want) == [] and torch.equal(grouped, per_token), f"seed {seed}"
     with pytest.raises(InputError, match="next_n must be a positive int dividing the 12"):
@@ -160,7 +169,9 @@ def test_vllm_indexer_decode_matches_the_oracle_and_a_direct_call(name, monkeypa
     seen = spy_on_operator(monkeypatch)
     result = adapters.topk_vllm_indexer_decode(**t, topk_indices_buffer=buffer, topk=k, backend="reference")
     args, _ = seen[0]
-    assert args[2].data_ptr() == t["kv_cache"].data_ptr() and args[2].stride(0) == 8640, f"{where}: the cache was copied"
+    assert args[2].data_ptr() == t["kv_cache"].data_ptr() and args[2].stride(0) == 8640, (
+        f"{where}: the cache was copied"
+    )
     views = (t["q_fp4"], t["q_scale"], t["block_table"], t["weights"], t["seq_lens"])
     assert [args[i].data_ptr() for i in (0, 1, 3, 4, 7)] == [v.data_ptr() for v in views], f"{where}: a copy"
     want = litetopk_prefill(*p.args(), topk=k, backend="reference")
@@ -179,8 +190,12 @@ def test_vllm_decode_takes_every_seq_lens_shape(shape, seed):
     if shape == "[B]":
         t["seq_lens"] = p.ends.clone()
     else:  # vLLM's flattened path: each token its own request, the block table expanded per token
-        t.update(seq_lens=p.ends.clone().view(rows, 1), q_fp4=p.q_fp4, q_scale=p.q_scale.view(torch.int32).view(rows, H),
-                 block_table=p.block_table[p.row_to_batch.long()].contiguous())
+        t.update(
+            seq_lens=p.ends.clone().view(rows, 1),
+            q_fp4=p.q_fp4,
+            q_scale=p.q_scale.view(torch.int32).view(rows, H),
+            block_table=p.block_table[p.row_to_batch.long()].contiguous(),
+        )
     buffer = torch.full((rows, p.topk), POISON, dtype=torch.int32)
     result = adapters.topk_vllm_indexer_decode(**t, topk_indices_buffer=buffer, topk=p.topk, backend="reference")
     want = litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
@@ -199,32 +214,56 @@ def prefill_chunk(seed: int, raw_lens: list[int], query_lens: list[int]):
     rows = max(query_lens) * len(raw_lens)  # random_problem splits rows evenly; cut to the real rows below
     p = random_problem(rows, keys, 512, seed=seed, spread=1)
     take = torch.cat([torch.arange(r * max(query_lens), r * max(query_lens) + q) for r, q in enumerate(query_lens)])
-    ends = torch.tensor([(length - q + 1 + i) // 4 for length, q in zip(raw_lens, query_lens) for i in range(q)],
-                        dtype=torch.int32)
-    p = Problem(**{**p.__dict__, "q_fp4": p.q_fp4[take].contiguous(), "q_scale": p.q_scale[take].contiguous(),
-                   "weights": p.weights[take].contiguous(), "row_to_batch": p.row_to_batch[take].contiguous(),
-                   "starts": torch.zeros_like(ends), "ends": ends})
+    ends = torch.tensor(
+        [(length - q + 1 + i) // 4 for length, q in zip(raw_lens, query_lens) for i in range(q)], dtype=torch.int32
+    )
+    p = Problem(
+        **{
+            **p.__dict__,
+            "q_fp4": p.q_fp4[take].contiguous(),
+            "q_scale": p.q_scale[take].contiguous(),
+            "weights": p.weights[take].contiguous(),
+            "row_to_batch": p.row_to_batch[take].contiguous(),
+            "starts": torch.zeros_like(ends),
+            "ends": ends,
+        }
+    )
     cu_seq_lens = torch.tensor([0] + [length // 4 for length in raw_lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     ks = cu_seq_lens[p.row_to_batch.long()]
     return p, ks, ks + ends, cu_seq_lens
 
 
-@pytest.mark.parametrize("lens", [([2000, 3, 900, 2600], [40, 2, 30, 25]), ([1, 2, 5000], [1, 2, 60])],
-                         ids=["uneven, an empty request between", "two empty requests first"])
+@pytest.mark.parametrize(
+    "lens",
+    [([2000, 3, 900, 2600], [40, 2, 30, 25]), ([1, 2, 5000], [1, 2, 60])],
+    ids=["uneven, an empty request between", "two empty requests first"],
+)
 def test_vllm_prefill_chunk_matches_the_oracle_and_a_direct_call(lens, seed):
     p, ks, ke, cu = prefill_chunk(seed, *lens)
     rows = p.q_fp4.shape[0]
     buffer = torch.full((rows + 3, p.topk), POISON, dtype=torch.int32)
-    chunk_rows = buffer[2:rows + 2]  # topk_indices_buffer[token_start:token_end]
+    chunk_rows = buffer[2 : rows + 2]  # topk_indices_buffer[token_start:token_end]
     result = adapters.topk_vllm_indexer_prefill_chunk(
-        p.q_fp4, p.q_scale.view(torch.int32).view(rows, H), vllm_block_slab(p.kv_cache), p.block_table, p.weights,
-        ks, ke, cu, chunk_rows, topk=p.topk, backend="reference")
+        p.q_fp4,
+        p.q_scale.view(torch.int32).view(rows, H),
+        vllm_block_slab(p.kv_cache),
+        p.block_table,
+        p.weights,
+        ks,
+        ke,
+        cu,
+        chunk_rows,
+        topk=p.topk,
+        backend="reference",
+    )
     where = f"[vLLM prefill {lens}] seed {seed}"
     want = litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
     # rows of a request without keys may name any request: their windows are empty either way
     assert results_equal(result, want) == [], f"{where}: differs from the direct call in {results_equal(result, want)}"
     assert torch.equal(chunk_rows, want.raw_indices), f"{where}: topk_indices_buffer rows"
-    assert bool((buffer[:2] == POISON).all()) and bool((buffer[rows + 2:] == POISON).all()), f"{where}: outside the chunk"
+    assert bool((buffer[:2] == POISON).all()) and bool((buffer[rows + 2 :] == POISON).all()), (
+        f"{where}: outside the chunk"
+    )
     check_against_oracle(result, p, where)
 
 
@@ -251,8 +290,17 @@ def test_sglang_rows_at_faults_publish_nothing_and_the_rest_is_answered(seed):
     faulty = {1: int(RowStatus.INVALID_PAGE), 4: int(RowStatus.NONFINITE), 6: int(RowStatus.INVALID_ROW)}
     where = f"[sglang faults] seed {seed}"
     direct = litetopk_prefill(
-        t["q_fp4"].view(torch.uint8), p.q_scale, p.kv_cache, t["page_table"], t["weights"].view(8, H),
-        torch.arange(8, dtype=torch.int32), p.starts, t["c4_seq_lens"], topk=p.topk, backend="reference")
+        t["q_fp4"].view(torch.uint8),
+        p.q_scale,
+        p.kv_cache,
+        t["page_table"],
+        t["weights"].view(8, H),
+        torch.arange(8, dtype=torch.int32),
+        p.starts,
+        t["c4_seq_lens"],
+        topk=p.topk,
+        backend="reference",
+    )
     assert results_equal(result, direct) == [] and torch.equal(pages, direct.physical_indices), where
     check_against_oracle(result, p, where, faulty)
 
@@ -264,14 +312,16 @@ def test_vllm_a_bad_block_faults_every_row_of_its_request(seed):
     t["block_table"] = p.block_table.clone()
     t["block_table"][1, 0] = -1  # request 1: all three of its rows see page 0
     buffer = torch.full((9, p.topk), POISON, dtype=torch.int32)
-    result = adapters.topk_vllm_indexer_decode(**t, topk_indices_buffer=buffer, topk=p.topk, max_seq_len=700,
-                                               backend="reference")
+    result = adapters.topk_vllm_indexer_decode(
+        **t, topk_indices_buffer=buffer, topk=p.topk, max_seq_len=700, backend="reference"
+    )
     bad = int(RowStatus.INVALID_PAGE)
     faulty = {3: bad, 4: bad, 5: bad}
     faulty.update({i: int(RowStatus.INVALID_ROW) for i in range(9) if int(p.ends[i]) > 700 and i not in faulty})
     where = f"[vLLM faults] seed {seed}"
-    direct = litetopk_prefill(*p.args()[:3], t["block_table"], *p.args()[4:], topk=p.topk, max_seq_len=700,
-                              backend="reference")
+    direct = litetopk_prefill(
+        *p.args()[:3], t["block_table"], *p.args()[4:], topk=p.topk, max_seq_len=700, backend="reference"
+    )
     assert results_equal(result, direct) == [] and torch.equal(buffer, direct.raw_indices), where
     check_against_oracle(result, p, where, faulty)
 
@@ -286,26 +336,38 @@ def test_adapters_refuse_tensors_that_do_not_match(seed):
     buffer = torch.empty(4, p.topk, dtype=torch.int32)
     refusals = {
         "c4_seq_lens must hold one length": lambda: adapters.topk_sglang_c4_indexer(
-            **{**s, "c4_seq_lens": p.ends[:3].clone()}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"),
+            **{**s, "c4_seq_lens": p.ends[:3].clone()}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"
+        ),
         "page_table must be int32 \\[4, max_pages\\]": lambda: adapters.topk_sglang_c4_indexer(
-            **{**s, "page_table": p.block_table}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"),
+            **{**s, "page_table": p.block_table}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"
+        ),
         "c4_sparse_page_indices must be int32": lambda: adapters.topk_sglang_c4_indexer(
-            **s, c4_sparse_page_indices=buffer[:, :100], topk=p.topk, backend="reference"),
+            **s, c4_sparse_page_indices=buffer[:, :100], topk=p.topk, backend="reference"
+        ),
         "sglang q_scale must be int32": lambda: adapters.topk_sglang_c4_indexer(
-            **{**s, "q_sf": p.q_scale}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"),
+            **{**s, "q_sf": p.q_scale}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"
+        ),
         "q_fp4 must be one of": lambda: adapters.topk_sglang_c4_indexer(
-            **{**s, "q_fp4": p.q_fp4.float()}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"),
+            **{**s, "q_fp4": p.q_fp4.float()}, c4_sparse_page_indices=buffer, topk=p.topk, backend="reference"
+        ),
         "seq_lens must be int32": lambda: adapters.topk_vllm_indexer_decode(
-            **{**v, "seq_lens": v["seq_lens"].long()}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"),
+            **{**v, "seq_lens": v["seq_lens"].long()}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"
+        ),
         "q_fp4 must hold B \\* next_n = 4": lambda: adapters.topk_vllm_indexer_decode(
-            **{**v, "q_fp4": v["q_fp4"][:1]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"),
+            **{**v, "q_fp4": v["q_fp4"][:1]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"
+        ),
         "block_table \\[>= B": lambda: adapters.topk_vllm_indexer_decode(
-            **{**v, "block_table": p.block_table[:1]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"),
+            **{**v, "block_table": p.block_table[:1]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"
+        ),
         "vLLM kv_cache must be uint8 \\[blocks, 64, >= 68\\]": lambda: adapters.topk_vllm_indexer_decode(
-            **{**v, "kv_cache": v["kv_cache"][:, :, :60]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"),
+            **{**v, "kv_cache": v["kv_cache"][:, :, :60]}, topk_indices_buffer=buffer, topk=p.topk, backend="reference"
+        ),
         "one vLLM kv_cache block must be contiguous": lambda: adapters.topk_vllm_indexer_decode(
             **{**v, "kv_cache": torch.zeros(v["kv_cache"].shape[0], 132, 64, dtype=torch.uint8).transpose(1, 2)},
-            topk_indices_buffer=buffer, topk=p.topk, backend="reference"),
+            topk_indices_buffer=buffer,
+            topk=p.topk,
+            backend="reference",
+        ),
     }
     for message, call in refusals.items():
         with pytest.raises(InputError, match=message):
@@ -335,7 +397,9 @@ def test_vllm_decode_on_the_gpu_matches_the_oracle_and_never_synchronizes(seed):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     result = on_cpu(result)
-    assert torch.equal(buffer[:rows].cpu(), result.raw_indices) and bool((buffer[rows:] == POISON).all()), f"seed {seed}"
+    assert torch.equal(buffer[:rows].cpu(), result.raw_indices) and bool((buffer[rows:] == POISON).all()), (
+        f"seed {seed}"
+    )
     check_against_oracle(result, p.to("cpu"), f"[vLLM decode on the GPU] seed {seed}")
 
 

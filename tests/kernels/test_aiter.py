@@ -12,9 +12,16 @@ import torch
 
 from litetopk.kernels import InputError, RowFaultError, RowStatus, litetopk_prefill
 from litetopk.kernels.aiter import (
-    STATUS_BAD_CERTIFICATE, STATUS_CANDIDATE_OVERFLOW, STATUS_INVALID_INDEX, STATUS_NONFINITE,
-    STATUS_SELECTOR_FAILURE, STATUS_UNDERFILLED, FP4LiteTopKResult, aiter_status,
-    allocate_fp4_litetopk_workspace, flydsl_pa_mqa_litetopk_fp4_prefill,
+    STATUS_BAD_CERTIFICATE,
+    STATUS_CANDIDATE_OVERFLOW,
+    STATUS_INVALID_INDEX,
+    STATUS_NONFINITE,
+    STATUS_SELECTOR_FAILURE,
+    STATUS_UNDERFILLED,
+    FP4LiteTopKResult,
+    aiter_status,
+    allocate_fp4_litetopk_workspace,
+    flydsl_pa_mqa_litetopk_fp4_prefill,
 )
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk, shuffle_q_scale_aiter
 from tests.problems import make_problem

@@ -19,8 +19,12 @@ import torch
 
 from litetopk.kernels import InputError, dense_topk_prefill, litetopk_prefill, pack_kv_cache, unpack_kv_cache
 from litetopk.kernels.aiter_layout import (
-    aiter_pages_from_litetopk, litetopk_pages_from_aiter, pack_kv_cache_aiter, shuffle_q_scale_aiter,
-    unpack_kv_cache_aiter, unshuffle_q_scale_aiter,
+    aiter_pages_from_litetopk,
+    litetopk_pages_from_aiter,
+    pack_kv_cache_aiter,
+    shuffle_q_scale_aiter,
+    unpack_kv_cache_aiter,
+    unshuffle_q_scale_aiter,
 )
 from litetopk.kernels.cache_layout import describe_kv_cache
 from litetopk.kernels.mxfp4 import dequantize_mxfp4

@@ -1,4 +1,4 @@
-"""Paged key cache (CONTRACT.md §2): `pack_kv_cache` / `unpack_kv_cache` against a byte layout
+"""Paged key cache (docs/contract.md §2): `pack_kv_cache` / `unpack_kv_cache` against a byte layout
 written here from the contract.
 
     page = 64 tokens in 4352 bytes: bytes [0, 4096) token t's 64 packed E2M1 bytes at t * 64,
@@ -59,7 +59,8 @@ def test_pack_matches_contract_bytes(case, seed):
     assert cache.dtype == torch.uint8 and tuple(cache.shape) == (num_pages, PAGE_BYTES), case
     want = ref_pack_kv_cache(k_fp4, k_scale, table, num_pages)
     diff = np.argwhere(cache.numpy() != want)
-    assert diff.size == 0, f"{case}, seed {seed}: bytes differ from the contract layout at (page, byte) {diff[:5].tolist()}"
+    assert diff.size == 0, (f"{case}, seed {seed}: bytes differ from the contract layout at (page, byte) "
+                            f"{diff[:5].tolist()}")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -88,7 +89,8 @@ def test_unused_pages_and_slots_are_zero(seed):
     k_fp4, k_scale, table, num_pages = random_sequences(seed, batch=2, length=70, spare_pages=3, extra_table_pages=2)
     k_fp4[:] = 0xFF
     k_scale[:] = 0xFF
-    cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages).numpy()
+    cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table),
+                          num_pages).numpy()
     used = set(table[table >= 0].tolist())
     for page in range(num_pages):
         if page not in used:
@@ -99,12 +101,13 @@ def test_unused_pages_and_slots_are_zero(seed):
 
 
 def test_page_view_of_some_stacks_has_the_same_bytes(seed):
-    """CONTRACT §2: some stacks view the cache as [num_pages, 64, 1, 68]; the bytes are the same."""
+    """docs/contract.md §2: some stacks view the cache as [num_pages, 64, 1, 68]; the bytes are the same."""
     k_fp4, k_scale, table, num_pages = random_sequences(seed, batch=1, length=64, spare_pages=0, extra_table_pages=0)
     cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages)
     view = cache.view(num_pages, 64, 1, 68)
     assert view.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
-    assert torch.equal(view.reshape(num_pages, -1)[:, :4096].reshape(num_pages, 64, 64)[table[0, 0]], torch.from_numpy(k_fp4[0]))
+    assert torch.equal(view.reshape(num_pages, -1)[:, :4096].reshape(num_pages, 64, 64)[table[0, 0]],
+                       torch.from_numpy(k_fp4[0]))
 
 
 def _args(seed):

@@ -1,4 +1,4 @@
-"""The calibration's order statistics kernel (kernels/triton/calibration.py: bisection over the row
+"""The calibration's order statistics kernel (kernels/calibration.py: bisection over the row
 until the bracket holds <= BAND values, a compaction, a sort of the band) against the contract,
 calibration_keys_torch, bit for bit, and against Python's sort: fresh random samples whose rows take
 every path (a band built after some steps; no step at all, the whole row already within BAND; the
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels.calibration import calibration_keys_torch
-from litetopk.kernels.selection import NO_KEY
-from litetopk.kernels.triton.calibration import (
+from litetopk.kernels.calibration import (
     BAND_PER_THREAD,
+    calibration_keys_torch,
     calibration_keys_triton,
     kth_largest_scores_triton,
     order_tiling,
 )
+from litetopk.kernels.keys import NO_KEY
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

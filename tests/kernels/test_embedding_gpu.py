@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
-from litetopk.kernels import random_problem
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, random_problem
 
 pytestmark = pytest.mark.gpu
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -80,4 +79,5 @@ def test_graph_replay_on_new_inputs_equals_an_eager_call(calibration, seed):
     torch.cuda.synchronize()
     want = _call(p, calibration=calibration)  # eager, on the same tensors with the new contents
     for name in FIELDS:
-        assert torch.equal(out[name], getattr(want, name)), f"{calibration}, seed {seed}: field {name} differs after replay"
+        assert torch.equal(out[name], getattr(want, name)), \
+            f"{calibration}, seed {seed}: field {name} differs after replay"

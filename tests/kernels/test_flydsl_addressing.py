@@ -3,7 +3,7 @@
 The kernel computes every key address with kernels/flydsl/key_addressing.py (`key_value_word`,
 `key_scale_byte`) on the operands `cache_operands` builds; here the same functions run on torch
 int64 tensors over the same operands, for caches in both formats at random page strides and
-offsets, and must land on exactly the bytes CONTRACT.md §2 gives for the key (ref: our contiguous
+offsets, and must land on exactly the bytes docs/contract.md §2 gives for the key (ref: our contiguous
 page matrix, read with `page_values` / `page_scales`). `launch_arguments` is checked the same way:
 the tile loop's addressing, driven by the arguments the backend would launch with, reads every key
 of every window.
@@ -18,7 +18,13 @@ import torch
 from litetopk.kernels import InputError
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.cache_layout import (
-    CACHE_FORMATS, PAGE_BYTES, PAGE_SIZE, SCALE_BYTES, describe_kv_cache, page_scales, page_values,
+    CACHE_FORMATS,
+    PAGE_BYTES,
+    PAGE_SIZE,
+    SCALE_BYTES,
+    describe_kv_cache,
+    page_scales,
+    page_values,
 )
 from litetopk.kernels.flydsl import launch_arguments
 from litetopk.kernels.flydsl.key_addressing import KEY_ADDRESSING, cache_operands, key_scale_byte, key_value_word
@@ -37,7 +43,8 @@ def _in_slab(pages: torch.Tensor, rng: np.random.Generator, pad_words: int, alig
     return in_padded_slab(pages, stride, offset)
 
 
-def cache_in_layout(name: str, ours: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+def cache_in_layout(name: str, ours: torch.Tensor,
+                    rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(kv_cache, kv_scale) holding the keys of our contiguous page matrix `ours` in layout `name`."""
     values, scales = aiter_pages_from_litetopk(ours)
     return {
@@ -91,7 +98,8 @@ def test_kernel_addresses_read_exactly_each_keys_bytes(layout, seed):
         f"{layout}: the scale operand is not the caller's memory"
     page = torch.from_numpy(rng.integers(0, pages, 2000))
     token = torch.from_numpy(rng.integers(0, PAGE_SIZE, 2000))
-    values, scales = _read_keys(value_words, scale_bytes, value_page_words, scale_page_stride, cache.format, page, token)
+    values, scales = _read_keys(value_words, scale_bytes, value_page_words, scale_page_stride, cache.format, page,
+                                token)
     bad_values = (values != page_values(ours)[page, token]).any(1)
     bad_scales = (scales != page_scales(ours)[page, token]).any(1)
     assert not bad_values.any(), f"{layout}, seed {seed}: wrong value bytes for (page, token) " \
@@ -114,11 +122,14 @@ def test_launch_arguments_address_every_window_key(layout, scan, seed):
     problem = validate_prefill(p.q_fp4, p.q_scale, kv_cache, *p.args()[3:], topk=p.topk, kv_scale=kv_scale)
     rows, columns = problem.num_rows, problem.max_end
     int64 = torch.zeros(rows, dtype=torch.int64)
-    args = launch_arguments(problem, scan=scan, out=torch.empty(rows, 8 if scan else columns), out_cols=8 if scan else columns,
+    args = launch_arguments(problem, scan=scan, out=torch.empty(rows, 8 if scan else columns),
+                            out_cols=8 if scan else columns,
                             stride=1, thresholds_in=int64, thresholds=int64, appended=int64,
-                            histogram=torch.zeros(rows * 64, dtype=torch.int32), nonfinite=torch.zeros(rows, dtype=torch.int32))
+                            histogram=torch.zeros(rows * 64, dtype=torch.int32),
+                            nonfinite=torch.zeros(rows, dtype=torch.int32))
     assert args["CACHE_FORMAT"] == problem.cache.format and args["SCAN"] == scan, f"{layout}: compile-time constants"
-    assert args["grid_x"] * 4 >= rows and args["grid_y"] * 256 >= columns, f"{layout}: grid {args['grid_x']}x{args['grid_y']}"
+    assert args["grid_x"] * 4 >= rows and args["grid_y"] * 256 >= columns, \
+        f"{layout}: grid {args['grid_x']}x{args['grid_y']}"
     row = torch.repeat_interleave(torch.arange(rows), (args["ends"] - args["starts"]).long())
     pos = torch.cat([torch.arange(s, e) for s, e in zip(args["starts"].tolist(), args["ends"].tolist())]).long()
     assert pos.numel() > 0, f"seed {seed}: the case must have keys"

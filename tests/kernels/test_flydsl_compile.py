@@ -21,8 +21,8 @@ import torch
 
 from litetopk.kernels import BackendUnavailableError, dense_topk_prefill, litetopk_prefill
 from litetopk.kernels.cache_layout import CACHE_FORMATS
+from litetopk.kernels.compile.gfx950 import variant_name
 from litetopk.kernels.flydsl import compiled_configurations
-from litetopk.kernels.flydsl.compile import variant_name
 from litetopk.kernels.operator import get_backend
 from tests.problems import make_problem
 
@@ -45,7 +45,7 @@ def dump(tmp_path_factory) -> Path:
         )
     folder = tmp_path_factory.mktemp("flydsl_isa")
     done = subprocess.run(
-        [sys.executable, "-m", "litetopk.kernels.flydsl.compile", str(folder)],
+        [sys.executable, "-m", "litetopk.kernels.compile.gfx950", str(folder)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, f"compile-only build failed:\n{done.stdout}\n{done.stderr}"
@@ -82,7 +82,8 @@ def _metadata(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_isa_targets_gfx950(isa, variant):
-    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"', isa[variant]), f"{variant}: ISA is not for gfx950"
+    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"',
+                     isa[variant]), f"{variant}: ISA is not for gfx950"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -144,7 +145,7 @@ def _kernel_parameters(ir: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_llvm_ir_page_times_stride_and_every_address_are_64_bit(llvm_ir, variant):
-    """CONTRACT.md §7: every address is int64, and the page id read from the block table is
+    """docs/contract.md §2: every address is int64, and the page id read from the block table is
     widened to int64 before it multiplies either page stride (the kernel's first two int64 scalar
     arguments, value_page_words and scale_page_stride)."""
     ir = llvm_ir[variant]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from litetopk.kernels import dense_topk_prefill, litetopk_prefill
+from litetopk.kernels.keys import NO_KEY, kth_key, make_keys
 from litetopk.kernels.operator import get_backend, is_gfx950
-from litetopk.kernels.selection import NO_KEY, kth_key, make_keys
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_aiter_layout import in_device
 from tests.kernels.test_flydsl_addressing import LAYOUTS, cache_in_layout
@@ -143,7 +143,8 @@ def test_dense_scores_in_every_layout_equal_reference_bit_for_bit(seed, layout):
     ours, ours_nf = get_backend("flydsl", DEVICE).score_dense(problem)
     ref, ref_nf = get_backend("reference", DEVICE).score_dense(_validated(p))
     diff = (ours != ref) & ~(torch.isneginf(ours) & torch.isneginf(ref))
-    assert not bool(diff.any()), f"{layout}: {int(diff.sum())} scores differ, first at {torch.nonzero(diff)[:5].tolist()}"
+    assert not bool(diff.any()), \
+        f"{layout}: {int(diff.sum())} scores differ, first at {torch.nonzero(diff)[:5].tolist()}"
     assert torch.equal(ours_nf, ref_nf), f"{layout}: nonfinite flags differ"
 
 

@@ -1,12 +1,12 @@
 """The glue kernels (decode bookkeeping, schedule, certificate, repair) compile for sm_90 as launched:
 CI runs them under the interpreter, which accepts code the compiler refuses; this build (no GPU
-needed, compile_glue_sm90) catches that, and checks that none of them spills."""
+needed, compile/sm90_glue.py) catches that, and checks that none of them spills."""
 
 from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_glue_sm90 import KERNELS
+from litetopk.kernels.compile.sm90_glue import KERNELS
 from tests.kernels.offline_compile import offline_summary
 
 NAMES = [kernel.fn.__name__ for kernel in KERNELS]
@@ -14,8 +14,8 @@ NAMES = [kernel.fn.__name__ for kernel in KERNELS]
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
-    """compile_glue_sm90's summary, built once in a fresh process (no interpreter)."""
-    return offline_summary("litetopk.kernels.triton.compile_glue_sm90", tmp_path_factory.mktemp("glue_sm90"))
+    """compile/sm90_glue.py's summary, built once in a fresh process (no interpreter)."""
+    return offline_summary("litetopk.kernels.compile.sm90_glue", tmp_path_factory.mktemp("glue_sm90"))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,6 +1,7 @@
 """The Gluon scoring kernel where no sm_90 device exists (it has no interpreter): every variant the
 backend launches compiles for sm_90 with the backend's options, fits the register budget that lets
-4 programs share an SM (the scan spills one register; the wide variants a few), and its step loop holds the int8 wgmma it is written for,
+4 programs share an SM (the scan spills one register; the wide variants a few), and its step loop holds the int8 wgmma
+it is written for,
 two CTA barriers, and in the scan one slot atomic and one histogram reduction per thread.
 Its results are checked against the Triton twin on the H200 (test_triton_backend.py, gpu)."""
 
@@ -8,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
+from litetopk.kernels.compile.sm90 import GLUON_VARIANTS
 from litetopk.kernels.triton.scoring_gluon import GLUON_MAX_REGISTERS
 from tests.kernels.offline_compile import offline_summary
 
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
-    """compile_sm90's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
-    return offline_summary("litetopk.kernels.triton.compile_sm90", tmp_path_factory.mktemp("gluon_sm90"))
+    """compile/sm90.py's summary of the Gluon variants, built once in a fresh process (no interpreter)."""
+    return offline_summary("litetopk.kernels.compile.sm90", tmp_path_factory.mktemp("gluon_sm90"))
 
 
 # The scan spills one register under the cap: one store and one reload (L1) per step, measured
@@ -25,10 +26,12 @@ def summary(tmp_path_factory) -> dict:
 # from L1; the price of their k_hi in the ring's other slot, which keeps 4 programs per SM:
 # test_wide_gluon_compile.py).
 # The self-calibrating scans (LiteTopKTuning(calibration="scan")) hold their calibration outside the step
-# loops (in a step loop the narrow one reloads at most 1 register a step, as the scan; the wide one up to 10, scan_wide 5).
+# loops (in a step loop the narrow one reloads at most 1 register a step, as the scan; the wide one up to 10, scan_wide
+# 5).
 ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 40, "scan_wide": 40,
                        "scan_calibrating": 24, "scan_wide_calibrating": 120}
-COMMON = ("dense", "strided", "scan", "scan_calibrating")  # the ANY_WIDE false variants: the loop checks below are theirs
+# the ANY_WIDE false variants: the loop checks below are theirs
+COMMON = ("dense", "strided", "scan", "scan_calibrating")
 
 
 @pytest.mark.parametrize("variant", list(GLUON_VARIANTS))

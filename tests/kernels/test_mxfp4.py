@@ -1,4 +1,4 @@
-"""MXFP4 codec (CONTRACT.md §1, §6) against `ml_dtypes.float4_e2m1fn`, byte for byte.
+"""MXFP4 codec (docs/contract.md §1, §7) against `ml_dtypes.float4_e2m1fn`, byte for byte.
 
 `ref_quantize_mxfp4` / `ref_dequantize_mxfp4` below are written from the contract with numpy and
 ml_dtypes only: scale = the smallest power of two 2^e with amax <= 6 * 2^e (amax clamped to

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, operator
+from litetopk.kernels import LiteTopKTuning, operator
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.paged import paged_block_rows
-from litetopk.kernels.triton.paged_scoring import FAULT_DENSE, launch_paged_scoring
+from litetopk.kernels.triton.paged import launch_paged_scoring, paged_block_rows
+from litetopk.kernels.triton.paged_scoring import FAULT_DENSE
 from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_triton_backend import check_against_oracle, run_both
 from tests.problems import make_problem, oracle_scores
 
@@ -71,7 +71,8 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
         got = build()
         g = int(got.groups[0])
         assert g == len(want_groups), f"{where}: {g} groups, want {len(want_groups)}"
-        rows_of = [list(range(int(got.group_row[i]), int(got.group_row[i]) + int(got.group_count[i]))) for i in range(g)]
+        first, count = got.group_row.tolist(), got.group_count.tolist()
+        rows_of = [list(range(first[i], first[i] + count[i])) for i in range(g)]
         assert rows_of == want_groups, f"{where}: groups"
         assert got.group_span[:g].tolist() == [list(s) for s in want_spans], f"{where}: spans"
         assert got.tile_offset.tolist() == [0, *np.cumsum(want_tiles).tolist(), *[sum(want_tiles)] * (rows - g)], \

@@ -7,6 +7,7 @@ import torch
 
 from litetopk.kernels import PAGE_SIZE, litetopk_prefill, random_problem, unpack_kv_cache
 
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_reference_answers_a_random_problem_with_no_row_fault(seed, causal):
     p = random_problem(4, [700, 300], 512, seed=seed, causal=causal)
@@ -15,7 +16,8 @@ def test_the_reference_answers_a_random_problem_with_no_row_fault(seed, causal):
     for i, (start, end) in enumerate(zip(p.starts.tolist(), p.ends.tolist())):
         count = min(p.topk, end - start)
         got = result.raw_indices[i, :count].tolist()
-        assert int(result.counts[i]) == count, f"seed {seed} row {i}: count {int(result.counts[i])}, window {end - start}"
+        assert int(result.counts[i]) == count, \
+            f"seed {seed} row {i}: count {int(result.counts[i])}, window {end - start}"
         assert len(set(got)) == count and all(start <= j < end for j in got), f"seed {seed} row {i}"
 
 

@@ -1,4 +1,4 @@
-"""The public surface of `litetopk.kernels` (CONTRACT.md §6): small, curated and as documented."""
+"""The public surface of `litetopk.kernels` (docs/contract.md §7): small, curated and as documented."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import litetopk.kernels as kernels
 
-#: Names CONTRACT.md §6 promises to outside code.
+#: Names docs/contract.md §7 promises to outside code.
 CONTRACT_NAMES = {
     "SUPPORTED_TOPK", "PAGE_SIZE", "quantize_mxfp4", "dequantize_mxfp4", "pack_kv_cache", "unpack_kv_cache",
     "litetopk_prefill", "dense_topk_prefill", "TopKResult",
@@ -21,7 +21,7 @@ CONTRACT_NAMES = {
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
     "BACKEND_NAMES", "resolve_backend", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
-    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "SlotOverflowError", "RowFaultError",
+    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "RowFaultError",
     "BackendUnavailableError", "DeviceError", "allocate_workspace", "workspace_bytes", "LiteTopKGraphs",
 }
 
@@ -60,7 +60,8 @@ def test_operator_signatures_match_the_contract():
         params = inspect.signature(fn).parameters
         assert list(params)[:8] == positional, fn.__name__
         assert all(params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional)
-        assert params["topk"].kind is inspect.Parameter.KEYWORD_ONLY and params["topk"].default is inspect.Parameter.empty
+        assert params["topk"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["topk"].default is inspect.Parameter.empty
         assert params["weight_scale"].default == 1.0 and params["backend"].default == "auto"
     assert inspect.signature(kernels.litetopk_prefill).parameters["repair"].default is True
     packing = inspect.signature(kernels.pack_kv_cache).parameters
@@ -91,7 +92,6 @@ def test_error_tree():
     assert issubclass(kernels.InputDtypeError, kernels.InputError)
     assert issubclass(kernels.InputShapeError, kernels.InputError)
     assert issubclass(kernels.UnsupportedTopKError, kernels.InputError)
-    assert issubclass(kernels.SlotOverflowError, kernels.InputError)
     assert issubclass(kernels.RowFaultError, kernels.LiteTopKError)
     assert issubclass(kernels.BackendUnavailableError, (kernels.LiteTopKError, RuntimeError))
     assert issubclass(kernels.DeviceError, (kernels.LiteTopKError, RuntimeError))

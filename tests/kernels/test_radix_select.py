@@ -1,8 +1,8 @@
-"""The bucket-select candidate top-K (kernels/triton/radix_select.py) against torch's top-K of each
-row's passing keys (selection.select_topk_keys), bit for bit, at both supported K.
+"""The bucket-select candidate top-K (kernels/selection.py) against torch's top-K of each
+row's passing keys (keys.select_topk_keys), bit for bit, at both supported K.
 
 Runs the real kernel in Triton's CPU interpreter where no GPU exists (tests/conftest.py). Each case
-draws a buffer of ordering keys (selection.make_keys of random float32 scores at distinct random
+draws a buffer of ordering keys (keys.make_keys of random float32 scores at distinct random
 positions, stale keys past `kept`) and thresholds as the scan makes them (score floors at or below
 the K-th best kept key), shaped to reach one path of the kernel, and checks with ref_path (the
 kernel's bucket arithmetic in torch) that it does: n <= K passing keys (one sort of the scratch row);
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels.selection import NO_KEY, make_keys, score_floor_keys, select_topk_keys
-from litetopk.kernels.triton.radix_select import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
-from litetopk.kernels.workspace import Scratch
+from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
+from litetopk.kernels.scratch import Scratch
+from litetopk.kernels.selection import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

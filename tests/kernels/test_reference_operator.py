@@ -1,4 +1,4 @@
-"""The operator on the reference backend (CONTRACT.md §1-§4) against a float64 oracle.
+"""The operator on the reference backend (docs/contract.md §1-§4) against a float64 oracle.
 
 Every case builds fresh random data from the test's seed (printed with any failure), runs
 `litetopk_prefill` and `dense_topk_prefill` with backend="reference", and checks:
@@ -40,11 +40,11 @@ from litetopk.kernels import (
     dense_topk_prefill,
     litetopk_prefill,
 )
+from litetopk.kernels.keys import NO_KEY, make_keys
 from litetopk.kernels.pipeline import run_dense, run_litetopk
 from litetopk.kernels.reference import ReferenceBackend
-from litetopk.kernels.selection import NO_KEY, make_keys
 from litetopk.kernels.validation import validate_prefill
-from tests.problems import Problem, decode_fp4, make_problem, oracle_scores, oracle_topk
+from tests.problems import RandomProblem, decode_fp4, make_problem, oracle_scores, oracle_topk
 
 PAGE = 64
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -56,18 +56,18 @@ INVALID_PAGE, INVALID_ROW = int(RowStatus.INVALID_PAGE), int(RowStatus.INVALID_R
 # ---- building problems --------------------------------------------------------------------------
 
 
-def key_bytes(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+def key_bytes(p: RandomProblem) -> tuple[torch.Tensor, torch.Tensor]:
     """Views of the cache: packed values [pages, 64, 64] and scale bytes [pages, 64, 4]."""
     cache = p.kv_cache.view(-1, 4352)
     return cache[:, :4096].view(-1, PAGE, 64), cache[:, 4096:].view(-1, PAGE, 4)
 
 
-def key_at(p: Problem, batch: int, position: int) -> tuple[int, int]:
-    """(physical page, token) of logical `position` of sequence `batch` (CONTRACT §2)."""
+def key_at(p: RandomProblem, batch: int, position: int) -> tuple[int, int]:
+    """(physical page, token) of logical `position` of sequence `batch` (docs/contract.md §2)."""
     return int(p.block_table[batch, position // PAGE]), position % PAGE
 
 
-def set_windows(p: Problem, windows: list[tuple[int, int, int]]) -> Problem:
+def set_windows(p: RandomProblem, windows: list[tuple[int, int, int]]) -> RandomProblem:
     """Replace the rows' (batch, start, end)."""
     assert len(windows) == p.q_fp4.shape[0]
     p.row_to_batch = torch.tensor([w[0] for w in windows], dtype=torch.int32)
@@ -76,34 +76,34 @@ def set_windows(p: Problem, windows: list[tuple[int, int, int]]) -> Problem:
     return p
 
 
-def expect_status(p: Problem, status: dict[int, int]) -> Problem:
+def expect_status(p: RandomProblem, status: dict[int, int]) -> RandomProblem:
     """The status both paths must give each row (input faults); 0 for rows not named."""
     rows = p.q_fp4.shape[0]
     p.extra["status"] = [status.get(i, 0) for i in range(rows)]
     return p
 
 
-def answerable(p: Problem, status: list[int]) -> Problem:
+def answerable(p: RandomProblem, status: list[int]) -> RandomProblem:
     """The problem the oracle reads: rows with a status bit get an empty window at position 0."""
     bad = torch.tensor(status) != 0
-    q = Problem(**p.__dict__)
+    q = RandomProblem(**p.__dict__)
     q.row_to_batch = torch.where(bad, 0, p.row_to_batch)
     q.starts = torch.where(bad, 0, p.starts)
     q.ends = torch.where(bad, 0, p.ends)
     return q
 
 
-def causal(seed, seq_lens=(2500, 1800, 700), rows=3, topk=512, **kw) -> Problem:
+def causal(seed, seq_lens=(2500, 1800, 700), rows=3, topk=512, **kw) -> RandomProblem:
     return make_problem(seed, seq_lens=list(seq_lens), rows_per_seq=rows, topk=topk, **kw)
 
 
-def windows_shorter_than_k(seed) -> Problem:
+def windows_shorter_than_k(seed) -> RandomProblem:
     p = make_problem(seed, seq_lens=[300, 450, 64], rows_per_seq=2, topk=1024, causal=False)
     p.starts[1] = p.ends[1] = 37  # an empty window: count 0, status 0
     return p
 
 
-def exact_arithmetic(seed, topk=512, q_scale=129, k_scale=124, seq_lens=(2600, 1200)) -> Problem:
+def exact_arithmetic(seed, topk=512, q_scale=129, k_scale=124, seq_lens=(2600, 1200)) -> RandomProblem:
     """Float32 head sums are exact: one scale byte per side, weights in {+-1, +-0.5}. Every dot is
     2^(q_scale + k_scale - 254) * (a multiple of 1/4 below 4608), and every partial head sum a
     multiple of 1/8 of that below 2^21."""
@@ -116,7 +116,7 @@ def exact_arithmetic(seed, topk=512, q_scale=129, k_scale=124, seq_lens=(2600, 1
     return p
 
 
-def all_equal_keys(seed, topk=512) -> Problem:
+def all_equal_keys(seed, topk=512) -> RandomProblem:
     p = make_problem(seed, seq_lens=[3000, 1100], rows_per_seq=2, topk=topk, causal=False)
     values, scales = key_bytes(p)
     page, token = key_at(p, 0, 0)
@@ -126,14 +126,14 @@ def all_equal_keys(seed, topk=512) -> Problem:
     return p
 
 
-def zero_weights(seed) -> Problem:
+def zero_weights(seed) -> RandomProblem:
     p = causal(seed)
     p.weights = torch.zeros_like(p.weights)
     p.extra["lowest_positions"] = True
     return p
 
 
-def relu_kills_every_score(seed) -> Problem:
+def relu_kills_every_score(seed) -> RandomProblem:
     """Queries all >= 0, keys all <= 0: every dot <= 0, every score 0."""
     p = causal(seed)
     p.q_fp4 &= 0x77
@@ -143,7 +143,7 @@ def relu_kills_every_score(seed) -> Problem:
     return p
 
 
-def later_keys_larger(seed, seq_lens=(3000, 2800)) -> Problem:
+def later_keys_larger(seed, seq_lens=(3000, 2800)) -> RandomProblem:
     """Key magnitudes grow with position (scale byte 100 -> 140) and weights are positive, so
     each row's true top-K sits at the end of its window, after most of any sample."""
     p = make_problem(seed, seq_lens=list(seq_lens), rows_per_seq=2, topk=512)
@@ -156,7 +156,7 @@ def later_keys_larger(seed, seq_lens=(3000, 2800)) -> Problem:
     return p
 
 
-def near_ties(seed, gap: int = 24) -> Problem:
+def near_ties(seed, gap: int = 24) -> RandomProblem:
     """Every key shares groups 0-2 with key 0; group 3 is random at 2^-gap of the group-0 scale,
     so scores differ by about 2^-gap relative: at gap 24 by float32 rounding (float32 reorders
     them), at gap 14 by a few hundred float32 ulps (only keys near the K-th may swap)."""
@@ -169,7 +169,7 @@ def near_ties(seed, gap: int = 24) -> Problem:
     return p
 
 
-def nonfinite_weights(seed) -> Problem:
+def nonfinite_weights(seed) -> RandomProblem:
     p = causal(seed)
     p.weights[1, 7] = float("nan")
     p.weights[4, 0] = float("inf")
@@ -177,7 +177,7 @@ def nonfinite_weights(seed) -> Problem:
     return expect_status(p, {1: NONFINITE, 4: NONFINITE, 8: NONFINITE})
 
 
-def nonfinite_keys(seed) -> Problem:
+def nonfinite_keys(seed) -> RandomProblem:
     """A NaN scale byte (255) in key (0, 200) and a key (1, 800) whose dot with row 2 overflows
     float32 (+6 * 2^127 everywhere against a query head of +6): rows whose window holds them
     are NONFINITE, the rest are answered."""
@@ -194,7 +194,7 @@ def nonfinite_keys(seed) -> Problem:
     return expect_status(p, {0: NONFINITE, 2: NONFINITE})
 
 
-def invalid_pages(seed) -> Problem:
+def invalid_pages(seed) -> RandomProblem:
     """A bad page inside row 1's window (INVALID_PAGE), bad pages outside every window (ignored)."""
     p = make_problem(seed, seq_lens=[1000, 1000], rows_per_seq=2, topk=512)
     set_windows(p, [(0, 0, 300), (0, 400, 1000), (1, 0, 900), (1, 100, 700)])
@@ -206,7 +206,7 @@ def invalid_pages(seed) -> Problem:
     return expect_status(p, {1: INVALID_PAGE})
 
 
-def invalid_rows(seed) -> Problem:
+def invalid_rows(seed) -> RandomProblem:
     p = make_problem(seed, seq_lens=[900, 700], rows_per_seq=3, topk=512)
     max_end = p.block_table.shape[1] * PAGE
     p.row_to_batch[1] = 2  # no such sequence
@@ -215,7 +215,7 @@ def invalid_rows(seed) -> Problem:
     return expect_status(p, {1: INVALID_ROW, 3: INVALID_ROW, 4: INVALID_ROW})
 
 
-def shared_prefix_pages(seed) -> Problem:
+def shared_prefix_pages(seed) -> RandomProblem:
     """Sequence 1 reuses sequence 0's first five physical pages (a shared prefix, as prefix
     caching does); sequence 2 reads pages in reverse order."""
     p = make_problem(seed, seq_lens=[1500, 1500, 1200], rows_per_seq=2, topk=512)
@@ -225,7 +225,7 @@ def shared_prefix_pages(seed) -> Problem:
     return p
 
 
-def rows_in_random_order(seed) -> Problem:
+def rows_in_random_order(seed) -> RandomProblem:
     """Rows of different sequences interleaved, not grouped or sorted by window."""
     p = make_problem(seed, seq_lens=[2000, 900, 1600], rows_per_seq=3, topk=512, causal=False)
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(p.q_fp4.shape[0]))
@@ -234,13 +234,13 @@ def rows_in_random_order(seed) -> Problem:
     return p
 
 
-def page_view_of_cache(seed) -> Problem:
+def page_view_of_cache(seed) -> RandomProblem:
     p = causal(seed)
     p.kv_cache = p.kv_cache.view(-1, 64, 1, 68)
     return p
 
 
-def tiny_capacity(seed) -> Problem:
+def tiny_capacity(seed) -> RandomProblem:
     """Without calibration every key of a window is appended: exactly the windows longer than
     the capacity (16) overflow."""
     p = causal(seed, seq_lens=(1500, 700), rows=2)
@@ -256,7 +256,7 @@ CALIBRATED = LiteTopKTuning(sample_size=1024)  # stride 2-3 over windows of a fe
 
 @dataclass(frozen=True)
 class Case:
-    build: Callable[[int], Problem]
+    build: Callable[[int], RandomProblem]
     tuning: LiteTopKTuning | None = None
     repair: bool = True
     capacity_bits: int = 0  # bits a row may carry instead of an answer under repair=False
@@ -268,7 +268,8 @@ class Case:
 
 CASES = {
     "several sequences, causal windows, K=512": Case(causal),
-    "several sequences, causal windows, K=1024": Case(lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)),
+    "several sequences, causal windows, K=1024":
+        Case(lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)),
     "non-causal windows, K=512": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, causal=False)),
     "non-causal windows, K=1024": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, topk=1024, causal=False)),
     "windows shorter than K, and an empty one": Case(windows_shorter_than_k),
@@ -324,7 +325,7 @@ def case_params(names):
             for n in names]
 
 
-def run_both(p: Problem, case: Case) -> tuple[TopKResult, TopKResult]:
+def run_both(p: RandomProblem, case: Case) -> tuple[TopKResult, TopKResult]:
     kwargs = dict(topk=p.topk, weight_scale=p.weight_scale, backend="reference")
     lite = litetopk_prefill(*p.args(), repair=case.repair, tuning=case.tuning, **kwargs)
     dense = dense_topk_prefill(*p.args(), **kwargs)
@@ -334,7 +335,7 @@ def run_both(p: Problem, case: Case) -> tuple[TopKResult, TopKResult]:
 # ---- the oracle comparison ---------------------------------------------------------------------
 
 
-def assert_row_matches_oracle(result: TopKResult, p: Problem, i: int, scores: np.ndarray, bound: np.ndarray,
+def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scores: np.ndarray, bound: np.ndarray,
                               exact: bool, where: str) -> None:
     k = p.topk
     start, end, b = int(p.starts[i]), int(p.ends[i]), int(p.row_to_batch[i])
@@ -348,7 +349,8 @@ def assert_row_matches_oracle(result: TopKResult, p: Problem, i: int, scores: np
     assert vals[n:] == [float("-inf")] * (k - n), f"{where}: value padding"
     # real answers: positions of the window, their slots, values near the float64 scores
     got = raw[:n]
-    assert all(start <= j < end for j in got) and len(set(got)) == n, f"{where}: positions outside the window or repeated"
+    assert all(start <= j < end for j in got) and len(set(got)) == n, \
+        f"{where}: positions outside the window or repeated"
     table = p.block_table.tolist()[b]
     assert phys[:n] == [table[j // PAGE] * PAGE + j % PAGE for j in got], f"{where}: physical slots"
     s64 = scores[i, got]
@@ -361,7 +363,8 @@ def assert_row_matches_oracle(result: TopKResult, p: Problem, i: int, scores: np
             f"{where}: entries {a}, {a + 1} out of order: ({vals[a]}, {got[a]}) then ({vals[a + 1]}, {got[a + 1]})")
     want = oracle_topk(scores[i:i + 1], k)[0]
     if exact:
-        assert got == want, f"{where}: differs from the float64 order at {next(a for a in range(n) if got[a] != want[a])}"
+        assert got == want, \
+            f"{where}: differs from the float64 order at {next(a for a in range(n) if got[a] != want[a])}"
         return
     slack = 2 * bound[i]
     kth = scores[i, want[-1]] if want else 0.0
@@ -449,10 +452,12 @@ def test_reference_operator_against_float64_oracle(name, seed):
         if (p.extra.get("lowest_positions") or case.extra.get("lowest_positions")) and not int(dense.status[i]):
             start, end = int(p.starts[i]), int(p.ends[i])
             want = list(range(start, min(end, start + k)))
-            assert dense.raw_indices[i, : len(want)].tolist() == want, f"{where} row {i}: equal scores -> lowest positions in order"
+            assert dense.raw_indices[i, : len(want)].tolist() == want, \
+                f"{where} row {i}: equal scores -> lowest positions in order"
 
 
-@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512", "calibrated threshold from a strided sample",
+@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512",
+                                  "calibrated threshold from a strided sample",
                                   "tiny capacity: repaired", "near ties (2^-24: float32 rounding)", "NaN/inf weights"])
 def test_rerun_is_bit_identical(name, seed):
     case = CASES[name]
@@ -506,7 +511,7 @@ def test_raise_for_status_names_the_faulty_rows(operator, seed):
 # ---- the reference backend's documented float32 order ------------------------------------------
 
 
-def ref_scores_float32(p: Problem) -> np.ndarray:
+def ref_scores_float32(p: RandomProblem) -> np.ndarray:
     """Scores in the order reference.py documents: float32(exact dot), ReLU, then
     acc = fl32(acc + fl32(w[h] * r[h])) for h = 0..63, then fl32(acc * fl32(weight_scale)).
     -inf outside windows. The exact dots come from the float64 oracle's decoding."""
@@ -530,7 +535,8 @@ def ref_scores_float32(p: Problem) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["several sequences, causal windows, K=512", "near ties (2^-24: float32 rounding)",
-                                  "weight_scale 1/3", "bfloat16 weights", "calibrated, K=1024", "non-causal windows, K=512"])
+                                  "weight_scale 1/3", "bfloat16 weights", "calibrated, K=1024",
+                                  "non-causal windows, K=512"])
 def test_values_follow_the_documented_float32_order(name, seed):
     """With the float32 order of reference.py emulated in numpy, set, order and values are exact."""
     case = CASES[name]
@@ -543,7 +549,8 @@ def test_values_follow_the_documented_float32_order(name, seed):
         n = order.size
         for result, label in ((lite, "litetopk"), (dense, "dense")):
             assert result.raw_indices[i, :n].tolist() == order.tolist(), f"[{name}] seed {seed} row {i} {label}: order"
-            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), f"[{name}] seed {seed} row {i} {label}: values"
+            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), \
+                f"[{name}] seed {seed} row {i} {label}: values"
 
 
 # ---- memory bound and threshold tightening of the LiteTopK scan ---------------------------------
@@ -564,7 +571,7 @@ class LargestFloatTensors(TorchDispatchMode):
         return out
 
 
-def memory_problem(seed) -> Problem:
+def memory_problem(seed) -> RandomProblem:
     """8 rows over one sequence of 16,384 keys: a [rows, S] score matrix has 2^17 elements."""
     p = make_problem(seed, seq_lens=[16384], rows_per_seq=8, topk=512, causal=False)
     p.starts.fill_(0)
@@ -602,7 +609,8 @@ def test_scan_threshold_only_tightens_and_stays_safe(seed):
     scan = backend.scan_candidates(problem, start, capacity=4096)
     windows = problem.window_lengths
     assert (scan.thresholds > NO_KEY).all() and (scan.thresholds <= true_kth).all(), f"seed {seed}"
-    assert (scan.appended < windows * 3 // 4).all(), f"seed {seed}: appended {scan.appended.tolist()} of {windows.tolist()}"
+    assert (scan.appended < windows * 3 // 4).all(), \
+        f"seed {seed}: appended {scan.appended.tolist()} of {windows.tolist()}"
     lite = run_litetopk(problem, backend, repair=True, tuning=LiteTopKTuning())
     assert not lite.repaired.any()
     assert_same(lite, dense, torch.ones(problem.num_rows, dtype=torch.bool), f"seed {seed}: small blocks")

@@ -13,14 +13,15 @@ import os
 import pytest
 import torch
 
+from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import schedule
 from litetopk.kernels.triton.schedule import RANK_BLOCK, build_schedule_torch, build_schedule_triton, max_programs
-from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_triton_stages import random_metadata
 
 pytestmark = [pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="interpreter only: on a GPU the Triton stages run compiled in every operator test")]
+                                 reason="interpreter only: on a GPU the Triton stages run compiled in every "
+                                        "operator test")]
 
 
 def prefill(sequences: list[tuple[int, int]], window: int = 0):

@@ -1,4 +1,4 @@
-"""Shared selection (CONTRACT.md §1 order, §3 outputs): ordering keys, exact top-K, page mapping.
+"""Shared selection (docs/contract.md §1 order, §3 outputs): ordering keys, exact top-K, page mapping.
 
 The reference order is written here in Python: score descending, then position ascending, with
 -0.0 and +0.0 equal.
@@ -14,14 +14,8 @@ import torch
 
 from litetopk.kernels import InputError, RowStatus
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.selection import (
-    NO_KEY,
-    kth_key,
-    make_keys,
-    select_topk_dense,
-    select_topk_keys,
-    split_keys,
-)
+from litetopk.kernels.dense_selection import select_topk_dense
+from litetopk.kernels.keys import NO_KEY, kth_key, make_keys, select_topk_keys, split_keys
 
 NEG_INF = float("-inf")
 
@@ -121,7 +115,7 @@ DENSE_CASES = {
                     reason="interpreter only: on a GPU every dense operator test runs the Triton twin compiled")
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
-    """settle_ties' Triton twin (kernels/triton/dense_ties.py, no host sync) gives select_topk_dense the
+    """settle_ties' Triton twin (kernels/dense_selection.py, no host sync) gives select_topk_dense the
     torch code's keys, bit for bit, on every dense case (ties across the k-th place, both zeros, rows
     with and without ties side by side)."""
     from bench.probes.host_time import triton_stages_on_cpu
@@ -140,7 +134,7 @@ def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
 def test_settle_ties_fixes_any_choice_among_tied_positions(twin, case, seed):
     """A value top-k may return any of the positions of a tied value (a GPU top-k does): emulated by
     torch.topk over randomly permuted columns. settle_ties then makes every row exact."""
-    from litetopk.kernels.selection import settle_ties_torch
+    from litetopk.kernels.dense_selection import settle_ties_torch
 
     c = DENSE_CASES[case]
     scores = torch.from_numpy(dense_case_scores(c, seed))
@@ -151,7 +145,7 @@ def test_settle_ties_fixes_any_choice_among_tied_positions(twin, case, seed):
     if twin == "torch":
         settle_ties_torch(scores, values, keys, k)
     else:
-        from litetopk.kernels.triton.dense_ties import settle_ties_triton
+        from litetopk.kernels.dense_selection import settle_ties_triton
 
         settle_ties_triton(scores, values.contiguous(), keys, k)
     _, positions = split_keys(select_topk_keys(keys, k))
@@ -227,7 +221,7 @@ def test_flashinfer_selector_without_the_package_is_a_clear_error():
     import importlib.util
 
     from litetopk.kernels import BackendUnavailableError
-    from litetopk.kernels.selection import select_topk_dense
+    from litetopk.kernels.dense_selection import select_topk_dense
 
     if importlib.util.find_spec("flashinfer") is not None:
         pytest.skip("flashinfer is installed here: the GPU benchmark exercises it")

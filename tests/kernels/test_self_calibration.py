@@ -27,12 +27,12 @@ import triton
 import triton.language as tl
 
 from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, dense_topk_prefill, litetopk_prefill
-from litetopk.kernels.calibration import MAX_SAMPLE_STRIDE
+from litetopk.kernels.backend import MAX_SAMPLE_STRIDE
 from litetopk.kernels.flydsl import FlyDSLBackend
+from litetopk.kernels.keys import NO_KEY, make_keys, split_keys
 from litetopk.kernels.reference import ReferenceBackend
-from litetopk.kernels.selection import NO_KEY, make_keys, split_keys
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.decode import FLAG_WIDE
+from litetopk.kernels.triton.operands import FLAG_WIDE
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_tiles
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
@@ -78,7 +78,8 @@ def test_sample_tiles_follow_the_rule(n_steps, capacity, sample_tiles):
     sample_tiles_kernel[(1,)](out, n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, TOPK=topk, BLOCK_KEYS=BLOCK_KEYS)
     n_sample = int(out[0])
     where = f"[{n_steps} tiles, capacity {capacity}, {sample_tiles} sample tiles asked]"
-    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), f"{where}: got {n_sample}"
+    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), \
+        f"{where}: got {n_sample}"
     assert 0 <= n_sample <= min(capacity // BLOCK_KEYS, n_steps), f"{where}: {n_sample} sample tiles"
     floor = max(sample_tiles, 2 * topk // BLOCK_KEYS)  # 2 K keys at least
     assert n_sample >= min(floor, n_steps, capacity // BLOCK_KEYS), f"{where}: {n_sample} sample tiles"
@@ -277,8 +278,8 @@ def test_a_self_calibrating_scan_takes_no_thresholds_or_ceilings(given, seed):
     arguments = {"thresholds": keys, "ceilings": None} if given == "thresholds" else {"thresholds": None,
                                                                                        "ceilings": keys}
     with pytest.raises(ValueError, match="takes no thresholds and no ceilings"):
-        TritonBackend(paged="never").scan_candidates(problem, arguments["thresholds"], 4096, ceilings=arguments["ceilings"],
-                                        sample_size=SAMPLE_SIZE)
+        TritonBackend(paged="never").scan_candidates(problem, arguments["thresholds"], 4096,
+                                                     ceilings=arguments["ceilings"], sample_size=SAMPLE_SIZE)
 
 
 @pytest.mark.parametrize("knobs, message", [

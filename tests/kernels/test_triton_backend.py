@@ -18,19 +18,31 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, RowFaultError, RowStatus, dense_topk_prefill, litetopk_prefill, unpack_kv_cache
+from litetopk.kernels import (
+    BackendUnavailableError,
+    LiteTopKTuning,
+    RowFaultError,
+    RowStatus,
+    dense_topk_prefill,
+    litetopk_prefill,
+    unpack_kv_cache,
+)
 from litetopk.kernels.cache_layout import describe_kv_cache
-from litetopk.kernels.mxfp4 import dequantize_mxfp4
 from litetopk.kernels.calibration import calibrate
-from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.keys import NO_KEY, make_keys
+from litetopk.kernels.mxfp4 import dequantize_mxfp4
+from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.schedule import build_schedule, max_programs
-from litetopk.kernels.triton.decode import (
-    FLAG_NAN_SCALE, FLAG_UNSUPPORTED, FLAG_WIDE, decode_keys_fp4_triton, decode_queries_fp4_triton,
+from litetopk.kernels.triton.operands import (
+    FLAG_NAN_SCALE,
+    FLAG_UNSUPPORTED,
+    FLAG_WIDE,
+    decode_keys_fp4_triton,
+    decode_queries_fp4_triton,
     prepare_queries_fp4_triton,
 )
+from litetopk.kernels.triton.schedule import build_schedule, max_programs
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
 from tests.problems import make_problem, oracle_scores, random_fp4
 
@@ -119,7 +131,8 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     want_wide = ((vector_flags & FLAG_WIDE) != 0).any(dim=1) & torch.from_numpy(live)
     want_unsupported = ((vector_flags & FLAG_UNSUPPORTED) != 0).any(dim=1) | (refused.cpu() != 0)
     assert torch.equal(q_wide.cpu(), want_wide) and torch.equal(q_unsupported.cpu(), want_unsupported), f"seed {seed}"
-    exp, flags, wq, rowfac, refused = exp.cpu().numpy(), flags.cpu().numpy(), wq.cpu().numpy(), rowfac.cpu().numpy(), refused.cpu().numpy()
+    exp, flags, wq = exp.cpu().numpy(), flags.cpu().numpy(), wq.cpu().numpy()
+    rowfac, refused = rowfac.cpu().numpy(), refused.cpu().numpy()
     scaled_true, shift, out_of_range = ref_head_weight_scaling(w, exp)
     assert refused.astype(bool).tolist() == (out_of_range & live).tolist(), f"seed {seed}"
     assert int(summary[1]) == int((out_of_range & live).any()), f"seed {seed}"
@@ -128,7 +141,8 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     for r in np.flatnonzero(~out_of_range):
         counted = np.isfinite(w[r]) & (w[r] != 0) & ~nan_scale[r]
         assert rowfac[r] == np.exp2(149 - shift[r]), f"row {r}: rowfac, seed {seed}"
-        assert np.array_equal(wq[r, counted].astype(np.float64), scaled_true[r, counted] * np.exp2(shift[r])), f"row {r}, seed {seed}"
+        assert np.array_equal(wq[r, counted].astype(np.float64), scaled_true[r, counted] * np.exp2(shift[r])), \
+            f"row {r}, seed {seed}"
         assert (wq[r, (w[r] == 0) & ~nan_scale[r]] == 0).all(), f"row {r}: zero weights stay zero, seed {seed}"
         # The row's largest scaled weight lies in [2^126, 2^127), a NaN-scale head's counted: its weight sets the
         # shift too (its wq is NaN, the row NONFINITE), so its exact scaled value stands in for it.
@@ -194,9 +208,11 @@ def check_against_oracle(p, lite, dense, where, withheld=None):
 CASES = {
     "two sequences, causal, K=512": (dict(seq_lens=[1300, 900], rows_per_seq=3, spread=1), {}),
     "K=1024, windows shorter than K": (dict(seq_lens=[900, 700], rows_per_seq=2, topk=1024, spread=1), {}),
-    "non-causal windows, weight_scale -0.5": (dict(seq_lens=[1400], rows_per_seq=4, causal=False, weight_scale=-0.5, spread=1), {}),
+    "non-causal windows, weight_scale -0.5":
+        (dict(seq_lens=[1400], rows_per_seq=4, causal=False, weight_scale=-0.5, spread=1), {}),
     "wide vectors (hi operands)": (dict(seq_lens=[1100], rows_per_seq=4, spread=2), {}),
-    "calibrated + histogram": (dict(seq_lens=[2600], rows_per_seq=4, spread=1), dict(tuning=LiteTopKTuning(sample_size=520))),
+    "calibrated + histogram": (dict(seq_lens=[2600], rows_per_seq=4, spread=1),
+                               dict(tuning=LiteTopKTuning(sample_size=520))),
     "tiny capacity: repaired": (dict(seq_lens=[1200], rows_per_seq=3, spread=1),
                                 dict(tuning=LiteTopKTuning(candidate_capacity=40))),
     "forced underfill: repaired": (dict(seq_lens=[2000], rows_per_seq=3, spread=1),
@@ -331,7 +347,8 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
     rtb, starts, ends = row_to_batch.tolist(), starts.tolist(), ends.tolist()
     assert rows.dtype == prog_batch.dtype == span.dtype == torch.int32, where
     programs = max_programs(n, batch, block_rows)
-    assert rows.shape == (programs, block_rows) and prog_batch.shape == (programs,) and span.shape == (programs, 2), where
+    assert rows.shape == (programs, block_rows) and prog_batch.shape == (programs,), where
+    assert span.shape == (programs, 2), where
     listed = rows[rows >= 0].tolist()
     assert sorted(listed) == list(range(n)), f"{where}: every row exactly once (live and empty)"
     live = [r for r in range(n) if ends[r] > starts[r]]
@@ -340,7 +357,8 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
     for prog in range(programs):
         lanes = rows[prog].tolist()
         members = [r for r in lanes if r >= 0]
-        assert lanes == members + [-1] * (block_rows - len(members)), f"{where}: program {prog} fills from the first lane"
+        assert lanes == members + [-1] * (block_rows - len(members)), \
+            f"{where}: program {prog} fills from the first lane"
         if not members:
             kinds["unused"] += 1
             assert span[prog].tolist() == [0, 0], f"{where}: unused program {prog} must do no work"
@@ -388,7 +406,8 @@ def test_schedule_covers_every_row_once_within_one_sequence(block_rows, seq_lens
     ops = TritonBackend(paged="never", block_rows=block_rows).operands(problem)
     want = build_schedule(problem.row_to_batch, problem.starts, problem.ends, len(seq_lens), block_rows, ops.q_wide,
                           ops.keys.flags, Scratch(DEVICE))
-    assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f)) for f in ("rows", "batch", "span", "q_wide")), where
+    assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f))
+               for f in ("rows", "batch", "span", "q_wide")), where
     wide = bool(((ops.keys.flags[0] | ops.keys.flags[1]) & FLAG_WIDE) != 0)
     busy, idle = ops.schedule.variants[::-1] if wide else ops.schedule.variants
     assert torch.equal(busy[0], ops.schedule.rows) and torch.equal(busy[1], ops.schedule.span), where
@@ -408,7 +427,8 @@ def test_schedule_gives_an_empty_window_away_from_zero_span_0_1(block_rows, seed
 
 
 @pytest.mark.parametrize("block_rows", [1, 3, 4])
-@pytest.mark.parametrize("case", ["random", "causal prefill", "all empty", "one row", "no rows", "every row empty but one"])
+@pytest.mark.parametrize("case", ["random", "causal prefill", "all empty", "one row", "no rows",
+                                  "every row empty but one"])
 def test_schedule_invariants_on_random_metadata(case, block_rows, seed):
     gen = torch.Generator().manual_seed(seed)
     batch, n = 4, 23
@@ -515,7 +535,7 @@ def test_gluon_kernel_is_refused_where_it_cannot_run(seed):
 
 def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
     """The scan's histogram origin and bin width in torch (prepare_scan_triton's contract)."""
-    from litetopk.kernels.selection import split_keys
+    from litetopk.kernels.keys import split_keys
 
     lo = threshold_scores
     if ceilings is None:
@@ -529,7 +549,7 @@ def ref_histogram_ranges(threshold_scores, ceilings, num_bins):
 @pytest.mark.interpret
 @pytest.mark.parametrize("with_ceilings", [True, False])
 def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, seed):
-    from litetopk.kernels.selection import score_floor_keys, split_keys
+    from litetopk.kernels.keys import score_floor_keys, split_keys
     from litetopk.kernels.triton.scoring import prepare_scan_triton
 
     rng = np.random.default_rng(seed)
@@ -557,8 +577,7 @@ def test_prepare_scan_derives_thresholds_and_histogram_ranges(with_ceilings, see
 def test_scan_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
     """A self-calibrating scan passes no thresholds and has no thr buffer (scan_buffers): the scan's
     finish (Triton and torch) then acts as for NO_KEY, threshold score -inf, on every row."""
-    from litetopk.kernels.triton.backend import finish_scan_torch
-    from litetopk.kernels.triton.certify import finish_scan_triton
+    from litetopk.kernels.triton.scan_outputs import finish_scan_torch, finish_scan_triton
     from litetopk.kernels.triton.scoring import prepare_scan_triton, scan_buffers
 
     rows = 300
@@ -576,7 +595,8 @@ def test_scan_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
                    nonfinite=torch.from_numpy((rng.random(rows) < 0.1).astype(np.int8)).to(DEVICE))
     reference = finish_scan_torch(no_key, dict(prepared, **outputs))
     scan = dict(own, **outputs)
-    for how, finished in (("triton", finish_scan_triton(None, scan, scratch)), ("torch", finish_scan_torch(None, scan))):
+    for how, finished in (("triton", finish_scan_triton(None, scan, scratch)),
+                          ("torch", finish_scan_torch(None, scan))):
         for name, a, b in zip(("final", "appended", "nonfinite"), finished, reference):
             assert torch.equal(a, b), f"finish ({how}) without thresholds: {name}, seed {seed}"
     assert bool((reference[0] != NO_KEY).any()) and bool((reference[0] == NO_KEY).any()), f"seed {seed}: cases"

@@ -1,12 +1,13 @@
 """The Triton selections against a plain sort of each row.
 
 Runs the real kernels in Triton's CPU interpreter without a GPU (tests/conftest.py), compiled with
-one. The candidate top-K (kernels/triton/radix_select.py, the selection stage): the compacted path
+one. The candidate top-K (kernels/selection.py: the radix select): the compacted path
 (at most 2 K keys at or above the row's threshold) and the whole-row one (no threshold, or too many
 keys above it), rows with fewer than K kept keys, an empty row, and stale keys past `kept` that must
-be ignored, against Python's sort (independent of the torch twin tests/kernels/test_radix_select.py uses). The calibration's
+be ignored, against Python's sort (independent of the torch twin tests/kernels/test_radix_select.py uses). The
+calibration's
 order statistics: ties, signed zeros, infinities and a width that is not a power of two. The
-one-kernel assembly (kernels/triton/assembly.py): every field equal to the torch assembly's
+one-kernel assembly (kernels/assembly.py): every field equal to the torch assembly's
 (kernels/assembly.py), and the same status bits for a slot that cannot be published.
 """
 
@@ -17,12 +18,10 @@ import pytest
 import torch
 
 from litetopk.kernels import RowStatus
-from litetopk.kernels.assembly import assemble_into_torch, assemble_result, result_buffers
-from litetopk.kernels.calibration import calibration_keys_torch
-from litetopk.kernels.selection import NO_KEY, make_keys
-from litetopk.kernels.triton.assembly import assemble_into_triton
-from litetopk.kernels.triton.calibration import calibration_keys_triton, kth_largest_scores_triton
-from litetopk.kernels.triton.radix_select import select_topk_candidates_radix
+from litetopk.kernels.assembly import assemble_into_torch, assemble_into_triton, assemble_result, result_buffers
+from litetopk.kernels.calibration import calibration_keys_torch, calibration_keys_triton, kth_largest_scores_triton
+from litetopk.kernels.keys import NO_KEY, make_keys
+from litetopk.kernels.selection import select_topk_candidates_radix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K = 512

@@ -16,15 +16,16 @@ import torch
 
 from bench.probes.host_time import count_launches_cpu, triton_stages_on_cpu
 from litetopk.kernels import LiteTopKTuning, RowStatus, litetopk_prefill
+from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton.schedule import build_schedule_torch, build_schedule_triton
-from litetopk.kernels.workspace import Scratch
 from tests.kernels.test_reference_operator import assert_same
 from tests.problems import make_problem, results_equal
 
 # The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
 pytestmark = [pytest.mark.usefixtures("prefill_mode"), pytest.mark.interpret,
               pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="interpreter only: on a GPU the Triton stages run compiled in every operator test")]
+                                 reason="interpreter only: on a GPU the Triton stages run compiled in every "
+                                        "operator test")]
 
 
 def random_metadata(gen: torch.Generator, n: int, batch: int):

@@ -1,4 +1,4 @@
-"""The one validation layer (CONTRACT.md §1-§3): call-level errors say what to change; row-level
+"""The one validation layer (docs/contract.md §1-§3): call-level errors say what to change; row-level
 faults become status bits of exactly those rows; slots are 64-bit and never wrap (a row reading a
 page whose slots are beyond int32 gets SLOT_OVERFLOW; nothing is raised for it).
 
@@ -23,10 +23,11 @@ from litetopk.kernels import (
     litetopk_prefill,
 )
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, ZEROED_WORDS, row_checks_torch
-from litetopk.kernels.selection import NO_KEY, make_keys
+from litetopk.kernels.keys import NO_KEY, make_keys
+from litetopk.kernels.problem import ZEROED_WORDS
+from litetopk.kernels.row_checks import FIRST_UNMAPPABLE_PAGE, row_checks_torch
+from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import Scratch
 from tests.problems import make_problem
 
 INT32_MAX = 2**31 - 1
@@ -47,7 +48,8 @@ def small_args(seed: int) -> dict:
 
 
 def noncontiguous(t: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(t.shape[::-1], dtype=t.dtype).t() if t.ndim == 2 else torch.empty(t.shape + (2,), dtype=t.dtype)[..., 0]
+    out = (torch.empty(t.shape[::-1], dtype=t.dtype).t() if t.ndim == 2
+           else torch.empty(t.shape + (2,), dtype=t.dtype)[..., 0])
     out.copy_(t)
     assert not out.is_contiguous() and torch.equal(out, t)
     return out
@@ -63,7 +65,8 @@ BAD_CALLS = {
     "q_scale rows": ("q_scale", lambda t: t[:-1].contiguous(), "q_scale must have shape"),
     "kv_cache dtype": ("kv_cache", lambda t: t.view(torch.int8), "kv_cache must be a uint8"),
     "kv_cache page bytes": ("kv_cache", lambda t: t[:, :4351].contiguous(), "kv_cache must be [num_pages, 4352]"),
-    "kv_cache page layout transposed": ("kv_cache", lambda t: t.view(-1, 64, 68).transpose(1, 2), "the bytes of one page of kv_cache must be contiguous"),
+    "kv_cache page layout transposed": ("kv_cache", lambda t: t.view(-1, 64, 68).transpose(1, 2),
+                                        "the bytes of one page of kv_cache must be contiguous"),
     "block_table dtype": ("block_table", lambda t: t.long(), "block_table must be int32"),
     "block_table rank": ("block_table", lambda t: t.flatten(), "block_table must have shape"),
     "block_table not contiguous": ("block_table", noncontiguous, "block_table must be contiguous"),
@@ -140,7 +143,8 @@ def test_supported_topk_and_accepted_variants(topk, seed):
     args["kv_cache"] = args["kv_cache"].view(-1, 64, 1, 68)
     args["weights"] = args["weights"].bfloat16()
     varied = validate_prefill(*args.values(), topk=topk)
-    assert torch.equal(varied.cache.values, plain.cache.values) and varied.cache.values.shape == plain.cache.values.shape
+    assert torch.equal(varied.cache.values,
+                       plain.cache.values) and varied.cache.values.shape == plain.cache.values.shape
     assert varied.weights.dtype == torch.float32
     assert torch.equal(varied.weights, args["weights"].float())
 
@@ -171,12 +175,14 @@ ROW_FAULTS = {
     "page 2^25 outside every window": ([_set("block_table", (1, 3), 2**25)], [0, 0, 0, 0]),
     "bad window and page 2^25": ([_set("block_table", (0, 1), 2**25), _set("starts", 1, -3)], [8 | 64, 16, 0, 0]),
     "bad page right after a window": ([_set("block_table", (1, 2), -5)], [0, 0, 8, 0]),
-    "bad page outside every window": ([_set("block_table", (0, 4), 10**6), _set("block_table", (1, 4), -7)], [0, 0, 0, 0]),
+    "bad page outside every window":
+        ([_set("block_table", (0, 4), 10**6), _set("block_table", (1, 4), -7)], [0, 0, 0, 0]),
     "bad page before a window": ([_set("block_table", (0, 0), -1), _set("starts", 0, 64)], [0, 0, 0, 0]),
     "nan weight": ([_set("weights", (2, 5), float("nan"))], [0, 0, 4, 0]),
     "inf weight": ([_set("weights", (3, 63), float("inf"))], [0, 0, 0, 4]),
     "-inf weight": ([_set("weights", (0, 0), -float("inf"))], [4, 0, 0, 0]),
-    "bad page and nan weight": ([_set("block_table", (0, 1), -1), _set("weights", (1, 0), float("nan"))], [8, 12, 0, 0]),
+    "bad page and nan weight":
+        ([_set("block_table", (0, 1), -1), _set("weights", (1, 0), float("nan"))], [8, 12, 0, 0]),
     "bad window and nan weight": ([_set("ends", 3, 10**6), _set("weights", (3, 0), float("nan"))], [0, 0, 0, 20]),
     "empty window": ([_set("starts", 1, 77), _set("ends", 1, 77)], [0, 0, 0, 0]),
     "empty window at the table's end": ([_set("starts", 1, 320), _set("ends", 1, 320)], [0, 0, 0, 0]),
@@ -228,10 +234,10 @@ def poisoned_scratch(device, seed: int) -> Scratch:
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(ROW_FAULTS))
 def test_row_checks_kernel_finds_the_same_faults(case, seed):
-    """kernels/triton/row_checks.py (what validation runs on a CUDA device) on the same cases: the
+    """row_checks_triton (kernels/row_checks.py: what validation runs on a CUDA device) on the same cases: the
     same status bits and the same effective windows as the torch checks, the sequences' ends, and
     its zeroed words written over a poisoned workspace."""
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     changes, want = ROW_FAULTS[case]
@@ -255,8 +261,7 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
 def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
     """No rows: every sequence ends at 0; no sequence: every row is INVALID_ROW; many rows (several of
     the sequences' blocks): the ends as the torch checks give them. The zeroed words in every case."""
-    from litetopk.kernels.row_checks import row_checks_torch
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_torch, row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(seed)
@@ -343,9 +348,9 @@ def test_row_checks_flag_slot_overflow(case):
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(SLOT_CASES))
 def test_row_checks_twins_agree_on_slot_overflow(case):
-    """The Triton twin (kernels/triton/row_checks.py) against the torch checks: same bits, same
+    """The Triton twin (row_checks_triton, kernels/row_checks.py) against the torch checks: same bits, same
     effective metadata."""
-    from litetopk.kernels.triton.row_checks import row_checks_triton
+    from litetopk.kernels.row_checks import row_checks_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args, want = slot_case(case)

@@ -9,14 +9,14 @@ reserved a block, 4 programs need more than the 228 KiB of an H200 multiprocesso
 programs per SM instead of 4 on every problem that holds a wide vector (the scan even without
 counting the reservation twice); bench/NOTES.md, Next steps 2. The count here is the conservative
 one (static section and reservation both); bench/probes/gluon_wide_probe.py asks the driver. The
-numbers are the compiler's own (compile_sm90's summary), built once in a fresh process without the
+numbers are the compiler's own (compile/sm90.py's summary), built once in a fresh process without the
 interpreter."""
 
 from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.triton.compile_sm90 import GLUON_VARIANTS
+from litetopk.kernels.compile.sm90 import GLUON_VARIANTS
 from litetopk.kernels.triton.scoring_gluon import GLUON_BLOCK_KEYS, GLUON_MAX_REGISTERS, GLUON_NUM_WARPS, NUM_BUFFERS
 from tests.kernels.offline_compile import offline_summary
 
@@ -28,7 +28,7 @@ KEY_TILE = GLUON_BLOCK_KEYS * 128  # bytes of one int8 key tile (D = 128)
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory) -> dict:
-    return offline_summary("litetopk.kernels.triton.compile_sm90", tmp_path_factory.mktemp("gluon_wide_sm90"))
+    return offline_summary("litetopk.kernels.compile.sm90", tmp_path_factory.mktemp("gluon_wide_sm90"))
 
 
 def programs_per_sm(info: dict) -> tuple[int, int]:

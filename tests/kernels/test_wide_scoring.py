@@ -21,9 +21,9 @@ import torch
 
 from bench.probes.gluon_wide_probe import forced_operands, operands_of
 from litetopk.kernels import LiteTopKTuning
-from litetopk.kernels.selection import NO_KEY
+from litetopk.kernels.keys import NO_KEY
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.decode import FLAG_WIDE, decode_queries_fp4_triton
+from litetopk.kernels.triton.operands import FLAG_WIDE, decode_queries_fp4_triton
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_triton_backend import DEVICE, FIELDS, check_against_oracle, run_both
 from tests.problems import make_problem

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-
 import re
 import weakref
 from pathlib import Path
@@ -34,8 +33,8 @@ from litetopk.kernels import (
 from litetopk.kernels.calibration import sample_stride, shape_changes
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import run_litetopk
+from litetopk.kernels.scratch import ALIGNMENT
 from litetopk.kernels.validation import validate_prefill
-from litetopk.kernels.workspace import ALIGNMENT
 from tests.problems import make_problem
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
@@ -110,7 +109,8 @@ def test_exact_at_the_bounds(case, seed):
     second = call(operator, p, backend, workspace=workspace, **kw)
     same_bits(first, want, f"{case}, seed {seed}, first call")
     same_bits(second, want, f"{case}, seed {seed}, second call on the same workspace")
-    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]), around), f"{case}: bytes outside the workspace written"
+    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]),
+                       around), f"{case}: bytes outside the workspace written"
     with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
         call(operator, p, backend, workspace=workspace[:-1], **kw)
 
@@ -203,7 +203,7 @@ def test_carved_views_are_kept_on_the_workspace_and_follow_it(seed, monkeypatch)
     """A workspace keeps its carved views for the next call (a lookup instead of a view op): the next
     call's buffers are the same tensors, at the same bytes. Where the tensor has been pointed at other
     memory since (set_), nothing stale is handed out; and the views kept stay bounded."""
-    from litetopk.kernels import workspace as ws
+    from litetopk.kernels import scratch as ws
 
     gen = torch.Generator().manual_seed(seed)
     workspace = torch.randint(0, 256, (64 * ALIGNMENT,), generator=gen, dtype=torch.uint8)
@@ -386,7 +386,7 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
     """Scratch carves contiguous buffers of the asked shape and dtype, each starting on ALIGNMENT bytes
     inside the workspace, in call order and never overlapping; a workspace whose size is no multiple of
     an itemsize (spare bytes) still serves every dtype; one byte too many is an InputError."""
-    from litetopk.kernels.workspace import Scratch
+    from litetopk.kernels.scratch import Scratch
 
     gen = torch.Generator().manual_seed(seed)
     dtypes = (torch.int64, torch.int32, torch.float32, torch.int8, torch.int16, torch.uint8, torch.bool)
@@ -407,7 +407,8 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
         if buf.numel() == 0:  # no bytes (torch reports no address for it)
             continue
         offset = buf.data_ptr() - workspace.data_ptr()
-        assert offset % ALIGNMENT == 0 and 0 <= offset and offset + buf.numel() * dtype.itemsize <= workspace.numel(), where
+        assert offset % ALIGNMENT == 0 and 0 <= offset, where
+        assert offset + buf.numel() * dtype.itemsize <= workspace.numel(), where
         spans.append((offset, offset + buf.numel() * dtype.itemsize))
         buf.view(-1).view(torch.uint8).fill_(len(spans) % 251)  # every byte of it is the workspace's
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"buffers overlap or go back: {spans}"

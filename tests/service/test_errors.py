@@ -22,7 +22,6 @@ from litetopk.kernels import (
     InputShapeError,
     RowFaultError,
     RowStatus,
-    SlotOverflowError,
     UnsupportedTopKError,
 )
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
@@ -413,7 +412,6 @@ def test_mixed_row_faults_pick_the_worst_and_name_all(client, problem):
 
 @pytest.mark.parametrize("exc,code", [
     (UnsupportedTopKError("topk=3 is not supported"), "unsupported_topk"),
-    (SlotOverflowError("page 40000000 has slots beyond int32"), "slot_overflow"),
     (InputDtypeError("q_fp4 must be uint8, got int32"), "bad_dtype"),
     (InputShapeError("weights must have shape [8, 64], got [7, 64]"), "bad_shape"),
     (InputError("kv_cache must be contiguous"), "invalid_input"),

@@ -1,11 +1,13 @@
 """Compile the scoring kernels for sm_90 without a GPU and read back what ptxas made of them.
 
+Layer: public face (compile/, an offline tool; imports triton/'s scoring kernels and launch options).
+
 Triton's wheel carries ptxas and cuobjdump, so any machine can build the H200's cubin: CI uses this
 to check the Gluon scoring kernel (which has no interpreter) compiles for sm_90 as the backend
 launches it, within its register budget and with the tensor-core instructions it is written for;
-bench/sass_offline.py uses it to read instruction mixes.
+bench/probes/sass_offline.py uses it to read instruction mixes.
 
-    python -m litetopk.kernels.triton.compile_sm90 OUT_DIR
+    python -m litetopk.kernels.compile.sm90 OUT_DIR
 writes OUT_DIR/<variant>.{cubin,ptx,ttgir,sass} for the Gluon kernel's dense, strided and scan
 variants and OUT_DIR/summary.json: per variant its registers, stack bytes, shared bytes and the
 opcode counts of its innermost wgmma loop.
@@ -119,8 +121,8 @@ def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
     write to out_dir/summary.json) each variant's resources and loop opcode counts."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .backend import gluon_launch_options
-    from .scoring_gluon import score_fp4_gluon_kernel
+    from ..triton.backend import gluon_launch_options
+    from ..triton.scoring_gluon import score_fp4_gluon_kernel
 
     os.makedirs(out_dir, exist_ok=True)
     summary = {}

@@ -1,5 +1,8 @@
 """MXFP4 -> exact int8 operands for tensor-core scoring (Triton, sm_90 and the interpreter).
 
+Layer: backends (triton/; the Triton backend's own operand preparation: backend.py calls it, the
+schedule and the scoring kernels read its flags). Imports the formats and utilities only.
+
 Math. An MXFP4 vector of 128 elements is sum-exact as
     x[e] = c[e] / 2 * 2^(s[g] - 127),   c = 2 * E2M1 value, an integer in -12..12, g = e // 32.
 Let m = the smallest scale byte of the vector's nonzero groups and d[g] = s[g] - m >= 0. Then
@@ -21,7 +24,7 @@ kernels, so that one program decodes one key tile.
 
 The decode kernels also write the bookkeeping the schedule and the scan read, so that none of it is a
 torch op on the host path; a call decodes in one launch. Its inputs from the row checks' launch
-(kernels/row_checks.py): need[b] = sequence_ends[b] (the keys any row of sequence b reads) and zeroed
+(row_checks.py, problem.py): need[b] = sequence_ends[b] (the keys any row of sequence b reads) and zeroed
 words for the flag summary (summary[0] key flags, [1] query flags, [2] refused weights) and batch_wide.
     decode_kernel            the keys (_decode_key_tile, one key tile a program) and the queries
                              (_decode_query_block, one query row a program) side by side in one grid
@@ -45,8 +48,8 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE, KVCache
+from ..scratch import Scratch
 from ..status import RowStatus
-from ..workspace import Scratch
 
 FLAG_WIDE = 1
 FLAG_UNSUPPORTED = 2
@@ -365,13 +368,13 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
                                windows: tuple[torch.Tensor, torch.Tensor] | None = None,
                                summary: torch.Tensor | None = None,
                                weight_scale: float = 1.0, scratch: Scratch | None = None):
-    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows'
-    `windows` (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and row flags: (wq float32 [rows, 64],
-    rowfac float32 [rows] (times weight_scale, in float32), refused int8 [rows], q_wide bool [rows],
-    q_unsupported bool [rows]) as scoring.py's docstring defines them (NaN where a scale byte is NaN);
-    refused marks the live rows outside the supported weight range, and `summary[1]` (int32, when
-    given) gets 1 when there is one; q_wide: a live row with a wide head vector; q_unsupported: a row
-    with a head vector of spread > 7, or refused."""
+    """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows' `windows`
+    (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and
+    row flags: (wq float32 [rows, 64], rowfac float32 [rows] (times weight_scale, in float32),
+    refused int8 [rows], q_wide bool [rows], q_unsupported bool [rows]) as scoring.py's docstring
+    defines them (NaN where a scale byte is NaN); refused marks the live rows outside the supported
+    weight range, and `summary[1]` (int32, when given) gets 1 when there is one; q_wide: a live row
+    with a wide head vector; q_unsupported: a row with a head vector of spread > 7, or refused."""
     outputs, queries = _query_side(q_fp4, q_scale, weights, windows, summary, weight_scale,
                                    scratch or Scratch(q_fp4.device))
     _launch_decode(None, queries)

@@ -1,6 +1,9 @@
 """Compile every FlyDSL kernel variant for gfx950 without a device, and dump its final ISA.
 
-    python -m litetopk.kernels.flydsl.compile DUMP_DIR
+Layer: public face (compile/, an offline tool; imports flydsl/ and the validation that builds its
+placeholder problems).
+
+    python -m litetopk.kernels.compile.gfx950 DUMP_DIR
 
 sets COMPILE_ONLY=1, ARCH=gfx950, FLYDSL_DEBUG_DUMP_ASM=1, FLYDSL_DUMP_IR=1, FLYDSL_DUMP_DIR=DUMP_DIR (and turns
 the disk cache off so that every variant is really compiled), then traces each configuration of
@@ -66,8 +69,8 @@ def compile_all(dump_dir: Path) -> int:
     were compiled."""
     import torch
 
-    from . import FlyDSLBackend, compiled_configurations
-    from ..selection import NO_KEY
+    from ..flydsl import FlyDSLBackend, compiled_configurations
+    from ..keys import NO_KEY
 
     backend = FlyDSLBackend()
     count = 0
@@ -85,7 +88,7 @@ def compile_all(dump_dir: Path) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m litetopk.kernels.flydsl.compile DUMP_DIR", file=sys.stderr)
+        print("usage: python -m litetopk.kernels.compile.gfx950 DUMP_DIR", file=sys.stderr)
         return 2
     os.environ.update(compile_env(Path(argv[0]).resolve()))
     print(f"compiled {compile_all(Path(argv[0]).resolve())} FlyDSL kernel variants for gfx950")
