@@ -86,6 +86,12 @@ class ScoringBackend(abc.ABC):
         largest shapes. A backend with one path: itself at the bounds."""
         return [(self, max_rows, max_batch)]
 
+    def buffers_hold_windows(self, problem: PrefillProblem) -> bool:
+        """Whether LiteTopK should size the scan's candidate buffer to hold any window of `problem` (max_end
+        keys a row) rather than capacity_factor * K: where the rows are few (a decode step), so the buffer
+        is small, and several programs scan one row (their thresholds rise later). Default: no."""
+        return False
+
     def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
         """Where the scan's thresholds come from for `problem` when LiteTopKTuning asks for `requested`
         ("sample": the calibration stage; "scan": the scan's own sample): the requested one, or "sample"

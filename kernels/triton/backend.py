@@ -242,6 +242,10 @@ class TritonBackend(ScoringBackend):
             calls.append((TritonBackend(**self._options, paged="never"), max_rows, prefill_batch))
         return calls or [(self, max_rows, max_batch)]
 
+    def buffers_hold_windows(self, problem: PrefillProblem) -> bool:
+        """ScoringBackend.buffers_hold_windows: in the paged mode (at most 4 rows a sequence)."""
+        return isinstance(self.operands(problem), PagedOperands)
+
     def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
         """ScoringBackend.calibration_for: "scan" is the prefill mode's self-calibrating scan; the paged mode
         (paged.py: several programs a row, no program sees a row's recent keys first) calibrates from the
