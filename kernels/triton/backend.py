@@ -350,7 +350,7 @@ class TritonBackend(ScoringBackend):
             faults = ops.schedule.faults[fault_set]
             if stride == 1:
                 ops.faults = faults
-            return out, faults[0] != 0
+            return out, faults[0].view(torch.bool)  # (0 or 1)
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
         # and its nonfinite flag
         out = problem.scratch.empty((problem.num_rows, width), torch.float32)
