@@ -45,7 +45,7 @@ from .transport import (
     sync_http,
     transport_error,
 )
-from .wire import (
+from litetopk.service.wire import (
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
     RESULT_FIELDS,

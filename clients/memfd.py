@@ -24,13 +24,11 @@ import mmap
 import os
 import socket
 
-FD_SOCKET_NAME = "fds.sock"  # beside the service's HTTP socket
-HANDOVER_MESSAGE = b"litetopk-fd/1"
+from litetopk.service.wire import FD_SOCKET_NAME, HANDOVER_MESSAGE, SEALS_REQUIRED, TICKET_TTL_S
+
 REPLY_MAX_BYTES = 4096
-TICKET_TTL_S = 60.0
 HANDOVER_TIMEOUT_S = 10.0
 #: The seals a service requires; SEALS_APPLIED are the ones this client sets (size fixed for good).
-SEALS_REQUIRED = fcntl.F_SEAL_SHRINK
 SEALS_APPLIED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 

@@ -32,7 +32,7 @@ import torch
 
 from .memfd import SealedMemory
 from .owners import pid_namespace
-from .wire import dtype_name
+from litetopk.service.wire import dtype_name
 
 OWNER_PID_ENV = "LITETOPK_CLIENT_OWNER_PID"  # 'none' (send pid: null) or a pid; unset: this process
 ACCESS_MODES = ("read_only", "read_write")

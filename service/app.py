@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 
-from litetopk.clients.memfd import FD_SOCKET_NAME
 from litetopk.kernels import SUPPORTED_TOPK, litetopk_prefill, pack_kv_cache, quantize_mxfp4, resolve_backend
 
 from . import __version__
 from .errors import install_error_handlers
-from .executor import DeviceExecutor, WorkspaceLimits
+from .executor import DeviceExecutor
+from .operator import WorkspaceLimits
 from .fdpass import FdSocket
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
@@ -37,6 +37,7 @@ from .schemas import TopKRequest
 from .routes import health_router, regions_router, topk_router
 from .settings import ServiceSettings
 from .state import ServiceState
+from .wire import FD_SOCKET_NAME
 
 log = logging.getLogger("litetopk.service")
 
@@ -67,22 +68,28 @@ async def _warm_up(state: ServiceState) -> None:
 
     def allocate():
         limits = workspace_limits(settings, state.device)
-        nbytes = executor.allocate_workspace(limits, settings.backend, state.tuning)
-        log.info("workspace: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s", nbytes / 2**20,
-                 state.device, limits.max_rows, limits.max_keys, limits.max_batch, SUPPORTED_TOPK)
+        operator = executor.build_operator(limits, state.backend, state.tuning, graphs=settings.graphs,
+                                           max_graphs=settings.max_graphs)
+        log.info("operator: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s (graphs %s)",
+                 operator.nbytes / 2**20, state.device, limits.max_rows, limits.max_keys, limits.max_batch,
+                 SUPPORTED_TOPK, "on" if operator.runner is not None else "off")
+        return operator
 
-    def run():  # one job: the warm-up, then the workspace, then the warm-up again on it
+    def run():  # one job: the warm-up, then the operator, then the warm-up again through it
         args, kwargs = warmup_problem(state.device)
         litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning).raise_for_status()
-        allocate()
-        litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning,
-                         workspace=executor.workspace_for(args[0], args[3])).raise_for_status()
+        operator = allocate()
+        names = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+        inputs = dict(zip(names, args))
+        kv_cache = inputs.pop("kv_cache")
+        operator(inputs, kv_cache, kv_scale=None, weight_scale=1.0, repair=True, out={},
+                 **kwargs).raise_for_status()
 
     if not settings.warmup:  # ready at once; the requests queue behind the workspace's job
         state.ready.set()
         try:
             await executor.run(allocate, timeout=max(settings.request_timeout_s, 600.0))
-        except Exception as exc:  # requests then answer not_ready (executor.workspace_for)
+        except Exception as exc:  # requests then answer not_ready (executor.operator_for)
             state.warmup_error = f"{type(exc).__name__}: {exc}"
             log.error("workspace allocation failed on %s: %s", state.device, state.warmup_error)
         return

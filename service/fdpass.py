@@ -21,9 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from litetopk.clients.memfd import HANDOVER_MESSAGE, TICKET_TTL_S
-
 from .errors import ServiceError
+from .wire import HANDOVER_MESSAGE, TICKET_TTL_S
 
 log = logging.getLogger("litetopk.service")
 

@@ -25,10 +25,9 @@ from typing import Callable
 
 import torch
 
-from litetopk.clients.memfd import SEALS_REQUIRED
-
 from .errors import ServiceError
 from .schemas import CudaIpcRegistration
+from .wire import SEALS_REQUIRED
 
 log = logging.getLogger("litetopk.service")
 

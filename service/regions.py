@@ -38,13 +38,13 @@ from typing import Callable
 import torch
 
 from litetopk.clients.owners import owner_alive, pid_namespace
-from litetopk.clients.wire import DTYPES
 
 from .errors import ServiceError
 from .memory import map_memfd, open_cuda_ipc
 from .owners import check_owner
 from .schemas import CudaIpcRegistration, MemfdRegistration, RegionInfo, RegionSlice
 from .settings import normalize_uuid
+from .wire import DTYPES
 
 log = logging.getLogger("litetopk.service")
 

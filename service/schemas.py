@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from litetopk.clients.owners import PID_MAX_LIMIT
 from litetopk.kernels import SUPPORTED_TOPK
 
-DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.clients.wire.DTYPES (tested)
+DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.service.wire.DTYPES (tested)
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -203,7 +203,7 @@ class TopKRequest(_Strict):
 
 
 class TopKJsonResponse(BaseModel):
-    """JSON form of a result (litetopk.clients.wire); `values` uses null for -inf padding."""
+    """JSON form of a result (litetopk.service.wire); `values` uses null for -inf padding."""
 
     rows: int
     topk: int

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from litetopk.clients.memfd import FD_SOCKET_NAME, hand_over_fd
-from litetopk.clients.wire import assemble_result, decode_result_json, dtype_name
+from litetopk.service.wire import assemble_result, decode_result_json, dtype_name
 from tests.problems import make_problem, results_equal
 from tests.servers import ServiceProcess
 from tests.service.test_topk import ref_topk

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from litetopk.clients.wire import (
+from litetopk.service.wire import (
     DTYPES,
     RESULT_FIELDS,
     WireFormatError,
