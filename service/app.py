@@ -29,6 +29,7 @@ from .errors import install_error_handlers
 from .executor import DeviceExecutor
 from .operator import WorkspaceLimits
 from .fdpass import FdSocket
+from .ipc import IpcServer
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
 from .principals import remove_token_file, write_token_file
@@ -37,7 +38,7 @@ from .schemas import TopKRequest
 from .routes import health_router, regions_router, topk_router
 from .settings import ServiceSettings
 from .state import ServiceState
-from .wire import FD_SOCKET_NAME
+from .wire import FD_SOCKET_NAME, IPC_SOCKET_NAME
 
 log = logging.getLogger("litetopk.service")
 
@@ -174,9 +175,15 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
         with contextlib.ExitStack() as side_files:
             _open_side_files(state, side_files)
             executor.start()
-            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, token file %s)",
+            ipc = None
+            if settings.uds and settings.ipc:
+                ipc = IpcServer(state, str(Path(settings.uds).parent / IPC_SOCKET_NAME), settings.uds_mode,
+                                settings.socket_group_id())
+                await ipc.start()
+                state.ipc_socket = ipc.path
+            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, ipc socket %s, token file %s)",
                      listening or "(in-process)", backend, device, f", gpu uuid {table.uuid}" if table.uuid else "",
-                     state.fd_socket, state.token_path)
+                     state.fd_socket, state.ipc_socket, state.token_path)
             tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
             try:
                 yield
@@ -184,6 +191,8 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                 state.draining = True
                 for task in tasks:
                     task.cancel()
+                if ipc is not None:
+                    await ipc.close()
                 await executor.close(settings.shutdown_timeout_s)
                 table.close_all()
 

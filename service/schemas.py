@@ -220,6 +220,11 @@ class ServiceInfo(BaseModel):
     max_request_bytes: int
     request_timeout_s: float
     fd_socket: str | None = Field(description="the socket host memory is handed over on (litetopk.clients.memfd)")
+    ipc_socket: str | None = Field(description="the IPC channel's socket (msgpack frames; None: not served)")
+    token_file: str | None = Field(description="where the TCP bearer token is (readable by the service's user only)")
+    max_regions_per_principal: int = Field(description="live regions one principal may hold")
+    max_region_bytes_per_principal: int = Field(description="bytes of live regions one principal may hold")
+    graphs: bool = Field(description="repeated request shapes are replayed from CUDA graphs")
     max_rows: int = Field(description="query rows a request may send (the device workspace is sized for it)")
     max_keys: int = Field(description="the longest key window a row may see (window end); longer: invalid_row")
     max_batch: int = Field(description="sequences (block-table rows) a request may send")

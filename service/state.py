@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 from fastapi import Request
 
-from litetopk.kernels import LiteTopKTuning
+from litetopk.kernels import SUPPORTED_TOPK, LiteTopKTuning
 
+from .errors import ServiceError
 from .executor import DeviceExecutor
 from .fdpass import FdTickets
 from .metrics import ServiceMetrics
@@ -34,6 +35,32 @@ class ServiceState:
     ready: threading.Event = field(default_factory=threading.Event)
     warmup_error: str | None = None
     draining: bool = False
+    ipc_socket: str | None = None  # the IPC channel's socket (None: not served)
+
+    def info(self) -> dict:
+        """/v1/info's document (the IPC hello's `info`): device, backend, limits, where to connect."""
+        from . import __version__
+
+        s = self.settings
+        return dict(device=str(self.device), device_uuid=self.table.uuid, backend=self.backend,
+                    supported_topk=list(SUPPORTED_TOPK), queue_size=s.queue_size,
+                    max_request_bytes=s.max_request_bytes, request_timeout_s=s.request_timeout_s,
+                    fd_socket=self.fd_socket, ipc_socket=self.ipc_socket,
+                    token_file=str(self.token_path) if self.token_path else None,
+                    max_rows=s.row_limit(self.device), max_keys=s.max_keys, max_batch=s.max_batch,
+                    max_regions_per_principal=s.max_regions_per_principal,
+                    max_region_bytes_per_principal=s.max_region_bytes_per_principal, graphs=s.graphs,
+                    version=__version__)
+
+    def readiness(self) -> dict:
+        """/readyz's document, or the ServiceError `shutting_down` / `not_ready`."""
+        retry = {"Retry-After": str(self.settings.retry_after_s)}
+        if self.draining:
+            raise ServiceError("shutting_down", "the service is draining its queue", headers=retry)
+        if not self.ready.is_set():
+            why = f"the warm-up failed: {self.warmup_error}" if self.warmup_error else "the warm-up has not finished"
+            raise ServiceError("not_ready", why, headers=retry)
+        return {"status": "ready", "device": str(self.device), "backend": self.backend}
 
 
 async def get_state(request: Request) -> ServiceState:

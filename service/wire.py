@@ -27,7 +27,7 @@ IPC frames (Unix socket `ipc.sock` beside the HTTP socket)::
 
     u32 header_bytes | u32 payload_bytes | header (msgpack, one message below) | payload (raw bytes)
 
-  Client -> service: `TopKOp`, `RegisterOp`, `UnregisterOp`, `RegionsOp`, `RegionOp`, `InfoOp`
+  Client -> service: `TopKOp`, `RegisterOp`, `UnregisterOp`, `RegionsOp`, `RegionOp`, `InfoOp`, `ReadyOp`
   (tagged by `op`, strict: unknown fields and wrong types are refused), each with an `id` the
   answer repeats; payload_bytes is 0. Service -> client: `Hello` first (protocol, limits,
   principal), then one answer per request, in any order: `TopKAnswer` (payload: the result fields
@@ -394,7 +394,11 @@ class InfoOp(_Strict, tag_field="op", tag="info"):
     id: MessageId
 
 
-IpcRequest = Union[TopKOp, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp]
+class ReadyOp(_Strict, tag_field="op", tag="ready"):
+    id: MessageId
+
+
+IpcRequest = Union[TopKOp, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp, ReadyOp]
 
 
 class MessageIdOnly(msgspec.Struct):
@@ -444,7 +448,7 @@ __all__ = [
     "IPC_PROTOCOL", "IPC_SOCKET_NAME", "INLINE_VALUES_MAX", "JSON_MEDIA_TYPE", "RESULT_FIELDS", "ROW_FLAG_CODES", "SEALS_REQUIRED",
     "TICKET_TTL_S", "TOKEN_FILE_NAME", "WireFormatError", "Hello", "InfoOp", "IpcAnswer",
     "IpcRequest", "MessageIdOnly", "TensorArg", "tensor_arg_problem", "OkAnswer", "OutputRegions", "ProblemAnswer", "RegionOp", "RegionSlice",
-    "RegionsOp", "RegisterOp", "ResultField", "TopKAnswer", "TopKOp", "TopKRequest", "UnregisterOp",
+    "ReadyOp", "RegionsOp", "RegisterOp", "ResultField", "TopKAnswer", "TopKOp", "TopKRequest", "UnregisterOp",
     "assemble_result", "decode_result_binary", "decode_result_json", "dtype_name", "encode_result_binary",
     "encode_result_json", "encode_result_prefix", "fields_in", "problem_body", "result_layout", "result_nbytes",
     "result_shape",
