@@ -49,6 +49,7 @@ from .transport import (
     transport_error,
 )
 from litetopk.service.wire import (
+    CODES,
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
     RESULT_FIELDS,
@@ -146,6 +147,9 @@ class _Flows:
         try:
             return hand_over_fd(path, memory.fd)
         except HandoverError as exc:
+            if exc.problem is not None and exc.problem["code"] in CODES:  # e.g. overloaded, fd_exhausted
+                status = CODES[exc.problem["code"]][0]
+                raise problem_error({**exc.problem, "status": status}, status) from exc
             raise TransportError(str(exc)) from exc
 
     def unregister(self, region: Region) -> Flow:

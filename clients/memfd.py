@@ -33,7 +33,10 @@ SEALS_APPLIED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class HandoverError(OSError):
-    """The service's fd socket refused the fd or could not be reached (the message says which)."""
+    """The service's fd socket refused the fd or could not be reached (the message says which);
+    `problem` is the service's answer ({"code", "detail"}) when it refused."""
+
+    problem: dict | None = None
 
 
 class SealedMemory:
@@ -78,7 +81,9 @@ def hand_over_fd(socket_path: str, fd: int, timeout: float = HANDOVER_TIMEOUT_S)
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("ticket"), str):
         detail = doc.get("detail") if isinstance(doc, dict) else reply[:200]
-        raise HandoverError(f"the service at {socket_path} refused the memory: {detail}")
+        error = HandoverError(f"the service at {socket_path} refused the memory: {detail}")
+        error.problem = doc if isinstance(doc, dict) and "code" in doc else None
+        raise error
     return doc["ticket"]
 
 

@@ -118,7 +118,12 @@ def _bind_metrics(state: ServiceState) -> None:
     metrics, table = state.metrics, state.table
     for kind in REGION_KINDS:
         metrics.regions.labels(kind).set_function(lambda kind=kind: sum(r.kind == kind for r in table.list()))
-    table.on_retire = lambda region: metrics.regions_retired.labels(region.reason.value).inc()
+    def on_retire(region) -> None:
+        metrics.regions_retired.labels(region.reason.value).inc()
+        if state.executor.operator is not None:  # its graphs may read the region: dropped before the next call
+            state.executor.operator.invalidate()
+
+    table.on_retire = on_retire
 
 
 def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
@@ -127,7 +132,8 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
     if settings.uds:
         settings.socket_dir()  # created (or checked) without following links
         path = str(Path(settings.uds).parent / FD_SOCKET_NAME)
-        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id())
+        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id(),
+                             settings.resource_log_interval_s)
         stack.callback(fd_socket.stop)
         fd_socket.start()
         state.fd_socket = path
@@ -166,7 +172,8 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
         device = settings.torch_device()
         backend = resolve_backend(settings.backend, device)
         tuning = settings.tuning(backend)  # a calibration the backend cannot run fails the start here
-        table = RegionTable(device, settings.foreign_pid_namespace)
+        table = RegionTable(device, settings.foreign_pid_namespace, max_regions=settings.max_regions_per_principal,
+                            max_bytes=settings.max_region_bytes_per_principal)
         executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
         state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
                              executor=executor, metrics=metrics)
@@ -192,7 +199,10 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                 for task in tasks:
                     task.cancel()
                 if ipc is not None:
-                    await ipc.close()
+                    try:
+                        await asyncio.wait_for(ipc.close(), settings.shutdown_timeout_s + 1)
+                    except asyncio.TimeoutError:
+                        log.warning("IPC requests still running after the grace period: their connections close")
                 await executor.close(settings.shutdown_timeout_s)
                 table.close_all()
 

@@ -130,8 +130,10 @@ class Region:
 class RegionTable:
     """The registered regions of one service (thread-safe: the event loop and the device worker)."""
 
-    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse"):
+    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse", *,
+                 max_regions: int = 2**31, max_bytes: int = 2**62):
         self.device = device
+        self.max_regions, self.max_bytes = max_regions, max_bytes  # per principal
         self.uuid = device_uuid(device)
         self.pid_ns = pid_namespace()
         self.foreign_pid_namespace = foreign_pid_namespace
@@ -147,6 +149,8 @@ class RegionTable:
     def register_memfd(self, reg: MemfdRegistration, fd: int, owner: int) -> Region:
         """Map the memfd `fd` (consumed) for principal `owner` (service/memory.py checks its seals)."""
         try:
+            with self._lock:
+                self._check_quota_locked(owner, reg.size, None)
             pid, start = check_owner(reg.pid, reg.pid_ns, self.pid_ns, self.foreign_pid_namespace)
         except BaseException:
             os.close(fd)
@@ -163,13 +167,34 @@ class RegionTable:
         if normalize_uuid(reg.device_uuid) != self.uuid:
             raise ServiceError("foreign_device", f"the handle is from GPU {reg.device_uuid}; this service owns "
                                f"GPU {self.uuid} ({self.device}); send it to the service pinned to that GPU")
+        key = ("cuda_ipc", owner, reg.handle_bytes(), reg.offset)
+        with self._lock:
+            self._check_quota_locked(owner, reg.size, key)
         pid, start = check_owner(reg.pid, reg.pid_ns, self.pid_ns, self.foreign_pid_namespace)
         base, close = open_cuda_ipc(reg, self.device)
-        key = ("cuda_ipc", owner, reg.handle_bytes(), reg.offset)
         return self._add("cuda_ipc", key, reg, self.device, owner, pid, start, base, close)
+
+    def _check_quota_locked(self, owner: int, size: int, key: tuple | None) -> None:
+        """`region_quota_exceeded` when `owner` would hold more than max_regions regions or max_bytes
+        bytes with a new region of `size` bytes (one that supersedes the region of `key` replaces it)."""
+        regions = [r for r in self._live.values() if r.owner == owner and r.key != key]
+        held = sum(r.size for r in regions)
+        if len(regions) + 1 > self.max_regions:
+            raise ServiceError("region_quota_exceeded", f"this principal holds {len(regions)} regions, the most it "
+                               f"may (LITETOPK_MAX_REGIONS_PER_PRINCIPAL); unregister some first")
+        if held + size > self.max_bytes:
+            raise ServiceError("region_quota_exceeded", f"this principal holds {held} bytes of regions; {size} more "
+                               f"would pass {self.max_bytes} (LITETOPK_MAX_REGION_BYTES_PER_PRINCIPAL); unregister "
+                               "some first")
 
     def _add(self, kind, key, reg, device, owner, pid, start, base, close) -> Region:
         with self._lock:
+            try:
+                self._check_quota_locked(owner, reg.size, key)
+            except ServiceError:
+                del base
+                close()
+                raise
             old_id = self._by_key.get(key)
             old = self._live.get(old_id) if old_id else None
             region = Region(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,8 @@ from .fdpass import FdTickets
 from .metrics import ServiceMetrics
 from .regions import RegionTable
 from .settings import ServiceSettings
+
+log = logging.getLogger("litetopk.service")
 
 
 @dataclass(eq=False)
@@ -51,6 +55,24 @@ class ServiceState:
                     max_regions_per_principal=s.max_regions_per_principal,
                     max_region_bytes_per_principal=s.max_region_bytes_per_principal, graphs=s.graphs,
                     version=__version__)
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM/SIGINT (on the event loop): refuse new work (`shutting_down`), let queued and
+        running work go on for the grace period, then answer what is still queued `shutting_down`."""
+        if self.draining:
+            return
+        self.draining = True
+        self.executor.stop_admissions()
+        asyncio.get_running_loop().call_later(self.settings.shutdown_timeout_s, self._fail_queued)
+
+    def _fail_queued(self) -> None:
+        retry = {"Retry-After": str(self.settings.retry_after_s)}
+        error = ServiceError("shutting_down", f"the service is shutting down: the grace period of "
+                             f"{self.settings.shutdown_timeout_s:g} s ended before this request reached the device; "
+                             "retry on its successor", headers=retry, retry_after=self.settings.retry_after_s)
+        failed = self.executor.fail_queued(error)
+        if failed:
+            log.warning("shutdown: %d queued requests answered shutting_down (grace period over)", failed)
 
     def readiness(self) -> dict:
         """/readyz's document, or the ServiceError `shutting_down` / `not_ready`."""
