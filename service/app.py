@@ -144,11 +144,53 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
         stack.callback(remove_token_file, token_path)
 
 
-def _with_body_schemas(app: FastAPI, *models) -> None:
+#: The dtype each tensor of a top-k body must have (the operator refuses others: bad_dtype): the
+#: OpenAPI schema says so, as strict as the service.
+TENSOR_DTYPES = {
+    "q_fp4": ["uint8"], "q_scale": ["uint8"], "kv_cache": ["uint8"], "kv_scale": ["uint8"],
+    "weights": ["float32", "bfloat16"], "block_table": ["int32"], "row_to_batch": ["int32"], "starts": ["int32"],
+    "ends": ["int32"], "values": ["float32"], "raw_indices": ["int32"], "physical_indices": ["int32"],
+    "counts": ["int32"], "status": ["int32"], "repaired": ["int32"], "candidates": ["int32"],
+}
+
+
+def _served_backend(settings: ServiceSettings) -> str | None:
+    try:
+        return resolve_backend(settings.backend, settings.torch_device())
+    except Exception:  # the lifespan fails the start with the reason; the schema keeps every name
+        return None
+
+
+def _strict_topk_schema(components: dict, backend: str | None) -> None:
+    """Each RegionSlice of the top-k body narrowed to its tensor's dtypes (a component per set), and
+    `backend` to the names this service accepts ('auto' and its own)."""
+    base = components["RegionSlice"]
+    for model in ("TopKRequest", "OutputRegions"):
+        for field, prop in components[model]["properties"].items():
+            if field not in TENSOR_DTYPES:
+                continue
+            dtypes = TENSOR_DTYPES[field]
+            name = "RegionSlice_" + "_".join(dtypes)
+            narrowed = {**base, "properties": {**base["properties"], "dtype": {"enum": dtypes, "type": "string"}},
+                        "title": f"RegionSlice ({', '.join(dtypes)})"}
+            components.setdefault(name, narrowed)
+            ref = {"$ref": "#/components/schemas/RegionSlice"}
+            for option in prop.get("anyOf", [prop]):
+                if option == ref:
+                    option["$ref"] = f"#/components/schemas/{name}"
+            if prop.get("$ref") == ref["$ref"]:
+                prop["$ref"] = f"#/components/schemas/{name}"
+    if backend is not None:
+        components["TopKRequest"]["properties"]["backend"]["enum"] = ["auto", backend]
+
+
+def _with_body_schemas(app: FastAPI, backend: str | None, *models) -> None:
     """Add `models` (bodies a route parses itself) and their sub-models to the OpenAPI components."""
     build = app.openapi
 
     def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
         schema = build()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for model in models:
@@ -156,6 +198,7 @@ def _with_body_schemas(app: FastAPI, *models) -> None:
             for name, sub in doc.pop("$defs", {}).items():
                 components.setdefault(name, sub)
             components.setdefault(model.__name__, doc)
+        _strict_topk_schema(components, backend)
         return schema
 
     app.openapi = openapi
@@ -176,7 +219,8 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                             max_bytes=settings.max_region_bytes_per_principal)
         executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
         state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
-                             executor=executor, metrics=metrics)
+                             executor=executor, metrics=metrics,
+                             http_url=next((w for w in listening.split(" and ") if w.startswith("http")), None))
         _bind_metrics(state)
         app.state.service = state
         with contextlib.ExitStack() as side_files:
@@ -213,7 +257,7 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                     "errors are RFC 9457 problem+json with a stable `code`.",
     )
     install_error_handlers(app)
-    _with_body_schemas(app, TopKRequest)
+    _with_body_schemas(app, _served_backend(settings), TopKRequest)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_bytes, metrics=metrics)
     app.include_router(regions_router)
     app.include_router(topk_router)

@@ -30,6 +30,7 @@ EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
 # Values one inline tensor may hold: it bounds what a parsed body costs the event loop (unpickling
 # 4 x 65536 values from the parser process: ~8 ms; service/routes/topk.py BodyParser).
 INLINE_VALUES_MAX = 2**16
+GPU_UUID_PATTERN = r"^(GPU-)?[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"
 
 
 class _Strict(BaseModel):
@@ -102,7 +103,8 @@ class CudaIpcRegistration(_Strict):
     kind: Literal["cuda_ipc"]
     handle: str = Field(min_length=88, max_length=96, description="base64 of the 64-byte cudaIpcMemHandle_t, or of "
                         "torch's own handle bytes (`_share_cuda_`, 66 bytes in torch 2.11) when `torch` is set")
-    device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
+    device_uuid: str = Field(pattern=GPU_UUID_PATTERN, description="the GPU's UUID (as nvidia-smi or torch prints "
+                             "it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, with or without GPU-)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
     access: Access = "read_write"
@@ -220,6 +222,7 @@ class ServiceInfo(BaseModel):
     max_request_bytes: int
     request_timeout_s: float
     fd_socket: str | None = Field(description="the socket host memory is handed over on (litetopk.clients.memfd)")
+    http_url: str | None = Field(description="where HTTP listens on TCP (None: TCP off)")
     ipc_socket: str | None = Field(description="the IPC channel's socket (msgpack frames; None: not served)")
     token_file: str | None = Field(description="where the TCP bearer token is (readable by the service's user only)")
     max_regions_per_principal: int = Field(description="live regions one principal may hold")

@@ -40,6 +40,7 @@ class ServiceState:
     warmup_error: str | None = None
     draining: bool = False
     ipc_socket: str | None = None  # the IPC channel's socket (None: not served)
+    http_url: str | None = None  # where TCP listens (None: not at all, or not known in-process)
 
     def info(self) -> dict:
         """/v1/info's document (the IPC hello's `info`): device, backend, limits, where to connect."""
@@ -49,7 +50,7 @@ class ServiceState:
         return dict(device=str(self.device), device_uuid=self.table.uuid, backend=self.backend,
                     supported_topk=list(SUPPORTED_TOPK), queue_size=s.queue_size,
                     max_request_bytes=s.max_request_bytes, request_timeout_s=s.request_timeout_s,
-                    fd_socket=self.fd_socket, ipc_socket=self.ipc_socket,
+                    http_url=self.http_url, fd_socket=self.fd_socket, ipc_socket=self.ipc_socket,
                     token_file=str(self.token_path) if self.token_path else None,
                     max_rows=s.row_limit(self.device), max_keys=s.max_keys, max_batch=s.max_batch,
                     max_regions_per_principal=s.max_regions_per_principal,
