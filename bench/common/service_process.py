@@ -92,7 +92,8 @@ class ServiceProcess:
         return {"authorization": f"Bearer {self.token}"}
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def http(self, timeout: float = 10.0) -> httpx.Client:
