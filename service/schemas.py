@@ -17,6 +17,16 @@ from litetopk.clients.owners import PID_MAX_LIMIT
 from litetopk.kernels import SUPPORTED_TOPK
 
 DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.service.wire.DTYPES (tested)
+def _integral(value):
+    """JSON Schema's integer includes numbers written with a zero fraction (`3.0`): such a number is
+    taken as the integer, alone or in a list (a string, a bool or a fraction is still refused)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -37,6 +47,13 @@ class _Strict(BaseModel):
     """Unknown fields are refused and nothing is coerced ("64" is not an int, 1 is not a bool)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return {k: v if k == "weight_scale" else _integral(v) for k, v in data.items()}
 
 
 def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
