@@ -217,7 +217,8 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
         tuning = settings.tuning(backend)  # a calibration the backend cannot run fails the start here
         table = RegionTable(device, settings.foreign_pid_namespace, max_regions=settings.max_regions_per_principal,
                             max_bytes=settings.max_region_bytes_per_principal)
-        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
+        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s,
+                                  settings.fault_gate_file)
         state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
                              executor=executor, metrics=metrics,
                              http_url=next((w for w in listening.split(" and ") if w.startswith("http")), None))

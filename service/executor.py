@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -56,15 +57,17 @@ class _Job:
 
 
 _STOP = object()
+GATE_POLL_S = 0.01
 
 
 class DeviceExecutor:
     """Single worker thread pinned to `device` (see the module docstring)."""
 
     def __init__(self, device: torch.device, queue_size: int, metrics: ServiceMetrics, retry_after_s: int = 1,
-                 fault_delay_s: float = 0.0):
+                 fault_delay_s: float = 0.0, fault_gate_file: str = ""):
         self.device = device
         self.fault_delay_s = fault_delay_s
+        self.fault_gate_file = fault_gate_file
         self.metrics = metrics
         self.retry_after_s = retry_after_s
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -73,7 +76,8 @@ class DeviceExecutor:
         self.stream = None
         self.operator: DeviceOperator | None = None  # build_operator(); used by the jobs on the worker
         self.limits: WorkspaceLimits | None = None
-        metrics.queue_depth.set_function(self._queue.qsize)
+        self._gated = 0  # a job taken but held by the fault-injection gate (counted as queued)
+        metrics.queue_depth.set_function(lambda: self._queue.qsize() + self._gated)
 
     def build_operator(self, limits: WorkspaceLimits, backend: str, tuning=None, *, graphs: bool = True,
                        max_graphs: int = 16) -> DeviceOperator:
@@ -171,12 +175,18 @@ class DeviceExecutor:
             self.stream = torch.cuda.Stream(self.device)
         while True:
             job = self._queue.get()
+            if self.fault_gate_file and not os.path.exists(self.fault_gate_file):
+                self._gated = 1  # fault injection: the job still counts as queued until the test opens the gate
+                while not os.path.exists(self.fault_gate_file):
+                    time.sleep(GATE_POLL_S)
+                self._gated = 0
             if job is _STOP:
                 return
             if job.cancelled.is_set():
                 continue
             if self.fault_delay_s:
                 time.sleep(self.fault_delay_s)  # fault injection for tests of queueing (0 in production)
+
             started = time.perf_counter()
             try:
                 with self._device_context():

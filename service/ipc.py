@@ -5,8 +5,9 @@
                  the service sends `Hello` (protocol, /v1/info's document, the principal)
     a frame      u32 header bytes | u32 payload bytes | msgpack header | payload (service/wire.py)
     requests     TopKOp, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp, ReadyOp, each with
-                 an `id`; several may be in flight on one connection (at most `queue_size`: then
-                 `overloaded`); answers come as they finish, with the request's id
+                 an `id`; several may be in flight on one connection (at most MAX_IN_FLIGHT: then
+                 `overloaded`; top-k requests also wait in the device queue, `overloaded` when it is
+                 full, as over HTTP); answers come as they finish, with the request's id
 
 A request is served by the same code as its HTTP route (service/topk.py for top-k, the region table
 for regions), so it meets the same principal, regions, limits, problem codes and answers; a
@@ -65,6 +66,7 @@ _DECODER = msgspec.msgpack.Decoder(IpcRequest)
 _ID_DECODER = msgspec.msgpack.Decoder(MessageIdOnly)
 _ENCODER = msgspec.msgpack.Encoder()
 INSTANCE = "ipc"
+MAX_IN_FLIGHT = 1024  # requests of one connection in flight at once (top-k ones also meet the device queue's bound)
 
 
 def encode_frame(message, payload=b"") -> list:
@@ -150,7 +152,7 @@ class IpcConnection(asyncio.Protocol):
         except msgspec.DecodeError as exc:
             self.fail(0, ServiceError("invalid_frame", f"the frame's header is not a msgpack message: {exc}"))
             return
-        if len(self.tasks) >= self.state.settings.queue_size:
+        if len(self.tasks) >= MAX_IN_FLIGHT:
             self.fail(message.id, ServiceError("overloaded", f"{len(self.tasks)} requests of this connection are in "
                                                "flight already", retry_after=self.state.settings.retry_after_s))
             return

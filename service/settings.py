@@ -109,6 +109,9 @@ class ServiceSettings(BaseSettings):
     warmup: bool = Field(True, description="run a tiny warm-up problem before /readyz turns ready")
     fault_delay_s: float = Field(0.0, ge=0, description="fault injection for tests: the worker sleeps this long "
                                  "before each job (0 in production)")
+    fault_gate_file: str = Field("", description="fault injection for tests: the worker takes the next job from the "
+                                 "queue only while this file exists (a test orders events by creating it; '' in "
+                                 "production)")
     token_file: str = Field("", description="where the TCP bearer token is written (0600) at start: '' beside the "
                                             "Unix socket (<socket dir>/token), 'none' no token (TCP then refuses "
                                             "region operations), or a path in a directory the service owns")
