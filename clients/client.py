@@ -231,6 +231,9 @@ class _Flows:
         collect: dict[str, RegionSlice] = {}
         try:
             for name, value in named.items():
+                if isinstance(value, Region) and value.registered:  # the common case: its wire form is kept
+                    body[name] = value.wire()
+                    continue
                 ref = self._reference(value)
                 if ref is not None:
                     body[name] = ref.to_wire()
@@ -253,6 +256,9 @@ class _Flows:
                 for name, value in out.items():
                     if name not in RESULT_FIELDS:
                         raise ValueError(f"out[{name!r}]: not a result field; fields: {list(RESULT_FIELDS)}")
+                    if isinstance(value, Region) and value.registered:
+                        body["out"][name] = value.wire()
+                        continue
                     ref = self._reference(value)
                     if ref is None:
                         raise ValueError(f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a "
@@ -344,7 +350,8 @@ class _Flows:
                 fields[name] = collect[name].tensor().clone()
                 continue
             value = out[name]
-            fields[name] = value if isinstance(value, torch.Tensor) else self._reference(value).tensor()
+            fields[name] = value if isinstance(value, torch.Tensor) else value.tensor if isinstance(value, Region) \
+                else self._reference(value).tensor()
         try:
             return assemble_result(fields)
         except WireFormatError as exc:

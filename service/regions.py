@@ -41,13 +41,14 @@ from litetopk.clients.owners import owner_alive, pid_namespace
 
 from .errors import ServiceError
 from .memory import map_memfd, open_cuda_ipc
-from .owners import check_owner
+from .owners import OwnerWatch, check_owner
 from .schemas import CudaIpcRegistration, MemfdRegistration, RegionInfo, RegionSlice
 from .settings import normalize_uuid
 from .wire import DTYPES
 
 log = logging.getLogger("litetopk.service")
 
+VIEWS_KEPT = 64  # views one region keeps for the slices requests name again
 RETIRED_MEMORY = 4096  # ids remembered after retirement, so that late requests get stale_region
 REGION_KINDS = ("memfd", "cuda_ipc")
 
@@ -68,14 +69,17 @@ def device_uuid(device: torch.device) -> str | None:
     return normalize_uuid(str(torch.cuda.get_device_properties(device).uuid))
 
 
+OWNERS = OwnerWatch()  # the owner processes of every table's regions, by pidfd
+
+
 def _owner_alive(region: "Region", alive: dict | None) -> bool:
-    """owner_alive for `region`, remembered in `alive` (when given) while it says yes."""
+    """Whether `region`'s owner lives, remembered in `alive` (when given) while it says yes."""
     if region.pid is None:
         return True
     key = (region.pid, region.pid_start)
     if alive is not None and key in alive:
         return True
-    if not owner_alive(region.pid, region.pid_start):
+    if not OWNERS.alive(region.pid, region.pid_start):
         return False
     if alive is not None:
         alive[key] = True
@@ -99,6 +103,7 @@ class Region:
     base: torch.Tensor | None
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     leases: int = 0
+    views: dict = field(default_factory=dict, repr=False)  # (offset, dtype, shape) -> tensor (Region.view)
     live: bool = True
     reason: RetireReason | None = None
     detail: str = ""
@@ -108,11 +113,20 @@ class Region:
                           access=self.access, pid=self.pid, device=str(self.device))
 
     def view(self, ref: RegionSlice, what: str) -> torch.Tensor:
-        """The tensor `ref` names inside this region (bounds and alignment checked)."""
+        """The tensor `ref` names inside this region (bounds and alignment checked); the views of the
+        slices requests name again and again are kept (VIEWS_KEPT a region), not rebuilt."""
+        key = (ref.offset, ref.dtype, tuple(ref.shape))
+        tensor = self.views.get(key)
+        if tensor is not None:
+            return tensor
         nbytes = self.check_bounds(ref, what)
         if self.base is None:
             raise ServiceError("stale_region", f"{what}: region {self.id} was released")
-        return self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+        tensor = self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+        if len(self.views) >= VIEWS_KEPT:
+            self.views.clear()
+        self.views[key] = tensor
+        return tensor
 
     def check_bounds(self, ref: RegionSlice, what: str) -> int:
         """Raise `misaligned_offset` / `out_of_bounds` for `ref`; its size in bytes otherwise."""
@@ -206,6 +220,7 @@ class RegionTable:
                 self._retire_locked(old, RetireReason.SUPERSEDED, f"superseded by generation {region.generation}")
             self._live[region.id] = region
             self._by_key[key] = region.id
+            OWNERS.watch(pid, start)
             self._retired.pop(region.id, None)
         return region
 
@@ -281,7 +296,7 @@ class RegionTable:
     def drop_dead_owners(self) -> list[Region]:
         """Retire every region whose owner process has died; returns them."""
         with self._lock:
-            dead = [r for r in self._live.values() if not owner_alive(r.pid, r.pid_start)]
+            dead = [r for r in self._live.values() if not OWNERS.alive(r.pid, r.pid_start)]
             for region in dead:
                 self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
             idle = [r for r in dead if r.leases == 0]
@@ -302,6 +317,7 @@ class RegionTable:
         if not region.live:
             return
         region.live, region.reason, region.detail = False, reason, detail
+        OWNERS.unwatch(region.pid, region.pid_start)
         self._live.pop(region.id, None)
         if self._by_key.get(region.key) == region.id:
             self._by_key.pop(region.key, None)  # `_add` maps the key to the next generation
@@ -312,6 +328,7 @@ class RegionTable:
         self.on_retire(region)
 
     def _close(self, region: Region) -> None:
+        region.views = {}  # the kept views hold the memory too
         base, region.base = region.base, None
         if base is None:
             return

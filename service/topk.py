@@ -33,7 +33,7 @@ from litetopk.kernels.validation import check_topk
 
 from .errors import ServiceError
 from .principals import Principal
-from .regions import owner_alive
+from .regions import OWNERS
 from .wire import (
     DTYPES,
     RESULT_FIELDS,
@@ -188,10 +188,19 @@ def _inline_tensor(arg: TensorArg) -> torch.Tensor:
 
 def _raise_row_faults(status: torch.Tensor) -> None:
     """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
+    if status.device.type == "cpu" and not (status.numpy() & _FAULT_BITS).any():
+        return  # the common case, without a torch op
     bad = torch.nonzero(status & _FAULT_BITS).flatten()
     if bad.numel():
         rows, flags = bad.tolist(), status[bad].tolist()
         raise RowFaultError(describe_row_faults(rows, flags, "cannot be answered"), rows, flags)
+
+
+def _total(counts: torch.Tensor) -> int:
+    """The sum of an int32 count field (on the host without a torch op)."""
+    if counts.device.type == "cpu":
+        return int(counts.numpy().sum(dtype="int64"))
+    return int(counts.long().sum())
 
 
 def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
@@ -262,7 +271,7 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         for region in leases:
             key = (region.pid, region.pid_start)
             if key not in owners:
-                owners[key] = owner_alive(region.pid, region.pid_start)
+                owners[key] = OWNERS.alive(region.pid, region.pid_start)
             if not owners[key]:
                 raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
                                    "died while the request ran; its memory cannot be trusted")
@@ -274,7 +283,7 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         repaired = answer["repaired"] if "repaired" in answer else result.repaired
         candidates = answer["candidates"] if "candidates" in answer else result.candidates
         outcome = Outcome(buffer=buffer, entries=entries, written=list(outs), rows=rows, topk=req.topk,
-                          repaired=int(repaired.sum()), candidates=int(candidates.long().sum()))
+                          repaired=_total(repaired), candidates=_total(candidates))
         mark(("counts", time.perf_counter()))
         return outcome
     finally:

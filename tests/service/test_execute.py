@@ -74,7 +74,7 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     gen = torch.Generator().manual_seed(seed)
     want = random_result(rows, topk, gen)
     operator = FakeOperator(want)
-    monkeypatch.setattr(life, "owner_alive", lambda pid, start: True)
+    monkeypatch.setattr(life.OWNERS, "alive", lambda pid, start: True)
     inputs = {name: torch.zeros(4, dtype=torch.uint8) for name in life.INPUTS}
     out_values = torch.full((rows, topk), float("nan"))
     out_slots = torch.full((rows, topk), -7, dtype=torch.int32)
