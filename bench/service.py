@@ -118,14 +118,14 @@ def same(a, b) -> bool:
     return all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in FIELDS)
 
 
-def register_call(client, args, want):
-    """(the call's tensors as regions of `client`, output regions shaped like `want`)."""
+def register_call(client, args, want, outputs: bool = True):
+    """(the call's tensors as regions of `client`, output regions shaped like `want` or None)."""
     regions = [client.register(a, access="read_only") if i in (0, 1, 2, 4) else a for i, a in enumerate(args)]
     rows, bt = args[5].shape[0], args[3].numel()
     meta = client.register(torch.cat([args[3].flatten(), args[5], args[6], args[7]]), access="read_only")
     regions[3] = meta.slice(0, torch.int32, tuple(args[3].shape))
     regions[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
-    outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
+    outs = {f: client.register(torch.empty_like(getattr(want, f))) for f in FIELDS} if outputs else None
     return regions, outs
 
 
@@ -173,13 +173,18 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
                  "tcp+out": {"base_url": service.url, "token": service.token}}
     equal = {"in-process": True}
     clients, phases = [], {}
+    # Regions belong to the principal, not to a transport: registered once, named by every mode (the
+    # same CUDA allocation registered again would supersede the earlier registration).
+    owner = TopKClient(uds=service.uds)
+    clients.append(owner)
+    regions, _ = register_call(owner, args, want, outputs=False)
     for mode, endpoint in endpoints.items():
         client = TopKClient(**endpoint)
         clients.append(client)
         phases[mode] = []
         client.observe = lambda timing, got=phases[mode]: got.append(server_timing(timing))
-        regions, outs = register_call(client, args, want)
-        calls[mode] = lambda client=client, regions=regions, outs=outs: client.topk(*regions, **kwargs, out=outs)
+        outs = {f: owner.register(torch.empty_like(ref[f])) for f in FIELDS}
+        calls[mode] = lambda client=client, outs=outs: client.topk(*regions, **kwargs, out=outs)
         got = calls[mode]()
         equal[mode] = all(torch.equal(getattr(got, f).cpu(), ref[f].cpu()) for f in FIELDS)
         if not equal[mode]:
@@ -192,7 +197,7 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
             sync(device)
             if i >= 2:
                 seconds[mode].append(time.perf_counter() - start)
-    for client in clients:
+    for client in reversed(clients):
         client.close()
     out = {"shape": {"sequences": sequences, "rows": rows, "keys": keys, "topk": topk}, "modes": {}}
     for mode, samples in seconds.items():

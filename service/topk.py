@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import msgspec
 import torch
 
-from litetopk.kernels import RowFaultError, RowStatus
+from litetopk.kernels import RowFaultError, RowStatus, TopKResult
 from litetopk.kernels.cache_layout import AITER_SCALE_SHAPE, AITER_VALUE_SHAPE
 from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
@@ -196,6 +196,11 @@ def _raise_row_faults(status: torch.Tensor) -> None:
         raise RowFaultError(describe_row_faults(rows, flags, "cannot be answered"), rows, flags)
 
 
+def out_of(name: str, direct: dict, staging: dict, result: TopKResult) -> torch.Tensor:
+    """Where the call left result field `name`: an output region on the device, or a staging buffer."""
+    return direct[name] if name in direct else staging.get(name, getattr(result, name))
+
+
 def _total(counts: torch.Tensor) -> int:
     """The sum of an int32 count field (on the host without a torch op)."""
     if counts.device.type == "cpu":
@@ -255,7 +260,8 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         entries, nbytes = result_layout(names, rows, req.topk)
         buffer = bytearray(nbytes)
         answer = fields_in(buffer, entries)
-        staging = answer if device.type == "cpu" else operator.result_buffers(names, rows, req.topk)
+        hosted = [n for n in outs if n not in direct]  # host regions of a GPU service: written from the device buffer
+        staging = answer if device.type == "cpu" else operator.result_buffers([*names, *hosted], rows, req.topk)
         mark(("views", time.perf_counter()))
         result = operator(inputs, kv_cache, kv_scale=kv_scale, topk=req.topk, weight_scale=req.weight_scale,
                           repair=req.repair, out={**direct, **staging})
@@ -265,6 +271,7 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         if staging is not answer:
             for name, tensor in answer.items():
                 tensor.copy_(staging[name])
+            result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
         status = answer["status"] if "status" in answer else result.status.cpu()
         _raise_row_faults(status)
         owners = {}  # fail closed: memory of an owner that died mid-request may be gone (each owner read once)
