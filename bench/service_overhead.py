@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS_DIR))
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    sequences = min(args.rows, 256)
+    sequences = args.rows if args.rows <= 256 else 1  # a decode batch (one row a sequence) or a prefill chunk
     call, kwargs = batch_problem(sequences, args.rows // sequences, args.keys, 512, seed=7, device=device)
     results = {}
     with tempfile.TemporaryDirectory(prefix="ltk-overhead-", dir="/tmp") as directory:

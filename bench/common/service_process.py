@@ -56,7 +56,7 @@ class ServiceProcess:
                  entry: tuple[str, ...] = ("-m", "litetopk.service"), env: dict | None = None,
                  log_name: str = "service.log", **settings):
         self.directory = Path(directory)
-        self.uds = str(self.directory / "sock" / "litetopk.sock")
+        self.uds = str(settings.get("uds") or self.directory / "sock" / "litetopk.sock")
         self.log_path = self.directory / log_name
         flags = {"host": "127.0.0.1", "port": 0, "uds": self.uds, "device": "cpu", "log_level": "info",
                  "region_check_interval_s": 0.2, **settings}

@@ -24,7 +24,7 @@ from schemathesis.errors import FailureGroup
 from litetopk.service import ServiceSettings, create_app
 
 #: Examples per operation and transport (plus the coverage phase's cases over TCP).
-EXAMPLES = 40
+EXAMPLES = 25
 SPEC = create_app(ServiceSettings(uds="", warmup=False)).openapi()
 schema = schemathesis.openapi.from_dict(SPEC)
 # Over the socket without the coverage phase: its boundary cases (65,536-value inline arrays among them,
