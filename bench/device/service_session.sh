@@ -29,9 +29,9 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log, remember failur
 }
 step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
 step 30 python3 -c 'import torch, triton, msgspec, fastapi, uvicorn, pydantic; print("torch", torch.__version__, "triton", triton.__version__, "msgspec", msgspec.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
-step "${TESTS_S:-110}" python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" --junitxml="$OUT/service-gpu-tests.xml"
-step "${CHECK_S:-110}" python3 -m bench.checks.service_gpu --backend auto --out "$OUT"
-step "${BENCH_S:-220}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"
-step "${OVERHEAD_S:-60}" python3 -m bench.service_overhead --device cuda:0 --rows 64 --iters 300 --out "$OUT"
+step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" --junitxml="$OUT/service-gpu-tests.xml"
+step "${CHECK_S:-100}" python3 -m bench.checks.service_gpu --backend auto --out "$OUT"
+step "${BENCH_S:-200}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"
+step "${OVERHEAD_S:-50}" python3 -m bench.service_overhead --device cuda:0 --rows 64 --iters 300 --out "$OUT"
 echo "service_session: exit $status" | tee -a "$LOG"
 exit $status

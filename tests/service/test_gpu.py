@@ -26,9 +26,10 @@ def uuid_of(index: int) -> str:
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gpu_service(request):
-    process, directory = start_service(device=request.param, backend="auto")
+    # one service per device for the module; its warm-up compiles the Triton kernels on a cold cache
+    process, directory = start_service(device=request.param, backend="auto", timeout=300)
     yield process
     process.stop()
     directory.cleanup()
