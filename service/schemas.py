@@ -40,7 +40,8 @@ EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
 # Values one inline tensor may hold: it bounds what a parsed body costs the event loop (unpickling
 # 4 x 65536 values from the parser process: ~8 ms; service/routes/topk.py BodyParser).
 INLINE_VALUES_MAX = 2**16
-GPU_UUID_PATTERN = r"^(GPU-)?[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"
+# A GPU UUID as nvidia-smi (GPU-...) or torch (bare, hyphenated) spells it, hyphens optional.
+GPU_UUID_PATTERN = r"^([Gg][Pp][Uu]-)?[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}$"
 
 
 class _Strict(BaseModel):
