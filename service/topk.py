@@ -145,8 +145,13 @@ def admit(req: TopKRequest, state, principal: Principal) -> None:
         problem = tensor_arg_problem(getattr(req, name))
         if problem is not None:
             raise ServiceError("validation_error", f"{name}: {problem}")
-    regions = {name: state.table.get(ref.region, principal.uid, ref.generation, alive)
-               for name, ref in _region_args(req)}  # unknown_region / stale_region first
+    named = list(_region_args(req))
+    found: dict = {}  # (region, generation) -> Region: each looked up once (4 metadata slices share one)
+    for _, ref in named:  # unknown_region / stale_region first
+        key = (ref.region, ref.generation)
+        if key not in found:
+            found[key] = state.table.get(ref.region, principal.uid, ref.generation, alive)
+    regions = {name: found[(ref.region, ref.generation)] for name, ref in named}
     check_topk(req.topk)
     if req.backend not in ("auto", state.backend):
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
@@ -155,7 +160,7 @@ def admit(req: TopKRequest, state, principal: Principal) -> None:
         raise ServiceError("validation_error", f"weight_scale must be finite, got {req.weight_scale}")
     _check_cache_format(req)
     read: set[str] = set()  # the regions the inputs read
-    for name, ref in _region_args(req):
+    for name, ref in named:
         regions[name].check_bounds(ref, name)
         if not name.startswith("out."):
             read.add(ref.region)
@@ -230,16 +235,11 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
     mark(("queue", time.perf_counter()))
     alive: dict = {}  # owners found alive when leasing (each read once per request)
     device = state.device
-
-    def view(name, ref):
-        region, tensor = state.table.acquire(ref, name, principal.uid, alive)
-        leases.append(region)
-        return tensor
-
     try:
-        given = {n: _inline_tensor(a) if isinstance(a, TensorArg) and a.data is not None else view(n, a)
+        leases, views = state.table.acquire_all(dict(_region_args(req)), principal.uid, alive)
+        given = {n: _inline_tensor(a) if isinstance(a, TensorArg) and a.data is not None else views[n]
                  for n in INPUTS if (a := getattr(req, n)) is not None}
-        kv_scale = view("kv_scale", req.kv_scale).to(device) if req.kv_scale is not None else None
+        kv_scale = views["kv_scale"].to(device) if req.kv_scale is not None else None
         rows, batch = _rows(req), given["block_table"].shape[0] if given["block_table"].ndim else 0
         operator = state.executor.operator_for(rows, batch)
         inputs = {n: given[n] for n in STAGED}
@@ -254,7 +254,7 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         kv_cache = given["kv_cache"].to(device)  # in place for a region on the device
         # Output regions stay where they live: those on the device are the operator's `out=` (written in
         # place), host regions of a GPU service get one copy below.
-        outs = {n: view(f"out.{n}", r) for n, r in outputs(req).items()}
+        outs = {n: views[f"out.{n}"] for n in outputs(req)}
         direct = {n: t for n, t in outs.items() if t.device == device}
         names = [n for n in RESULT_FIELDS if n not in outs]
         entries, nbytes = result_layout(names, rows, req.topk)

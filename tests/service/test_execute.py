@@ -37,6 +37,10 @@ class FakeTable:
         name = what.removeprefix("out.")
         return FakeRegion(id=name), self.tensors[name]
 
+    def acquire_all(self, refs, owner, alive=None):
+        taken = [self.acquire(ref, name, owner, alive) for name, ref in refs.items()]
+        return [region for region, _ in taken], {name: tensor for name, (_, tensor) in zip(refs, taken)}
+
     def release(self, region):
         self.released += 1
 
