@@ -88,17 +88,25 @@ def test_fd_exhaustion_is_answered_and_logged_once():
         directory.cleanup()
 
 
-def test_queued_requests_get_503_when_the_grace_period_ends():
+def test_queued_requests_get_503_when_the_grace_period_ends(tmp_path):
+    """Four requests behind a closed gate (the worker holds the first, three wait in the queue);
+    SIGTERM with a grace period of 1 s: when it ends the three queued ones are answered 503
+    `shutting_down` problem+json; the gate then opens and the held one is answered."""
     p = make_problem(51, seq_lens=[300], rows_per_seq=2)
-    process, directory = start_service(fault_delay_s=1.5, shutdown_timeout_s=1, queue_size=8)
+    gate = tmp_path / "gate"
+    gate.touch()
+    process, directory = start_service(fault_gate_file=str(gate), shutdown_timeout_s=1, queue_size=8)
 
     async def scenario():
         async with AsyncTopKClient(uds=process.uds, transport="http") as client:
+            gate.unlink()
             calls = [asyncio.ensure_future(client.topk(*p.args(), topk=512)) for _ in range(4)]
             with httpx.Client(base_url=process.url) as http:  # the order of events: all four in the service
-                await asyncio.to_thread(wait_until, lambda: "litetopk_queue_depth 3.0" in http.get("/metrics").text,
+                await asyncio.to_thread(wait_until, lambda: "litetopk_queue_depth 4.0" in http.get("/metrics").text,
                                         30)
             process.terminate()
+            await asyncio.to_thread(wait_until, lambda: sum(c.done() for c in calls) == 3, 30)
+            gate.touch()  # the held request runs now, inside the second uvicorn gives after the grace period
             return await asyncio.gather(*calls, return_exceptions=True)
 
     try:
