@@ -116,8 +116,10 @@ async def test_overload_answers_429_and_finishes_queued_work(slow_service, probl
         assert results_equal(again, want) == []
 
 
-def test_request_timeout(problem):
-    process, directory = start_service(fault_delay_s=0.5, request_timeout_s=0.2, warmup=False)
+def test_request_timeout(problem, tmp_path):
+    # the gate stays closed: the request can only time out
+    gate = tmp_path / "gate"
+    process, directory = start_service(fault_gate_file=str(gate), request_timeout_s=0.2, warmup=False)
     try:
         with TopKClient(process.url, token=process.token) as client:
             with pytest.raises(TimeoutProblem) as err:
@@ -125,6 +127,7 @@ def test_request_timeout(problem):
             assert err.value.code == "timeout" and err.value.status == 504
             assert client.ready()
     finally:
+        gate.touch()  # the held jobs run, the service stops without waiting out its grace period
         process.stop()
         directory.cleanup()
 
