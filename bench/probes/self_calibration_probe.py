@@ -26,7 +26,7 @@ import time
 import torch
 
 from bench.common.problems import call_args, prefill_problem
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, operator
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
@@ -69,7 +69,7 @@ def alternating_ms(calls: dict, warm: int = WARM, pairs: int = PAIRS) -> dict:
 def stage_calls(args_, kw, tunings: dict) -> dict:
     """{mode: callable} of the calibrate + scan stages alone, on one validated problem."""
     problem = validate_prefill(*args_, **kw)
-    backend = TritonBackend()
+    backend = TritonBackend(paged="never")  # the prefill mode's scan (module docstring)
     backend.operands(problem)  # decode and schedule once: both modes reuse them
     calls = {}
     for mode, tuning in tunings.items():
@@ -121,6 +121,9 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run under TRITON_INTERPRET=1 (tests)
     os.makedirs(args.out, exist_ok=True)
     tunings = {mode: LiteTopKTuning(calibration=mode, sample_size=args.sample_size) for mode in MODES}
+    # The self-calibrating scan is the prefill mode's (the paged mode calibrates from the sample): the operator's
+    # calls in this process take it whatever their shapes (the smoke run's few rows would be decode-shaped).
+    operator._BACKENDS["triton"] = TritonBackend(paged="never")
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)", "rows": args.rows,
               "warm": args.warm, "pairs": args.pairs,
               "command": "python -m bench.probes.self_calibration_probe "
