@@ -55,6 +55,22 @@ def _resolve(name: str, device: torch.device) -> str:
     return name
 
 
+@contextlib.contextmanager
+def backend_instance(name: str, backend: ScoringBackend):
+    """Inside the block, calls with backend=`name` ("auto" resolving to it included) run `backend` (e.g.
+    TritonBackend(paged="never"): one mode of a backend for a probe or a benchmark); the previous
+    instance is back afterwards, whatever happens inside. Not thread-safe (the registry is global)."""
+    had, previous = name in _BACKENDS, _BACKENDS.get(name)
+    _BACKENDS[name] = backend
+    try:
+        yield backend
+    finally:
+        if had:
+            _BACKENDS[name] = previous
+        else:
+            _BACKENDS.pop(name, None)
+
+
 def get_backend(name: str, device: torch.device) -> ScoringBackend:
     """The backend `name` ("auto" resolved for `device`), checked to run on `device`."""
     name = _resolve(name, device)

@@ -107,6 +107,14 @@ def draw(report: dict, path: str) -> None:
 
 
 def main(argv=None):
+    """The probe (module docstring). The self-calibrating scan is the prefill mode's (the paged mode calibrates
+    from the sample): the operator's calls take it whatever their shapes (a smoke run's few rows would be
+    decode-shaped), the registry restored afterwards."""
+    with operator.backend_instance("triton", TritonBackend(paged="never")):
+        return _main(argv)
+
+
+def _main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for self-calibration.json and .png")
     parser.add_argument("--keys", type=int, nargs="+", default=list(KEYS))
@@ -121,9 +129,6 @@ def main(argv=None):
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run under TRITON_INTERPRET=1 (tests)
     os.makedirs(args.out, exist_ok=True)
     tunings = {mode: LiteTopKTuning(calibration=mode, sample_size=args.sample_size) for mode in MODES}
-    # The self-calibrating scan is the prefill mode's (the paged mode calibrates from the sample): the operator's
-    # calls in this process take it whatever their shapes (the smoke run's few rows would be decode-shaped).
-    operator._BACKENDS["triton"] = TritonBackend(paged="never")
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)", "rows": args.rows,
               "warm": args.warm, "pairs": args.pairs,
               "command": "python -m bench.probes.self_calibration_probe "

@@ -16,7 +16,8 @@ import torch
 
 from litetopk.kernels import InputError, RowStatus, adapters, litetopk_prefill, random_problem
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle
-from tests.problems import Problem, oracle_scores, results_equal
+from tests.problems import RandomProblem as Problem
+from tests.problems import oracle_scores, results_equal
 
 H = 64
 POISON = 7

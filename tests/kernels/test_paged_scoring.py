@@ -28,9 +28,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
-def paged_mode(monkeypatch):
+def paged_mode():
     """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
-    monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always"))
+    with operator.backend_instance("triton", TritonBackend(paged="always")):
+        yield
 
 
 def ref_split_schedule(row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int):
@@ -247,12 +248,12 @@ def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_form
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, monkeypatch, seed):
+def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, seed):
     p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
     answers = {}
     for kernel in ("triton", "gluon"):
-        monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always", scoring_kernel=kernel))
-        answers[kernel], _ = run_both(p)
+        with operator.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=kernel)):
+            answers[kernel], _ = run_both(p)
     where = f"[next_n {next_n}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
         assert torch.equal(getattr(answers["gluon"], field), getattr(answers["triton"], field)), f"{where}: {field}"
