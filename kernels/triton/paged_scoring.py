@@ -120,14 +120,21 @@ def _e2m1_halves(packed, shift, BLOCK_KEYS: tl.constexpr, USE_ASM: tl.constexpr)
 
 @triton.jit
 def _key_exponents(packed, scales, BLOCK_KEYS: tl.constexpr):
-    """Per key of a tile (packed uint8 [BK, 64], scales int32 [BK, 4]): (d int32 [BK, 4] the groups'
-    shifts, spread [BK], kfac float32 [BK] = 2^(m - 127) (NaN for a NaN scale)), as operands.py's
-    _decode_vectors computes them: m the smallest scale of the nonzero groups with a finite scale."""
+    """Per key of a tile (packed uint8 [BK, 64], scales int32 [BK, 4]): _exponents_of_groups of its
+    groups' nonzero test (a nonzero magnitude among a group's 16 bytes)."""
     nonzero_bytes = ((packed.to(tl.int32) & 0x77) != 0).to(tl.int32)
-    nonzero = tl.max(tl.reshape(nonzero_bytes, [BLOCK_KEYS, 4, 16]), axis=2) > 0
+    return _exponents_of_groups(tl.max(tl.reshape(nonzero_bytes, [BLOCK_KEYS, 4, 16]), axis=2) > 0, scales)
+
+
+@triton.jit
+def _exponents_of_groups(nonzero, scales):
+    """(d int32 [BK, 4] the groups' shifts, spread [BK], kfac float32 [BK] = 2^(m - 127), NaN for a NaN
+    scale) of keys whose groups are `nonzero` (bool [BK, 4]) with `scales` (int32 [BK, 4]), as operands.py's
+    _decode_vectors computes them: m the smallest scale of the nonzero groups with a finite scale, 127 for
+    none. Three reductions over a key's groups (both paged kernels: the Gluon one's groups are 4 lanes)."""
     counted = nonzero & (scales != 255)
-    any_counted = tl.max(counted.to(tl.int32), axis=1) > 0
-    m = tl.where(any_counted, tl.min(tl.where(counted, scales, 255), axis=1), 127)
+    m = tl.min(tl.where(counted, scales, 255), axis=1)  # 255 only where no group counts (a counted one is < 255)
+    m = tl.where(m < 255, m, 127)
     d = tl.where(counted, scales - m[:, None], 0)
     spread = tl.max(d, axis=1)
     nan_scale = tl.max((scales == 255).to(tl.int32), axis=1) > 0

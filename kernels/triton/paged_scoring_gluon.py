@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from ..keys import NO_KEY_C, _ordering_keys
-from .paged_scoring import E2M1_ASM
+from .paged_scoring import E2M1_ASM, _exponents_of_groups
 from .scoring import SUBNORMAL_UNIT, _histogram_range
 
 GLUON_PAGED_WARPS = 4
@@ -98,19 +98,9 @@ def _load_page(pos, live, tile_page, b64, bt_stride, block_table_ptr, num_pages,
 
 @gluon.jit
 def _key_exponents(words, scales, W3: gl.constexpr, G: gl.constexpr):
-    """Per (key, group) in G: (d the group's shift, spread and kfac per key (G's key slice)), as
-    paged_scoring._key_exponents (operands.py's _decode_vectors): m the smallest scale of the nonzero
-    groups with a finite scale; kfac = 2^(m - 127), NaN for a NaN scale."""
-    nonzero = gl.convert_layout((gl.reduce_or(words, 2) & 0x77777777) != 0, G)
-    counted = nonzero & (scales != 255)
-    any_counted = gl.max(counted.to(gl.int32), axis=1) > 0
-    m = gl.where(any_counted, gl.min(gl.where(counted, scales, 255), axis=1), 127)
-    d = gl.where(counted, scales - m[:, None], 0)
-    spread = gl.max(d, axis=1)
-    nan_scale = gl.max((scales == 255).to(gl.int32), axis=1) > 0
-    kfac_bits = gl.where(m >= 1, m << 23, 4194304)  # 2^-127 is the subnormal 2^22 * 2^-149
-    kfac_bits = gl.where(nan_scale, 0x7FC00000, kfac_bits)
-    return d, spread, kfac_bits.to(gl.float32, bitcast=True)
+    """Per (key, group) in G: (d the group's shift, spread and kfac per key (G's key slice)):
+    paged_scoring._exponents_of_groups of the groups' nonzero test (an OR of the group's 4 words)."""
+    return _exponents_of_groups(gl.convert_layout((gl.reduce_or(words, 2) & 0x77777777) != 0, G), scales)
 
 
 @gluon.jit
