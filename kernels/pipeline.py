@@ -87,7 +87,7 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
     if tuning.candidate_capacity is None and backend.buffers_hold_windows(problem):
-        capacity = max(capacity, problem.max_end)  # (a decode step: rows x max_end keys is small)
+        capacity = max(capacity, problem.max_end)  # (a decode step: rows x max_end x 8 bytes, rows <= 4 x batch)
     if backend.calibration_for(problem, tuning.calibration) == "scan":  # the scan's own sample sets its thresholds
         with stage_range("litetopk.scan"):
             scan = backend.scan_candidates(problem, None, capacity, sample_size=tuning.sample_size)

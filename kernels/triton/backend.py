@@ -47,12 +47,14 @@ from .paged import (
     PAGED_MODES,
     PAGED_ROWS_PER_SEQUENCE,
     PagedOperands,
+    cache_in_words,
     launch_paged_scoring,
     paged_block_rows,
     paged_operands,
     paged_scoring_faults,
     paged_subset_operands,
     paged_unsupported_rows,
+    reset_scan_state,
 )
 from .paged_scoring import FAULT_DENSE, FAULT_SAMPLE, FAULT_SCAN
 from .scan_outputs import finish_scan
@@ -186,8 +188,8 @@ class TritonBackend(ScoringBackend):
                 ops = self._subset_operands(problem, parent)
         elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0], self.paged):
             with stage_range("litetopk.decode"):
-                ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting(),
-                                     gluon=self._use_gluon(problem.device), num_bins=self.num_bins)
+                gluon, use_asm = self._paged_kernel(problem)
+                ops = paged_operands(problem, block_rows, use_asm=use_asm, gluon=gluon, num_bins=self.num_bins)
         else:
             with stage_range("litetopk.decode"):
                 ops = self._decode(problem)
@@ -294,6 +296,23 @@ class TritonBackend(ScoringBackend):
                 f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'")
         return True
 
+    def _paged_kernel(self, problem: PrefillProblem) -> tuple[bool, bool]:
+        """(gluon, use_asm) of a paged problem: the Gluon paged kernel on a compiled sm_90 device where the
+        cache's pages start on 16 bytes (it reads them as 16-byte words; paged.cache_in_words), else the
+        Triton one (byte loads: any page stride and offset); the PTX E2M1 decode only on sm_90 (where the
+        Triton kernel's decode operand layout is the one it was checked in, 4 bytes of a group an instance),
+        its tl twin elsewhere. scoring_kernel="gluon" where it cannot run raises; nothing falls back."""
+        sm90 = is_sm90(problem.device)
+        words = cache_in_words(problem.cache)
+        if self.scoring_kernel == "gluon":
+            self._use_gluon(problem.device)  # raises off sm_90
+            if not words:
+                raise BackendUnavailableError(
+                    "the Gluon paged kernel reads the cache in 16-byte words: its pages must start on 16 bytes "
+                    f"(data pointer {problem.cache.values.data_ptr()} and page stride "
+                    f"{problem.cache.value_page_stride} bytes); use scoring_kernel='auto' or 'triton'")
+        return self.scoring_kernel != "triton" and sm90 and words, sm90
+
     # -- launches --------------------------------------------------------------------------
     def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,
                 hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
@@ -373,6 +392,7 @@ class TritonBackend(ScoringBackend):
         rows = problem.num_rows
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
         if isinstance(ops, PagedOperands):  # its state is the schedule's (set up by its launch: none here)
+            reset_scan_state(ops)
             schedule = ops.schedule
             launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,

@@ -71,6 +71,13 @@ def paged_programs(device: torch.device, block_rows: int, gluon: bool) -> int:
     return per_sm * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def cache_in_words(cache: KVCache) -> bool:
+    """Whether every page of `cache` starts on 16 bytes (its values' data pointer and page stride are
+    multiples of 16): what the Gluon paged kernel's 16-byte word loads need (the contract admits any
+    stride >= PAGE_BYTES and any offset; other caches are read by the Triton kernel, byte by byte)."""
+    return cache.values.data_ptr() % 16 == 0 and cache.value_page_stride % 16 == 0
+
+
 @dataclass
 class PagedOperands:
     """What the paged kernel reads besides the cache: the rows' decoded queries (operands.py's
@@ -89,6 +96,7 @@ class PagedOperands:
     gluon: bool  # score with the Gluon kernel (paged_scoring_gluon.py), else the Triton one
     query_rows: torch.Tensor | None = None  # int64 [rows]: a subset's rows in its parent's operands (above)
     faults: torch.Tensor | None = field(default=None)
+    scanned: bool = False  # the schedule's scan state has served a scan (a second one resets it first)
 
     @property
     def queries(self) -> tuple[torch.Tensor, ...]:
@@ -114,7 +122,7 @@ def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     of its own with the parent's group size (one launch)."""
     schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows,
                                     parent.schedule.hist.shape[1], sub.scratch)
-    return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None)
+    return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None, scanned=False)
 
 
 def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: bool, strided: bool,
@@ -182,6 +190,17 @@ def paged_faults_kernel(status_ptr, nonfinite_ptr, unsupported_ptr, q_unsupporte
     tl.store(out_ptr + offs, status, mask=mask)
 
 
+def reset_scan_state(ops: PagedOperands) -> None:
+    """The schedule's scan state as its launch set it up (counts zeroed, raised -inf), before a second scan
+    of the same problem (probes that time repeated scans; the pipeline scans a problem once): three torch
+    launches, only then."""
+    if ops.scanned:
+        ops.schedule.appended.zero_()
+        ops.schedule.hist.zero_()
+        ops.schedule.raised.fill_(float("-inf"))
+    ops.scanned = True
+
+
 def paged_scoring_faults(problem, ops: PagedOperands, nonfinite: torch.Tensor) -> torch.Tensor:
     """int32 [rows]: problem.row_status | NONFINITE where bool `nonfinite` | UNSUPPORTED where a live row's
     query is unsupported or its window held an unsupported key (the last scoring launch's fault words):
@@ -214,6 +233,7 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     return live & ((ops.faults[1] != 0) | q_unsupported)
 
 
-__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "launch_paged_scoring", "paged_block_rows",
+__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "cache_in_words", "launch_paged_scoring",
+           "paged_block_rows", "reset_scan_state",
            "paged_launch_options", "paged_operands", "paged_programs",
            "paged_scoring_faults", "paged_subset_operands", "paged_unsupported_rows"]

@@ -13,14 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import LiteTopKTuning, operator
+from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, litetopk_prefill, operator
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
+from litetopk.kernels.calibration import calibrate
+from litetopk.kernels.keys import split_keys
 from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.paged import launch_paged_scoring, paged_block_rows
+from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
 from litetopk.kernels.triton.paged_scoring import FAULT_DENSE
 from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
 from litetopk.kernels.validation import validate_prefill
+from tests.kernels.test_aiter_layout import in_padded_slab
 from tests.kernels.test_triton_backend import check_against_oracle, run_both
 from tests.problems import make_problem, oracle_scores
 
@@ -257,3 +260,61 @@ def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, seed):
     where = f"[next_n {next_n}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
         assert torch.equal(getattr(answers["gluon"], field), getattr(answers["triton"], field)), f"{where}: {field}"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("stride, offset", [(4354, 2), (4360, 4), (4608, 0)])
+def test_paged_mode_reads_pages_at_any_stride_and_offset(stride, offset, seed):
+    """The contract admits pages any stride >= 4352 bytes apart at any offset: the paged mode answers
+    them exactly (the Gluon kernel's 16-byte words only where every page starts on 16 bytes)."""
+    p = make_problem(seed, seq_lens=[1300, 700], rows_per_seq=2, spread=1)
+    p.kv_cache = in_padded_slab(p.kv_cache, stride, offset)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
+    assert cache_in_words(problem.cache) == (stride % 16 == 0 and offset % 16 == 0)
+    lite, dense = run_both(p)
+    where = f"[stride {stride}, offset {offset}] seed {seed}"
+    assert not lite.status.any(), f"{where}: status {lite.status.tolist()}"
+    check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.interpret
+def test_a_second_scan_of_a_paged_problem_starts_from_a_fresh_state(seed):
+    """The scan's shared state is set up by the schedule's launch for one scan; a second scan of the same
+    problem (a probe timing repeated scans) resets it first and finds the same candidates."""
+    p = make_problem(seed, seq_lens=[3000, 2500], rows_per_seq=1, spread=1)
+    problem = validate_prefill(*p.args(), topk=p.topk)
+    backend = TritonBackend(paged="always")
+    thresholds, ceilings = calibrate(problem, backend, 600)
+    scans = [backend.scan_candidates(problem, thresholds, problem.max_end, ceilings=ceilings) for _ in range(2)]
+    for field in ("appended", "thresholds", "nonfinite"):
+        assert torch.equal(getattr(scans[0], field), getattr(scans[1], field)), f"seed {seed}: {field}"
+    for row, kept in enumerate(scans[0].appended.tolist()):
+        first, second = (torch.sort(s.keys[row, :kept]).values for s in scans)
+        assert torch.equal(first, second), f"seed {seed}: row {row}'s candidates"
+
+
+@pytest.mark.interpret
+def test_the_programs_of_a_row_raise_its_threshold_to_a_lower_bound(seed):
+    """Several programs scan each row (paged.INTERPRETED_PROGRAMS over two rows' tiles): the threshold the
+    scan ends with rose above the calibrated one for some row (the shared histogram's raise ran) and is at
+    or below every row's true K-th best key (the float64 oracle's K-th best, to the score bound)."""
+    p = make_problem(seed, seq_lens=[3300, 3100], rows_per_seq=1, spread=1)
+    problem = validate_prefill(*p.args(), topk=p.topk)
+    backend = TritonBackend(paged="always")
+    thresholds, ceilings = calibrate(problem, backend, 1100)
+    scan = backend.scan_candidates(problem, thresholds, problem.max_end, ceilings=ceilings)
+    final_scores = split_keys(scan.thresholds)[0].double()
+    assert bool((scan.thresholds > thresholds).any()), f"seed {seed}: no row's threshold rose"
+    scores, bound = oracle_scores(p)
+    for row in range(problem.num_rows):
+        kth = np.sort(scores[row][np.isfinite(scores[row])])[::-1][p.topk - 1]
+        assert float(final_scores[row]) <= kth + bound[row], f"seed {seed}, row {row}: above the K-th best"
+
+
+@pytest.mark.gpu
+def test_gluon_paged_kernel_is_refused_for_pages_off_16_bytes(seed):
+    p = make_problem(seed, seq_lens=[900, 600], rows_per_seq=1, spread=1)
+    p.kv_cache = in_padded_slab(p.kv_cache, 4354, 2)
+    with operator.backend_instance("triton", TritonBackend(paged="always", scoring_kernel="gluon")):
+        with pytest.raises(BackendUnavailableError, match="16-byte words"):
+            litetopk_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk, backend="triton")
