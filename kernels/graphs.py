@@ -60,8 +60,9 @@ import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
 from .errors import InputError
-from .operator import get_backend, litetopk_prefill, on_device
+from .operator import litetopk_prefill
 from .pipeline import LiteTopKTuning
+from .registry import get_backend, on_device
 from .result import RESULT_FIELDS, TopKResult
 from .scratch import ALIGNMENT
 from .status import CAPACITY_EVENTS

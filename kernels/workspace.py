@@ -25,8 +25,8 @@ import torch
 from .cache_layout import PAGE_BYTES, PAGE_SIZE
 from .calibration import shape_changes
 from .errors import InputError
-from .operator import new_backend, on_device
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
+from .registry import new_backend, on_device
 from .scratch import ALIGNMENT
 from .validation import check_topk, validate_prefill
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels import operator
+from litetopk.kernels import registry
 from litetopk.kernels.triton import TritonBackend
 
 
@@ -14,4 +14,4 @@ def prefill_mode(monkeypatch):
     (TritonBackend(paged="never")): the modules that test that mode's kernels (int8 keys, the
     program-a-row-group schedule, the self-calibrating scan) on small problems, which by their shapes
     would take the paged mode (kernels/triton/paged.py; tests/kernels/test_paged_scoring.py tests it)."""
-    monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="never"))
+    monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="never"))
