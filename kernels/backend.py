@@ -80,6 +80,18 @@ class ScoringBackend(abc.ABC):
         keys its rows share, and takes its thresholds from them (calibration.py, "In the scan"); a
         backend that cannot raises BackendUnavailableError (self_calibration_unavailable)."""
 
+    def sizing_calls(self, max_rows: int, max_batch: int) -> list[tuple[ScoringBackend, int, int]]:
+        """The (backend, rows, sequences) of the calls whose workspaces bound every call's within these
+        bounds (workspace.workspace_bytes runs each): one per scoring path the backend can take, at its
+        largest shapes. A backend with one path: itself at the bounds."""
+        return [(self, max_rows, max_batch)]
+
+    def buffers_hold_windows(self, problem: PrefillProblem) -> bool:
+        """Whether LiteTopK should size the scan's candidate buffer to hold any window of `problem` (max_end
+        keys a row) rather than capacity_factor * K: where the rows are few (a decode step), so the buffer
+        is small, and several programs scan one row (their thresholds rise later). Default: no."""
+        return False
+
     def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
         """Where the scan's thresholds come from for `problem` when LiteTopKTuning asks for `requested`
         ("sample": the calibration stage; "scan": the scan's own sample): the requested one, or "sample"

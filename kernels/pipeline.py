@@ -86,6 +86,8 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
                  out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
+    if tuning.candidate_capacity is None and backend.buffers_hold_windows(problem):
+        capacity = max(capacity, problem.max_end)  # (a decode step: rows x max_end keys is small)
     if backend.calibration_for(problem, tuning.calibration) == "scan":  # the scan's own sample sets its thresholds
         with stage_range("litetopk.scan"):
             scan = backend.scan_candidates(problem, None, capacity, sample_size=tuning.sample_size)
@@ -100,7 +102,11 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
             scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     with stage_range("litetopk.certify"):
         state = certify(problem, scan, capacity, backend.scoring_faults(problem, scan.nonfinite))
-    if repair:
+    # A buffer that holds any window cannot overflow, and a scan whose thresholds are lower bounds of the
+    # K-th best keeps at least min(K, window) keys: no capacity event, so no repair is launched (unless a
+    # test shifts the calibrated thresholds, calibration_offset).
+    capacity_events = capacity < problem.max_end or tuning.calibration_offset != 0.0
+    if repair and capacity_events:
         with stage_range("litetopk.repair"):
             repair_on_device(problem, backend, state, tuning.repair_rows)
             if check:  # a data-dependent number of rescans: outside the workspace (scratch.Scratch)

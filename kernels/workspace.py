@@ -11,9 +11,11 @@ Sizing is measured, not restated: the operator's pipeline itself runs at the bou
 empty windows: the buffers' shapes come from shapes and bounds only, never from the data) and
 Scratch counts the bytes carved (`Scratch.used`). Every buffer grows with rows, sequences and the
 window bound, except where the calibration changes its sample shape (`calibration.shape_changes`):
-the run is repeated at each such bound below `max_seq_len` and the largest count is the answer. A
-self-calibrating scan (LiteTopKTuning(calibration="scan")) has no calibration sample and a candidate
-buffer of tuning.capacity(K) keys at every bound: one run, at the bounds.
+the run is repeated at each such bound below `max_seq_len` and the largest count is the answer (also
+with LiteTopKTuning(calibration="scan"), whose scan has no sample: a backend may still calibrate some
+calls from the sample stage, ScoringBackend.calibration_for). A backend with several scoring paths (the
+Triton backend's prefill and paged modes) is run at each path's largest call
+(ScoringBackend.sizing_calls).
 """
 
 from __future__ import annotations
@@ -80,12 +82,13 @@ def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], 
     device = torch.device(device)
     tuning = tuning or LiteTopKTuning()
     chosen = new_backend(backend, device)  # its own instance: the dry runs' operands are not kept around
-    at_the_bound = dense or tuning.calibration == "scan"  # no calibration sample (module docstring)
-    bounds = [(k, max_seq_len) for k in ks] if at_the_bound else \
+    # a self-calibrating scan has no sample, but a backend may calibrate some calls from the sample stage
+    # all the same (ScoringBackend.calibration_for): every bound where the sample changes shape is run
+    bounds = [(k, max_seq_len) for k in ks] if dense else \
         [(k, end) for k in ks for end in shape_changes(max_seq_len, tuning.sample_size, k)]
     with on_device(device, chosen):
-        return max(_bytes_at(chosen, max_rows, max_batch, max_seq_len, end, k, device, tuning, dense)
-                   for k, end in bounds)
+        return max(_bytes_at(variant, rows, batch, max_seq_len, end, k, device, tuning, dense)
+                   for variant, rows, batch in chosen.sizing_calls(max_rows, max_batch) for k, end in bounds)
 
 
 def allocate_workspace(max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",

@@ -52,7 +52,7 @@ for step in $STEPS; do
     glue) TRITON_INTERPRET=1 OUT=$RES timeout ${GLUE_TIMEOUT:-120} python3 -m bench.probes.host_time --glue --out "$RES" 2>&1 | head -3 ;;  # this host's Python, launches as no-ops
     runnertime) OUT=$RES timeout ${RUNNERTIME_TIMEOUT:-100} python3 -m bench.probes.host_time --runner 2>&1 | tail -30 ;;
     graphtests) timeout ${GRAPHTESTS_TIMEOUT:-120} python3 -m pytest tests/kernels/test_graphs_gpu.py tests/kernels/test_embedding_gpu.py -q -p no:cacheprovider -o addopts="" -rf 2>&1 | tail -8 ;;
-    radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" 2>&1 | tail -12 ;;
+    radix) timeout ${RADIX_TIMEOUT:-100} python3 -m bench.probes.radix_select_probe --out "$RES" ${RADIX_ARGS:-} 2>&1 | tail -${RADIX_TAIL:-12} ;;
     calib) timeout ${CALIB_TIMEOUT:-100} python3 -m bench.probes.calibration_probe --out "$RES" 2>&1 | tail -8 ;;
     selfcal) timeout ${SELFCAL_TIMEOUT:-240} python3 -m bench.probes.self_calibration_probe --out "$RES" ${SELFCAL_ARGS:-} 2>&1 | tail -12 ;;
     paged) timeout ${PAGED_TIMEOUT:-240} python3 -m bench.probes.paged_probe --out "$RES" ${PAGED_ARGS:-} 2>&1 | tail -${PAGED_TAIL:-24}

@@ -125,10 +125,12 @@ def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: i
                        calibration: str = "sample") -> Counter:
     """Launches per stage of one LiteTopK call on the CPU with the Triton stages (module docstring),
     calibrated from a sample of keys // 4 (the production path's stages) by a calibration stage or
-    in the scan (`calibration`, LiteTopKTuning); the counts do not depend on the sizes (the grids do)."""
+    in the scan (`calibration`, LiteTopKTuning); the counts do not depend on the sizes (the grids do),
+    as long as the candidate buffer is shorter than the window bound (else no repair is launched: here
+    a buffer of 2 K keys, under the keys' bound)."""
     problem = prefill_problem(rows, keys * 4, topk, seed, device="cpu")
     k = problem.pop("topk")
-    tuning = LiteTopKTuning(sample_size=keys // 4, calibration=calibration)
+    tuning = LiteTopKTuning(sample_size=keys // 4, calibration=calibration, capacity_factor=2)
     call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton", tuning=tuning)  # noqa: E731
     with triton_stages_on_cpu():
         with profile(activities=[ProfilerActivity.CPU]) as prof:

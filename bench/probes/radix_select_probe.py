@@ -46,6 +46,9 @@ VARIANTS = {512: [(8, 1, 5, 16, None), (8, 2, 5, 16, None), (8, 1, 6, 16, None),
                   (4, 1, 5, 16, 80)],
             1024: [(8, 2, 6, 16, None), (4, 1, 6, 16, None), (8, 1, 7, 16, None), (8, 2, 6, 16, 96),
                    (8, 1, 6, 16, 128)]}
+# A decode step's few rows (--rows 64-256): one program a row leaves most SMs idle; wider programs.
+DECODE_VARIANTS = {512: [(4, 4, 5, 16, None), (2, 4, 5, 16, None), (4, 8, 5, 16, None), (2, 8, 5, 16, None)],
+                   1024: [(8, 4, 6, 16, None), (4, 4, 6, 16, None), (4, 8, 6, 16, None), (2, 8, 6, 16, None)]}
 V1_CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}  # (chunk, num_warps, digit): the v1 kernel's best
 NO_KEY_C = tl.constexpr(NO_KEY)
 
@@ -124,15 +127,15 @@ def select_topk_candidates_radix_v1(keys, kept, thresholds, k, out):
     return out
 
 
-def candidate_buffer(k: int, gen: torch.Generator):
-    """(keys [ROWS, 8 k], kept [ROWS] int32, thresholds [ROWS]): see the module docstring."""
+def candidate_buffer(k: int, gen: torch.Generator, rows: int = ROWS):
+    """(keys [rows, 8 k], kept [rows] int32, thresholds [rows]): see the module docstring."""
     capacity = 8 * k
-    kept = (KEPT[k] + torch.randint(-k // 4, k // 4 + 1, (ROWS,), generator=gen, device="cuda")).int()
+    kept = (KEPT[k] + torch.randint(-k // 4, k // 4 + 1, (rows,), generator=gen, device="cuda")).int()
     # The kept[r] best of WINDOW normal scores: quantiles above 1 - kept/WINDOW, in random order.
-    tail = torch.rand(ROWS, capacity, generator=gen, device="cuda", dtype=torch.float64) * (kept[:, None] / WINDOW)
+    tail = torch.rand(rows, capacity, generator=gen, device="cuda", dtype=torch.float64) * (kept[:, None] / WINDOW)
     scores = torch.special.ndtri(1.0 - tail).float()  # float64 quantiles: finite
-    positions = torch.argsort(torch.rand(ROWS, capacity, generator=gen, device="cuda"), dim=1) * 8
-    positions += torch.randint(0, 8, (ROWS, capacity), generator=gen, device="cuda")
+    positions = torch.argsort(torch.rand(rows, capacity, generator=gen, device="cuda"), dim=1) * 8
+    positions += torch.randint(0, 8, (rows, capacity), generator=gen, device="cuda")
     keys = make_keys(scores, positions)
     live = torch.arange(capacity, device="cuda")[None, :] < kept[:, None]
     ranked = torch.sort(torch.where(live, keys, NO_KEY), dim=1, descending=True).values
@@ -182,14 +185,18 @@ def path_shares(keys, kept, thresholds, want, k):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for radix-select-probe.json")
+    parser.add_argument("--rows", type=int, default=ROWS,
+                        help="rows of the candidate buffer (8192: a prefill; 64-256: a decode step, where wider "
+                             "programs are timed too)")
     args = parser.parse_args()
+    rows = args.rows
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(15)
-    report = {"device": torch.cuda.get_device_name(0), "rows": ROWS, "warm": WARM, "reps": REPS, "cases": []}
+    report = {"device": torch.cuda.get_device_name(0), "rows": rows, "warm": WARM, "reps": REPS, "cases": []}
     print(f"{'K':>5} {'threshold':>9} {'passing':>8} {'variant':>28} {'ms':>8} {'equal':>5}")
     for k in (512, 1024):
-        keys, kept, scan_thresholds = candidate_buffer(k, gen)
+        keys, kept, scan_thresholds = candidate_buffer(k, gen, rows)
         for thr_name, thresholds in (("scan", scan_thresholds), ("none", torch.full_like(scan_thresholds, NO_KEY))):
             want = torch_top(keys, kept, thresholds, k)
             live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
@@ -197,10 +204,10 @@ def main():
             case = {"k": k, "threshold": thr_name, "kept_mean": float(kept.float().mean()), "passing_mean": passing,
                     "paths": path_shares(keys, kept, thresholds, want, k), "variants": {}}
             print(f"{k:>5} {thr_name:>9} rows by path: {case['paths']}", flush=True)
-            out = torch.empty(ROWS, k, dtype=torch.int64, device="cuda")
+            out = torch.empty(rows, k, dtype=torch.int64, device="cuda")
             runs = {"radix v1 (previous)": lambda: select_topk_candidates_radix_v1(keys, kept, thresholds, k, out),
                     "bucket (CONFIG)": lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)}
-            for tile_rows, warps, mantissa, window, regs in VARIANTS[k]:
+            for tile_rows, warps, mantissa, window, regs in VARIANTS[k] + (DECODE_VARIANTS[k] if rows <= 1024 else []):
                 runs[f"bucket r{tile_rows} w{warps} m{mantissa} win{window}" + (f" reg{regs}" if regs else "")] = (
                     lambda t=tile_rows, w=warps, m=mantissa, n=window, r=regs: select_topk_candidates_radix(
                         keys, kept, thresholds, k, out=out, tile_rows=t, num_warps=w, mantissa=m, window=n,
@@ -213,7 +220,8 @@ def main():
                 case["variants"][name] = {"ms": ms, "equal": equal}
                 print(f"{k:>5} {thr_name:>9} {passing:>8.0f} {name:>28} {ms:>8.4f} {str(equal):>5}", flush=True)
             report["cases"].append(case)
-            with open(os.path.join(args.out, "radix-select-probe.json"), "w") as f:
+            name = "radix-select-probe.json" if rows == ROWS else f"radix-select-probe-rows{rows}.json"
+            with open(os.path.join(args.out, name), "w") as f:
                 json.dump(report, f, indent=1)
 
 

@@ -45,6 +45,7 @@ from .operands import (
 )
 from .paged import (
     PAGED_MODES,
+    PAGED_ROWS_PER_SEQUENCE,
     PagedOperands,
     launch_paged_scoring,
     paged_block_rows,
@@ -139,6 +140,9 @@ class TritonBackend(ScoringBackend):
         if paged not in PAGED_MODES:
             raise ValueError(f"paged={paged!r} is not one of {PAGED_MODES}")
         self.paged = paged  # paged.py: "auto" decides by the call's shapes; "never" / "always" force a mode
+        self._options = dict(block_rows=block_rows, block_keys=block_keys, num_warps=num_warps, num_stages=num_stages,
+                             refresh=refresh, num_bins=num_bins, max_registers=max_registers,
+                             scoring_kernel=scoring_kernel)
         gluon_tile = (block_rows, block_keys, num_warps) == (GLUON_BLOCK_ROWS, GLUON_BLOCK_KEYS, GLUON_NUM_WARPS)
         if scoring_kernel == "gluon" and not gluon_tile:
             raise ValueError(f"the gluon scoring kernel has one tile: block_rows={GLUON_BLOCK_ROWS}, "
@@ -222,6 +226,25 @@ class TritonBackend(ScoringBackend):
                                       self.block_rows, q_wide, keys.flags, problem.scratch)
         return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
                         schedule=schedule)
+
+    def sizing_calls(self, max_rows: int, max_batch: int) -> list[tuple[ScoringBackend, int, int]]:
+        """ScoringBackend.sizing_calls: with paged="auto", the largest call of each mode: paged at
+        min(max_rows, PAGED_ROWS_PER_SEQUENCE x max_batch) rows over max_batch sequences, prefill at
+        max_rows rows over the most sequences that still make a prefill-shaped call (every buffer of a mode
+        grows with its rows and sequences)."""
+        if self.paged != "auto":
+            return [(self, max_rows, max_batch)]
+        calls = []
+        if paged_rows := min(max_rows, PAGED_ROWS_PER_SEQUENCE * max_batch):
+            calls.append((TritonBackend(**self._options, paged="always"), paged_rows, max_batch))
+        if max_rows > PAGED_ROWS_PER_SEQUENCE:
+            prefill_batch = min(max_batch, (max_rows - 1) // PAGED_ROWS_PER_SEQUENCE)
+            calls.append((TritonBackend(**self._options, paged="never"), max_rows, prefill_batch))
+        return calls or [(self, max_rows, max_batch)]
+
+    def buffers_hold_windows(self, problem: PrefillProblem) -> bool:
+        """ScoringBackend.buffers_hold_windows: in the paged mode (at most 4 rows a sequence)."""
+        return isinstance(self.operands(problem), PagedOperands)
 
     def calibration_for(self, problem: PrefillProblem, requested: str) -> str:
         """ScoringBackend.calibration_for: "scan" is the prefill mode's self-calibrating scan; the paged mode
@@ -327,7 +350,7 @@ class TritonBackend(ScoringBackend):
             faults = ops.schedule.faults[fault_set]
             if stride == 1:
                 ops.faults = faults
-            return out, faults[0] != 0
+            return out, faults[0].view(torch.bool)  # (0 or 1)
         # every row is a lane of a program with work (schedule.py), which writes all of its columns
         # and its nonfinite flag
         out = problem.scratch.empty((problem.num_rows, width), torch.float32)

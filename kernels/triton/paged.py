@@ -96,9 +96,10 @@ class PagedOperands:
 def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool) -> PagedOperands:
     """Decode the queries of `problem` (a PrefillProblem) and build its split schedule: two launches."""
     scratch = problem.scratch
+    # the flag summary's query words (operands.py) are zeroed by the row checks' launch (problem.zeroed)
     q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
         problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends),
-        weight_scale=problem.weight_scale, scratch=scratch)
+        summary=problem.zeroed[1:3], weight_scale=problem.weight_scale, scratch=scratch)
     schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, scratch)
     return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule,
                          paged_programs(problem.device, block_rows, gluon), use_asm, gluon)

@@ -38,7 +38,7 @@ live in global memory, shared; every REFRESH tiles a program takes max(its thres
 from the histogram (scoring._raised_threshold: a lower bound of the row's K-th best from keys any program
 counted) and publishes it with an atomic max. Every threshold any program uses is a lower bound of the
 row's K-th best, so no true top-K key is dropped and the certificate holds as for one program a row.
-Faults (one set of words a launch, split_schedule.FAULT_SETS, atomically ORed by the programs of a row):
+Faults (one set of flags a launch, split_schedule.FAULT_SETS; the programs of a row only ever store 1):
 a NaN / inf score in a window (probe), a key in a window whose groups span more than 7 binades (UNSUPPORTED).
 Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, PAGE_SIZE = BLOCK_KEYS = 64.
 """
@@ -262,7 +262,7 @@ def score_fp4_paged_kernel(
     starts_ptr, ends_ptr,                                                     # int32 [rows] windows
     out_ptr, out_width, position_stride,                                      # dense: float32 [rows, out_width]
     thr_ptr, hist_lo_ptr, hist_width_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,  # scan
-    nonfinite_ptr, unsupported_ptr,                                           # int32 [rows] fault words (ORed)
+    nonfinite_ptr, unsupported_ptr,                                           # int8 [rows] fault flags (set to 1)
     num_programs,
     TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr, STRIDED: tl.constexpr,
     REFRESH: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
@@ -345,7 +345,9 @@ def score_fp4_paged_kernel(
                 thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
                 tl.atomic_max(raised_ptr + rows, thr, mask=row_ok, sem="relaxed")
         nonfinite = tl.sum(probe, axis=0)
-        tl.atomic_or(nonfinite_ptr + rows, (nonfinite != nonfinite).to(tl.int32), mask=row_ok, sem="relaxed")
-        tl.atomic_or(unsupported_ptr + rows, tl.max(bad_keys, axis=0), mask=row_ok, sem="relaxed")
+        # (the row's programs only ever store 1: no atomics, no lost update)
+        one = tl.full([BLOCK_ROWS], 1, tl.int8)
+        tl.store(nonfinite_ptr + rows, one, mask=row_ok & (nonfinite != nonfinite))
+        tl.store(unsupported_ptr + rows, one, mask=row_ok & (tl.max(bad_keys, axis=0) != 0))
         t = stop
         group += 1

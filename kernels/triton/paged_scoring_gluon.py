@@ -420,11 +420,13 @@ def score_fp4_paged_gluon_kernel(
             scales = scales_n
             live = live_n
         nonfinite = gl.sum(probe, axis=0)
-        if DENSE:
-            gl.atomic_or(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int32), mask=row_ok, sem="relaxed")
-            gl.atomic_or(unsupported_ptr + rows, gl.max(bad_rows, axis=0), mask=row_ok, sem="relaxed")
+        bad = gl.max(bad_rows, axis=0) != 0
+        one = gl.full(nonfinite.shape, 1, gl.int8, nonfinite.type.layout)
+        if DENSE:  # (the row's programs only ever store 1: no atomics)
+            gl.store(nonfinite_ptr + rows, one, mask=row_ok & (nonfinite != nonfinite))
+            gl.store(unsupported_ptr + rows, one, mask=row_ok & bad)
         else:
-            gl.atomic_or(nonfinite_ptr + rows_f, (nonfinite != nonfinite).to(gl.int32), mask=ok_f, sem="relaxed")
-            gl.atomic_or(unsupported_ptr + rows_f, gl.max(bad_rows, axis=0), mask=ok_f, sem="relaxed")
+            gl.store(nonfinite_ptr + rows_f, one, mask=ok_f & (nonfinite != nonfinite))
+            gl.store(unsupported_ptr + rows_f, one, mask=ok_f & bad)
         t = stop
         group += 1

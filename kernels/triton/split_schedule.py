@@ -20,9 +20,10 @@ join the runs of sequence 0; they read nothing.
     tile_offset   int32 [rows + 1]        prefix sums of the groups' key tiles in scan mode: group g's
                                           tiles [span start // 64, ceil(span end / 64)) are the global
                                           tiles [tile_offset[g], tile_offset[g + 1]); total at [rows]
-    faults        int32 [FAULT_SETS, 2, rows] zeroed: the scoring launches' per-row fault words, one set a
+    faults        int8 [FAULT_SETS, 2, rows] zeroed: the scoring launches' per-row fault flags, one set a
                                           launch kind (paged_scoring.py): [set, 0] a NaN / inf score in the
-                                          window, [set, 1] an unsupported key in it (nonzero: seen)
+                                          window, [set, 1] an unsupported key in it (1: seen; the programs of
+                                          a row only ever store 1, so no atomics; [set, 0] reads as bool)
 Dense mode (score matrix and calibration sample) needs no prefix: every group has the same tiles
 (columns), so its share is arithmetic (paged_scoring.py).
 Limits: BLOCK_ROWS 1 or 2 (a group's span is the min / max over its lanes).
@@ -53,7 +54,7 @@ class SplitSchedule:
     group_count: torch.Tensor  # int32 [rows]
     group_span: torch.Tensor  # int32 [rows, 2]
     tile_offset: torch.Tensor  # int32 [rows + 1]
-    faults: torch.Tensor  # int32 [FAULT_SETS, 2, rows], zeroed
+    faults: torch.Tensor  # int8 [FAULT_SETS, 2, rows], zeroed
     block_rows: int
 
     @property
@@ -75,7 +76,7 @@ def split_schedule_kernel(
 ):
     offs = tl.arange(0, BLOCK)
     for f0 in range(0, fault_words, BLOCK):
-        tl.store(faults_ptr + f0 + offs, tl.zeros([BLOCK], tl.int32), mask=f0 + offs < fault_words)
+        tl.store(faults_ptr + f0 + offs, tl.zeros([BLOCK], tl.int8), mask=f0 + offs < fault_words)
     # Groups: runs of one sequence, cut every BLOCK_ROWS rows (carried across blocks of rows).
     run_start = 0
     groups = 0
@@ -130,7 +131,7 @@ def split_schedule_kernel(
 def _buffers(rows: int, scratch: Scratch) -> tuple[torch.Tensor, ...]:
     i32 = torch.int32
     return (scratch.empty(1, i32), scratch.empty(rows, i32), scratch.empty(rows, i32), scratch.empty((rows, 2), i32),
-            scratch.empty(rows + 1, i32), scratch.empty((FAULT_SETS, 2, rows), i32))
+            scratch.empty(rows + 1, i32), scratch.empty((FAULT_SETS, 2, rows), torch.int8))
 
 
 def build_split_schedule_triton(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
@@ -171,7 +172,7 @@ def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor,
     lo = torch.where(any_window, lo, 0)
     tiles = torch.where(any_window, -(-hi // PAGE_SIZE) - lo // PAGE_SIZE, 0)
     tile_offset = torch.nn.functional.pad(torch.cumsum(tiles, dim=0), (1, 0)).to(torch.int32)
-    faults = torch.zeros((FAULT_SETS, 2, rows), dtype=torch.int32, device=dev)
+    faults = torch.zeros((FAULT_SETS, 2, rows), dtype=torch.int8, device=dev)
     return SplitSchedule(groups, group_row, group_count, torch.stack([lo, hi], dim=1).contiguous(), tile_offset,
                          faults, block_rows=block_rows)
 

@@ -415,3 +415,23 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
     assert scratch.used == counting.used
     with pytest.raises(InputError, match="needs at least"):
         scratch.empty(spare + 1, torch.uint8)
+
+
+@INTERPRETED
+def test_one_workspace_serves_both_modes_of_the_triton_backend(seed):
+    """Bounds that admit a prefill-shaped call (6 rows of one sequence: the prefill mode, int8 keys) and a
+    decode-shaped one (3 rows of each of 2 sequences: the paged mode) size the workspace for the larger of
+    the two modes' largest calls; both run in it and give the bits they give without it."""
+    tuning = LiteTopKTuning(sample_size=256)
+    prefill = make_problem(seed, seq_lens=[1200], rows_per_seq=6, topk=512, spread=1)
+    decode = make_problem(seed + 1, seq_lens=[1200, 1200], rows_per_seq=3, topk=512, spread=1)
+    assert bound_of(prefill) == bound_of(decode)
+    sized = dict(max_rows=6, max_seq_len=bound_of(prefill), topk=512, device="cpu", backend="triton", tuning=tuning,
+                 max_batch=2)
+    used = {"prefill": used_by(prefill, "triton", tuning), "paged": used_by(decode, "triton", tuning)}
+    assert used["prefill"] > used["paged"], f"the case needs the mode of fewer sequences to carve more: {used}"
+    assert workspace_bytes(**sized) == max(used.values()), f"{used}"
+    workspace = allocate_workspace(**sized)
+    for name, p in (("prefill", prefill), ("paged", decode)):
+        same_bits(call("litetopk", p, "triton", workspace=workspace, tuning=tuning),
+                  call("litetopk", p, "triton", tuning=tuning), f"{name}-shaped call, seed {seed}")
