@@ -15,14 +15,15 @@ import pytest
 import torch
 
 from litetopk.kernels import InputError, RowStatus, adapters, litetopk_prefill, random_problem
+from litetopk.kernels.problems import RandomProblem
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle
-from tests.problems import Problem, oracle_scores, results_equal
+from tests.problems import oracle_scores, results_equal
 
 H = 64
 POISON = 7
 
 
-def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, device="cpu") -> Problem:
+def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, device="cpu") -> RandomProblem:
     """The oracle's problem: request b holds max(L_b // 4, 1) C4 keys in permuted pages; row
     b * next_n + j sees [0, max(L_b - next_n + 1 + j, 0) // 4) (an empty window for a padding
     request of length 0, as vLLM's clamp makes it)."""
@@ -34,14 +35,14 @@ def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, d
     return p
 
 
-def check_against_oracle(result, p: Problem, where: str, faulty: dict[int, int] | None = None) -> None:
+def check_against_oracle(result, p: RandomProblem, where: str, faulty: dict[int, int] | None = None) -> None:
     """Every row of `result`: the status `faulty` predicts (0 elsewhere); a faulty row publishes
     nothing, the others match the float64 oracle of `p` (tie-aware within the float32 bound)."""
     faulty = faulty or {}
     rows = p.q_fp4.shape[0]
     want_status = [faulty.get(i, 0) for i in range(rows)]
     assert result.status.tolist() == want_status, f"{where}: status {result.status.tolist()}, want {want_status}"
-    answerable = Problem(**{**p.__dict__, "ends": torch.where(result.status == 0, p.ends, p.starts)})
+    answerable = RandomProblem(**{**p.__dict__, "ends": torch.where(result.status == 0, p.ends, p.starts)})
     scores, bound = oracle_scores(answerable)
     for i in range(rows):
         if want_status[i]:
@@ -65,7 +66,7 @@ def spy_on_operator(monkeypatch) -> list:
 # ---- the engines' tensors, as they hold them ----------------------------------------------------
 
 
-def sglang_tensors(p: Problem) -> dict:
+def sglang_tensors(p: RandomProblem) -> dict:
     """sglang's forward_c4_indexer inputs for `p`: int8 queries, int32 [T, 64] scales, float32
     [T, 64, 1] weights, one page-table row per query token, c4_seq_lens [T], the cache 2-D."""
     rows = p.q_fp4.shape[0]
@@ -88,7 +89,7 @@ def vllm_block_slab(cache: torch.Tensor, width: int = 132, block_stride: int = 8
     return slab[:, : 64 * width].view(cache.shape[0], 64, width)
 
 
-def vllm_decode_tensors(p: Problem, requests: int, next_n: int) -> dict:
+def vllm_decode_tensors(p: RandomProblem, requests: int, next_n: int) -> dict:
     """vLLM's decode-branch inputs for `p`: q uint8 [B, next_n, 64, 64], q_scale int32 [B, next_n, 64],
     the layer's 3-D cache, the per-request block table, weights [B * next_n, 64], seq_lens [B, next_n]."""
     return dict(
@@ -217,7 +218,7 @@ def prefill_chunk(seed: int, raw_lens: list[int], query_lens: list[int]):
     ends = torch.tensor(
         [(length - q + 1 + i) // 4 for length, q in zip(raw_lens, query_lens) for i in range(q)], dtype=torch.int32
     )
-    p = Problem(
+    p = RandomProblem(
         **{
             **p.__dict__,
             "q_fp4": p.q_fp4[take].contiguous(),
