@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from litetopk.kernels import dense_topk_prefill, litetopk_prefill, operator
+from litetopk.kernels import dense_topk_prefill, litetopk_prefill, registry
 from litetopk.kernels.triton import TritonBackend
 
 from ..common.problems import decode_queries, paged_random_cache
@@ -49,7 +49,7 @@ def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
     record = dict(shape=shape, rows=batch * next_n, keys=keys * batch)
     answers = {}
     for mode, kernel in (("always", "auto"), ("always", "triton"), ("never", "auto")):
-        operator._BACKENDS["triton"] = TritonBackend(paged=mode, scoring_kernel=kernel)
+        registry._BACKENDS["triton"] = TritonBackend(paged=mode, scoring_kernel=kernel)
         for path in ("litetopk", "dense"):
             name = f"{path}-{MODES[mode, kernel]}"
             _call(path, args, kw)  # compile and warm
@@ -60,7 +60,7 @@ def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
             record[name]["candidates_mean"] = float(result.candidates.float().mean())
             record[name]["repaired"] = int(result.repaired.sum())
             record[name]["status_nonzero"] = int((result.status != 0).sum())
-    operator._BACKENDS.pop("triton", None)
+    registry._BACKENDS.pop("triton", None)
     fields = ("values", "raw_indices", "physical_indices", "counts", "status")
     for mode in MODES.values():
         lite, dense = answers[f"litetopk-{mode}"], answers[f"dense-{mode}"]

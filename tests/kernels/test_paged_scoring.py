@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import LiteTopKTuning, operator
+from litetopk.kernels import LiteTopKTuning, registry
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend
@@ -30,7 +30,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def paged_mode(monkeypatch):
     """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
-    monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always"))
+    monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="always"))
 
 
 def ref_split_schedule(row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int):
@@ -249,7 +249,7 @@ def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, monkeypatch, 
     p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
     answers = {}
     for kernel in ("triton", "gluon"):
-        monkeypatch.setitem(operator._BACKENDS, "triton", TritonBackend(paged="always", scoring_kernel=kernel))
+        monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="always", scoring_kernel=kernel))
         answers[kernel], _ = run_both(p)
     where = f"[next_n {next_n}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
