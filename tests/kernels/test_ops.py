@@ -10,7 +10,8 @@ a graph break and get the eager bits.
 - fake: under FakeTensorMode the ops return every field of docs/contract.md §3 with its dtype and
   shape on the inputs' device, from shapes alone; torch.library.opcheck passes on every op;
 - the schema: every LiteTopKTuning field is a keyword argument of the LiteTopK ops, with the dataclass's
-  default; errors: the ops raise the eager API's errors, a K outside SUPPORTED_TOPK fails the trace;
+  default; errors: the ops raise the eager API's errors (eager, and from a compiled call at run time),
+  a K outside SUPPORTED_TOPK fails the trace;
 - GPU (marked gpu): the same with backend="triton" and inductor, on a prefill-shaped and a
   decode-shaped (paged mode) problem.
 """
@@ -210,6 +211,16 @@ def test_an_unsupported_k_fails_the_trace():
                              backend="aot_eager")
     with pytest.raises(Exception, match="topk=2048 is not supported"):
         compiled(*p.args(), new_buffer(2, "cpu"))
+
+
+def test_a_compiled_call_raises_the_eager_input_errors():
+    """The checks that read strides and dtypes run in the op at run time: the same InputError as in eager."""
+    p = random_problem(2, 700, 512, seed=0)
+    compiled = torch.compile(CallsTheOperator("litetopk_prefill", 512, "reference", True), fullgraph=True,
+                             backend="aot_eager")
+    wrong = torch.zeros((2, BUFFER_COLUMNS), dtype=torch.float32)
+    with pytest.raises(InputDtypeError, match=r"out\['raw_indices'\] must be int32"):
+        compiled(*p.args(), wrong)
 
 
 def test_eager_calls_of_the_op_give_the_apis_bits(seed):
