@@ -23,6 +23,7 @@ cannot reach accepts CUDA tensors only; large results then come back in the resp
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from pathlib import Path
@@ -34,18 +35,21 @@ import torch
 from litetopk.kernels import TopKResult
 
 from .errors import ProtocolError, RegionProblem, TopKClientError, TransportError, problem_error
+from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, reachable
 from .memfd import FD_SOCKET_NAME, HandoverError, SealedMemory, hand_over_fd
 from .regions import Region, RegionSlice, export, owner_fields, release_export, resolve_owner_pid
 from .transport import (
     DEFAULT_TIMEOUT,
     Endpoint,
     async_http,
+    read_token_file,
     resolve_endpoint,
     resolve_token,
     sync_http,
     transport_error,
 )
-from .wire import (
+from litetopk.service.wire import (
+    CODES,
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
     RESULT_FIELDS,
@@ -75,7 +79,14 @@ INLINE_MAX_VALUES = 1024
 RESULT_SCRATCH_MIN_BYTES = 1 << 20
 
 
-def _check(response: httpx.Response) -> httpx.Response:
+def _read_timeout(timeout) -> float | None:
+    """The read timeout of an httpx timeout (or a number) for the IPC channel's socket."""
+    if isinstance(timeout, httpx.Timeout):
+        return timeout.read
+    return timeout
+
+
+def _check(response):
     """Return a 2xx response; raise the typed problem (or ProtocolError) for anything else."""
     if response.is_success:
         return response
@@ -100,6 +111,7 @@ class _Flows:
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
         self._scratch: list[Region] = []  # idle scratch regions
+        self.observe = None  # called with every top-k answer's Server-Timing (benchmarks)
 
     # -- regions ---------------------------------------------------------------------------------
 
@@ -134,6 +146,9 @@ class _Flows:
         try:
             return hand_over_fd(path, memory.fd)
         except HandoverError as exc:
+            if exc.problem is not None and exc.problem["code"] in CODES:  # e.g. overloaded, fd_exhausted
+                status = CODES[exc.problem["code"]][0]
+                raise problem_error({**exc.problem, "status": status}, status) from exc
             raise TransportError(str(exc)) from exc
 
     def unregister(self, region: Region) -> Flow:
@@ -215,6 +230,9 @@ class _Flows:
         collect: dict[str, RegionSlice] = {}
         try:
             for name, value in named.items():
+                if isinstance(value, Region) and value.registered:  # the common case: its wire form is kept
+                    body[name] = value.wire()
+                    continue
                 ref = self._reference(value)
                 if ref is not None:
                     body[name] = ref.to_wire()
@@ -237,6 +255,9 @@ class _Flows:
                 for name, value in out.items():
                     if name not in RESULT_FIELDS:
                         raise ValueError(f"out[{name!r}]: not a result field; fields: {list(RESULT_FIELDS)}")
+                    if isinstance(value, Region) and value.registered:
+                        body["out"][name] = value.wire()
+                        continue
                     ref = self._reference(value)
                     if ref is None:
                         raise ValueError(f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a "
@@ -308,10 +329,14 @@ class _Flows:
             layout[name] = ref.to_wire()
         return scratch, layout
 
-    def _parse_result(self, response: httpx.Response, out: dict, collect: dict | None = None) -> TopKResult:
+    def _parse_result(self, response, out: dict, collect: dict | None = None) -> TopKResult:
         ctype = response.headers.get("content-type", "")
+        if self.observe is not None:
+            self.observe(response.headers.get("server-timing", ""))
         try:
-            if ctype.startswith(BINARY_MEDIA_TYPE):
+            if isinstance(response, IpcResponse):
+                fields, written = response.result
+            elif ctype.startswith(BINARY_MEDIA_TYPE):
                 fields, *_rest, written = decode_result_binary(response.content)
             elif ctype.startswith(JSON_MEDIA_TYPE):
                 fields, *_rest, written = decode_result_json(response.json())
@@ -324,19 +349,45 @@ class _Flows:
                 fields[name] = collect[name].tensor().clone()
                 continue
             value = out[name]
-            fields[name] = value if isinstance(value, torch.Tensor) else self._reference(value).tensor()
+            fields[name] = value if isinstance(value, torch.Tensor) else value.tensor if isinstance(value, Region) \
+                else self._reference(value).tensor()
         try:
             return assemble_result(fields)
         except WireFormatError as exc:
             raise ProtocolError(str(exc)) from exc
 
 
+TRANSPORTS = ("auto", "ipc", "http")
+
+
 class _ClientBase:
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None):
+                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport={transport!r}: give one of {TRANSPORTS}")
         self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
         self._flows = _Flows(self.endpoint, resolve_owner_pid(owner_pid))
         self._token = None if self.endpoint.uds else resolve_token(token)
+        self._ipc_path = None
+        if transport != "http":
+            self._ipc_path = reachable(self.endpoint.uds)
+            if self._ipc_path is None and transport == "ipc":
+                raise TransportError(f"no IPC channel beside {self.endpoint} (it needs the service's Unix socket "
+                                     "and a service with LITETOPK_IPC on); use transport='http'")
+
+    @property
+    def transport(self) -> str:
+        """'ipc' or 'http': what this client's calls travel over."""
+        return "ipc" if self._ipc is not None else "http"
+
+    @property
+    def observe(self):
+        return self._flows.observe
+
+    @observe.setter
+    def observe(self, callback) -> None:
+        """`callback(server_timing)` after every top-k answer (the phases, as HTTP's Server-Timing)."""
+        self._flows.observe = callback
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.endpoint})"
@@ -356,19 +407,34 @@ class TopKClient(_ClientBase):
     """
 
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None):
-        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token)
+                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token, transport=transport)
         self._http = sync_http(self.endpoint, timeout, self._token)
+        if self._token is None and not self.endpoint.uds:
+            self._find_token()
+        self._ipc = IpcChannel(self._ipc_path, _read_timeout(timeout)) if self._ipc_path else None
+
+    def _find_token(self) -> None:
+        """Over TCP without a token: the token file /v1/info names, when this user can read it."""
+        try:
+            path = self._http.get("/v1/info").json().get("token_file")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        token = read_token_file(path) if path else None
+        if token:
+            self._token = token
+            self._http.headers["authorization"] = f"Bearer {token}"
 
     def _drive(self, flow: Flow):
         reply, error = None, None
+        channel = self._ipc or self._http
         while True:
             try:
                 method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = self._http.request(method, path, **kwargs), None
+                reply, error = channel.request(method, path, **kwargs), None
             except httpx.TransportError as exc:
                 reply, error = None, transport_error(self.endpoint, exc)
             except BaseException as exc:  # e.g. KeyboardInterrupt: the flow cleans up, then re-raises it
@@ -411,6 +477,8 @@ class TopKClient(_ClientBase):
             self._drive(self._flows.close())
         finally:
             self._http.close()
+            if self._ipc is not None:
+                self._ipc.close()
 
     def __enter__(self) -> "TopKClient":
         return self
@@ -423,19 +491,30 @@ class AsyncTopKClient(_ClientBase):
     """asyncio client of the litetopk service; the same options and methods as TopKClient, awaitable."""
 
     def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None):
-        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token)
+                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+        super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token, transport=transport)
         self._http = async_http(self.endpoint, timeout, self._token)
+        self._ipc = None
+        self._connecting = asyncio.Lock()
+
+    async def _channel(self):
+        if self._ipc_path is None:
+            return self._http
+        async with self._connecting:
+            if self._ipc is None:
+                self._ipc = await AsyncIpcChannel(self._ipc_path).connect()
+        return self._ipc
 
     async def _drive(self, flow: Flow):
         reply, error = None, None
+        channel = await self._channel()
         while True:
             try:
                 method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = await self._http.request(method, path, **kwargs), None
+                reply, error = await channel.request(method, path, **kwargs), None
             except httpx.TransportError as exc:
                 reply, error = None, transport_error(self.endpoint, exc)
             except BaseException as exc:  # e.g. CancelledError: the flow cleans up, then re-raises it
@@ -469,6 +548,8 @@ class AsyncTopKClient(_ClientBase):
             await self._drive(self._flows.close())
         finally:
             await self._http.aclose()
+            if self._ipc is not None:
+                await self._ipc.aclose()
 
     async def __aenter__(self) -> "AsyncTopKClient":
         return self

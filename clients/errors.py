@@ -10,14 +10,16 @@
         ├── RegionProblem                 unknown_region, stale_region, out_of_bounds,
         │                                 misaligned_offset, shm_unavailable, unsealed_memory,
         │                                 unknown_ticket, read_only_region, output_aliases_input,
-        │                                 foreign_device, ipc_unavailable, foreign_pid_namespace
+        │                                 foreign_device, ipc_unavailable, foreign_pid_namespace,
+        │                                 region_quota_exceeded
         ├── AuthenticationProblem         unauthenticated (401: TCP without the bearer token)
         ├── InvalidRequestProblem         bad_dtype, bad_shape, unsupported_topk,
-        │                                 invalid_input, validation_error, invalid_json, payload_too_large,
+        │                                 invalid_input, validation_error, invalid_json, invalid_frame,
+        │                                 payload_too_large,
         │                                 backend_unavailable, not_found, method_not_allowed
         ├── RowFaultProblem               invalid_row, invalid_page, slot_overflow, nonfinite_score,
         │   (also kernels.RowFaultError)  unsupported_data, selector_failure; `.rows`, `.flags`
-        ├── UnavailableProblem            overloaded (429), not_ready, shutting_down (503);
+        ├── UnavailableProblem            overloaded (429), not_ready, shutting_down, fd_exhausted (503);
         │                                 `.retry_after` seconds
         ├── TimeoutProblem                timeout (504)
         └── DeviceProblem                 device_error, internal_error
@@ -96,13 +98,13 @@ _CLASSES: dict[str, type[ServiceProblem]] = {}
 for _cls, _codes in (
     (RegionProblem, "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable unsealed_memory "
                     "unknown_ticket read_only_region output_aliases_input foreign_device ipc_unavailable "
-                    "foreign_pid_namespace"),
+                    "foreign_pid_namespace region_quota_exceeded"),
     (AuthenticationProblem, "unauthenticated"),
     (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk invalid_input validation_error "
-                            "invalid_json "
+                            "invalid_json invalid_frame "
                             "payload_too_large backend_unavailable not_found method_not_allowed http_error"),
     (RowFaultProblem, "invalid_row invalid_page slot_overflow nonfinite_score unsupported_data selector_failure"),
-    (UnavailableProblem, "overloaded not_ready shutting_down"),
+    (UnavailableProblem, "overloaded not_ready shutting_down fd_exhausted"),
     (TimeoutProblem, "timeout"),
     (DeviceProblem, "device_error internal_error"),
 ):

@@ -24,18 +24,19 @@ import mmap
 import os
 import socket
 
-FD_SOCKET_NAME = "fds.sock"  # beside the service's HTTP socket
-HANDOVER_MESSAGE = b"litetopk-fd/1"
+from litetopk.service.wire import FD_SOCKET_NAME, HANDOVER_MESSAGE, SEALS_REQUIRED, TICKET_TTL_S
+
 REPLY_MAX_BYTES = 4096
-TICKET_TTL_S = 60.0
 HANDOVER_TIMEOUT_S = 10.0
 #: The seals a service requires; SEALS_APPLIED are the ones this client sets (size fixed for good).
-SEALS_REQUIRED = fcntl.F_SEAL_SHRINK
 SEALS_APPLIED = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 class HandoverError(OSError):
-    """The service's fd socket refused the fd or could not be reached (the message says which)."""
+    """The service's fd socket refused the fd or could not be reached (the message says which);
+    `problem` is the service's answer ({"code", "detail"}) when it refused."""
+
+    problem: dict | None = None
 
 
 class SealedMemory:
@@ -80,7 +81,9 @@ def hand_over_fd(socket_path: str, fd: int, timeout: float = HANDOVER_TIMEOUT_S)
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("ticket"), str):
         detail = doc.get("detail") if isinstance(doc, dict) else reply[:200]
-        raise HandoverError(f"the service at {socket_path} refused the memory: {detail}")
+        error = HandoverError(f"the service at {socket_path} refused the memory: {detail}")
+        error.problem = doc if isinstance(doc, dict) and "code" in doc else None
+        raise error
     return doc["ticket"]
 
 

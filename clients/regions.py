@@ -32,7 +32,7 @@ import torch
 
 from .memfd import SealedMemory
 from .owners import pid_namespace
-from .wire import dtype_name
+from litetopk.service.wire import dtype_name
 
 OWNER_PID_ENV = "LITETOPK_CLIENT_OWNER_PID"  # 'none' (send pid: null) or a pid; unset: this process
 ACCESS_MODES = ("read_only", "read_write")
@@ -82,6 +82,7 @@ class Region:
     tensor: torch.Tensor
     keepalive: object = field(default=None, repr=False)
     registered: bool = True
+    _wire: dict | None = field(default=None, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -94,6 +95,12 @@ class Region:
         dtype = dtype or torch.uint8
         shape = tuple(shape) if shape is not None else ((self.size - offset) // dtype.itemsize,)
         return RegionSlice(self, offset, dtype, shape)
+
+    def wire(self) -> dict:
+        """The wire form of `slice()` (the registered tensor), computed once."""
+        if self._wire is None:
+            self._wire = self.slice().to_wire()
+        return self._wire
 
     def offset_of(self, tensor: torch.Tensor) -> int:
         return tensor.data_ptr() - self.base.data_ptr()

@@ -8,7 +8,13 @@ killed) is reported with its path (a `StaleSocketWarning`) and not used.
 Over TCP the client sends the service's bearer token (`Authorization: Bearer`): the `token`
 argument, else $LITETOPK_TOKEN, else the file $LITETOPK_TOKEN_FILE, else `token` beside the
 default socket (`${XDG_RUNTIME_DIR:-/tmp}/litetopk/token`, written 0600 by the service) when this
-user can read it. Without one, TCP reaches only the health routes and /v1/info.
+user can read it, else the file the service's /v1/info names (`token_file`: a service whose socket
+lives in a private directory) when this user can read it. Without one, TCP reaches only the health
+routes and /v1/info.
+
+On the Unix socket, the client's calls travel over the service's IPC channel (`ipc.sock` beside the
+socket, litetopk.clients.ipc) when it is there (`transport="auto"`, the default), else HTTP;
+`transport="http"` keeps HTTP, `transport="ipc"` requires the channel. Over TCP: HTTP.
 """
 
 from __future__ import annotations
@@ -98,6 +104,15 @@ def resolve_token(token: str | None) -> str | None:
         return None  # another user's service: TCP then refuses region operations (401, saying why)
 
 
+def read_token_file(path: str) -> str | None:
+    """The token in the file `path` (a service's /v1/info `token_file`), None when this user cannot read it."""
+    try:
+        with open(path) as token_file:
+            return token_file.read().strip() or None
+    except OSError:
+        return None
+
+
 # httpx writes a request's headers and body separately: without TCP_NODELAY, Nagle's algorithm
 # holds the body until the service's delayed ACK (40 ms on Linux) on every request over TCP.
 TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
@@ -131,5 +146,5 @@ def transport_error(endpoint: Endpoint, exc: httpx.TransportError) -> TransportE
     return error
 
 
-__all__ = ["DEFAULT_URL", "Endpoint", "StaleSocketWarning", "async_http", "default_socket_path", "resolve_endpoint",
-           "resolve_token", "socket_listens", "sync_http", "transport_error"]
+__all__ = ["DEFAULT_URL", "Endpoint", "StaleSocketWarning", "async_http", "default_socket_path", "read_token_file",
+           "resolve_endpoint", "resolve_token", "socket_listens", "sync_http", "transport_error"]

@@ -2,7 +2,7 @@
 
 Layer: public face (graphs.py, adapters.py and aiter.py build on it). It imports the ops (ops.py:
 the implementation, registered with torch.library) and re-exports the backend registry's public
-names (registry.py: BACKEND_NAMES, get_backend, resolve_backend).
+names (registry.py: BACKEND_NAMES, backend_instance, get_backend, resolve_backend).
 
     litetopk_prefill(...)   the fused LiteTopK method (pipeline.run_litetopk)
     dense_topk_prefill(...) the dense baseline (pipeline.run_dense)
@@ -36,7 +36,7 @@ from .ops import (
     tuning_options,
 )
 from .pipeline import LiteTopKTuning
-from .registry import BACKEND_NAMES, get_backend, resolve_backend
+from .registry import BACKEND_NAMES, backend_instance, get_backend, resolve_backend
 from .result import TopKResult
 
 
@@ -186,5 +186,5 @@ def dense_topk_prefill(
     return TopKResult(**fields)
 
 
-__all__ = ["BACKEND_NAMES", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950", "litetopk_prefill",
-           "resolve_backend"]
+__all__ = ["BACKEND_NAMES", "backend_instance", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950",
+           "litetopk_prefill", "resolve_backend"]

@@ -8,6 +8,7 @@ is asked for:
     BACKEND_NAMES          "auto", "reference", "triton", "flydsl"
     get_backend(name, d)   the shared instance of a backend, checked to run on device d
     new_backend(name, d)   a fresh instance (workspace sizing: its cached operands go with it)
+    backend_instance(...)  a block in which one name runs a given instance (probes, test fixtures)
     resolve_backend(...)   the name "auto" stands for on a device (what the service reports)
     on_device(d, backend)  the device made current; foreign failures -> DeviceError
 
@@ -52,6 +53,22 @@ def _resolve(name: str, device: torch.device) -> str:
     if name == "auto":
         return "triton" if is_cuda(device) else "flydsl" if is_gfx950(device) else "reference"
     return name
+
+
+@contextlib.contextmanager
+def backend_instance(name: str, backend: ScoringBackend):
+    """Inside the block, calls with backend=`name` ("auto" resolving to it included) run `backend` (e.g.
+    TritonBackend(paged="never"): one mode of a backend for a probe or a benchmark); the previous
+    instance is back afterwards, whatever happens inside. Not thread-safe (the registry is global)."""
+    had, previous = name in _BACKENDS, _BACKENDS.get(name)
+    _BACKENDS[name] = backend
+    try:
+        yield backend
+    finally:
+        if had:
+            _BACKENDS[name] = previous
+        else:
+            _BACKENDS.pop(name, None)
 
 
 def get_backend(name: str, device: torch.device) -> ScoringBackend:
@@ -109,4 +126,4 @@ def on_device(device: torch.device, backend: ScoringBackend):
         raise DeviceError(f"the {backend.name} backend failed on {device}: {exc}") from exc
 
 
-__all__ = ["BACKEND_NAMES", "get_backend", "new_backend", "on_device", "resolve_backend"]
+__all__ = ["BACKEND_NAMES", "backend_instance", "get_backend", "new_backend", "on_device", "resolve_backend"]

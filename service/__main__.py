@@ -14,7 +14,9 @@ configured, else over TCP on the configured address, loopback for 0.0.0.0 / ::) 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -136,21 +138,45 @@ def main(argv: list[str] | None = None) -> int:
     if not sockets:
         print("litetopk: both --host and --uds are empty; nothing to listen on", file=sys.stderr)
         return 2
+    app = create_app(settings, listening=" and ".join(where))
     config = uvicorn.Config(
-        create_app(settings, listening=" and ".join(where)), workers=1, lifespan="on",
+        app, workers=1, lifespan="on",
         log_config=logging_config(settings.log_level), log_level=settings.log_level,
-        http=peer_protocol_class(), timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+        # one second past the grace period: the service answers what is still queued first (shutting_down)
+        http=peer_protocol_class(), timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s) + 1,
         access_log=settings.log_level == "debug",
     )
     # uvicorn re-raises the SIGTERM it shut down on; as SystemExit it reaches the `finally` below
     # (the default action would end the process first and leave the socket file behind).
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.Server(config).run(sockets=sockets)
+        _server_class()(config, app).run(sockets=sockets)
     finally:
         if settings.uds and os.path.lexists(settings.uds):
             os.unlink(settings.uds)
     return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the app when a shutdown signal arrives (its grace period starts)."""
+
+        def __init__(self, config, app):
+            super().__init__(config)
+            self.app = app
+
+        def handle_exit(self, sig, frame) -> None:
+            state = getattr(self.app.state, "service", None)
+            if state is not None and self.started:
+                try:
+                    asyncio.get_running_loop().call_soon_threadsafe(state.begin_shutdown)
+                except RuntimeError:  # no loop running (any more)
+                    pass
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def _exit_on_sigterm(signum, frame) -> None:

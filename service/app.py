@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 from fastapi import FastAPI
 
-from litetopk.clients.memfd import FD_SOCKET_NAME
 from litetopk.kernels import SUPPORTED_TOPK, litetopk_prefill, pack_kv_cache, quantize_mxfp4, resolve_backend
 
 from . import __version__
 from .errors import install_error_handlers
-from .executor import DeviceExecutor, WorkspaceLimits
+from .executor import DeviceExecutor
+from .operator import WorkspaceLimits
 from .fdpass import FdSocket
+from .ipc import IpcServer
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
 from .principals import remove_token_file, write_token_file
@@ -37,6 +38,7 @@ from .schemas import TopKRequest
 from .routes import health_router, regions_router, topk_router
 from .settings import ServiceSettings
 from .state import ServiceState
+from .wire import FD_SOCKET_NAME, IPC_SOCKET_NAME
 
 log = logging.getLogger("litetopk.service")
 
@@ -67,22 +69,28 @@ async def _warm_up(state: ServiceState) -> None:
 
     def allocate():
         limits = workspace_limits(settings, state.device)
-        nbytes = executor.allocate_workspace(limits, settings.backend, state.tuning)
-        log.info("workspace: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s", nbytes / 2**20,
-                 state.device, limits.max_rows, limits.max_keys, limits.max_batch, SUPPORTED_TOPK)
+        operator = executor.build_operator(limits, state.backend, state.tuning, graphs=settings.graphs,
+                                           max_graphs=settings.max_graphs)
+        log.info("operator: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s (graphs %s)",
+                 operator.nbytes / 2**20, state.device, limits.max_rows, limits.max_keys, limits.max_batch,
+                 SUPPORTED_TOPK, "on" if operator.runner is not None else "off")
+        return operator
 
-    def run():  # one job: the warm-up, then the workspace, then the warm-up again on it
+    def run():  # one job: the warm-up, then the operator, then the warm-up again through it
         args, kwargs = warmup_problem(state.device)
         litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning).raise_for_status()
-        allocate()
-        litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning,
-                         workspace=executor.workspace_for(args[0], args[3])).raise_for_status()
+        operator = allocate()
+        names = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+        inputs = dict(zip(names, args))
+        kv_cache = inputs.pop("kv_cache")
+        operator(inputs, kv_cache, kv_scale=None, weight_scale=1.0, repair=True, out={},
+                 **kwargs).raise_for_status()
 
     if not settings.warmup:  # ready at once; the requests queue behind the workspace's job
         state.ready.set()
         try:
             await executor.run(allocate, timeout=max(settings.request_timeout_s, 600.0))
-        except Exception as exc:  # requests then answer not_ready (executor.workspace_for)
+        except Exception as exc:  # requests then answer not_ready (executor.operator_for)
             state.warmup_error = f"{type(exc).__name__}: {exc}"
             log.error("workspace allocation failed on %s: %s", state.device, state.warmup_error)
         return
@@ -110,7 +118,12 @@ def _bind_metrics(state: ServiceState) -> None:
     metrics, table = state.metrics, state.table
     for kind in REGION_KINDS:
         metrics.regions.labels(kind).set_function(lambda kind=kind: sum(r.kind == kind for r in table.list()))
-    table.on_retire = lambda region: metrics.regions_retired.labels(region.reason.value).inc()
+    def on_retire(region) -> None:
+        metrics.regions_retired.labels(region.reason.value).inc()
+        if state.executor.operator is not None:  # its graphs may read the region: dropped before the next call
+            state.executor.operator.invalidate()
+
+    table.on_retire = on_retire
 
 
 def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
@@ -119,7 +132,8 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
     if settings.uds:
         settings.socket_dir()  # created (or checked) without following links
         path = str(Path(settings.uds).parent / FD_SOCKET_NAME)
-        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id())
+        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id(),
+                             settings.resource_log_interval_s)
         stack.callback(fd_socket.stop)
         fd_socket.start()
         state.fd_socket = path
@@ -130,11 +144,53 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
         stack.callback(remove_token_file, token_path)
 
 
-def _with_body_schemas(app: FastAPI, *models) -> None:
+#: The dtype each tensor of a top-k body must have (the operator refuses others: bad_dtype): the
+#: OpenAPI schema says so, as strict as the service.
+TENSOR_DTYPES = {
+    "q_fp4": ["uint8"], "q_scale": ["uint8"], "kv_cache": ["uint8"], "kv_scale": ["uint8"],
+    "weights": ["float32", "bfloat16"], "block_table": ["int32"], "row_to_batch": ["int32"], "starts": ["int32"],
+    "ends": ["int32"], "values": ["float32"], "raw_indices": ["int32"], "physical_indices": ["int32"],
+    "counts": ["int32"], "status": ["int32"], "repaired": ["int32"], "candidates": ["int32"],
+}
+
+
+def _served_backend(settings: ServiceSettings) -> str | None:
+    try:
+        return resolve_backend(settings.backend, settings.torch_device())
+    except Exception:  # the lifespan fails the start with the reason; the schema keeps every name
+        return None
+
+
+def _strict_topk_schema(components: dict, backend: str | None) -> None:
+    """Each RegionSlice of the top-k body narrowed to its tensor's dtypes (a component per set), and
+    `backend` to the names this service accepts ('auto' and its own)."""
+    base = components["RegionSlice"]
+    for model in ("TopKRequest", "OutputRegions"):
+        for field, prop in components[model]["properties"].items():
+            if field not in TENSOR_DTYPES:
+                continue
+            dtypes = TENSOR_DTYPES[field]
+            name = "RegionSlice_" + "_".join(dtypes)
+            narrowed = {**base, "properties": {**base["properties"], "dtype": {"enum": dtypes, "type": "string"}},
+                        "title": f"RegionSlice ({', '.join(dtypes)})"}
+            components.setdefault(name, narrowed)
+            ref = {"$ref": "#/components/schemas/RegionSlice"}
+            for option in prop.get("anyOf", [prop]):
+                if option == ref:
+                    option["$ref"] = f"#/components/schemas/{name}"
+            if prop.get("$ref") == ref["$ref"]:
+                prop["$ref"] = f"#/components/schemas/{name}"
+    if backend is not None:
+        components["TopKRequest"]["properties"]["backend"]["enum"] = ["auto", backend]
+
+
+def _with_body_schemas(app: FastAPI, backend: str | None, *models) -> None:
     """Add `models` (bodies a route parses itself) and their sub-models to the OpenAPI components."""
     build = app.openapi
 
     def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
         schema = build()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for model in models:
@@ -142,6 +198,7 @@ def _with_body_schemas(app: FastAPI, *models) -> None:
             for name, sub in doc.pop("$defs", {}).items():
                 components.setdefault(name, sub)
             components.setdefault(model.__name__, doc)
+        _strict_topk_schema(components, backend)
         return schema
 
     app.openapi = openapi
@@ -158,18 +215,27 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
         device = settings.torch_device()
         backend = resolve_backend(settings.backend, device)
         tuning = settings.tuning(backend)  # a calibration the backend cannot run fails the start here
-        table = RegionTable(device, settings.foreign_pid_namespace)
-        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s)
+        table = RegionTable(device, settings.foreign_pid_namespace, max_regions=settings.max_regions_per_principal,
+                            max_bytes=settings.max_region_bytes_per_principal)
+        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s,
+                                  settings.fault_gate_file)
         state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
-                             executor=executor, metrics=metrics)
+                             executor=executor, metrics=metrics,
+                             http_url=next((w for w in listening.split(" and ") if w.startswith("http")), None))
         _bind_metrics(state)
         app.state.service = state
         with contextlib.ExitStack() as side_files:
             _open_side_files(state, side_files)
             executor.start()
-            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, token file %s)",
+            ipc = None
+            if settings.uds and settings.ipc:
+                ipc = IpcServer(state, str(Path(settings.uds).parent / IPC_SOCKET_NAME), settings.uds_mode,
+                                settings.socket_group_id())
+                await ipc.start()
+                state.ipc_socket = ipc.path
+            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, ipc socket %s, token file %s)",
                      listening or "(in-process)", backend, device, f", gpu uuid {table.uuid}" if table.uuid else "",
-                     state.fd_socket, state.token_path)
+                     state.fd_socket, state.ipc_socket, state.token_path)
             tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
             try:
                 yield
@@ -177,6 +243,11 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                 state.draining = True
                 for task in tasks:
                     task.cancel()
+                if ipc is not None:
+                    try:
+                        await asyncio.wait_for(ipc.close(), settings.shutdown_timeout_s + 1)
+                    except asyncio.TimeoutError:
+                        log.warning("IPC requests still running after the grace period: their connections close")
                 await executor.close(settings.shutdown_timeout_s)
                 table.close_all()
 
@@ -187,7 +258,7 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                     "errors are RFC 9457 problem+json with a stable `code`.",
     )
     install_error_handlers(app)
-    _with_body_schemas(app, TopKRequest)
+    _with_body_schemas(app, _served_backend(settings), TopKRequest)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_bytes, metrics=metrics)
     app.include_router(regions_router)
     app.include_router(topk_router)

@@ -1,6 +1,6 @@
 """The one place where failures become RFC 9457 problem+json with a stable `code`.
 
-    ServiceError                      raised by the service itself, with one of CODES
+    ServiceError                      raised by the service itself, with one of CODES (service/wire.py)
     litetopk.kernels errors           translated here (kernels/errors.py draws that tree):
         UnsupportedTopKError      ->  unsupported_topk
         InputDtypeError           ->  bad_dtype
@@ -43,64 +43,11 @@ from litetopk.kernels import (
 from litetopk.kernels.errors import LiteTopKError
 from litetopk.kernels.status import describe
 
+from .wire import CODES, ROW_FLAG_CODES, problem_body
+
 log = logging.getLogger("litetopk.service")
 
 PROBLEM_JSON = "application/problem+json"
-
-#: code -> (HTTP status, title). Stable: add codes, never rename them.
-CODES: dict[str, tuple[int, str]] = {
-    # regions
-    "unknown_region": (404, "No region with this id was ever registered"),
-    "stale_region": (409, "The region was unregistered, re-registered or its owner died"),
-    "out_of_bounds": (422, "The tensor does not fit inside its region"),
-    "misaligned_offset": (422, "The byte offset is not a multiple of the dtype's size"),
-    "shm_unavailable": (422, "The host memory cannot be mapped as registered"),
-    "unsealed_memory": (422, "The fd handed over is not a memfd sealed against shrinking"),
-    "unknown_ticket": (422, "No fd was handed over under this ticket by this principal"),
-    "read_only_region": (409, "An output names a read-only region"),
-    "output_aliases_input": (422, "An output names a region an input of the same request reads"),
-    "foreign_device": (422, "The CUDA IPC handle belongs to a device this service does not own"),
-    "ipc_unavailable": (422, "CUDA IPC handles cannot be opened by this service"),
-    "foreign_pid_namespace": (422, "The owner pid is from another pid namespace than the service's"),
-    # request contents
-    "bad_dtype": (422, "A tensor has the wrong dtype"),
-    "bad_shape": (422, "A tensor has the wrong shape"),
-    "unsupported_topk": (422, "topk is not supported"),
-    "slot_overflow": (422, "A physical slot does not fit int32"),
-    "invalid_input": (422, "The operator refused the inputs"),
-    "validation_error": (422, "The request body does not match the schema"),
-    "invalid_json": (400, "The request body is not JSON"),
-    "unauthenticated": (401, "Region operations need a principal: the Unix socket or the bearer token"),
-    "backend_unavailable": (409, "The requested backend is not the one this service runs"),
-    # rows
-    "invalid_row": (422, "Rows have a bad batch index or window"),
-    "invalid_page": (422, "Rows read a page outside the cache"),
-    "nonfinite_score": (422, "Rows have a NaN/inf weight or score"),
-    "unsupported_data": (422, "Rows hold vectors the backend cannot score exactly (use backend reference)"),
-    "selector_failure": (500, "The selector could not certify rows"),
-    # operations
-    "overloaded": (429, "The device queue is full"),
-    "not_ready": (503, "The service has not finished its warm-up"),
-    "shutting_down": (503, "The service is draining its queue before exit"),
-    "timeout": (504, "The request did not finish within the request timeout"),
-    "payload_too_large": (413, "The request body is larger than the limit"),
-    "device_error": (500, "The device failed"),
-    "not_found": (404, "No such route"),
-    "method_not_allowed": (405, "Method not allowed on this route"),
-    "http_error": (400, "Bad HTTP request"),
-    "internal_error": (500, "Internal error (a bug: please report it)"),
-}
-
-#: Row-fault flags, worst first: the code of a row-fault problem is the first flag any row has.
-_ROW_FLAG_CODES = (
-    (RowStatus.INVALID_ROW, "invalid_row"),
-    (RowStatus.INVALID_PAGE, "invalid_page"),
-    (RowStatus.SLOT_OVERFLOW, "slot_overflow"),
-    (RowStatus.NONFINITE, "nonfinite_score"),
-    (RowStatus.UNSUPPORTED, "unsupported_data"),
-    (RowStatus.SELECTOR_FAILURE, "selector_failure"),
-)
-
 
 class ServiceError(Exception):
     """A failure the service raises itself; `code` is one of CODES."""
@@ -120,7 +67,7 @@ def row_fault_code(flags: list[int]) -> str:
     seen = 0
     for f in flags:
         seen |= f
-    for bit, code in _ROW_FLAG_CODES:
+    for bit, code in ROW_FLAG_CODES:
         if seen & bit:
             return code
     return "selector_failure"
@@ -150,10 +97,8 @@ def as_service_error(exc: BaseException) -> ServiceError:
 
 
 def problem_response(error: ServiceError, instance: str) -> JSONResponse:
-    status, title = CODES[error.code]
-    body = {"type": f"urn:litetopk:problem:{error.code}", "title": title, "status": status,
-            "detail": error.detail, "instance": instance, "code": error.code, **error.extensions}
-    return JSONResponse(body, status_code=status, headers=error.headers, media_type=PROBLEM_JSON)
+    body = problem_body(error.code, error.detail, instance, **error.extensions)
+    return JSONResponse(body, status_code=body["status"], headers=error.headers, media_type=PROBLEM_JSON)
 
 
 def _respond(request: Request, error: ServiceError) -> JSONResponse:

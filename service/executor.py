@@ -3,15 +3,16 @@
     event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
                  <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
 
-The worker also holds the device's one operator workspace (kernels/workspace.py): allocated once
-at start, after the warm-up, on the worker thread (`allocate_workspace`), sized from the service's
-limits (max rows, max keys, max sequences, every supported K), and handed to every operator call
-(`workspace_for`): one worker thread, so never two calls on it at once; no request allocates one.
+The worker also holds the device's one operator (service/operator.py: workspace, graph runner,
+result buffer): built once at start, after the warm-up, on the worker thread (`build_operator`),
+sized from the service's limits (max rows, max keys, max sequences, every supported K), and used
+by every call (`operator_for`): one worker thread, so never two calls on it at once.
 
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
 request timed out while queued) is skipped. `close()` stops admissions (`shutting_down`) and
-lets the worker finish everything already queued, then stops the thread.
+lets the worker finish everything already queued, then stops the thread; `fail_queued` answers
+every job still queued (the end of the grace period: `shutting_down`).
 
 Batching: queued requests naming the same cache are NOT merged into one launch, on purpose.
 Measured in-process on the CPU reference backend (bench/service.py, `batching_probe`): one
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,21 +41,11 @@ from typing import Any, Callable
 
 import torch
 
-from litetopk.kernels import SUPPORTED_TOPK, allocate_workspace
-
 from .errors import ServiceError
 from .metrics import ServiceMetrics
+from .operator import DeviceOperator, WorkspaceLimits
 
 log = logging.getLogger("litetopk.service")
-
-
-@dataclass(frozen=True)
-class WorkspaceLimits:
-    """What the workspace is sized for (settings max_rows, max_keys, max_batch)."""
-
-    max_rows: int
-    max_keys: int
-    max_batch: int
 
 
 @dataclass(eq=False)
@@ -65,50 +57,50 @@ class _Job:
 
 
 _STOP = object()
+GATE_POLL_S = 0.01
 
 
 class DeviceExecutor:
     """Single worker thread pinned to `device` (see the module docstring)."""
 
     def __init__(self, device: torch.device, queue_size: int, metrics: ServiceMetrics, retry_after_s: int = 1,
-                 fault_delay_s: float = 0.0):
+                 fault_delay_s: float = 0.0, fault_gate_file: str = ""):
         self.device = device
         self.fault_delay_s = fault_delay_s
+        self.fault_gate_file = fault_gate_file
         self.metrics = metrics
         self.retry_after_s = retry_after_s
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
         self.stream = None
-        self.workspace: torch.Tensor | None = None  # allocate_workspace(); read by the jobs on the worker
+        self.operator: DeviceOperator | None = None  # build_operator(); used by the jobs on the worker
         self.limits: WorkspaceLimits | None = None
-        metrics.queue_depth.set_function(self._queue.qsize)
+        self._gated = 0  # a job taken but held by the fault-injection gate (counted as queued)
+        metrics.queue_depth.set_function(lambda: self._queue.qsize() + self._gated)
 
-    def allocate_workspace(self, limits: WorkspaceLimits, backend: str, tuning=None) -> int:
-        """Allocate the operator workspace for `limits` and `tuning` (LiteTopKTuning; None: the
-        defaults) on the device (call it on the worker thread, from a job, once); returns its size in
-        bytes."""
+    def build_operator(self, limits: WorkspaceLimits, backend: str, tuning=None, *, graphs: bool = True,
+                       max_graphs: int = 16) -> DeviceOperator:
+        """Build the device's operator (service/operator.py: workspace, graph runner, result buffer) for
+        `limits`; call it on the worker thread, from a job, once."""
         if threading.current_thread() is not self._thread:
-            raise RuntimeError("allocate_workspace runs on the device worker thread (submit it as a job)")
-        self.workspace = allocate_workspace(limits.max_rows, limits.max_keys, SUPPORTED_TOPK, device=self.device,
-                                            backend=backend, tuning=tuning, max_batch=limits.max_batch)
+            raise RuntimeError("build_operator runs on the device worker thread (submit it as a job)")
+        self.operator = DeviceOperator(self.device, limits, backend, tuning, graphs=graphs, max_graphs=max_graphs)
         self.limits = limits
-        return self.workspace.numel()
+        return self.operator
 
-    def workspace_for(self, q_fp4: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-        """The workspace for a call with these queries and block table: ServiceError `invalid_input`
-        when it has more rows or sequences than the limits, `not_ready` before allocate_workspace."""
-        if self.workspace is None or self.limits is None:
+    def operator_for(self, rows: int, batch: int) -> DeviceOperator:
+        """The operator for a call of `rows` query rows over `batch` sequences: ServiceError
+        `invalid_input` beyond the limits, `not_ready` before build_operator."""
+        if self.operator is None or self.limits is None:
             raise ServiceError("not_ready", "the device workspace is not allocated yet (warm-up running or failed)")
-        rows = q_fp4.shape[0] if q_fp4.ndim else 0
-        batch = block_table.shape[0] if block_table.ndim else 0
         limits = self.limits
         for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
                                             ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
             if count > limit:
                 raise ServiceError("invalid_input", f"{count} {what}: this service serves at most {limit} a request "
                                    f"(LITETOPK_{setting}); split the request")
-        return self.workspace
+        return self.operator
 
     def start(self) -> None:
         self._thread.start()
@@ -136,6 +128,26 @@ class DeviceExecutor:
         except asyncio.TimeoutError:
             raise ServiceError("timeout", f"no answer within {timeout} s (queue wait + device time)") from None
 
+    def stop_admissions(self) -> None:
+        """Refuse new jobs (`shutting_down`) from now on; queued and running jobs go on."""
+        self._closed = True
+
+    def fail_queued(self, error: BaseException) -> int:
+        """Answer every job still waiting in the queue with `error` (they never run); returns how many."""
+        failed = 0
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is _STOP:
+                self._queue.put_nowait(job)  # the worker still stops after the running job
+                break
+            job.cancelled.set()
+            job.loop.call_soon_threadsafe(_settle, job.future, (False, error))
+            failed += 1
+        return failed
+
     async def close(self, timeout: float) -> None:
         """Refuse new jobs, finish the queued ones, stop the worker (waits at most `timeout` s)."""
         self._closed = True
@@ -159,12 +171,18 @@ class DeviceExecutor:
             self.stream = torch.cuda.Stream(self.device)
         while True:
             job = self._queue.get()
+            if self.fault_gate_file and not os.path.exists(self.fault_gate_file):
+                self._gated = 1  # fault injection: the job still counts as queued until the test opens the gate
+                while not os.path.exists(self.fault_gate_file):
+                    time.sleep(GATE_POLL_S)
+                self._gated = 0
             if job is _STOP:
                 return
             if job.cancelled.is_set():
                 continue
             if self.fault_delay_s:
                 time.sleep(self.fault_delay_s)  # fault injection for tests of queueing (0 in production)
+
             started = time.perf_counter()
             try:
                 with self._device_context():

@@ -11,6 +11,7 @@ contents: service/memory.py checks the seals when the registration maps it.
 from __future__ import annotations
 
 import array
+import errno
 import json
 import logging
 import os
@@ -21,9 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from litetopk.clients.memfd import HANDOVER_MESSAGE, TICKET_TTL_S
-
 from .errors import ServiceError
+from .logs import OncePerInterval
+from .wire import HANDOVER_MESSAGE, TICKET_TTL_S
 
 log = logging.getLogger("litetopk.service")
 
@@ -31,6 +32,17 @@ MAX_TICKETS_PER_UID = 256  # unclaimed fds one uid may park at a time
 ACCEPT_POLL_S = 0.2
 CONNECTION_TIMEOUT_S = 2.0
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+FD_EXHAUSTED = {"code": "fd_exhausted", "detail": "the service has no file descriptors left to receive the memory "
+                "with; retry later (its operator raises RLIMIT_NOFILE or frees regions)"}
+
+
+def _open_reserve() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def peer_credentials(sock) -> tuple[int, int, int]:
@@ -94,9 +106,12 @@ class FdTickets:
 class FdSocket:
     """The listening fd socket at `path` and its accept thread (`start`, `stop`: stop unlinks it)."""
 
-    def __init__(self, path: str, tickets: FdTickets, mode: int = 0o600, gid: int | None = None):
+    def __init__(self, path: str, tickets: FdTickets, mode: int = 0o600, gid: int | None = None,
+                 log_interval_s: float = 10.0):
         self.path = path
         self.tickets = tickets
+        self._shortage = OncePerInterval(log, log_interval_s)
+        self._reserve = _open_reserve()  # given up for a moment to answer `fd_exhausted` when none are left
         if os.path.lexists(path):
             os.unlink(path)  # ours: the directory is private to the service's uid (settings.socket_dir)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -116,6 +131,9 @@ class FdSocket:
         self._stop.set()
         self._thread.join(5 * ACCEPT_POLL_S + CONNECTION_TIMEOUT_S)
         self._listener.close()
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
         if os.path.lexists(self.path):
             os.unlink(self.path)
 
@@ -126,7 +144,11 @@ class FdSocket:
             except socket.timeout:
                 continue
             except OSError as exc:
-                log.warning("fd socket %s: accept failed: %s", self.path, exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self._refuse_without_fds(exc)
+                else:
+                    self._shortage.warning("fd socket %s: accept failed: %s", self.path, exc)
+                    self._stop.wait(ACCEPT_POLL_S)  # never a spin
                 continue
             with conn:
                 conn.settimeout(CONNECTION_TIMEOUT_S)
@@ -136,13 +158,38 @@ class FdSocket:
                 except OSError as exc:  # the peer went away or stalled: nothing parked for it
                     log.info("fd socket %s: a handover failed: %s", self.path, exc)
 
+    def _refuse_without_fds(self, exc: OSError) -> None:
+        """No fd left to accept with: give up the reserve fd for a moment, accept, answer
+        `fd_exhausted`, close; log once per interval; wait a poll interval when even that fails."""
+        self._shortage.warning("fd socket %s: no file descriptors left (%s); handovers are answered fd_exhausted "
+                               "(raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)", self.path, exc)
+        if self._reserve is None:
+            self._stop.wait(ACCEPT_POLL_S)
+            return
+        os.close(self._reserve)
+        self._reserve = None
+        try:
+            conn, _ = self._listener.accept()
+            with conn:
+                conn.settimeout(CONNECTION_TIMEOUT_S)
+                conn.send(json.dumps(FD_EXHAUSTED).encode())
+        except OSError:
+            self._stop.wait(ACCEPT_POLL_S)
+        finally:
+            self._reserve = _open_reserve()
+
     def _answer(self, conn: socket.socket) -> dict:
         _, uid, _ = peer_credentials(conn)
-        message, ancillary, _, _ = conn.recvmsg(len(HANDOVER_MESSAGE) + 64, socket.CMSG_SPACE(8 * 4))
+        message, ancillary, flags, _ = conn.recvmsg(len(HANDOVER_MESSAGE) + 64, socket.CMSG_SPACE(8 * 4))
         fds = array.array("i")
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped the fd: none left to receive it into
+            for fd in fds:
+                os.close(fd)
+            self._shortage.warning("fd socket %s: a handed-over fd was dropped: no file descriptors left", self.path)
+            return FD_EXHAUSTED
         if message != HANDOVER_MESSAGE or len(fds) != 1:
             for fd in fds:
                 os.close(fd)

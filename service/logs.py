@@ -26,4 +26,24 @@ def logging_config(level: str) -> dict:
     }
 
 
-__all__ = ["LOG_FORMAT", "logging_config"]
+class OncePerInterval:
+    """A warning logged at most once per `interval_s` (a resource shortage that may recur thousands of
+    times a second); the next one says how many were left out."""
+
+    def __init__(self, logger, interval_s: float):
+        self.logger, self.interval_s = logger, interval_s
+        self._last, self._left_out = -float("inf"), 0
+
+    def warning(self, message: str, *args) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            self._left_out += 1
+            return
+        more = f" ({self._left_out} more in the last {self.interval_s:g} s)" if self._left_out else ""
+        self.logger.warning(message + more, *args)
+        self._last, self._left_out = now, 0
+
+
+__all__ = ["LOG_FORMAT", "OncePerInterval", "logging_config"]

@@ -3,8 +3,10 @@
     memfd     an fd handed over the fd socket (service/fdpass.py): it must be a memfd sealed
               against shrinking (F_SEAL_SHRINK, read with F_GET_SEALS), at least `size` bytes
               long, and writable for a read-write region. It is mapped here (PROT_READ only for a
-              read-only region) and the fd closed; the mapping keeps the memory, so no later act
-              of the owner (truncate: refused by the seal, unmap, exit) can fault the service.
+              read-only region) and the fd closed: a live region holds no fd (the mapping is
+              made with mmap(2) itself; Python's mmap object would keep a dup of the fd). The
+              mapping keeps the memory, so no later act of the owner (truncate: refused by the
+              seal, unmap, exit) can fault the service.
     cuda_ipc  device memory exported by a CUDA IPC handle (64 bytes) on the pinned GPU.
 
 No memory is opened by name: the service maps only fds its callers sent (memory they could open
@@ -14,21 +16,20 @@ themselves) and handles they exported.
 from __future__ import annotations
 
 import base64
+import ctypes
 import errno
 import fcntl
 import logging
 import mmap
 import os
 import stat
-import warnings
 from typing import Callable
 
 import torch
 
-from litetopk.clients.memfd import SEALS_REQUIRED
-
 from .errors import ServiceError
 from .schemas import CudaIpcRegistration
+from .wire import SEALS_REQUIRED
 
 log = logging.getLogger("litetopk.service")
 
@@ -51,7 +52,7 @@ def map_memfd(fd: int, size: int, writable: bool) -> tuple[torch.Tensor, tuple]:
             raise ServiceError("out_of_bounds", f"the memfd holds {info.st_size} bytes; the registration declares {size}")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         try:
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+            mapping = _map_shared(fd, size, prot)
         except OSError as exc:
             why = "the fd is not open for writing (or the memfd is write-sealed)" \
                 if exc.errno in (errno.EACCES, errno.EPERM) and writable else exc.strerror
@@ -59,11 +60,28 @@ def map_memfd(fd: int, size: int, writable: bool) -> tuple[torch.Tensor, tuple]:
                                f"{why}; register it read_only or send a writable fd") from exc
     finally:
         os.close(fd)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "not writable": read-only regions are never written
-        base = torch.frombuffer(mapping, dtype=torch.uint8)
+    base = torch.frombuffer(mapping, dtype=torch.uint8)
     # The tensor keeps the mapping alive; it is unmapped when the last view of it is gone.
     return base, (info.st_dev, info.st_ino)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _map_shared(fd: int, size: int, prot: int):
+    """`size` bytes of `fd` mapped MAP_SHARED, as a buffer that holds no fd (Python's mmap.mmap keeps a
+    dup of the fd for as long as it lives: one fd per region) and unmaps itself when the last object
+    viewing it is gone."""
+    address = _libc.mmap(None, size, prot, mmap.MAP_SHARED, fd, 0)
+    if address in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    mapping_type = type("Mapping", (ctypes.c_ubyte * size,), {"__del__": lambda self: _libc.munmap(address, size)})
+    return mapping_type.from_address(address)
 
 
 def open_cuda_ipc(reg: CudaIpcRegistration, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:

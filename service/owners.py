@@ -4,6 +4,9 @@ reads /proc the same way for both sides)."""
 from __future__ import annotations
 
 import logging
+import os
+import select
+import threading
 
 from litetopk.clients.owners import owner_alive, pid_max, process_start
 
@@ -39,4 +42,60 @@ def check_owner(pid: int | None, pid_ns: int | None, service_pid_ns: int | None,
     return pid, start
 
 
-__all__ = ["check_owner", "owner_alive"]
+class OwnerWatch:
+    """Owner processes watched by pidfd (one fd per owner process, shared by its regions, not one per
+    region): `alive(pid, start)` polls the pidfd (a microsecond; exact under pid reuse) and falls back
+    to reading /proc (owner_alive) for an owner it holds no pidfd for (pidfd_open refused, e.g. no
+    fds left). Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fds: dict[tuple, list] = {}  # (pid, start) -> [pidfd, regions watching it]
+
+    def watch(self, pid: int | None, start: str | None) -> None:
+        if pid is None:
+            return
+        with self._lock:
+            entry = self._fds.get((pid, start))
+            if entry is not None:
+                entry[1] += 1
+                return
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):
+                return  # /proc it is, for this owner
+            if not owner_alive(pid, start):  # the pid was reused between registration and now
+                os.close(fd)
+                return
+            self._fds[(pid, start)] = [fd, 1]
+
+    def unwatch(self, pid: int | None, start: str | None) -> None:
+        with self._lock:
+            entry = self._fds.get((pid, start))
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._fds[(pid, start)]
+                os.close(entry[0])
+
+    def alive(self, pid: int | None, start: str | None) -> bool:
+        if pid is None:
+            return True
+        entry = self._fds.get((pid, start))
+        if entry is None:
+            return owner_alive(pid, start)
+        try:
+            readable, _, _ = select.select([entry[0]], [], [], 0)
+        except (OSError, ValueError):  # closed meanwhile by unwatch: ask /proc
+            return owner_alive(pid, start)
+        return not readable  # a pidfd turns readable when its process exits
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+__all__ = ["OwnerWatch", "check_owner", "owner_alive"]

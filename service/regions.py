@@ -38,16 +38,17 @@ from typing import Callable
 import torch
 
 from litetopk.clients.owners import owner_alive, pid_namespace
-from litetopk.clients.wire import DTYPES
 
 from .errors import ServiceError
 from .memory import map_memfd, open_cuda_ipc
-from .owners import check_owner
+from .owners import OwnerWatch, check_owner
 from .schemas import CudaIpcRegistration, MemfdRegistration, RegionInfo, RegionSlice
 from .settings import normalize_uuid
+from .wire import DTYPES
 
 log = logging.getLogger("litetopk.service")
 
+VIEWS_KEPT = 64  # views one region keeps for the slices requests name again
 RETIRED_MEMORY = 4096  # ids remembered after retirement, so that late requests get stale_region
 REGION_KINDS = ("memfd", "cuda_ipc")
 
@@ -68,14 +69,17 @@ def device_uuid(device: torch.device) -> str | None:
     return normalize_uuid(str(torch.cuda.get_device_properties(device).uuid))
 
 
+OWNERS = OwnerWatch()  # the owner processes of every table's regions, by pidfd
+
+
 def _owner_alive(region: "Region", alive: dict | None) -> bool:
-    """owner_alive for `region`, remembered in `alive` (when given) while it says yes."""
+    """Whether `region`'s owner lives, remembered in `alive` (when given) while it says yes."""
     if region.pid is None:
         return True
     key = (region.pid, region.pid_start)
     if alive is not None and key in alive:
         return True
-    if not owner_alive(region.pid, region.pid_start):
+    if not OWNERS.alive(region.pid, region.pid_start):
         return False
     if alive is not None:
         alive[key] = True
@@ -99,6 +103,7 @@ class Region:
     base: torch.Tensor | None
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     leases: int = 0
+    views: dict = field(default_factory=dict, repr=False)  # (offset, dtype, shape) -> tensor (Region.view)
     live: bool = True
     reason: RetireReason | None = None
     detail: str = ""
@@ -108,11 +113,20 @@ class Region:
                           access=self.access, pid=self.pid, device=str(self.device))
 
     def view(self, ref: RegionSlice, what: str) -> torch.Tensor:
-        """The tensor `ref` names inside this region (bounds and alignment checked)."""
+        """The tensor `ref` names inside this region (bounds and alignment checked); the views of the
+        slices requests name again and again are kept (VIEWS_KEPT a region), not rebuilt."""
+        key = (ref.offset, ref.dtype, tuple(ref.shape))
+        tensor = self.views.get(key)
+        if tensor is not None:
+            return tensor
         nbytes = self.check_bounds(ref, what)
         if self.base is None:
             raise ServiceError("stale_region", f"{what}: region {self.id} was released")
-        return self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+        tensor = self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+        if len(self.views) >= VIEWS_KEPT:
+            self.views.clear()
+        self.views[key] = tensor
+        return tensor
 
     def check_bounds(self, ref: RegionSlice, what: str) -> int:
         """Raise `misaligned_offset` / `out_of_bounds` for `ref`; its size in bytes otherwise."""
@@ -130,8 +144,10 @@ class Region:
 class RegionTable:
     """The registered regions of one service (thread-safe: the event loop and the device worker)."""
 
-    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse"):
+    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse", *,
+                 max_regions: int = 2**31, max_bytes: int = 2**62):
         self.device = device
+        self.max_regions, self.max_bytes = max_regions, max_bytes  # per principal
         self.uuid = device_uuid(device)
         self.pid_ns = pid_namespace()
         self.foreign_pid_namespace = foreign_pid_namespace
@@ -147,6 +163,8 @@ class RegionTable:
     def register_memfd(self, reg: MemfdRegistration, fd: int, owner: int) -> Region:
         """Map the memfd `fd` (consumed) for principal `owner` (service/memory.py checks its seals)."""
         try:
+            with self._lock:
+                self._check_quota_locked(owner, reg.size, None)
             pid, start = check_owner(reg.pid, reg.pid_ns, self.pid_ns, self.foreign_pid_namespace)
         except BaseException:
             os.close(fd)
@@ -163,13 +181,34 @@ class RegionTable:
         if normalize_uuid(reg.device_uuid) != self.uuid:
             raise ServiceError("foreign_device", f"the handle is from GPU {reg.device_uuid}; this service owns "
                                f"GPU {self.uuid} ({self.device}); send it to the service pinned to that GPU")
+        key = ("cuda_ipc", owner, reg.handle_bytes(), reg.offset)
+        with self._lock:
+            self._check_quota_locked(owner, reg.size, key)
         pid, start = check_owner(reg.pid, reg.pid_ns, self.pid_ns, self.foreign_pid_namespace)
         base, close = open_cuda_ipc(reg, self.device)
-        key = ("cuda_ipc", owner, reg.handle_bytes(), reg.offset)
         return self._add("cuda_ipc", key, reg, self.device, owner, pid, start, base, close)
+
+    def _check_quota_locked(self, owner: int, size: int, key: tuple | None) -> None:
+        """`region_quota_exceeded` when `owner` would hold more than max_regions regions or max_bytes
+        bytes with a new region of `size` bytes (one that supersedes the region of `key` replaces it)."""
+        regions = [r for r in self._live.values() if r.owner == owner and r.key != key]
+        held = sum(r.size for r in regions)
+        if len(regions) + 1 > self.max_regions:
+            raise ServiceError("region_quota_exceeded", f"this principal holds {len(regions)} regions, the most it "
+                               f"may (LITETOPK_MAX_REGIONS_PER_PRINCIPAL); unregister some first")
+        if held + size > self.max_bytes:
+            raise ServiceError("region_quota_exceeded", f"this principal holds {held} bytes of regions; {size} more "
+                               f"would pass {self.max_bytes} (LITETOPK_MAX_REGION_BYTES_PER_PRINCIPAL); unregister "
+                               "some first")
 
     def _add(self, kind, key, reg, device, owner, pid, start, base, close) -> Region:
         with self._lock:
+            try:
+                self._check_quota_locked(owner, reg.size, key)
+            except ServiceError:
+                del base
+                close()
+                raise
             old_id = self._by_key.get(key)
             old = self._live.get(old_id) if old_id else None
             region = Region(
@@ -181,6 +220,7 @@ class RegionTable:
                 self._retire_locked(old, RetireReason.SUPERSEDED, f"superseded by generation {region.generation}")
             self._live[region.id] = region
             self._by_key[key] = region.id
+            OWNERS.watch(pid, start)
             self._retired.pop(region.id, None)
         return region
 
@@ -232,6 +272,23 @@ class RegionTable:
             region.leases += 1
         return region, tensor
 
+    def acquire_all(self, refs: dict, owner: int, alive: dict | None = None) -> tuple[list[Region], dict]:
+        """Lease every region `refs` ({name: slice}) names, under one lock: (leases, {name: tensor}). All
+        or none: a failure releases what was taken, then raises. Pair each lease with `release`."""
+        leases, tensors = [], {}
+        try:
+            with self._lock:
+                for name, ref in refs.items():
+                    region = self._find_locked(ref.region, owner, ref.generation, alive)
+                    tensors[name] = region.view(ref, name)
+                    region.leases += 1
+                    leases.append(region)
+        except BaseException:
+            for region in leases:
+                self.release(region)
+            raise
+        return leases, tensors
+
     def release(self, region: Region) -> None:
         with self._lock:
             region.leases -= 1
@@ -256,7 +313,7 @@ class RegionTable:
     def drop_dead_owners(self) -> list[Region]:
         """Retire every region whose owner process has died; returns them."""
         with self._lock:
-            dead = [r for r in self._live.values() if not owner_alive(r.pid, r.pid_start)]
+            dead = [r for r in self._live.values() if not OWNERS.alive(r.pid, r.pid_start)]
             for region in dead:
                 self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
             idle = [r for r in dead if r.leases == 0]
@@ -277,6 +334,7 @@ class RegionTable:
         if not region.live:
             return
         region.live, region.reason, region.detail = False, reason, detail
+        OWNERS.unwatch(region.pid, region.pid_start)
         self._live.pop(region.id, None)
         if self._by_key.get(region.key) == region.id:
             self._by_key.pop(region.key, None)  # `_add` maps the key to the next generation
@@ -287,6 +345,7 @@ class RegionTable:
         self.on_retire(region)
 
     def _close(self, region: Region) -> None:
+        region.views = {}  # the kept views hold the memory too
         base, region.base = region.base, None
         if base is None:
             return

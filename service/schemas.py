@@ -16,7 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from litetopk.clients.owners import PID_MAX_LIMIT
 from litetopk.kernels import SUPPORTED_TOPK
 
-DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.clients.wire.DTYPES (tested)
+DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.service.wire.DTYPES (tested)
+def _integral(value):
+    """JSON Schema's integer includes numbers written with a zero fraction (`3.0`): such a number is
+    taken as the integer, alone or in a list (a string, a bool or a fraction is still refused)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -30,12 +40,21 @@ EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
 # Values one inline tensor may hold: it bounds what a parsed body costs the event loop (unpickling
 # 4 x 65536 values from the parser process: ~8 ms; service/routes/topk.py BodyParser).
 INLINE_VALUES_MAX = 2**16
+# A GPU UUID as nvidia-smi (GPU-...) or torch (bare, hyphenated) spells it, hyphens optional.
+GPU_UUID_PATTERN = r"^([Gg][Pp][Uu]-)?[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}$"
 
 
 class _Strict(BaseModel):
     """Unknown fields are refused and nothing is coerced ("64" is not an int, 1 is not a bool)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return {k: v if k == "weight_scale" else _integral(v) for k, v in data.items()}
 
 
 def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
@@ -102,7 +121,8 @@ class CudaIpcRegistration(_Strict):
     kind: Literal["cuda_ipc"]
     handle: str = Field(min_length=88, max_length=96, description="base64 of the 64-byte cudaIpcMemHandle_t, or of "
                         "torch's own handle bytes (`_share_cuda_`, 66 bytes in torch 2.11) when `torch` is set")
-    device_uuid: str = Field(min_length=1, max_length=64, description="the GPU's UUID (as nvidia-smi or torch prints it)")
+    device_uuid: str = Field(pattern=GPU_UUID_PATTERN, description="the GPU's UUID (as nvidia-smi or torch prints "
+                             "it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, with or without GPU-)")
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
     access: Access = "read_write"
@@ -203,7 +223,7 @@ class TopKRequest(_Strict):
 
 
 class TopKJsonResponse(BaseModel):
-    """JSON form of a result (litetopk.clients.wire); `values` uses null for -inf padding."""
+    """JSON form of a result (litetopk.service.wire); `values` uses null for -inf padding."""
 
     rows: int
     topk: int
@@ -220,6 +240,12 @@ class ServiceInfo(BaseModel):
     max_request_bytes: int
     request_timeout_s: float
     fd_socket: str | None = Field(description="the socket host memory is handed over on (litetopk.clients.memfd)")
+    http_url: str | None = Field(description="where HTTP listens on TCP (None: TCP off)")
+    ipc_socket: str | None = Field(description="the IPC channel's socket (msgpack frames; None: not served)")
+    token_file: str | None = Field(description="where the TCP bearer token is (readable by the service's user only)")
+    max_regions_per_principal: int = Field(description="live regions one principal may hold")
+    max_region_bytes_per_principal: int = Field(description="bytes of live regions one principal may hold")
+    graphs: bool = Field(description="repeated request shapes are replayed from CUDA graphs")
     max_rows: int = Field(description="query rows a request may send (the device workspace is sized for it)")
     max_keys: int = Field(description="the longest key window a row may see (window end); longer: invalid_row")
     max_batch: int = Field(description="sequences (block-table rows) a request may send")

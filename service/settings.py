@@ -82,8 +82,19 @@ class ServiceSettings(BaseSettings):
                                                "(larger requests: invalid_input). 0: 8192 on a GPU, 256 on the CPU")
     max_keys: int = Field(65536, ge=1, description="longest key window (compressed positions) a row may see; the "
                                                    "workspace is sized for it (rows beyond it: invalid_row)")
-    max_batch: int = Field(16, ge=1, description="sequences (block-table rows) per request; the workspace is sized "
-                                                 "for it (larger requests: invalid_input)")
+    max_batch: int = Field(256, ge=1, description="sequences (block-table rows) per request: a decode batch; the "
+                                                  "workspace is sized for it (larger requests: invalid_input)")
+    graphs: bool = Field(True, description="replay repeated request shapes from the operator's CUDA graphs "
+                                           "(LiteTopKGraphs; on the CPU the same staging, no graphs)")
+    max_graphs: int = Field(16, ge=1, description="request shapes (graphs) kept at once; the least recently used "
+                                                  "is dropped")
+    ipc: bool = Field(True, description="serve the IPC channel (msgpack frames) on ipc.sock beside the Unix socket")
+    max_regions_per_principal: int = Field(4096, ge=1, description="live regions one principal may hold "
+                                           "(region_quota_exceeded beyond)")
+    max_region_bytes_per_principal: int = Field(2**40, ge=1, description="bytes of live regions one principal may "
+                                                "hold (region_quota_exceeded beyond)")
+    resource_log_interval_s: float = Field(10.0, gt=0, description="a resource shortage (no file descriptors "
+                                           "left) is logged at most once per this interval")
     queue_size: int = Field(64, ge=1, description="requests waiting for the device worker before 429")
     max_request_bytes: int = Field(16 * 2**20, ge=1024, description="largest request body (413 above)")
     request_timeout_s: float = Field(60.0, gt=0, description="queue wait + device time per request (504 above)")
@@ -98,6 +109,9 @@ class ServiceSettings(BaseSettings):
     warmup: bool = Field(True, description="run a tiny warm-up problem before /readyz turns ready")
     fault_delay_s: float = Field(0.0, ge=0, description="fault injection for tests: the worker sleeps this long "
                                  "before each job (0 in production)")
+    fault_gate_file: str = Field("", description="fault injection for tests: the worker takes the next job from the "
+                                 "queue only while this file exists (a test orders events by creating it; '' in "
+                                 "production)")
     token_file: str = Field("", description="where the TCP bearer token is written (0600) at start: '' beside the "
                                             "Unix socket (<socket dir>/token), 'none' no token (TCP then refuses "
                                             "region operations), or a path in a directory the service owns")
@@ -149,8 +163,9 @@ class ServiceSettings(BaseSettings):
         return device
 
     def row_limit(self, device: torch.device) -> int:
-        """`max_rows`, or where it is 0 the default for `device`'s type: 8192 on a GPU (a prefill chunk),
-        256 on the CPU (the reference backend; its workspace sizing runs the operator at the bounds)."""
+        """`max_rows`, or where it is 0 the default for `device`'s type: 8192 on a GPU (a prefill chunk;
+        a decode batch of 256 sequences x 2 rows fits too), 256 on the CPU (the reference backend; its
+        workspace sizing runs the operator at the bounds)."""
         return self.max_rows or (8192 if device.type == "cuda" else 256)
 
     def socket_group_id(self) -> int | None:

@@ -27,7 +27,7 @@ import torch
 
 from bench.common import REPO_ROOT, RESULTS_DIR
 from bench.common.problems import call_args, prefill_problem
-from bench.service import Service
+from bench.common.service_process import ServiceProcess
 from litetopk.clients import TopKClient  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
 
@@ -57,6 +57,8 @@ def worker(uds: str, url: str, rows: int, keys: int, device: torch.device, backe
         # Regions belong to the service, not to a transport: the TCP client names the same regions.
         # (Registering the same CUDA allocation twice supersedes the first registration by design.)
         report["tcp_body_differs"] = differs(tcp.topk(*call, **kwargs), want)
+        with TopKClient(uds=uds, transport="http") as http:  # HTTP over the Unix socket, the same regions
+            report["uds_http_differs"] = differs(http.topk(*call, **kwargs), want)
         # No copy: rewrite the worker's cache in place (the first half of the pages get the second
         # half's bytes), call again without registering, expect the new in-process answer.
         pages = args[2].shape[0]
@@ -91,14 +93,14 @@ def main() -> int:
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(device), uuid=str(torch.cuda.get_device_properties(device).uuid))
     with tempfile.TemporaryDirectory(prefix="ltk-check-", dir="/tmp") as directory:
-        service = Service(str(device), args.backend, directory)
+        service = ServiceProcess(directory, device=str(device), backend=args.backend, log_level="warning",
+                                 queue_size=256, request_timeout_s=900, timeout=300)
         child = None
         try:
-            with TopKClient(service.url) as client:
+            with TopKClient(service.url, token=service.token) as client:
                 summary["service"] = client.info()
             child = subprocess.Popen([sys.executable, "-m", "bench.checks.service_gpu", "--rows", str(args.rows),
-                                      "--keys", str(args.keys), "--device", str(device),
-                                      "--backend", args.backend,
+                                      "--keys", str(args.keys), "--device", str(device), "--backend", args.backend,
                                       "--worker", service.uds, service.url],
                                      stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
             line = child.stdout.readline()
@@ -107,7 +109,7 @@ def main() -> int:
             summary["worker"] = report = json.loads(line)
             child.send_signal(signal.SIGKILL)
             child.wait()
-            with TopKClient(service.url) as client:
+            with TopKClient(service.url, token=service.token) as client:
                 deadline = time.monotonic() + 30
                 while set(report["regions"]) & {r["id"] for r in client.regions()} and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -119,14 +121,16 @@ def main() -> int:
                 child.kill()
                 child.wait()
             service.stop()
-            summary["service_log_tail"] = service.text()[-2000:]
+            summary["service_log_tail"] = service.log()[-2000:]
     w = summary.get("worker", {})
     checks = {
-        "cache registered by CUDA IPC": w.get("cache_region_kind") == ("cuda_ipc" if device.type == "cuda" else "shm"),
-        "uds answer == in-process": w.get("uds_body_differs") == [],
+        "cache registered by CUDA IPC": w.get("cache_region_kind")
+        == ("cuda_ipc" if device.type == "cuda" else "memfd"),
+        "ipc answer == in-process": w.get("uds_body_differs") == [],
         "uds+out answer == in-process": w.get("uds_out_differs") == [],
         "out regions are zero copy": w.get("out_is_zero_copy") is True,
         "tcp answer == in-process": w.get("tcp_body_differs") == [],
+        "uds http answer == in-process": w.get("uds_http_differs") == [],
         "in-place cache write changes the answer": w.get("answer_changed_in_process") is True,
         "service reads the live cache (no copy)": w.get("service_follows_in_place_write") == [],
         "killed worker's regions dropped": summary.get("regions_left_after_worker_killed") == [],

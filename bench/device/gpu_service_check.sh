@@ -25,7 +25,7 @@ step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=cs
 step 30 python3 -c 'import torch, triton, fastapi, uvicorn, pydantic; print("torch", torch.__version__, "triton", triton.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "pydantic", pydantic.__version__)'
 step 200 python3 -m bench.checks.service_gpu --backend "$BACKEND" --out "$OUT"
 echo "== python3 -m bench.service" | tee -a "$OUT/check.log"
-timeout 240 python3 -m bench.service --backend "$BACKEND" --shapes decode,prefill --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+timeout 240 python3 -m bench.service --backend "$BACKEND" --shapes decode64,prefill --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 step 90 python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts=""
 echo "gpu_service_check: exit $status" | tee -a "$OUT/check.log"

@@ -21,7 +21,7 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log to $OUT/overhead
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 step 150 python3 -m bench.service_overhead --device cuda:0 --rows 8192 --keys 65536 --iters 30
-step 180 python3 -m bench.service_overhead --device cuda:0 --rows 8192 --keys 65536 --iters 20 --real --modes uds,uds+out,tcp
+step 180 python3 -m bench.service_overhead --device cuda:0 --rows 8192 --keys 65536 --iters 20 --real --modes ipc,uds,tcp
 step 240 python3 -m bench.service --shapes prefill --out "$OUT"
 echo "gpu_service_overhead: exit $status" | tee -a "$OUT/overhead.log"
 exit $status

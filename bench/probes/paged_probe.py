@@ -39,6 +39,21 @@ def _call(fn_name, args, kw):
     return fn(*args, **kw)
 
 
+def _probe_mode(mode: str, args: tuple, kw: dict, record: dict, answers: dict) -> None:
+    """One profiled call of LiteTopK and of the dense path (after a warm-up) in the backend instance the
+    caller put in place: record[f"{path}-{mode}"] and answers[...] (module docstring)."""
+    for path in ("litetopk", "dense"):
+        name = f"{path}-{mode}"
+        _call(path, args, kw)  # compile and warm
+        torch.cuda.synchronize()
+        result = _call(path, args, kw)
+        answers[name] = result
+        record[name] = gpu_activity(lambda: _call(path, args, kw), top=4)
+        record[name]["candidates_mean"] = float(result.candidates.float().mean())
+        record[name]["repaired"] = int(result.repaired.sum())
+        record[name]["status_nonzero"] = int((result.status != 0).sum())
+
+
 def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
     batch, next_n, keys, topk = (int(x) for x in shape.split("x"))
     lengths = [keys] * batch
@@ -49,18 +64,8 @@ def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
     record = dict(shape=shape, rows=batch * next_n, keys=keys * batch)
     answers = {}
     for mode, kernel in (("always", "auto"), ("always", "triton"), ("never", "auto")):
-        registry._BACKENDS["triton"] = TritonBackend(paged=mode, scoring_kernel=kernel)
-        for path in ("litetopk", "dense"):
-            name = f"{path}-{MODES[mode, kernel]}"
-            _call(path, args, kw)  # compile and warm
-            torch.cuda.synchronize()
-            result = _call(path, args, kw)
-            answers[name] = result
-            record[name] = gpu_activity(lambda: _call(path, args, kw), top=4)
-            record[name]["candidates_mean"] = float(result.candidates.float().mean())
-            record[name]["repaired"] = int(result.repaired.sum())
-            record[name]["status_nonzero"] = int((result.status != 0).sum())
-    registry._BACKENDS.pop("triton", None)
+        with registry.backend_instance("triton", TritonBackend(paged=mode, scoring_kernel=kernel)):
+            _probe_mode(MODES[mode, kernel], args, kw, record, answers)
     fields = ("values", "raw_indices", "physical_indices", "counts", "status")
     for mode in MODES.values():
         lite, dense = answers[f"litetopk-{mode}"], answers[f"dense-{mode}"]

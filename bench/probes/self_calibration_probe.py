@@ -26,7 +26,7 @@ import time
 import torch
 
 from bench.common.problems import call_args, prefill_problem
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, registry
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
@@ -69,7 +69,7 @@ def alternating_ms(calls: dict, warm: int = WARM, pairs: int = PAIRS) -> dict:
 def stage_calls(args_, kw, tunings: dict) -> dict:
     """{mode: callable} of the calibrate + scan stages alone, on one validated problem."""
     problem = validate_prefill(*args_, **kw)
-    backend = TritonBackend()
+    backend = TritonBackend(paged="never")  # the prefill mode's scan (module docstring)
     backend.operands(problem)  # decode and schedule once: both modes reuse them
     calls = {}
     for mode, tuning in tunings.items():
@@ -107,6 +107,14 @@ def draw(report: dict, path: str) -> None:
 
 
 def main(argv=None):
+    """The probe (module docstring). The self-calibrating scan is the prefill mode's (the paged mode calibrates
+    from the sample): the operator's calls take it whatever their shapes (a smoke run's few rows would be
+    decode-shaped), the registry restored afterwards."""
+    with registry.backend_instance("triton", TritonBackend(paged="never")):
+        return _main(argv)
+
+
+def _main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for self-calibration.json and .png")
     parser.add_argument("--keys", type=int, nargs="+", default=list(KEYS))

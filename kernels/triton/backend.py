@@ -187,7 +187,7 @@ class TritonBackend(ScoringBackend):
         elif block_rows := paged_block_rows(problem.num_rows, problem.block_table.shape[0], self.paged):
             with stage_range("litetopk.decode"):
                 ops = paged_operands(problem, block_rows, use_asm=is_cuda(problem.device) and not interpreting(),
-                                     gluon=self._use_gluon(problem.device))
+                                     gluon=self._use_gluon(problem.device), num_bins=self.num_bins)
         else:
             with stage_range("litetopk.decode"):
                 ops = self._decode(problem)
@@ -371,22 +371,25 @@ class TritonBackend(ScoringBackend):
         if sample_tiles and isinstance(ops, PagedOperands):
             raise ValueError("the paged mode has no self-calibrating scan (calibration_for gives 'sample')")
         rows = problem.num_rows
-        # The kernel compares scores with the threshold's score (a superset of the keys >= it). A
-        # self-calibrating scan sets up its rows itself: no launch before it.
-        if sample_tiles:
-            scan = scan_buffers(rows, self.num_bins, problem.scratch, self_calibrating=True)
-        else:
-            scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
         buffer = problem.scratch.empty((rows, capacity), torch.int64)  # read only below the appended count
-        if isinstance(ops, PagedOperands):
-            faults = ops.schedule.faults[FAULT_SCAN]
-            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
+        if isinstance(ops, PagedOperands):  # its state is the schedule's (set up by its launch: none here)
+            schedule = ops.schedule
+            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
                                  problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, gluon=ops.gluon, scan=scan, buffer=buffer,
-                                 capacity=capacity, refresh=self.paged_refresh, query_rows=ops.query_rows)
-            ops.faults = faults
-            scan = dict(scan, nonfinite=faults[0])
+                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, gluon=ops.gluon,
+                                 thresholds=thresholds.contiguous(),
+                                 ceilings=ceilings.contiguous() if ceilings is not None else None, buffer=buffer,
+                                 capacity=capacity, refresh=self.paged_refresh, num_bins=self.num_bins,
+                                 query_rows=ops.query_rows)
+            ops.faults = schedule.faults[FAULT_SCAN]
+            scan = dict(raised=schedule.raised, appended=schedule.appended, nonfinite=ops.faults[0])
         else:
+            # The kernel compares scores with the threshold's score (a superset of the keys >= it). A
+            # self-calibrating scan sets up its rows itself: no launch before it.
+            if sample_tiles:
+                scan = scan_buffers(rows, self.num_bins, problem.scratch, self_calibrating=True)
+            else:
+                scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
             self._launch(problem, ops, dense=False, thresholds=scan.get("thr"), hist_lo=scan.get("hist_lo"),
                          hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
                          appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],

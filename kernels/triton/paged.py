@@ -34,7 +34,8 @@ from ..devices import runs_triton_stages
 from ..status import RowStatus
 from .operands import prepare_queries_fp4_triton
 from .paged_scoring import score_fp4_paged_kernel
-from .paged_scoring_gluon import GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+from .paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+from .paged_scoring_gluon import PROGRAMS_PER_SM as GLUON_PROGRAMS_PER_SM
 from .scoring import HEAD_DIM, HEADS, NUM_BINS
 from .split_schedule import SplitSchedule, build_split_schedule
 
@@ -60,12 +61,13 @@ def _multiprocessors(index: int) -> int:
 
 
 def paged_programs(device: torch.device, block_rows: int, gluon: bool) -> int:
-    """The paged kernel's grid on `device`: as many programs an SM as its registers let reside (offline
-    sm_90 builds: the Gluon kernel 126-136 registers a thread at one row a group, 184 at two; the Triton
-    kernel 160-250), INTERPRETED_PROGRAMS on the CPU (the interpreter)."""
+    """The paged kernel's grid on `device`: as many programs an SM as its registers let reside (the Gluon
+    kernel's caps, paged_scoring_gluon.py: 3 at one row a group, 2 at two; the Triton kernel, 160-250
+    registers: 2), INTERPRETED_PROGRAMS on the CPU (the interpreter). Every program resides at once: a
+    program's share of the tiles is 1 / programs of the call's, so a second wave would double the time."""
     if device.type != "cuda":
         return INTERPRETED_PROGRAMS
-    per_sm = 3 if gluon and block_rows == 1 else 2
+    per_sm = GLUON_PROGRAMS_PER_SM[block_rows] if gluon else 2
     return per_sm * _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -93,14 +95,15 @@ class PagedOperands:
         return self.q_lo, self.q_hi, self.wq, self.rowfac, self.q_wide
 
 
-def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool) -> PagedOperands:
-    """Decode the queries of `problem` (a PrefillProblem) and build its split schedule: two launches."""
+def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool, num_bins: int) -> PagedOperands:
+    """Decode the queries of `problem` (a PrefillProblem) and build its split schedule (with the scan's
+    state for `num_bins` histogram bins): two launches."""
     scratch = problem.scratch
     # the flag summary's query words (operands.py) are zeroed by the row checks' launch (problem.zeroed)
     q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
         problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends),
         summary=problem.zeroed[1:3], weight_scale=problem.weight_scale, scratch=scratch)
-    schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, scratch)
+    schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins, scratch)
     return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule,
                          paged_programs(problem.device, block_rows, gluon), use_asm, gluon)
 
@@ -109,54 +112,58 @@ def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     """The operands of a subset of a paged problem (the repair's rows, sub.parent_rows into the parent's):
     the parent's queries, read through sub.parent_rows (query_rows: nothing gathered), and a split schedule
     of its own with the parent's group size (one launch)."""
-    schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows, sub.scratch)
+    schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows,
+                                    parent.schedule.hist.shape[1], sub.scratch)
     return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None)
 
 
 def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: bool, strided: bool,
-                         use_asm: bool, indirect: bool = False, refresh: int = 4, num_bins: int = NUM_BINS) -> dict:
+                         use_asm: bool, indirect: bool = False, has_ceilings: bool = False, refresh: int = 4,
+                         num_bins: int = NUM_BINS) -> dict:
     """The constexpr arguments of one score_fp4_paged_kernel variant, as launched (shared with the
     offline compile check, so CI compiles what the GPU runs)."""
     return dict(TOPK=topk, BLOCK_ROWS=block_rows, DENSE=dense, STRIDED=strided, REFRESH=refresh, NB=num_bins,
                 H=HEADS, D=HEAD_DIM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
                 GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
                 SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales, USE_ASM=use_asm,
-                INDIRECT=indirect)
+                INDIRECT=indirect, HAS_CEILINGS=has_ceilings)
 
 
 def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch: torch.Tensor,
                          queries: tuple, schedule: SplitSchedule, starts: torch.Tensor, ends: torch.Tensor, *,
                          topk: int, programs: int, fault_set: int, use_asm: bool, gluon: bool = False,
-                         num_warps: int = 4,
-                         out: torch.Tensor | None = None, stride: int = 1, scan: dict | None = None,
+                         num_warps: int = 4, out: torch.Tensor | None = None, stride: int = 1,
+                         thresholds: torch.Tensor | None = None, ceilings: torch.Tensor | None = None,
                          buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4,
-                         query_rows: torch.Tensor | None = None) -> None:
-    """Launch score_fp4_paged_kernel over `programs` programs: dense (`out` float32 [rows, width], column c
-    = position c * stride) or scan (`scan`: scoring.scan_buffers' dict, prepared; `buffer` int64 [rows,
-    capacity]). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton, and
+                         num_bins: int = NUM_BINS, query_rows: torch.Tensor | None = None) -> None:
+    """Launch score_fp4_paged_kernel (its Gluon twin with `gluon`: paged_scoring_gluon.py, sm_90 compiled,
+    the same bits) over `programs` programs: dense (`out` float32 [rows, width], column c = position
+    c * stride), or scan (`out` None): every key >= its row's threshold key (`thresholds` int64 [rows],
+    contiguous; histogram ranged up to `ceilings` where given) appended to `buffer` int64 [rows, capacity]
+    through the schedule's shared state (schedule.appended / hist / raised: set up by its launch, for one
+    scan). `queries`: (q_lo, q_hi, wq, rowfac, q_wide) of operands.prepare_queries_fp4_triton, and
     `query_rows` (int64 [rows], optional) the operand row each row reads (a subset's parent rows). The
-    launch ORs its faults into schedule.faults[fault_set] (zeroed by the schedule's launch). `gluon`: the
-    kernel's Gluon twin (paged_scoring_gluon.py: sm_90, compiled; the same bits)."""
+    launch sets the flags of schedule.faults[fault_set] (zeroed by the schedule's launch)."""
     q_lo, q_hi, wq, rowfac, q_wide = queries
     dense = out is not None
-    unused32 = rowfac  # float32, never read in the other mode
+    unused = schedule.tile_offset  # never read in the other mode
     faults = schedule.faults[fault_set]
     args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, cache.num_pages,
             block_table, block_table.stride(0), row_to_batch, q_lo, q_hi, wq, rowfac, q_wide.view(torch.int8),
-            query_rows if query_rows is not None else schedule.tile_offset,
+            query_rows if query_rows is not None else unused,
             schedule.groups, schedule.group_row, schedule.group_count, schedule.group_span, schedule.tile_offset,
             starts, ends,
-            out if dense else unused32, out.shape[1] if dense else 0, stride,
-            *((unused32,) * 3 if dense else (scan["thr"], scan["hist_lo"], scan["hist_width"])),
-            schedule.faults if dense else scan["hist"], buffer if buffer is not None else schedule.faults, capacity,
-            schedule.faults if dense else scan["appended"], unused32 if dense else scan["raised"],
+            out if dense else rowfac, out.shape[1] if dense else 0, stride,
+            thresholds if not dense else unused, ceilings if ceilings is not None else unused, schedule.hist,
+            buffer if buffer is not None else unused, capacity, schedule.appended, schedule.raised,
             faults[0], faults[1], programs)
     if starts.shape[0]:
         constants = paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
                                          strided=stride != 1, use_asm=use_asm, indirect=query_rows is not None,
-                                         refresh=refresh)
+                                         has_ceilings=ceilings is not None, refresh=refresh, num_bins=num_bins)
         if gluon:
-            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, num_warps=GLUON_PAGED_WARPS)
+            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, num_warps=GLUON_PAGED_WARPS,
+                                                      maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows])
         else:
             score_fp4_paged_kernel[(programs,)](*args, **constants, num_warps=num_warps)
 

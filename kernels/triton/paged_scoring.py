@@ -34,7 +34,9 @@ same ceil(out_width / 64) tiles. Scan (scoring.py's epilogue): a score >= the ro
 slot with one relaxed atomic on the row's counter and its ordering key is stored if the slot is below
 capacity (the counter keeps counting: the overflow certificate); passing scores are counted in the row's
 histogram. Several programs scan one row: the histogram, the counter and the raised threshold `raised`
-live in global memory, shared; every REFRESH tiles a program takes max(its threshold, raised), raises it
+live in global memory, shared (set up by the schedule's launch: counts zeroed, raised -inf); a program
+takes its rows' thresholds and histogram ranges from the calibration's keys itself (scoring's
+_histogram_range: no preparing launch); every REFRESH tiles it takes max(its threshold, raised), raises it
 from the histogram (scoring._raised_threshold: a lower bound of the row's K-th best from keys any program
 counted) and publishes it with an atomic max. Every threshold any program uses is a lower bound of the
 row's K-th best, so no true top-K key is dropped and the certificate holds as for one program a row.
@@ -49,9 +51,9 @@ import triton
 import triton.language as tl
 
 from ..cache_layout import PAGE_SIZE
-from ..keys import _ordering_keys
+from ..keys import NO_KEY_C, _ordering_keys
 from .operands import _e2m1_times_two
-from .scoring import SUBNORMAL_UNIT, _raised_threshold
+from .scoring import SUBNORMAL_UNIT, _histogram_range, _raised_threshold
 
 BLOCK_KEYS = PAGE_SIZE  # a key tile is one page
 FAULT_SAMPLE, FAULT_SCAN, FAULT_DENSE = 0, 1, 2  # the launch kinds' sets of fault words (split_schedule.py)
@@ -261,13 +263,14 @@ def score_fp4_paged_kernel(
     groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,  # split_schedule.py
     starts_ptr, ends_ptr,                                                     # int32 [rows] windows
     out_ptr, out_width, position_stride,                                      # dense: float32 [rows, out_width]
-    thr_ptr, hist_lo_ptr, hist_width_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,  # scan
+    thr_keys_ptr, ceil_keys_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,  # scan
     nonfinite_ptr, unsupported_ptr,                                           # int8 [rows] fault flags (set to 1)
     num_programs,
     TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr, STRIDED: tl.constexpr,
     REFRESH: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr,
     SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr, USE_ASM: tl.constexpr, INDIRECT: tl.constexpr,
+    HAS_CEILINGS: tl.constexpr,
 ):
     BK: tl.constexpr = 64
     pid = tl.program_id(0)
@@ -303,9 +306,12 @@ def score_fp4_paged_kernel(
         probe = tl.zeros([BK, BLOCK_ROWS], tl.float32)
         bad_keys = tl.zeros([BK, BLOCK_ROWS], tl.int32)
         if not DENSE:
-            thr = tl.load(raised_ptr + rows, mask=row_ok, other=0.0, volatile=True)
-            hist_lo = tl.load(hist_lo_ptr + rows, mask=row_ok, other=0.0)
-            hist_width = tl.load(hist_width_ptr + rows, mask=row_ok, other=0.0)
+            # the rows' thresholds and histogram ranges from the calibration's keys (prepare_scan_triton's math:
+            # no launch of its own), raised to what the row's other programs published
+            thr_keys = tl.load(thr_keys_ptr + rows, mask=row_ok, other=NO_KEY_C)
+            ceil_keys = tl.load(ceil_keys_ptr + rows, mask=row_ok & HAS_CEILINGS, other=NO_KEY_C)
+            thr, hist_lo, hist_width = _histogram_range(thr_keys, ceil_keys, NB, HAS_CEILINGS)
+            thr = tl.maximum(thr, tl.load(raised_ptr + rows, mask=row_ok, other=float("-inf"), volatile=True))
             hist_inv = tl.where(hist_width > 0, 1.0 / tl.where(hist_width > 0, hist_width, 1.0), 0.0)
             hist_rows = hist_ptr + rows[:, None] * NB + tl.arange(0, NB)[None, :]
         for chunk in range(t - group_first, stop - group_first, REFRESH):

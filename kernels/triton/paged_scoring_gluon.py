@@ -31,11 +31,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from ..keys import _ordering_keys
+from ..keys import NO_KEY_C, _ordering_keys
 from .paged_scoring import E2M1_ASM
-from .scoring import SUBNORMAL_UNIT
+from .scoring import SUBNORMAL_UNIT, _histogram_range
 
 GLUON_PAGED_WARPS = 4
+# ptxas register caps (maxnreg) by rows a group, so that PROGRAMS_PER_SM programs reside on an SM (65,536
+# registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
+GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
+PROGRAMS_PER_SM = {1: 3, 2: 2}
 
 
 @gluon.jit
@@ -189,14 +193,14 @@ def score_fp4_paged_gluon_kernel(
     groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,
     starts_ptr, ends_ptr,
     out_ptr, out_width, position_stride,
-    thr_ptr, hist_lo_ptr, hist_width_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,
+    thr_keys_ptr, ceil_keys_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,
     nonfinite_ptr, unsupported_ptr,
     num_programs,
     TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr, STRIDED: gl.constexpr,
     REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
     SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr, INDIRECT: gl.constexpr,
-    num_warps: gl.constexpr,
+    HAS_CEILINGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
@@ -299,12 +303,16 @@ def score_fp4_paged_gluon_kernel(
         else:
             rows_f, ok_f, starts_f, ends_f = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2,
                                                          row_of_flat)
-            thr_h = gl.load(raised_ptr + h_rows, mask=h_ok, other=0.0, volatile=True)
-            hist_lo_h = gl.load(hist_lo_ptr + h_rows, mask=h_ok, other=0.0)
-            hist_width_h = gl.load(hist_width_ptr + h_rows, mask=h_ok, other=0.0)
+            # thresholds and histogram ranges from the calibration's keys (paged_scoring.py), raised to what
+            # the row's other programs published
+            thr_h, hist_lo_h, hist_width_h = _histogram_range(
+                gl.load(thr_keys_ptr + h_rows, mask=h_ok, other=NO_KEY_C),
+                gl.load(ceil_keys_ptr + h_rows, mask=h_ok & HAS_CEILINGS, other=NO_KEY_C), NB, HAS_CEILINGS)
+            thr_h = gl.maximum(thr_h, gl.load(raised_ptr + h_rows, mask=h_ok, other=float("-inf"), volatile=True))
             thr = gl.convert_layout(thr_h, row_of_flat)
-            hist_lo = gl.load(hist_lo_ptr + rows_f, mask=ok_f, other=0.0)
-            hist_width = gl.load(hist_width_ptr + rows_f, mask=ok_f, other=0.0)
+            _, hist_lo, hist_width = _histogram_range(
+                gl.load(thr_keys_ptr + rows_f, mask=ok_f, other=NO_KEY_C),
+                gl.load(ceil_keys_ptr + rows_f, mask=ok_f & HAS_CEILINGS, other=NO_KEY_C), NB, HAS_CEILINGS)
             hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
             probe = gl.zeros([BK, 2], gl.float32, flat)
             bad_rows = gl.zeros([BK, 2], gl.int32, flat)

@@ -6,7 +6,8 @@ order: the kernel, its launcher (finish_scan_triton), the torch twin (finish_sca
 `finish_scan`, the one line that picks between them (devices.runs_triton_stages).
 
 Math, per row: final threshold key = max(threshold, score_floor_key(raised)) where the scan raised
-its threshold score (raised > thr), else the threshold; appended as int64; nonfinite as bool
+its threshold score (raised > thr, thr the threshold key's score: scoring.prepare_scan_triton's, computed
+again here), else the threshold; appended as int64; nonfinite as bool
 (keys.score_floor_keys: ordered bits << 32). A self-calibrating scan has no thresholds: NO_KEY and a
 threshold score of -inf everywhere. Tiling: BLOCK rows a program; one launch instead of ~10 small
 torch ops.
@@ -19,23 +20,22 @@ import triton
 import triton.language as tl
 
 from ..devices import runs_triton_stages
-from ..keys import NO_KEY, NO_KEY_C, _ordered_bits, score_floor_keys
+from ..keys import NO_KEY, NO_KEY_C, _ordered_bits, _scores_of_keys, score_floor_keys, split_keys
 from ..scratch import Scratch
 
 BLOCK = 256
 
 
 @triton.jit
-def finish_scan_kernel(thresholds_ptr, threshold_stride, thr_ptr, raised_ptr, appended_ptr, nonfinite_ptr, rows,
+def finish_scan_kernel(thresholds_ptr, threshold_stride, raised_ptr, appended_ptr, nonfinite_ptr, rows,
                        final_ptr, appended64_ptr, nonfinite_out_ptr, BLOCK: tl.constexpr, HAS_THRESHOLDS: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < rows
     if HAS_THRESHOLDS:
         threshold = tl.load(thresholds_ptr + offs * threshold_stride, mask=mask, other=0)
-        thr = tl.load(thr_ptr + offs, mask=mask, other=0.0)
-    else:  # a self-calibrating scan's: every threshold NO_KEY, its score -inf (no thr buffer)
+    else:  # a self-calibrating scan's: every threshold NO_KEY
         threshold = tl.full([BLOCK], NO_KEY_C, tl.int64)
-        thr = tl.full([BLOCK], float("-inf"), tl.float32)
+    thr = _scores_of_keys(threshold)  # the threshold's score, as the scan took it (-inf for NO_KEY)
     raised = tl.load(raised_ptr + offs, mask=mask, other=0.0)
     floor = _ordered_bits(raised) << 32
     tl.store(final_ptr + offs, tl.where(raised > thr, tl.maximum(threshold, floor), threshold), mask=mask)
@@ -54,9 +54,8 @@ def finish_scan_triton(thresholds: torch.Tensor | None, scan: dict, scratch: Scr
     if rows:
         finish_scan_kernel[(triton.cdiv(rows, BLOCK),)](
             thresholds if thresholds is not None else final, thresholds.stride(0) if thresholds is not None else 0,
-            # (no "thr": not read)
-            scan.get("thr", scan["raised"]), scan["raised"], scan["appended"], scan["nonfinite"], rows,
-            final, appended, nonfinite, BLOCK=BLOCK, HAS_THRESHOLDS=thresholds is not None)
+            scan["raised"], scan["appended"], scan["nonfinite"], rows, final, appended, nonfinite, BLOCK=BLOCK,
+            HAS_THRESHOLDS=thresholds is not None)
     return final, appended, nonfinite.view(torch.bool)
 
 
@@ -67,9 +66,7 @@ def finish_scan_torch(thresholds: torch.Tensor | None, scan: dict) -> tuple[torc
     raised = scan["raised"]
     if thresholds is None:  # a self-calibrating scan's: NO_KEY (-inf) everywhere
         thresholds = torch.full_like(raised, NO_KEY, dtype=torch.int64)
-        thr = torch.full_like(raised, float("-inf"))
-    else:
-        thr = scan["thr"]
+    thr = split_keys(thresholds)[0]  # the threshold's score, as the scan took it (-inf for NO_KEY)
     final = torch.maximum(thresholds, torch.where(raised > thr, score_floor_keys(raised), NO_KEY))
     return final, scan["appended"].long(), scan["nonfinite"].bool()
 

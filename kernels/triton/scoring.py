@@ -302,6 +302,26 @@ def _score_tile(step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_pt
 
 
 @triton.jit
+def _histogram_range(thr_keys, ceil_keys, NB: tl.constexpr, HAS_CEILINGS: tl.constexpr):
+    """(thr, hist_lo, hist_width) float32 of threshold and ceiling keys (prepare_scan_triton's docstring):
+    the threshold key's score, and NB linear bins from it to the ceiling's score, or none (width 0)."""
+    lo = _scores_of_keys(thr_keys)
+    if HAS_CEILINGS:
+        hi = _scores_of_keys(ceil_keys)
+        # (NB as a tensor of lo's shape and layout, built from lo: this helper also runs in Gluon kernels;
+        # where lo is -inf the width is not finite either way, so the range is unusable)
+        width = tl.div_rn(hi - lo, lo * 0.0 + NB)
+        usable = ((width == width) & (tl.abs(width) != float("inf"))
+                  & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi))))
+        hist_lo = tl.where(usable, lo, 0.0)
+        hist_width = tl.where(usable, width, 0.0)
+    else:
+        hist_lo = tl.where(lo == float("-inf"), 0.0, lo)
+        hist_width = tl.abs(hist_lo) * 0.0  # +0.0 (hist_lo is finite)
+    return lo, hist_lo, hist_width
+
+
+@triton.jit
 def prepare_scan_kernel(
     thr_keys_ptr, ceil_keys_ptr, rows,              # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
     thr_ptr, hist_lo_ptr, hist_width_ptr, raised_ptr,   # float32 [rows] x4
@@ -311,18 +331,8 @@ def prepare_scan_kernel(
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
     keys = tl.load(thr_keys_ptr + offs, mask=live, other=NO_KEY_C)
-    lo = _scores_of_keys(keys)
-    if HAS_CEILINGS:
-        ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live, other=NO_KEY_C)
-        hi = _scores_of_keys(ceil_keys)
-        width = tl.div_rn(hi - lo, tl.full([BLOCK], NB, tl.float32))
-        usable = ((width == width) & (tl.abs(width) != float("inf"))
-                  & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi))))
-        hist_lo = tl.where(usable, lo, 0.0)
-        hist_width = tl.where(usable, width, 0.0)
-    else:
-        hist_lo = tl.where(lo == float("-inf"), 0.0, lo)
-        hist_width = tl.zeros([BLOCK], tl.float32)
+    ceil_keys = tl.load(ceil_keys_ptr + offs, mask=live & HAS_CEILINGS, other=NO_KEY_C)
+    lo, hist_lo, hist_width = _histogram_range(keys, ceil_keys, NB, HAS_CEILINGS)
     tl.store(thr_ptr + offs, lo, mask=live)
     tl.store(raised_ptr + offs, lo, mask=live)
     tl.store(hist_lo_ptr + offs, hist_lo, mask=live)

@@ -24,6 +24,9 @@ join the runs of sequence 0; they read nothing.
                                           launch kind (paged_scoring.py): [set, 0] a NaN / inf score in the
                                           window, [set, 1] an unsupported key in it (1: seen; the programs of
                                           a row only ever store 1, so no atomics; [set, 0] reads as bool)
+    appended, hist, raised                the scan's shared per-row state (paged_scoring.py), set up for the
+                  int32 [rows], int32 [rows, num_bins], float32 [rows]: counts zeroed, raised -inf (no
+                                          program has raised the row's threshold yet)
 Dense mode (score matrix and calibration sample) needs no prefix: every group has the same tiles
 (columns), so its share is arithmetic (paged_scoring.py).
 Limits: BLOCK_ROWS 1 or 2 (a group's span is the min / max over its lanes).
@@ -55,6 +58,9 @@ class SplitSchedule:
     group_span: torch.Tensor  # int32 [rows, 2]
     tile_offset: torch.Tensor  # int32 [rows + 1]
     faults: torch.Tensor  # int8 [FAULT_SETS, 2, rows], zeroed
+    appended: torch.Tensor  # int32 [rows], zeroed
+    hist: torch.Tensor  # int32 [rows, num_bins], zeroed
+    raised: torch.Tensor  # float32 [rows], -inf
     block_rows: int
 
     @property
@@ -71,12 +77,20 @@ def _max(a, b):
 def split_schedule_kernel(
     rtb_ptr, starts_ptr, ends_ptr, rows,                        # int32 [rows] x3: effective row metadata
     groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,  # outputs (module docstring)
-    tile_offset_ptr, faults_ptr, fault_words,
-    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr,
+    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
+    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK)
     for f0 in range(0, fault_words, BLOCK):
         tl.store(faults_ptr + f0 + offs, tl.zeros([BLOCK], tl.int8), mask=f0 + offs < fault_words)
+    # the scan's shared state (the scan launches after the calibration: no launch of its own to set it up)
+    for r0 in range(0, rows, BLOCK):
+        row = r0 + offs
+        live = row < rows
+        tl.store(appended_ptr + row, tl.zeros([BLOCK], tl.int32), mask=live)
+        tl.store(raised_ptr + row, tl.full([BLOCK], float("-inf"), tl.float32), mask=live)
+    for w0 in range(0, rows * NB, BLOCK):
+        tl.store(hist_ptr + w0 + offs, tl.zeros([BLOCK], tl.int32), mask=w0 + offs < rows * NB)
     # Groups: runs of one sequence, cut every BLOCK_ROWS rows (carried across blocks of rows).
     run_start = 0
     groups = 0
@@ -128,25 +142,26 @@ def split_schedule_kernel(
         tiles_before += tl.sum(tiles, 0)
 
 
-def _buffers(rows: int, scratch: Scratch) -> tuple[torch.Tensor, ...]:
+def _buffers(rows: int, num_bins: int, scratch: Scratch) -> tuple[torch.Tensor, ...]:
     i32 = torch.int32
     return (scratch.empty(1, i32), scratch.empty(rows, i32), scratch.empty(rows, i32), scratch.empty((rows, 2), i32),
-            scratch.empty(rows + 1, i32), scratch.empty((FAULT_SETS, 2, rows), torch.int8))
+            scratch.empty(rows + 1, i32), scratch.empty((FAULT_SETS, 2, rows), torch.int8), scratch.empty(rows, i32),
+            scratch.empty((rows, num_bins), i32), scratch.empty(rows, torch.float32))
 
 
 def build_split_schedule_triton(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                                block_rows: int, scratch: Scratch) -> SplitSchedule:
+                                block_rows: int, num_bins: int, scratch: Scratch) -> SplitSchedule:
     """The SplitSchedule (module docstring) of effective row metadata (int32 [rows] each) in one launch
     of one program; buffers from `scratch`."""
     rows = row_to_batch.shape[0]
-    out = _buffers(rows, scratch)
-    split_schedule_kernel[(1,)](row_to_batch, starts, ends, rows, *out[:5], out[5], out[5].numel(),
-                                BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, num_warps=4)
+    out = _buffers(rows, num_bins, scratch)
+    split_schedule_kernel[(1,)](row_to_batch, starts, ends, rows, *out[:5], out[5], out[5].numel(), *out[6:],
+                                BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, NB=num_bins, num_warps=4)
     return SplitSchedule(*out, block_rows=block_rows)
 
 
 def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                               block_rows: int) -> SplitSchedule:
+                               block_rows: int, num_bins: int) -> SplitSchedule:
     """build_split_schedule in torch ops (any device; the same values)."""
     rows = row_to_batch.shape[0]
     dev = row_to_batch.device
@@ -174,15 +189,17 @@ def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor,
     tile_offset = torch.nn.functional.pad(torch.cumsum(tiles, dim=0), (1, 0)).to(torch.int32)
     faults = torch.zeros((FAULT_SETS, 2, rows), dtype=torch.int8, device=dev)
     return SplitSchedule(groups, group_row, group_count, torch.stack([lo, hi], dim=1).contiguous(), tile_offset,
-                         faults, block_rows=block_rows)
+                         faults, torch.zeros(rows, dtype=torch.int32, device=dev),
+                         torch.zeros((rows, num_bins), dtype=torch.int32, device=dev),
+                         torch.full((rows,), float("-inf"), device=dev), block_rows=block_rows)
 
 
 def build_split_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, block_rows: int,
-                         scratch: Scratch) -> SplitSchedule:
-    """The SplitSchedule of effective row metadata: the Triton kernel where devices.runs_triton_stages
-    says so, the torch code elsewhere."""
+                         num_bins: int, scratch: Scratch) -> SplitSchedule:
+    """The SplitSchedule of effective row metadata (with the scan's state for `num_bins` histogram bins):
+    the Triton kernel where devices.runs_triton_stages says so, the torch code elsewhere."""
     if block_rows not in (1, 2):
         raise ValueError(f"block_rows={block_rows}: the split schedule groups 1 or 2 rows")
     if runs_triton_stages(row_to_batch.device):
-        return build_split_schedule_triton(row_to_batch, starts, ends, block_rows, scratch)
-    return build_split_schedule_torch(row_to_batch, starts, ends, block_rows)
+        return build_split_schedule_triton(row_to_batch, starts, ends, block_rows, num_bins, scratch)
+    return build_split_schedule_torch(row_to_batch, starts, ends, block_rows, num_bins)

@@ -9,9 +9,10 @@ from litetopk.kernels.triton import TritonBackend
 
 
 @pytest.fixture
-def prefill_mode(monkeypatch):
+def prefill_mode():
     """Every `backend="triton"` call of the test in the Triton backend's prefill mode
     (TritonBackend(paged="never")): the modules that test that mode's kernels (int8 keys, the
     program-a-row-group schedule, the self-calibrating scan) on small problems, which by their shapes
     would take the paged mode (kernels/triton/paged.py; tests/kernels/test_paged_scoring.py tests it)."""
-    monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="never"))
+    with registry.backend_instance("triton", TritonBackend(paged="never")):
+        yield

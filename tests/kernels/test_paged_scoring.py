@@ -28,9 +28,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
-def paged_mode(monkeypatch):
+def paged_mode():
     """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
-    monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="always"))
+    with registry.backend_instance("triton", TritonBackend(paged="always")):
+        yield
 
 
 def ref_split_schedule(row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int):
@@ -66,8 +67,8 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
     rtb, starts, ends = (torch.where(empty, 0, t).to(torch.int32) for t in (rtb, starts, ends))
     where = f"[{case}, block_rows {block_rows}] seed {seed}"
     want_groups, want_spans, want_tiles = ref_split_schedule(rtb.tolist(), starts.tolist(), ends.tolist(), block_rows)
-    for build in (lambda: build_split_schedule_torch(rtb, starts, ends, block_rows),
-                  lambda: build_split_schedule_triton(rtb, starts, ends, block_rows, Scratch("cpu"))):
+    for build in (lambda: build_split_schedule_torch(rtb, starts, ends, block_rows, 16),
+                  lambda: build_split_schedule_triton(rtb, starts, ends, block_rows, 16, Scratch("cpu"))):
         got = build()
         g = int(got.groups[0])
         assert g == len(want_groups), f"{where}: {g} groups, want {len(want_groups)}"
@@ -79,6 +80,8 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
             f"{where}: tile offsets"
         assert not bool(got.group_count[g:].any()) and not bool(got.group_span[g:].any()), f"{where}: unused groups"
         assert not bool(got.faults.any()), f"{where}: fault words zeroed"
+        assert not bool(got.appended.any()) and not bool(got.hist.any()), f"{where}: the scan's counts zeroed"
+        assert got.hist.shape == (rows, 16) and bool(torch.isneginf(got.raised).all()), f"{where}: raised -inf"
 
 
 def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str = "litetopk", gluon: bool = False,
@@ -93,7 +96,7 @@ def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str =
                                **{k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
     backend = TritonBackend(paged="always")
     ops = backend.operands(problem)
-    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows)
+    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows, 32)
     out = torch.full((problem.num_rows, -(-problem.max_end // stride)), 12345.0, device=DEVICE)
     launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
                          problem.starts, problem.ends, topk=p.topk, programs=programs, fault_set=FAULT_DENSE,
@@ -195,7 +198,7 @@ def test_ptx_decode_gives_the_tl_decodes_bits(block_rows, seed):
     p = make_problem(seed, seq_lens=[3000, 2000, 900], rows_per_seq=2, spread=3)
     problem = validate_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk)
     ops = TritonBackend(paged="always").operands(problem)
-    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows)
+    schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows, 32)
     outs = []
     for use_asm in (True, False):
         out = torch.full((problem.num_rows, problem.max_end), 12345.0, device="cuda")
@@ -245,12 +248,12 @@ def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_form
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, monkeypatch, seed):
+def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, seed):
     p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
     answers = {}
     for kernel in ("triton", "gluon"):
-        monkeypatch.setitem(registry._BACKENDS, "triton", TritonBackend(paged="always", scoring_kernel=kernel))
-        answers[kernel], _ = run_both(p)
+        with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=kernel)):
+            answers[kernel], _ = run_both(p)
     where = f"[next_n {next_n}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
         assert torch.equal(getattr(answers["gluon"], field), getattr(answers["triton"], field)), f"{where}: {field}"

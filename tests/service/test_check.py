@@ -42,14 +42,16 @@ def test_probe_without_a_service_fails(tmp_path):
     assert result.returncode == 1 and "no answer from unix:" in result.stderr, result.stderr
 
 
-def test_probe_livez_then_readyz_through_the_warm_up():
-    process, directory = start_service(fault_delay_s=6.0, wait_ready=False)  # the warm-up waits 6 s
+def test_probe_livez_then_readyz_through_the_warm_up(tmp_path):
+    gate = tmp_path / "gate"  # the warm-up waits until the test creates it
+    process, directory = start_service(fault_gate_file=str(gate), wait_ready=False)
     port = process.url.rsplit(":", 1)[1]
     try:
         warming = probe("readyz", "--uds", process.uds)
         assert warming.returncode == 1 and "503" in warming.stderr and "not_ready" in warming.stderr, warming.stderr
         live = probe("livez", LITETOPK_UDS=process.uds)  # settings from the environment
         assert live.returncode == 0, live.stderr
+        gate.touch()
         wait_until(lambda: probe("readyz", "--uds", process.uds).returncode == 0, timeout=60, interval=0.2)
         over_tcp = probe("readyz", "--uds", "", "--port", port)
         assert over_tcp.returncode == 0, over_tcp.stderr

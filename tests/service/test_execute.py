@@ -1,9 +1,10 @@
-"""The device worker's part of /v1/topk (service/routes/topk.py `execute`), with the operator and
+"""The device worker's part of a top-k request (service/topk.py `execute`), with the operator and
 the region table replaced: output regions are written where they live.
 
 A GPU service writes into host regions (the client's pooled result scratch, host `out` regions);
 on a CPU-only machine the mismatch of devices is played by a service device ("meta") that differs
-from the regions' ("cpu"). Inputs move to the service device; outputs must not.
+from the regions' ("cpu"). Inputs move to the service device; outputs must not; the fields not
+written into regions land in the answer buffer.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from types import SimpleNamespace
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning, TopKResult
-from litetopk.service.routes import topk as route
+from litetopk.kernels import TopKResult
+from litetopk.service import topk as life
+from litetopk.service.wire import RESULT_FIELDS
 
 
 @dataclass
@@ -35,8 +37,28 @@ class FakeTable:
         name = what.removeprefix("out.")
         return FakeRegion(id=name), self.tensors[name]
 
+    def acquire_all(self, refs, owner, alive=None):
+        taken = [self.acquire(ref, name, owner, alive) for name, ref in refs.items()]
+        return [region for region, _ in taken], {name: tensor for name, (_, tensor) in zip(refs, taken)}
+
     def release(self, region):
         self.released += 1
+
+
+class FakeOperator:
+    """Writes `want` into the call's `out` tensors (as the operator does) and records the devices."""
+
+    def __init__(self, want: TopKResult):
+        self.want, self.devices = want, set()
+
+    def result_buffers(self, names, rows, topk):  # the service device's buffers, played by host tensors
+        return {n: torch.empty_like(getattr(self.want, n)) for n in names}
+
+    def __call__(self, inputs, kv_cache, *, out, **kwargs):
+        self.devices |= {t.device.type for t in (*inputs.values(), kv_cache)}
+        for name, tensor in out.items():
+            tensor.copy_(getattr(self.want, name))
+        return TopKResult(**{n: out.get(n, getattr(self.want, n)) for n in RESULT_FIELDS})
 
 
 def random_result(rows: int, topk: int, gen: torch.Generator) -> TopKResult:
@@ -55,27 +77,23 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     rows, topk = 6, 512
     gen = torch.Generator().manual_seed(seed)
     want = random_result(rows, topk, gen)
-    seen = {}
-
-    def fake_operator(*inputs, **kwargs):
-        seen["devices"] = {t.device.type for t in inputs}
-        return want
-
-    monkeypatch.setattr(route, "litetopk_prefill", fake_operator)
-    monkeypatch.setattr(route, "owner_alive", lambda pid, start: True)
-    inputs = {name: torch.zeros(4, dtype=torch.uint8) for name in route.INPUTS}
+    operator = FakeOperator(want)
+    monkeypatch.setattr(life.OWNERS, "alive", lambda pid, start: True)
+    inputs = {name: torch.zeros(4, dtype=torch.uint8) for name in life.INPUTS}
     out_values = torch.full((rows, topk), float("nan"))
     out_slots = torch.full((rows, topk), -7, dtype=torch.int32)
     table = FakeTable({**inputs, "values": out_values, "physical_indices": out_slots})
-    request = SimpleNamespace(**{name: object() for name in route.INPUTS}, kv_scale=None, topk=topk, weight_scale=1.0,
-                              repair=True, out=[("values", object()), ("physical_indices", object())])
-    state = SimpleNamespace(device=torch.device("meta"), table=table, settings=SimpleNamespace(backend="auto", max_keys=64),
-                            tuning=LiteTopKTuning(), executor=SimpleNamespace(workspace_for=lambda q_fp4, block_table: None))
-    outcome = route.execute(request, state, SimpleNamespace(uid=0))
-    assert seen["devices"] == {"meta"}, "inputs go to the service's device"
+    named = {name: SimpleNamespace(shape=[rows, 64, 64]) for name in life.INPUTS}
+    out = SimpleNamespace(**{**{n: None for n in RESULT_FIELDS}, "values": object(), "physical_indices": object()})
+    request = SimpleNamespace(**named, kv_scale=None, topk=topk, weight_scale=1.0, repair=True, out=out)
+    state = SimpleNamespace(device=torch.device("meta"), table=table,
+                            executor=SimpleNamespace(operator_for=lambda rows, batch: operator))
+    outcome = life.execute(request, state, SimpleNamespace(uid=0))
+    assert operator.devices == {"meta"}, "inputs go to the service's device"
     assert torch.equal(out_values, want.values), f"the host output region holds the answer (seed {seed})"
     assert torch.equal(out_slots, want.physical_indices), f"the host output region holds the answer (seed {seed})"
     assert sorted(outcome.written) == ["physical_indices", "values"]
-    assert set(outcome.fields) == {"raw_indices", "counts", "status", "repaired", "candidates"}
-    assert torch.equal(outcome.fields["raw_indices"], want.raw_indices)
-    assert table.released == len(route.INPUTS) + 2, "every lease is released"
+    fields = outcome.fields()
+    assert set(fields) == {"raw_indices", "counts", "status", "repaired", "candidates"}
+    assert torch.equal(fields["raw_indices"], want.raw_indices), "the answer buffer holds the other fields"
+    assert table.released == len(life.INPUTS) + 2, "every lease is released"

@@ -26,9 +26,10 @@ def uuid_of(index: int) -> str:
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gpu_service(request):
-    process, directory = start_service(device=request.param, backend="auto")
+    # one service per device for the module; its warm-up compiles the Triton kernels on a cold cache
+    process, directory = start_service(device=request.param, backend="auto", timeout=300)
     yield process
     process.stop()
     directory.cleanup()
@@ -92,7 +93,7 @@ def test_results_into_host_memory_equal_in_process(gpu_service):
 def test_raw_handle_that_does_not_open(gpu_service):
     registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
                     "device_uuid": uuid_of(0), "size": 4096, "pid": os.getpid()}
-    doc = httpx.post(f"{gpu_service.url}/v1/regions", json=registration).json()
+    doc = httpx.post(f"{gpu_service.url}/v1/regions", json=registration, headers=gpu_service.auth).json()
     assert doc["code"] == "ipc_unavailable", doc
 
 

@@ -11,17 +11,40 @@ import pytest
 from litetopk.clients import AsyncTopKClient, RegionProblem, TimeoutProblem, TopKClient, UnavailableProblem
 from litetopk.kernels import litetopk_prefill
 from tests.problems import make_problem, results_equal
-from tests.servers import start_service
+from tests.servers import start_service, wait_until
 
-SLOW_S = 0.4  # the slow service's worker sleeps this long before every job (fault injection)
+class Gate:
+    """The gated service's worker runs a job only while the gate file exists (fault injection): a test
+    closes it, queues work, watches the queue, opens it: outcomes ordered by events, not by time."""
+
+    def __init__(self, path):
+        self.path = path
+        self.open()
+
+    def open(self) -> None:
+        self.path.touch()
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
-def slow_service():
-    process, directory = start_service(queue_size=2, fault_delay_s=SLOW_S, request_timeout_s=30)
+def gated(tmp_path_factory):
+    gate = Gate(tmp_path_factory.mktemp("gate") / "open")
+    process, directory = start_service(queue_size=2, fault_gate_file=str(gate.path), request_timeout_s=30)
+    process.gate = gate
     yield process
+    gate.open()
     process.stop()
     directory.cleanup()
+
+
+@pytest.fixture
+def slow_service(gated):
+    """The gated service, its gate closed for the test (opened again after it)."""
+    gated.gate.close()
+    yield gated
+    gated.gate.open()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +65,8 @@ def test_livez_readyz_info(service):
         assert http.get("/readyz").json() == {"status": "ready", "device": "cpu", "backend": "reference"}
         info = http.get("/v1/info").json()
     assert info["backend"] == "reference" and info["supported_topk"] == [512, 1024] and info["device_uuid"] is None
-    assert info["max_rows"] == 256 and info["max_keys"] == 65536 and info["max_batch"] == 16, info  # CPU defaults
+    assert info["max_rows"] == 256 and info["max_keys"] == 65536 and info["max_batch"] == 256, info  # CPU defaults
+    assert info["ipc_socket"] == service.ipc and info["http_url"] == service.url and info["graphs"] is True
 
 
 def test_openapi_lists_the_routes(service):
@@ -74,22 +98,28 @@ async def test_overload_answers_429_and_finishes_queued_work(slow_service, probl
     want = reference(problem)
     async with AsyncTopKClient(uds=slow_service.uds) as client:
         cache = await client.register(problem.kv_cache)
-        calls = [client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512) for _ in range(12)]
+        calls = [asyncio.ensure_future(client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:],
+                                                   topk=512)) for _ in range(12)]
+        await asyncio.to_thread(wait_until, lambda: sum(c.done() for c in calls) >= 9, 30)  # refused at once
+        slow_service.gate.open()
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         answered = [o for o in outcomes if not isinstance(o, BaseException)]
         refused = [o for o in outcomes if isinstance(o, BaseException)]
         assert all(isinstance(o, UnavailableProblem) and o.code == "overloaded" and o.status == 429
                    and o.retry_after == 1 for o in refused), refused
-        # 1 running + 2 queued fit; the rest arrive while the worker holds the first for >= 0.4 s
-        assert answered and refused, (len(answered), len(refused))
+        # the gate holds the job the worker took, 2 more fit the queue (2 in all when the worker took its
+        # job after the queue had filled), the others are refused at once
+        assert len(answered) in (2, 3) and len(refused) == 12 - len(answered), (len(answered), len(refused))
         assert all(results_equal(o, want) == [] for o in answered)
         assert await client.ready()  # nothing crashed
         again = await client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512)
         assert results_equal(again, want) == []
 
 
-def test_request_timeout(problem):
-    process, directory = start_service(fault_delay_s=0.5, request_timeout_s=0.2, warmup=False)
+def test_request_timeout(problem, tmp_path):
+    # the gate stays closed: the request can only time out
+    gate = tmp_path / "gate"
+    process, directory = start_service(fault_gate_file=str(gate), request_timeout_s=0.2, warmup=False)
     try:
         with TopKClient(process.url, token=process.token) as client:
             with pytest.raises(TimeoutProblem) as err:
@@ -97,11 +127,22 @@ def test_request_timeout(problem):
             assert err.value.code == "timeout" and err.value.status == 504
             assert client.ready()
     finally:
+        gate.touch()  # the held jobs run, the service stops without waiting out its grace period
         process.stop()
         directory.cleanup()
 
 
 # ------------------------------------------------------------------- regions while queued
+
+
+def _metric(service, name: str) -> float:
+    text = httpx.get(f"{service.url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def queue_depth(service, depth: int, timeout: float = 30.0) -> None:
+    """Until the service's device queue holds `depth` requests (an event, with a deadline)."""
+    await asyncio.to_thread(wait_until, lambda: _metric(service, "litetopk_queue_depth") == depth, timeout)
 
 
 @pytest.mark.asyncio
@@ -110,11 +151,11 @@ async def test_region_unregistered_while_queued(slow_service, problem):
         cache = await client.register(problem.kv_cache)
         other = await client.register(problem.kv_cache.clone())
         first = asyncio.create_task(client.topk(*problem.args()[:2], other, *problem.args()[3:], topk=512))
-        await asyncio.sleep(0.1)
         queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
-        await asyncio.sleep(0.1)
+        await queue_depth(slow_service, 2)  # both wait behind the closed gate, no lease taken
         await client.unregister(cache)  # returns at once: no request holds a lease on it yet
         assert not queued.done()
+        slow_service.gate.open()
         with pytest.raises(RegionProblem) as err:
             await queued
         assert err.value.code == "stale_region" and "unregistered" in err.value.detail
@@ -126,8 +167,9 @@ async def test_region_unlinked_while_queued_still_answers(slow_service, problem)
     async with AsyncTopKClient(slow_service.url, token=slow_service.token) as client:
         cache = await client.register(problem.kv_cache)
         queued = asyncio.create_task(client.topk(*problem.args()[:2], cache, *problem.args()[3:], topk=512))
-        await asyncio.sleep(0.1)
-        cache.keepalive.close_fd()  # the owner lets go of its fd; the service's own mapping stays valid
+        await queue_depth(slow_service, 1)  # queued behind the closed gate
+        cache.keepalive.close_fd()
+        slow_service.gate.open()  # the owner lets go of its fd; the service's own mapping stays valid
         assert results_equal(await queued, reference(problem)) == []
         await client.unregister(cache)
 
@@ -135,8 +177,9 @@ async def test_region_unlinked_while_queued_still_answers(slow_service, problem)
 # ------------------------------------------------------------------ readiness and shutdown
 
 
-def test_not_ready_until_warm_up_then_graceful_shutdown(problem):
-    process, directory = start_service(fault_delay_s=1.5, wait_ready=False)
+def test_not_ready_until_warm_up_then_graceful_shutdown(problem, tmp_path):
+    gate = tmp_path / "gate"  # closed: the warm-up waits in the queue until the test opens it
+    process, directory = start_service(fault_gate_file=str(gate), wait_ready=False)
     try:
         with httpx.Client(base_url=process.url, headers=process.auth, timeout=30) as http, TopKClient(process.url, token=process.token) as client:
             doc = http.get("/readyz")
@@ -147,9 +190,9 @@ def test_not_ready_until_warm_up_then_graceful_shutdown(problem):
             async def queued_then_terminated():
                 async with AsyncTopKClient(process.url, token=process.token) as aclient, httpx.AsyncClient(base_url=process.url, headers=process.auth) as ahttp:
                     task = asyncio.create_task(aclient.topk(*problem.args(), topk=512))
-                    while "litetopk_queue_depth 1.0" not in (await ahttp.get("/metrics")).text:
-                        await asyncio.sleep(0.02)  # until the request waits behind the warm-up
+                    await queue_depth(process, 2)  # the request waits behind the warm-up
                     process.terminate()  # SIGTERM with work queued
+                    gate.touch()  # within the grace period: the warm-up and the request run
                     return await task
 
             result = asyncio.run(queued_then_terminated())

@@ -12,6 +12,8 @@ import httpx
 import pytest
 import torch
 
+from tests.servers import wait_until
+
 from litetopk.clients import TopKClient
 from litetopk.clients.memfd import SealedMemory
 from litetopk.service.errors import ServiceError
@@ -113,9 +115,16 @@ def test_unregister_waits_for_running_leases(block):
     done = threading.Event()
     waiter = threading.Thread(target=lambda: (table.unregister(region.id, ME), done.set()))
     waiter.start()
-    assert not done.wait(0.2), "unregister returned while a request still used the region"
-    with pytest.raises(ServiceError):
-        table.acquire(ref(region), "x", ME)  # retired at once: no new lease
+
+    def retired() -> bool:
+        try:
+            table.release(table.acquire(ref(region), "x", ME)[0])
+        except ServiceError:
+            return True  # retired at once: no new lease
+        return False
+
+    wait_until(retired, timeout=30)
+    assert not done.is_set(), "unregister returned while a request still used the region"
     table.release(leased)
     waiter.join(5)
     assert done.is_set() and region.base is None

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from litetopk.clients.wire import (
+from litetopk.service.wire import (
     DTYPES,
     RESULT_FIELDS,
     WireFormatError,
@@ -68,3 +68,54 @@ def test_malformed_json():
 
 def test_service_and_wire_agree_on_dtype_names():
     assert set(DTypeName.__args__) == set(DTYPES)
+
+
+# ------------------------------------------------------------------- one request, two transports
+
+
+def _body(**changes) -> dict:
+    ref = {"region": "r0123", "generation": 1, "offset": 0, "dtype": "uint8", "shape": [4, 64, 64]}
+    body = {"q_fp4": ref, "q_scale": ref, "kv_cache": ref, "weights": {**ref, "dtype": "float32"},
+            "block_table": {"dtype": "int32", "shape": [1, 2], "data": [0, 1]}, "row_to_batch": ref,
+            "starts": ref, "ends": ref, "topk": 512}
+    body.update(changes)
+    return body
+
+
+@pytest.mark.parametrize("case, body, valid", [
+    ("plain", _body(), True),
+    ("out regions", _body(out={"values": {"region": "r9", "generation": 2, "dtype": "float32", "shape": [4, 512]}}),
+     True),
+    ("unknown field", _body(extra=1), False),
+    ("a string for an int", _body(topk="512"), False),
+    ("six dims", _body(q_fp4={"region": "r", "generation": 1, "dtype": "uint8", "shape": [1] * 6}), False),
+    ("generation 0", _body(q_fp4={"region": "r", "generation": 0, "dtype": "uint8", "shape": [1]}), False),
+    ("a region id with a slash", _body(q_fp4={"region": "a/b", "generation": 1, "dtype": "uint8", "shape": [1]}),
+     False),
+    ("inline past the cap", _body(starts={"dtype": "int32", "shape": [2**16 + 1], "data": [0] * (2**16 + 1)}), False),
+    ("an unknown dtype", _body(q_fp4={"region": "r", "generation": 1, "dtype": "int8", "shape": [1]}), False),
+    ("an unknown backend", _body(backend="cuda"), False),
+])
+def test_http_and_ipc_validate_a_request_alike(case, body, valid):
+    """The HTTP model (service/schemas.py) and the IPC frame's type (service/wire.py) accept and refuse
+    the same requests (the IPC decodes msgpack, where an int is never a string)."""
+    import msgspec
+    from pydantic import ValidationError
+
+    from litetopk.service.schemas import TopKRequest as HttpRequest
+    from litetopk.service.topk import from_model
+    from litetopk.service.wire import TopKRequest as IpcRequest
+
+    try:
+        model = HttpRequest.model_validate_json(json.dumps(body))
+        http_ok = True
+    except ValidationError:
+        http_ok = False
+    try:
+        frame = msgspec.msgpack.decode(msgspec.msgpack.encode(body), type=IpcRequest)
+        ipc_ok = True
+    except msgspec.ValidationError:
+        ipc_ok = False
+    assert (http_ok, ipc_ok) == (valid, valid), case
+    if valid:
+        assert from_model(model) == frame, f"{case}: HTTP's request reaches the request layer as IPC's does"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The service's GPU session in ONE device call (<= 550 s): the GPU service tests, the acceptance
+# check (bench/checks/service_gpu.py), the benchmark (bench/service.py: decode 64x1x65,536 K=512,
+# decode 128x2x32,768 K=1024, prefill 8,192x65,536 K=512; in-process graph runner, ipc, HTTP over
+# UDS with out regions, HTTP over TCP) and the service's own cost (bench/service_overhead.py,
+# operator mocked, 64 rows). No network there: torch/triton come with the image, the service's
+# other wheels are carried in .whl (bench/device/gpu_service_wheels.sh, here, once), and the
+# project is imported from the work tree (bench/device/gpu_env.sh). The lead runs:
+#   bash bench/device/gpu_service_wheels.sh     # here, once (needs the package index)
+#   run(command="bash bench/device/service_session.sh", carry=[".whl"], timeout_s=600)
+# Every step has its own time limit (env: TESTS_S, CHECK_S, BENCH_S, OVERHEAD_S; SHAPES picks the
+# benchmark's shapes); JSON, PNG and logs land in $OUT (service-session.log is the whole log).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+LOG="$OUT/service-session.log"
+: > "$LOG"
+source bench/device/gpu_env.sh || exit 1
+require_wheels
+status=0
+step() {  # step SECONDS COMMAND...: run with a time limit, log, remember failures
+  local limit=$1; shift
+  echo "== [$(date +%T)] $* (limit ${limit}s)" | tee -a "$LOG"
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "== exit $rc" | tee -a "$LOG"
+  [ "$rc" -eq 0 ] || status=1
+}
+step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
+step 30 python3 -c 'import torch, triton, msgspec, fastapi, uvicorn, pydantic; print("torch", torch.__version__, "triton", triton.__version__, "msgspec", msgspec.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
+step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" --junitxml="$OUT/service-gpu-tests.xml"
+step "${CHECK_S:-100}" python3 -m bench.checks.service_gpu --backend auto --out "$OUT"
+step "${BENCH_S:-200}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"
+step "${OVERHEAD_S:-50}" python3 -m bench.service_overhead --device cuda:0 --rows 64 --iters 300 --out "$OUT"
+echo "service_session: exit $status" | tee -a "$LOG"
+exit $status

@@ -1,0 +1,235 @@
+"""The client side of the service's IPC channel (service/ipc.py; frames in litetopk.service.wire).
+
+`IpcChannel` (blocking) and `AsyncIpcChannel` (asyncio) connect to `ipc.sock` beside the service's
+Unix socket, read its `Hello`, and answer the client's calls, which are written once for both
+transports as HTTP calls `(method, path, kwargs)` (client.py): `request(method, path, **kwargs)`
+maps each route onto its IPC message and returns an `IpcResponse`, which reads like the
+httpx.Response of the same route (status, content type, JSON document), plus, for a top-k answer,
+`result` = (fields, written) decoded from the frame's payload without a copy (the tensors view the
+received bytes). The async channel multiplexes requests over one connection by message id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+from pathlib import Path
+
+import msgspec
+
+from litetopk.service.wire import (
+    FRAME,
+    IPC_PROTOCOL,
+    IPC_SOCKET_NAME,
+    Hello,
+    IpcAnswer,
+    OkAnswer,
+    TopKAnswer,
+    fields_in,
+)
+
+from .errors import ProtocolError, TransportError
+
+CONNECT_TIMEOUT_S = 10.0
+_DECODER = msgspec.msgpack.Decoder(IpcAnswer)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def ipc_socket_path(uds: str) -> str:
+    """Where the IPC channel of the service listening on Unix socket `uds` is."""
+    return str(Path(uds).parent / IPC_SOCKET_NAME)
+
+
+class IpcResponse:
+    """One answer, read like the httpx.Response of the same HTTP route (module docstring)."""
+
+    __slots__ = ("status_code", "headers", "_doc", "result")
+
+    def __init__(self, status_code: int, doc, headers: dict, result=None):
+        self.status_code, self._doc, self.headers, self.result = status_code, doc, headers, result
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    def json(self):
+        return self._doc
+
+    @property
+    def text(self) -> str:
+        return str(self._doc)
+
+
+def message_for(id_: int, method: str, path: str, kwargs: dict) -> dict:
+    """The IPC message of an HTTP call of the client's flows."""
+    if path == "/v1/topk" and method == "POST":
+        return {"op": "topk", "id": id_, "request": kwargs["json"]}
+    if path == "/v1/regions" and method == "POST":
+        return {"op": "register", "id": id_, "registration": kwargs["json"]}
+    if path == "/v1/regions" and method == "GET":
+        return {"op": "regions", "id": id_}
+    if path.startswith("/v1/regions/") and method == "DELETE":
+        generation = (kwargs.get("params") or {}).get("generation")
+        return {"op": "unregister", "id": id_, "region": path.rsplit("/", 1)[1], "generation": generation}
+    if path.startswith("/v1/regions/") and method == "GET":
+        return {"op": "region", "id": id_, "region": path.rsplit("/", 1)[1]}
+    if path == "/v1/info":
+        return {"op": "info", "id": id_}
+    if path == "/readyz":
+        return {"op": "ready", "id": id_}
+    raise ValueError(f"{method} {path} has no IPC message")
+
+
+def response_for(answer, payload: bytearray) -> IpcResponse:
+    if isinstance(answer, TopKAnswer):
+        entries = [{"name": f.name, "dtype": f.dtype, "shape": f.shape, "offset": f.offset} for f in answer.fields]
+        timing = ", ".join(f"{k};dur={v:.3f}" for k, v in answer.timing.items())
+        return IpcResponse(200, None, {"content-type": "application/vnd.litetopk.ipc", "server-timing": timing},
+                           (fields_in(payload, entries), list(answer.written)))
+    if isinstance(answer, OkAnswer):
+        return IpcResponse(204 if answer.value is None else 200, answer.value, {"content-type": "application/json"})
+    problem = answer.problem
+    headers = {"content-type": "application/problem+json"}
+    if problem.get("retry_after") is not None:
+        headers["retry-after"] = str(problem["retry_after"])
+    return IpcResponse(int(problem.get("status", 500)), problem, headers)
+
+
+def _check_hello(answer, path: str) -> Hello:
+    if not isinstance(answer, Hello) or answer.protocol != IPC_PROTOCOL:
+        raise ProtocolError(f"{path} did not greet with IPC protocol {IPC_PROTOCOL}: {answer!r}")
+    return answer
+
+
+class IpcChannel:
+    """A blocking connection to the IPC channel at `path` (one request at a time; thread-safe)."""
+
+    def __init__(self, path: str, timeout: float | None = None):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            self.sock.connect(path)
+            self.sock.settimeout(timeout)
+            self.hello = _check_hello(self._read()[0], path)
+        except OSError as exc:
+            self.sock.close()
+            raise TransportError(f"litetopk IPC channel at {path}: {exc}") from exc
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def _read_exact(self, view: memoryview) -> None:
+        while view.nbytes:
+            got = self.sock.recv_into(view)
+            if not got:
+                raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+            view = view[got:]
+
+    def _read(self):
+        prefix = bytearray(FRAME.size)
+        self._read_exact(memoryview(prefix))
+        header_bytes, payload_bytes = FRAME.unpack(prefix)
+        header, payload = bytearray(header_bytes), bytearray(payload_bytes)
+        self._read_exact(memoryview(header))
+        self._read_exact(memoryview(payload))
+        try:
+            return _DECODER.decode(header), payload
+        except msgspec.MsgspecError as exc:
+            raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
+
+    def request(self, method: str, path: str, **kwargs) -> IpcResponse:
+        with self._lock:
+            id_ = next(self._ids)
+            header = _ENCODER.encode(message_for(id_, method, path, kwargs))
+            try:
+                self.sock.sendall(FRAME.pack(len(header), 0) + header)
+                while True:
+                    answer, payload = self._read()
+                    if getattr(answer, "id", None) in (id_, 0):
+                        return response_for(answer, payload)
+            except OSError as exc:
+                raise TransportError(f"litetopk IPC channel at {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class AsyncIpcChannel:
+    """An asyncio connection to the IPC channel: requests in flight together, matched by id."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reader = self._writer = self._task = None
+        self.hello: Hello | None = None
+
+    async def connect(self) -> "AsyncIpcChannel":
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(self.path, limit=2**24)
+            self.hello = _check_hello((await self._read())[0], self.path)
+        except OSError as exc:
+            raise TransportError(f"litetopk IPC channel at {self.path}: {exc}") from exc
+        self._task = asyncio.get_running_loop().create_task(self._dispatch())
+        return self
+
+    async def _read(self):
+        prefix = await self._reader.readexactly(FRAME.size)
+        header_bytes, payload_bytes = FRAME.unpack(prefix)
+        header = await self._reader.readexactly(header_bytes)
+        payload = bytearray(await self._reader.readexactly(payload_bytes)) if payload_bytes else bytearray()
+        return _DECODER.decode(header), payload
+
+    async def _dispatch(self) -> None:
+        error: BaseException = TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+        try:
+            while True:
+                answer, payload = await self._read()
+                future = self._pending.pop(getattr(answer, "id", -1), None)
+                if future is not None and not future.done():
+                    future.set_result(response_for(answer, payload))
+                elif getattr(answer, "id", None) == 0:  # a problem the service could not address: fail everyone
+                    error = ProtocolError(f"the IPC channel refused a frame: {answer!r}")
+                    break
+        except (asyncio.IncompleteReadError, OSError, msgspec.MsgspecError) as exc:
+            error = TransportError(f"litetopk IPC channel at {self.path}: {type(exc).__name__}: {exc}")
+        finally:
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            self._pending.clear()
+
+    async def request(self, method: str, path: str, **kwargs) -> IpcResponse:
+        id_ = next(self._ids)
+        header = _ENCODER.encode(message_for(id_, method, path, kwargs))
+        future = asyncio.get_running_loop().create_future()
+        self._pending[id_] = future
+        if self._task is None or self._task.done():
+            self._pending.pop(id_, None)
+            raise TransportError(f"litetopk IPC channel at {self.path} is closed")
+        self._writer.write(FRAME.pack(len(header), 0) + header)
+        try:
+            return await future
+        finally:
+            self._pending.pop(id_, None)
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+def reachable(uds: str | None) -> str | None:
+    """The IPC socket beside `uds` when it exists (the client then tries it), else None."""
+    if not uds:
+        return None
+    path = ipc_socket_path(uds)
+    return path if os.path.exists(path) else None
+
+
+__all__ = ["AsyncIpcChannel", "IpcChannel", "IpcResponse", "ipc_socket_path", "message_for", "reachable",
+           "response_for"]
