@@ -4,11 +4,14 @@ The layers, top to bottom; a module imports only modules below it (or beside it 
 without a cycle), never one above, lazily or not (tests/kernels/test_import_graph.py keeps it so):
 
     public face   __init__.py   this curated namespace (__all__)
-                  operator.py   litetopk_prefill, dense_topk_prefill, the backend registry
                   graphs.py     LiteTopKGraphs: the operator replayed from per-signature CUDA graphs
                   adapters.py   sglang / vLLM tensors -> the operator, zero copy
                   aiter.py      the drop-in for AITER's FP4 LiteTopK operator
+                  operator.py   litetopk_prefill, dense_topk_prefill: eager, or the ops under torch.compile
+                  ops.py        the torch.library custom ops (litetopk::prefill, ...) with fake
+                                implementations, and the implementation they run
                   workspace.py  workspace_bytes / allocate_workspace (sizing: it runs the pipeline)
+                  registry.py   the backend registry (BACKEND_NAMES, get_backend, resolve_backend)
                   compile/      offline builds for sm_90 and gfx950 (python -m ...; CI's ISA checks)
     method        pipeline.py   the LiteTopK method and the dense baseline, shared by every backend
     stages        validation.py  row_checks.py  calibration.py  certify.py  repair.py  selection.py

@@ -263,17 +263,51 @@ def topk_sglang_c4_indexer(
     and can share key tiles among them. The answer is the same; it is the caller's promise that the
     next_n rows of each request are equal (not checked: that would read the table on the host).
 
-    Parameters: q_fp4 int8 / uint8 [T, 64, 64]; q_sf int32 [T, 64] (or [T, 1, 64]); kv_cache the
-    indexer buffer uint8 [pages, 4352] (or its [pages, 64, 1, 68] view); page_table int32
-    [T, max_pages]; weights float32 [T, 64, 1] (or [T, 64]); c4_seq_lens int32 [T] (or [T, 1]);
-    c4_sparse_page_indices int32 [>= T, >= K], written at [:T, :K] with physical slots (-1 padded);
-    c4_sparse_raw_indices (optional) likewise with C4 positions; max_seq_len the static window
-    bound (indexer_metadata.max_c4_seq_len); next_n as above (default 1: every row its own).
-    Returns the TopKResult (its status bits say which rows published nothing).
-    Raises InputError for tensors that do not match.
+    Parameters
+    ----------
+    q_fp4 : torch.Tensor
+        int8 / uint8 [T, 64, 64]: packed E2M1 queries (q_indexer[0]).
+    q_sf : torch.Tensor
+        int32 [T, 64] (or [T, 1, 64]): four UE8M0 scale bytes a head (q_indexer[1]).
+    kv_cache : torch.Tensor
+        The indexer buffer, uint8 [pages, 4352] (or its [pages, 64, 1, 68] view), read in place.
+    page_table : torch.Tensor
+        int32 [T, max_pages]: one row per query token (indexer_metadata.page_table).
+    weights : torch.Tensor
+        float32 [T, 64, 1] (or [T, 64]): head weights.
+    c4_seq_lens : torch.Tensor
+        int32 [T] (or [T, 1]): each row's window end (indexer_metadata.c4_seq_lens).
+    c4_sparse_page_indices : torch.Tensor
+        int32 [>= T, >= K], written at [:T, :K] with physical slots (-1 padded).
+    topk : int
+        K, in SUPPORTED_TOPK.
+    c4_sparse_raw_indices : torch.Tensor, optional
+        Like c4_sparse_page_indices, written with C4 positions.
+    max_seq_len : int, optional
+        The static window bound (indexer_metadata.max_c4_seq_len).
+    weight_scale, backend, workspace
+        As litetopk_prefill.
+    next_n : int
+        Query rows a request (default 1: every row its own), as above.
 
-    Example: ``topk_sglang_c4_indexer(q_fp4, q_sf, kv, meta.page_table, w, meta.c4_seq_lens,
-    core.c4_sparse_page_indices, topk=512, max_seq_len=meta.max_c4_seq_len)``.
+    Returns
+    -------
+    TopKResult
+        litetopk_prefill's result (its status bits say which rows published nothing); its
+        physical_indices (raw_indices) are the written corners of the buffers. Raises InputError
+        for tensors that do not match.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512)
+    >>> page_table = p.block_table[p.row_to_batch.long()]  # one page-table row per query token
+    >>> q_sf = p.q_scale.view(torch.int32).squeeze(-1)     # int32 [T, 64]
+    >>> page_indices = torch.full((8, 512), -1, dtype=torch.int32)  # the engine's buffer, more rows than T
+    >>> result = topk_sglang_c4_indexer(p.q_fp4.view(torch.int8), q_sf, p.kv_cache, page_table,
+    ...                                 p.weights[..., None], p.ends, page_indices, topk=512)
+    >>> torch.equal(page_indices[:4], result.physical_indices), result.status.tolist()
+    (True, [0, 0, 0, 0])
     """
     q = query_bytes(q_fp4)
     rows = q.shape[0]
@@ -294,8 +328,41 @@ def topk_sglang_fp4_indexer(
     backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """sglang's FP4 indexer tensors with explicit per-token windows: query row t reads window
-    [starts[t], ends[t]) (int32 [T]) through page_table[t] (int32 [T, max_pages]). Other arguments
-    as topk_sglang_c4_indexer (out_physical / out_raw: its two index buffers)."""
+    [starts[t], ends[t]) through page_table[t].
+
+    Parameters
+    ----------
+    q_fp4, q_scale, kv_cache, weights
+        As topk_sglang_c4_indexer (q_scale: its q_sf).
+    page_table : torch.Tensor
+        int32 [T, max_pages]: one row per query token.
+    starts, ends : torch.Tensor
+        int32 [T]: each row's window [start, end).
+    out_physical : torch.Tensor
+        int32 [>= T, >= K], written at [:T, :K] with physical slots (-1 padded).
+    topk : int
+        K, in SUPPORTED_TOPK.
+    out_raw : torch.Tensor, optional
+        Like out_physical, written with C4 positions.
+    max_seq_len, weight_scale, backend, workspace
+        As topk_sglang_c4_indexer.
+
+    Returns
+    -------
+    TopKResult
+        litetopk_prefill's result. Raises InputError for tensors that do not match.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512, causal=False)
+    >>> page_table = p.block_table[p.row_to_batch.long()]
+    >>> out_physical = torch.empty((4, 512), dtype=torch.int32)
+    >>> result = topk_sglang_fp4_indexer(p.q_fp4, p.q_scale.view(torch.int32).squeeze(-1), p.kv_cache,
+    ...                                  page_table, p.weights, p.starts, p.ends, out_physical, topk=512)
+    >>> bool((result.counts == torch.clamp(p.ends - p.starts, max=512)).all())
+    True
+    """
     q = query_bytes(q_fp4)
     return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, (out_physical, "out_physical"),
                         (out_raw, "out_raw"), topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale,
@@ -334,17 +401,48 @@ def topk_vllm_indexer_decode(
     next_n query rows each; row b * next_n + j reads C4 positions [0, seq_lens[b, j]) of request b
     through block_table[b].
 
-    Parameters: q_fp4 uint8 [B, next_n, 64, 64] (or [B * next_n, 64, 64]); q_scale int32
-    [B, next_n, 64] (or [B * next_n, 64]); kv_cache the layer's uint8 [blocks, 64, >= 68] (or the
-    [blocks, 64, 1, 68] DeepGEMM view), any block stride; block_table int32 [>= B, max_blocks] (row b serves request b);
-    weights float32 [B * next_n, 64]; seq_lens int32 [B, next_n], [B, 1] or [B];
-    topk_indices_buffer int32 [>= B * next_n, >= K], written at [:B * next_n, :K] with
-    request-relative C4 positions (-1 padded); max_seq_len the static window bound (the indexer's
-    max_model_len).
-    Returns the TopKResult. Raises InputError for tensors that do not match.
+    Parameters
+    ----------
+    q_fp4 : torch.Tensor
+        uint8 [B, next_n, 64, 64] (or [B * next_n, 64, 64]): packed E2M1 queries.
+    q_scale : torch.Tensor
+        int32 [B, next_n, 64] (or [B * next_n, 64]): four UE8M0 scale bytes a head.
+    kv_cache : torch.Tensor
+        The layer's uint8 [blocks, 64, >= 68] (or the [blocks, 64, 1, 68] DeepGEMM view), any block
+        stride, read in place.
+    block_table : torch.Tensor
+        int32 [>= B, max_blocks]: row b serves request b.
+    weights : torch.Tensor
+        float32 [B * next_n, 64]: head weights.
+    seq_lens : torch.Tensor
+        int32 [B, next_n], [B, 1] or [B]: each row's window end.
+    topk_indices_buffer : torch.Tensor
+        int32 [>= B * next_n, >= K], written at [:B * next_n, :K] with request-relative C4
+        positions (-1 padded).
+    topk : int
+        K, in SUPPORTED_TOPK.
+    max_seq_len : int, optional
+        The static window bound (the indexer's max_model_len).
+    weight_scale, backend, workspace
+        As litetopk_prefill.
 
-    Example: ``topk_vllm_indexer_decode(q, q_sf, kv_cache, meta.block_table, weights[:n],
-    meta.seq_lens, topk_indices_buffer, topk=512, max_seq_len=max_model_len)``.
+    Returns
+    -------
+    TopKResult
+        litetopk_prefill's result; raw_indices is the written corner of the buffer. Raises
+        InputError for tensors that do not match.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> p = random_problem(rows=2, keys=[1500, 900], topk=512)  # two requests, one token each
+    >>> kv_cache = torch.zeros((p.kv_cache.shape[0], 64, 132), dtype=torch.uint8)  # vLLM's FP8-sized blocks
+    >>> kv_cache.view(kv_cache.shape[0], -1)[:, :4352] = p.kv_cache                # FP4 uses each block's start
+    >>> buffer = torch.full((16, 512), -1, dtype=torch.int32)  # topk_indices_buffer
+    >>> result = topk_vllm_indexer_decode(p.q_fp4, p.q_scale.view(torch.int32).squeeze(-1), kv_cache,
+    ...                                   p.block_table, p.weights, p.ends, buffer, topk=512)
+    >>> torch.equal(buffer[:2], result.raw_indices), result.counts.tolist()
+    (True, [512, 512])
     """
     block_table = _require_tensor(block_table, "block_table")
     seq_lens = _require_tensor(seq_lens, "seq_lens")
@@ -372,7 +470,14 @@ def vllm_prefill_rows(cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
     """(row_to_request, starts, ends) int32 [rows] of a vLLM prefill chunk, on the device: row t's
     request is the r with cu_seq_lens[r] == cu_seqlen_ks[t] (the last such r: requests with no C4
     key come before it and own no row with a key), its window [0, ke - ks). Rows of a request with
-    no key get request 0 or the last, and an empty window."""
+    no key get request 0 or the last, and an empty window.
+
+    Example
+    -------
+    >>> ks, ke = torch.tensor([0, 0, 100], dtype=torch.int32), torch.tensor([3, 5, 140], dtype=torch.int32)
+    >>> [t.tolist() for t in vllm_prefill_rows(ks, ke, torch.tensor([0, 100, 180], dtype=torch.int32))]
+    [[0, 0, 1], [0, 0, 0], [3, 5, 40]]
+    """
     ks = _lengths(cu_seqlen_ks, None, "cu_seqlen_ks")
     ke = _lengths(cu_seqlen_ke, ks.shape[0], "cu_seqlen_ke")
     cu = _lengths(cu_seq_lens, None, "cu_seq_lens")
@@ -390,11 +495,44 @@ def topk_vllm_indexer_prefill_chunk(
     backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """vLLM's DeepSeek-V4 indexer prefill call for one chunk (`sparse_attn_indexer`, module
-    docstring): the chunk's query rows (q_fp4 / q_scale / weights sliced [token_start:token_end]),
-    its block_table int32 [requests, max_blocks] and its cu_seqlen_ks / cu_seqlen_ke int32 [rows] /
-    cu_seq_lens int32 [requests + 1] (vllm_prefill_rows); the cache read in place (no gather).
-    Writes request-relative C4 positions into topk_indices_buffer [:rows, :K] (pass
-    topk_indices_buffer[token_start:token_end]). Returns the TopKResult."""
+    docstring): the chunk's query rows, its requests' block tables, the cache read in place (no
+    gather); rows and windows from the chunk's cumulative lengths (vllm_prefill_rows).
+
+    Parameters
+    ----------
+    q_fp4, q_scale, weights
+        The chunk's rows, as topk_vllm_indexer_decode takes them (sliced [token_start:token_end]).
+    kv_cache : torch.Tensor
+        As topk_vllm_indexer_decode.
+    block_table : torch.Tensor
+        int32 [requests, max_blocks]: the chunk's requests.
+    cu_seqlen_ks, cu_seqlen_ke : torch.Tensor
+        int32 [rows]: each row's first and end C4 key in the chunk's gathered keys.
+    cu_seq_lens : torch.Tensor
+        int32 [requests + 1]: where each request's C4 keys start in the gathered keys.
+    topk_indices_buffer : torch.Tensor
+        int32 [>= rows, >= K], written at [:rows, :K] with request-relative C4 positions (pass
+        topk_indices_buffer[token_start:token_end]).
+    topk, max_seq_len, weight_scale, backend, workspace
+        As topk_vllm_indexer_decode.
+
+    Returns
+    -------
+    TopKResult
+        litetopk_prefill's result. Raises InputError for tensors that do not match.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512)  # a chunk of two requests, two rows each
+    >>> cu_seq_lens = torch.tensor([0, 1500, 2400], dtype=torch.int32)
+    >>> ks = cu_seq_lens[p.row_to_batch.long()]
+    >>> buffer = torch.full((4, 512), -1, dtype=torch.int32)
+    >>> result = topk_vllm_indexer_prefill_chunk(p.q_fp4, p.q_scale, p.kv_cache, p.block_table, p.weights,
+    ...                                          ks, ks + p.ends, cu_seq_lens, buffer, topk=512)
+    >>> torch.equal(buffer, result.raw_indices), result.status.tolist()
+    (True, [0, 0, 0, 0])
+    """
     row_to_request, starts, ends = vllm_prefill_rows(cu_seqlen_ks, cu_seqlen_ke, cu_seq_lens)
     return topk_vllm_indexer(
         q_fp4, q_scale, kv_cache, block_table, weights, row_to_request, starts, ends, topk_indices_buffer,
@@ -409,10 +547,37 @@ def topk_vllm_indexer(
     backend: str = "auto", workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """vLLM's DeepSeek-V4 indexer tensors with explicit windows: query row t of request
-    row_to_request[t] sees [starts[t], ends[t]) (int32 [T]) through block_table (int32 [requests,
-    max_blocks]); q_fp4, q_scale, kv_cache and weights as topk_vllm_indexer_decode (q_scale also our
-    uint8 [T, 64, 4]; kv_cache also any view of 4352-byte pages, e.g. vLLM's slab pages); writes
-    request-relative indices (-1 padded) into topk_indices_buffer [:T, :K] (strided views allowed)."""
+    row_to_request[t] sees [starts[t], ends[t]) through block_table[row_to_request[t]].
+
+    Parameters
+    ----------
+    q_fp4, q_scale, kv_cache, weights
+        As topk_vllm_indexer_decode (q_scale also our uint8 [T, 64, 4]; kv_cache also any view of
+        4352-byte pages, e.g. vLLM's slab pages).
+    block_table : torch.Tensor
+        int32 [requests, max_blocks].
+    row_to_request, starts, ends : torch.Tensor
+        int32 [T]: each row's request and window [start, end).
+    topk_indices_buffer : torch.Tensor
+        int32 [>= T, >= K] (strided views allowed), written at [:T, :K] with request-relative C4
+        positions (-1 padded).
+    topk, max_seq_len, weight_scale, backend, workspace
+        As topk_vllm_indexer_decode.
+
+    Returns
+    -------
+    TopKResult
+        litetopk_prefill's result. Raises InputError for tensors that do not match.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512, causal=False)
+    >>> buffer = torch.full((4, 512), -1, dtype=torch.int32)
+    >>> result = topk_vllm_indexer(*p.args(), buffer, topk=512)
+    >>> torch.equal(buffer, result.raw_indices)
+    True
+    """
     q = query_bytes(q_fp4)
     rows = q.shape[0]
     return litetopk_prefill(

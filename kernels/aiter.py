@@ -167,13 +167,6 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
 ) -> FP4LiteTopKResult:
     """AITER's `flydsl_pa_mqa_litetopk_fp4_prefill`, answered by `litetopk_prefill`.
 
-    Arguments as AITER's: q_fp4 uint8 [rows, 64, 64]; q_scale uint8 [rows, 1, 4, 16, 4] (AITER's
-    head shuffle); kv_cache uint8 [pages, 1, 4, 64, 16] and kv_scale uint8 [pages, 1, 4, 64]
-    (read in place); block_tables int32 [batch, max_pages] (guard columns past max_seq_len, as
-    AITER's callers append, are never read); weights bfloat16 (or float32) [rows, 64];
-    row_to_batch / local_starts / local_ends int32 [rows]. Returns FP4LiteTopKResult with
-    AITER's status bits (module docstring), written into `out` when given.
-
     Where we differ from AITER:
     - looser: runs on every backend (`backend`, "auto" by device), not only gfx950; caches whose
       pages lie any stride(0) apart; float32 weights; our own cache format when kv_scale is None;
@@ -187,6 +180,59 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
       workspace; `out` fields are written in place by the operator (status: AITER's bits, copied in);
       q_scale is unshuffled into a new rows x 256-byte tensor (the cache, q_fp4, weights and
       metadata are not copied).
+
+    Parameters
+    ----------
+    q_fp4 : torch.Tensor
+        uint8 [rows, 64, 64]: packed E2M1 queries.
+    q_scale : torch.Tensor
+        uint8 [rows, 1, 4, 16, 4]: UE8M0 query scales in AITER's head shuffle.
+    kv_cache, kv_scale : torch.Tensor
+        AITER's cache, uint8 [pages, 1, 4, 64, 16] and [pages, 1, 4, 64], read in place (kv_scale
+        None: kv_cache is in our format).
+    block_tables : torch.Tensor
+        int32 [batch, max_pages] (guard columns past max_seq_len, as AITER's callers append, are
+        never read).
+    weights : torch.Tensor
+        bfloat16 (or float32) [rows, 64]: head weights.
+    row_to_batch, local_starts, local_ends : torch.Tensor
+        int32 [rows]: each row's sequence and window.
+    max_seq_len : int
+        The static window bound.
+    topk : int
+        K, in FP4_LITETOPK_SUPPORTED_TOPKS (default 512).
+    sample_len, num_buckets, refresh_every, merge_cap
+        AITER's tuning knobs: only their defaults are accepted.
+    weight_scale : float
+        As litetopk_prefill.
+    workspace : FP4LiteTopKWorkspace, optional
+        From allocate_fp4_litetopk_workspace.
+    out : FP4LiteTopKResult, optional
+        Caller-owned result fields, written in place.
+    stream : torch.cuda.Stream, optional
+        The stream of the call (default: the current one).
+    enforce_status : bool
+        Assert every row is OK (default True; above).
+    backend, repair
+        As litetopk_prefill.
+
+    Returns
+    -------
+    FP4LiteTopKResult
+        values, raw_indices, physical_indices, counts, candidate_counts and status with AITER's
+        status bits (module docstring), written into `out` when given.
+
+    Example
+    -------
+    >>> from litetopk.kernels import random_problem
+    >>> from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk, shuffle_q_scale_aiter
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512)
+    >>> kv_cache, kv_scale = aiter_pages_from_litetopk(p.kv_cache)  # AITER's cache format
+    >>> result = flydsl_pa_mqa_litetopk_fp4_prefill(
+    ...     p.q_fp4, shuffle_q_scale_aiter(p.q_scale), kv_cache, kv_scale, p.block_table, p.weights,
+    ...     p.row_to_batch, p.starts, p.ends, p.block_table.shape[1] * 64, topk=512)
+    >>> result.status.tolist(), result.counts.tolist()
+    ([0, 0, 0, 0], [512, 512, 512, 512])
     """
     if topk not in SUPPORTED_TOPK:
         raise InputError(f"FP4 LiteTopK requires topk in {SUPPORTED_TOPK}, got {topk}")

@@ -60,8 +60,9 @@ import torch
 
 from .cache_layout import NUM_HEADS, PAGE_SIZE, SCALE_BYTES, VALUE_BYTES
 from .errors import InputError
-from .operator import get_backend, litetopk_prefill, on_device
+from .operator import litetopk_prefill
 from .pipeline import LiteTopKTuning
+from .registry import get_backend, on_device
 from .result import RESULT_FIELDS, TopKResult
 from .scratch import ALIGNMENT
 from .status import CAPACITY_EVENTS
@@ -144,7 +145,40 @@ def _staging_specs(rows: int, table_shape: tuple, weights_dtype: torch.dtype, to
 
 
 class LiteTopKGraphs:
-    """litetopk_prefill from per-signature CUDA graphs on one device (module docstring)."""
+    """litetopk_prefill replayed from per-signature CUDA graphs on one device (module docstring).
+
+    Built once for the bounds of the calls it serves (its workspace and staging arena are sized up
+    front); each call takes litetopk_prefill's arguments and returns its TopKResult, the same bits,
+    replaying the graph captured for the call's signature (a new signature runs eagerly and is
+    captured). Eager only: a compiled model calls the operator's custom op (ops.py) and captures it
+    in its own graphs.
+
+    Parameters
+    ----------
+    max_rows, max_seq_len, topk, max_batch
+        The bounds of the calls, as allocate_workspace takes them: rows <= max_rows, block-table rows
+        <= max_batch, window bound <= max_seq_len, K in `topk` (an int or a sequence of them).
+    device : torch.device or str
+        The one device the runner serves (CUDA: real graphs; elsewhere the captured call is re-run).
+    backend : str
+        The calls' backend (default "auto": the one it resolves to on `device`).
+    tuning : LiteTopKTuning, optional
+        The calls' tuning (default: the production settings).
+    max_graphs : int
+        Signatures kept at once, least recently used dropped first (default 8).
+    workspace : torch.Tensor, optional
+        One the caller already allocated for these bounds (allocate_workspace), used instead of a new one.
+
+    Example
+    -------
+    >>> from litetopk.kernels import LiteTopKGraphs, litetopk_prefill, random_problem
+    >>> p = random_problem(rows=8, keys=[3000, 2000], topk=512)
+    >>> graphs = LiteTopKGraphs(16, 4096, 512, device="cpu", max_batch=2)  # device="cuda:0" on a GPU
+    >>> first = graphs(*p.args(), topk=512)  # a miss: runs eagerly, then captures
+    >>> again = graphs(*p.args(), topk=512)  # a replay
+    >>> torch.equal(again.raw_indices, litetopk_prefill(*p.args(), topk=512).raw_indices), graphs.stats["replays"]
+    (True, 1)
+    """
 
     def __init__(self, max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
                  tuning: LiteTopKTuning | None = None, max_batch: int = 1, max_graphs: int = 8,
@@ -228,7 +262,22 @@ class LiteTopKGraphs:
                  weight_scale: float = 1.0, repair: bool = True, out: Mapping[str, torch.Tensor] | None = None,
                  max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
                  check: bool = False) -> TopKResult:
-        """litetopk_prefill(...) with this runner's backend, tuning and workspace (module docstring)."""
+        """litetopk_prefill(...) with this runner's backend, tuning and workspace (module docstring).
+
+        Parameters
+        ----------
+        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends : torch.Tensor
+            As litetopk_prefill, on the runner's device and within its bounds (InputError otherwise).
+            Inputs are copied into the runner's staging arena unless they are its own
+            (input_buffers); the cache is read in place and is part of the signature.
+        topk, weight_scale, repair, out, max_seq_len, kv_scale, check
+            As litetopk_prefill.
+
+        Returns
+        -------
+        TopKResult
+            litetopk_prefill's result, bit for bit: the `out` tensors written, the other fields new.
+        """
         inputs = dict(q_fp4=q_fp4, q_scale=q_scale, block_table=block_table, weights=weights,
                       row_to_batch=row_to_batch, starts=starts, ends=ends)
         options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)

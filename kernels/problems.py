@@ -84,12 +84,48 @@ def random_problem(
 ) -> RandomProblem:
     """A random valid problem on `device`, the same for the same arguments.
 
-    `keys` is the number of compressed keys of one sequence, or a list of per-sequence lengths;
-    `rows` query rows are split evenly over the sequences (ValueError unless it divides). A causal
-    row of a sequence of n keys sees [0, (t+1)//4) for a raw position t drawn from the last page of
-    raw tokens, [4n - 256, 4n); a non-causal row sees a random sub-window [a, c) of [0, n]. The cache
-    holds every sequence in a permutation of its pages plus `spare_pages` unused ones; `topk` is
-    passed through (the operator checks it against SUPPORTED_TOPK).
+    A causal row of a sequence of n keys sees [0, (t+1)//4) for a raw position t drawn from the last
+    page of raw tokens, [4n - 256, 4n); a non-causal row sees a random sub-window [a, c) of [0, n].
+    The cache holds every sequence in a permutation of its pages plus `spare_pages` unused ones.
+
+    Parameters
+    ----------
+    rows : int
+        Query rows, split evenly over the sequences (ValueError unless it divides).
+    keys : int or sequence of int
+        Compressed keys of one sequence, or a list of per-sequence lengths (each >= 1).
+    topk : int
+        K, passed through (the operator checks it against SUPPORTED_TOPK; default 512).
+    device : torch.device or str
+        Where every tensor lies (default "cpu").
+    seed : int
+        The draw (default 0): the same seed and arguments give the same problem.
+    causal : bool
+        Causal prefill windows (default) or random sub-windows.
+    spread : int
+        Each 32-element block is scaled by 2^e, e uniform in [-spread, spread] (default 0: one binade).
+    weights_dtype : torch.dtype
+        float32 (default) or bfloat16 head weights.
+    weight_scale : float
+        Passed through to the operator (default 1.0).
+    spare_pages : int
+        Pages of the cache no sequence uses (default 3).
+    note : str
+        Free text for whoever builds it (tests name their cases there).
+
+    Returns
+    -------
+    RandomProblem
+        The operator's arguments: `.args()` the eight tensors in order, `.kwargs()` topk and weight_scale.
+
+    Example
+    -------
+    >>> from litetopk.kernels import litetopk_prefill, random_problem
+    >>> p = random_problem(rows=4, keys=[1500, 900], topk=512, seed=7)
+    >>> p.q_fp4.shape, p.block_table.shape, p.row_to_batch.tolist()
+    (torch.Size([4, 64, 64]), torch.Size([2, 25]), [0, 0, 1, 1])
+    >>> litetopk_prefill(*p.args(), **p.kwargs()).counts.tolist()
+    [512, 512, 512, 512]
     """
     seq_lens = [int(keys)] if isinstance(keys, int) else [int(n) for n in keys]
     if not seq_lens or min(seq_lens) < 1:

@@ -1,6 +1,6 @@
 """Workspace sizing: the bytes of a caller-owned workspace that serves every call within bounds.
 
-Layer: public face, above the operator (it runs the operator's pipeline to measure). The workspace
+Layer: public face (it runs the pipeline to measure, with a backend from registry.py). The workspace
 itself is carved by scratch.Scratch (the allocator at the bottom of the package, which says what a
 workspace holds); here:
 
@@ -27,23 +27,52 @@ import torch
 from .cache_layout import PAGE_BYTES, PAGE_SIZE
 from .calibration import shape_changes
 from .errors import InputError
-from .operator import new_backend, on_device
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
+from .registry import new_backend, on_device
 from .scratch import ALIGNMENT
 from .validation import check_topk, validate_prefill
 
 
 def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
                     tuning=None, dense: bool = False, max_batch: int = 1) -> int:
-    """Bytes of a workspace that serves every `litetopk_prefill` call (`dense_topk_prefill` with
-    dense=True) on `device` with the backend `backend` resolves to there, `tuning` (LiteTopKTuning,
-    default production) and: rows <= max_rows, block-table rows (sequences) <= max_batch, window
-    bound max_end = min(max_seq_len argument, block_table.shape[1] * 64) <= max_seq_len, K `topk` (or
-    any K of a sequence of them). Exact: the largest call within the bounds carves exactly this many
-    bytes; that is the call at the bounds, or one at a bound below max_seq_len where the calibration
-    sample changes shape (module docstring: measured by running the operator on `device`, a few
-    launches with empty windows; call it once, outside graph capture). Raises InputError for a bound
-    out of range."""
+    """Bytes of a workspace that serves every call within the bounds: exact, measured.
+
+    The largest call within the bounds carves exactly this many bytes: the call at the bounds, or one
+    at a bound below max_seq_len where the calibration sample changes shape (module docstring:
+    measured by running the pipeline on `device`, a few launches with empty windows; call it once,
+    outside graph capture).
+
+    Parameters
+    ----------
+    max_rows : int
+        The most query rows of a call.
+    max_seq_len : int
+        The largest window bound of a call: max_end = min(its max_seq_len argument,
+        block_table.shape[1] * 64) <= max_seq_len.
+    topk : int or sequence of int
+        The K of the calls (any of a sequence), each in SUPPORTED_TOPK.
+    device : torch.device or str
+        Where the calls run.
+    backend : str
+        The calls' backend (default "auto": the one it resolves to on `device`).
+    tuning : LiteTopKTuning, optional
+        The calls' tuning (default: the production settings).
+    dense : bool
+        Size for `dense_topk_prefill` (the score matrix) instead of `litetopk_prefill`.
+    max_batch : int
+        The most block-table rows (sequences) of a call (default 1).
+
+    Returns
+    -------
+    int
+        The bytes. Raises InputError for a bound out of range.
+
+    Example
+    -------
+    >>> nbytes = workspace_bytes(64, 8192, (512, 1024), device="cpu", max_batch=4)
+    >>> nbytes > 0
+    True
+    """
     ks = (topk,) if isinstance(topk, int) else tuple(topk)
     for k in ks:
         check_topk(k)
@@ -64,8 +93,28 @@ def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], 
 
 def allocate_workspace(max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
                        tuning=None, dense: bool = False, max_batch: int = 1) -> torch.Tensor:
-    """A uint8 [workspace_bytes(...)] tensor on `device` (same arguments), its start aligned to
-    ALIGNMENT bytes: pass it as `workspace=` to every call within those bounds, one call at a time."""
+    """A workspace for every call within the bounds: pass it as `workspace=` to those calls, one call at
+    a time (litetopk_prefill, dense_topk_prefill with dense=True, LiteTopKGraphs).
+
+    Parameters
+    ----------
+    max_rows, max_seq_len, topk, device, backend, tuning, dense, max_batch
+        As workspace_bytes: the bounds of the calls.
+
+    Returns
+    -------
+    torch.Tensor
+        uint8 [workspace_bytes(...)] on `device`, its start aligned to ALIGNMENT (256) bytes.
+
+    Example
+    -------
+    >>> from litetopk.kernels import litetopk_prefill, random_problem
+    >>> p = random_problem(rows=4, keys=2000, topk=512)
+    >>> workspace = allocate_workspace(4, p.block_table.shape[1] * 64, 512, device="cpu")
+    >>> result = litetopk_prefill(*p.args(), topk=512, workspace=workspace)
+    >>> result.status.tolist()
+    [0, 0, 0, 0]
+    """
     nbytes = workspace_bytes(max_rows, max_seq_len, topk, device=device, backend=backend, tuning=tuning, dense=dense,
                              max_batch=max_batch)
     raw = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8, device=device)

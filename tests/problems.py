@@ -68,6 +68,36 @@ def oracle_topk(scores: np.ndarray, k: int) -> list[list[int]]:
     return out
 
 
+def oracle_kth(scores: np.ndarray, k: int) -> np.ndarray:
+    """The k-th best float64 score of each row of oracle_scores' matrix (-inf where the window holds
+    fewer than k keys)."""
+    padded = np.concatenate([scores, np.full((scores.shape[0], k), -np.inf)], axis=1)
+    return -np.sort(-padded, axis=1)[:, k - 1]
+
+
+def scores_off_the_oracle(p: RandomProblem, scores: torch.Tensor, rows: list[int] | None = None) -> list[str]:
+    """Where a backend's dense scores float32 [rows, >= S] (-inf outside each window, as score_dense
+    returns them) leave the float64 oracle: finite anywhere but exactly on the row's window, or
+    farther than the row's bound from the float64 score. [] when nowhere. `rows`: those to check
+    (default every row; a backend's scores of a row it flags UNSUPPORTED mean nothing)."""
+    want, bound = oracle_scores(p)
+    width = want.shape[1]
+    got = scores.detach().cpu().double().numpy()
+    found = []
+    for i in range(got.shape[0]) if rows is None else rows:
+        row = got[i]
+        inside = np.isfinite(want[i])
+        if np.isfinite(row[width:]).any() or not np.array_equal(np.isfinite(row[:width]), inside):
+            where = np.flatnonzero(np.isfinite(row[:width]) != inside).tolist() + \
+                (width + np.flatnonzero(np.isfinite(row[width:]))).tolist()
+            found.append(f"row {i}: finite or -inf where the window says otherwise, at {where[:5]}")
+            continue
+        off = float(np.abs(row[:width][inside] - want[i][inside]).max(initial=0.0))
+        if off > bound[i]:
+            found.append(f"row {i}: a score {off:.3g} off the float64 score (bound {bound[i]:.3g})")
+    return found
+
+
 def random_fp4(shape, rng: np.random.Generator, spread: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 vectors of normal values whose 32-element blocks span `spread` binades of magnitude."""
     return random_mxfp4(shape, rng, spread)

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from litetopk.kernels import dense_topk_prefill, litetopk_prefill, operator
+from litetopk.kernels import dense_topk_prefill, litetopk_prefill, registry
 from litetopk.kernels.triton import TritonBackend
 
 from ..common.problems import decode_queries, paged_random_cache
@@ -64,7 +64,7 @@ def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
     record = dict(shape=shape, rows=batch * next_n, keys=keys * batch)
     answers = {}
     for mode, kernel in (("always", "auto"), ("always", "triton"), ("never", "auto")):
-        with operator.backend_instance("triton", TritonBackend(paged=mode, scoring_kernel=kernel)):
+        with registry.backend_instance("triton", TritonBackend(paged=mode, scoring_kernel=kernel)):
             _probe_mode(MODES[mode, kernel], args, kw, record, answers)
     fields = ("values", "raw_indices", "physical_indices", "counts", "status")
     for mode in MODES.values():

@@ -26,7 +26,7 @@ import time
 import torch
 
 from bench.common.problems import call_args, prefill_problem
-from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, operator
+from litetopk.kernels import LiteTopKTuning, dense_topk_prefill, litetopk_prefill, registry
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.validation import validate_prefill
@@ -110,7 +110,7 @@ def main(argv=None):
     """The probe (module docstring). The self-calibrating scan is the prefill mode's (the paged mode calibrates
     from the sample): the operator's calls take it whatever their shapes (a smoke run's few rows would be
     decode-shaped), the registry restored afterwards."""
-    with operator.backend_instance("triton", TritonBackend(paged="never")):
+    with registry.backend_instance("triton", TritonBackend(paged="never")):
         return _main(argv)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels import operator
+from litetopk.kernels import registry
 from litetopk.kernels.triton import TritonBackend
 
 
@@ -14,5 +14,5 @@ def prefill_mode():
     (TritonBackend(paged="never")): the modules that test that mode's kernels (int8 keys, the
     program-a-row-group schedule, the self-calibrating scan) on small problems, which by their shapes
     would take the paged mode (kernels/triton/paged.py; tests/kernels/test_paged_scoring.py tests it)."""
-    with operator.backend_instance("triton", TritonBackend(paged="never")):
+    with registry.backend_instance("triton", TritonBackend(paged="never")):
         yield

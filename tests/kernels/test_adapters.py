@@ -46,7 +46,7 @@ def test_sglang_adapter_is_zero_copy_and_fills_the_buffer(monkeypatch, seed):
 def test_vllm_adapter_reads_slab_pages_and_fills_a_row_view(monkeypatch, seed):
     p = make_problem(seed, seq_lens=[500, 700], rows_per_seq=2, spread=1)
     rows = p.q_fp4.shape[0]
-    cache = in_padded_slab(p.kv_cache, 4608)
+    cache = in_padded_slab(p.kv_cache, 4608, seed=seed)
     buffer = torch.full((rows + 3, p.topk + 64), 7, dtype=torch.int32)
     view = buffer[1:rows + 1, :p.topk]
     seen = spy_on_operator(monkeypatch)
@@ -79,7 +79,8 @@ def test_engine_tensors_are_viewed_as_our_bytes(seed):
         view = adapters.query_scale_bytes(scales)
         assert view.data_ptr() == p.q_scale.data_ptr() and torch.equal(view, p.q_scale), f"{list(scales.shape)}"
     assert torch.equal(adapters.head_weights(p.weights.view(rows, 64, 1), rows), p.weights)
-    slab = torch.randint(0, 256, (p.kv_cache.shape[0], 9000), dtype=torch.uint8)
+    slab = torch.randint(0, 256, (p.kv_cache.shape[0], 9000), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
     slab[:, :4352] = p.kv_cache
     blocks = slab[:, :64 * 132].view(-1, 64, 132)  # vLLM's layer allocation, blocks 9000 bytes apart
     pages = adapters.vllm_kv_cache_pages(blocks)

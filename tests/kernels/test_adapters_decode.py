@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from litetopk.kernels import InputError, RowStatus, adapters, litetopk_prefill, random_problem
+from litetopk.kernels.problems import RandomProblem
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle
-from tests.problems import RandomProblem as Problem
 from tests.problems import oracle_scores, results_equal
 
 H = 64
 POISON = 7
 
 
-def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, device="cpu") -> Problem:
+def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, device="cpu") -> RandomProblem:
     """The oracle's problem: request b holds max(L_b // 4, 1) C4 keys in permuted pages; row
     b * next_n + j sees [0, max(L_b - next_n + 1 + j, 0) // 4) (an empty window for a padding
     request of length 0, as vLLM's clamp makes it)."""
@@ -35,14 +35,14 @@ def decode_batch(seed: int, raw_lens: list[int], next_n: int, topk: int = 512, d
     return p
 
 
-def check_against_oracle(result, p: Problem, where: str, faulty: dict[int, int] | None = None) -> None:
+def check_against_oracle(result, p: RandomProblem, where: str, faulty: dict[int, int] | None = None) -> None:
     """Every row of `result`: the status `faulty` predicts (0 elsewhere); a faulty row publishes
     nothing, the others match the float64 oracle of `p` (tie-aware within the float32 bound)."""
     faulty = faulty or {}
     rows = p.q_fp4.shape[0]
     want_status = [faulty.get(i, 0) for i in range(rows)]
     assert result.status.tolist() == want_status, f"{where}: status {result.status.tolist()}, want {want_status}"
-    answerable = Problem(**{**p.__dict__, "ends": torch.where(result.status == 0, p.ends, p.starts)})
+    answerable = RandomProblem(**{**p.__dict__, "ends": torch.where(result.status == 0, p.ends, p.starts)})
     scores, bound = oracle_scores(answerable)
     for i in range(rows):
         if want_status[i]:
@@ -66,7 +66,7 @@ def spy_on_operator(monkeypatch) -> list:
 # ---- the engines' tensors, as they hold them ----------------------------------------------------
 
 
-def sglang_tensors(p: Problem) -> dict:
+def sglang_tensors(p: RandomProblem) -> dict:
     """sglang's forward_c4_indexer inputs for `p`: int8 queries, int32 [T, 64] scales, float32
     [T, 64, 1] weights, one page-table row per query token, c4_seq_lens [T], the cache 2-D."""
     rows = p.q_fp4.shape[0]
@@ -80,22 +80,24 @@ def sglang_tensors(p: Problem) -> dict:
     )
 
 
-def vllm_block_slab(cache: torch.Tensor, width: int = 132, block_stride: int = 8640) -> torch.Tensor:
+def vllm_block_slab(cache: torch.Tensor, seed: int, width: int = 132, block_stride: int = 8640) -> torch.Tensor:
     """`cache` [pages, 4352] copied into vLLM's DeepSeek-V4 indexer allocation: uint8 [blocks, 64,
     width] (FP8-sized, width 132) whose blocks lie block_stride bytes apart; FP4 uses each block's
-    first 64 * 68 bytes, the rest is random (never read)."""
-    slab = torch.randint(0, 256, (cache.shape[0], block_stride), dtype=torch.uint8, device=cache.device)
+    first 64 * 68 bytes, the rest is random, drawn from `seed` (never read)."""
+    gen = torch.Generator().manual_seed(seed)
+    slab = torch.randint(0, 256, (cache.shape[0], block_stride), dtype=torch.uint8, generator=gen).to(cache.device)
     slab[:, : cache.shape[1]] = cache
     return slab[:, : 64 * width].view(cache.shape[0], 64, width)
 
 
-def vllm_decode_tensors(p: Problem, requests: int, next_n: int) -> dict:
+def vllm_decode_tensors(p: RandomProblem, requests: int, next_n: int, seed: int) -> dict:
     """vLLM's decode-branch inputs for `p`: q uint8 [B, next_n, 64, 64], q_scale int32 [B, next_n, 64],
-    the layer's 3-D cache, the per-request block table, weights [B * next_n, 64], seq_lens [B, next_n]."""
+    the layer's 3-D cache (its padding drawn from `seed`), the per-request block table, weights
+    [B * next_n, 64], seq_lens [B, next_n]."""
     return dict(
         q_fp4=p.q_fp4.view(requests, next_n, H, 64),
         q_scale=p.q_scale.view(torch.int32).view(requests, next_n, H),
-        kv_cache=vllm_block_slab(p.kv_cache),
+        kv_cache=vllm_block_slab(p.kv_cache, seed),
         block_table=p.block_table,
         weights=p.weights,
         seq_lens=p.ends.clone().view(requests, next_n),
@@ -164,7 +166,7 @@ def test_vllm_indexer_decode_matches_the_oracle_and_a_direct_call(name, monkeypa
     raw_lens, next_n, k = DECODE_CASES[name]
     p = decode_batch(seed, raw_lens, next_n, k)
     where = f"[vLLM: {name}] seed {seed}"
-    t = vllm_decode_tensors(p, len(raw_lens), next_n)
+    t = vllm_decode_tensors(p, len(raw_lens), next_n, seed)
     rows = p.q_fp4.shape[0]
     buffer = torch.full((rows + 5, k), POISON, dtype=torch.int32)  # vLLM's [max_num_batched_tokens, K]
     seen = spy_on_operator(monkeypatch)
@@ -187,7 +189,7 @@ def test_vllm_decode_takes_every_seq_lens_shape(shape, seed):
     next_n = 3 if shape.startswith("flattened") else 1
     p = decode_batch(seed, [3000, 700, 2100, 12], next_n)
     rows = p.q_fp4.shape[0]
-    t = vllm_decode_tensors(p, rows // next_n, next_n)
+    t = vllm_decode_tensors(p, rows // next_n, next_n, seed)
     if shape == "[B]":
         t["seq_lens"] = p.ends.clone()
     else:  # vLLM's flattened path: each token its own request, the block table expanded per token
@@ -218,7 +220,7 @@ def prefill_chunk(seed: int, raw_lens: list[int], query_lens: list[int]):
     ends = torch.tensor(
         [(length - q + 1 + i) // 4 for length, q in zip(raw_lens, query_lens) for i in range(q)], dtype=torch.int32
     )
-    p = Problem(
+    p = RandomProblem(
         **{
             **p.__dict__,
             "q_fp4": p.q_fp4[take].contiguous(),
@@ -247,7 +249,7 @@ def test_vllm_prefill_chunk_matches_the_oracle_and_a_direct_call(lens, seed):
     result = adapters.topk_vllm_indexer_prefill_chunk(
         p.q_fp4,
         p.q_scale.view(torch.int32).view(rows, H),
-        vllm_block_slab(p.kv_cache),
+        vllm_block_slab(p.kv_cache, seed),
         p.block_table,
         p.weights,
         ks,
@@ -309,7 +311,7 @@ def test_sglang_rows_at_faults_publish_nothing_and_the_rest_is_answered(seed):
 def test_vllm_a_bad_block_faults_every_row_of_its_request(seed):
     next_n = 3
     p = decode_batch(seed, [2600, 1500, 3100], next_n)  # request 2's windows end past max_seq_len
-    t = vllm_decode_tensors(p, 3, next_n)
+    t = vllm_decode_tensors(p, 3, next_n, seed)
     t["block_table"] = p.block_table.clone()
     t["block_table"][1, 0] = -1  # request 1: all three of its rows see page 0
     buffer = torch.full((9, p.topk), POISON, dtype=torch.int32)
@@ -333,7 +335,7 @@ def test_vllm_a_bad_block_faults_every_row_of_its_request(seed):
 def test_adapters_refuse_tensors_that_do_not_match(seed):
     p = decode_batch(seed, [900, 300], 2)
     s = sglang_tensors(p)
-    v = vllm_decode_tensors(p, 2, 2)
+    v = vllm_decode_tensors(p, 2, 2, seed)
     buffer = torch.empty(4, p.topk, dtype=torch.int32)
     refusals = {
         "c4_seq_lens must hold one length": lambda: adapters.topk_sglang_c4_indexer(
@@ -387,7 +389,7 @@ def on_cpu(result):
 def test_vllm_decode_on_the_gpu_matches_the_oracle_and_never_synchronizes(seed):
     raw_lens, next_n = [9000, 130, 20000, 7700, 2049, 40000], 2
     p = decode_batch(seed, raw_lens, next_n, device="cuda")
-    t = vllm_decode_tensors(p, len(raw_lens), next_n)
+    t = vllm_decode_tensors(p, len(raw_lens), next_n, seed)
     rows = p.q_fp4.shape[0]
     buffer = torch.full((rows + 4, p.topk), POISON, dtype=torch.int32, device="cuda")
     adapters.topk_vllm_indexer_decode(**t, topk_indices_buffer=buffer, topk=p.topk)  # compile outside the check

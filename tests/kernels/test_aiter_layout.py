@@ -99,31 +99,34 @@ def test_q_scale_shuffle_matches_aiter_and_round_trips(seed):
     assert np.array_equal(unshuffle_q_scale_aiter(shuffled).numpy(), q_scale), f"round trip, seed {seed}"
 
 
-def in_padded_slab(pages: torch.Tensor, stride: int, offset: int = 0) -> torch.Tensor:
+def in_padded_slab(pages: torch.Tensor, stride: int, offset: int = 0, *, seed: int) -> torch.Tensor:
     """`pages` [P, ...] copied into a slab whose pages lie `stride` bytes apart, at `offset`; the
-    returned view is not contiguous and the padding bytes are random (never read)."""
+    returned view is not contiguous and the padding bytes are random, drawn from `seed` (never read)."""
     flat = pages.reshape(pages.shape[0], -1)
-    slab = torch.randint(0, 256, (pages.shape[0], stride), dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(seed)
+    slab = torch.randint(0, 256, (pages.shape[0], stride), dtype=torch.uint8, generator=gen)
     slab[:, offset:offset + flat.shape[1]] = flat
     return slab[:, offset:offset + flat.shape[1]].view(pages.shape)
 
 
-def cache_layouts(cache: torch.Tensor) -> dict[str, dict]:
-    """The same keys in every accepted layout: operator keyword arguments for each."""
+def cache_layouts(cache: torch.Tensor, seed: int) -> dict[str, dict]:
+    """The same keys in every accepted layout: operator keyword arguments for each (padding drawn from `seed`)."""
     values, scales = aiter_pages_from_litetopk(cache)
     return {
         "ours [pages, 4352]": dict(kv_cache=cache),
         "ours [pages, 64, 1, 68]": dict(kv_cache=cache.view(-1, 64, 1, 68)),
-        "ours, 4608-byte pages (vLLM)": dict(kv_cache=in_padded_slab(cache, 4608)),
-        "ours, slice of a per-block slab": dict(kv_cache=in_padded_slab(cache, 3 * 4352 + 64, offset=4352 + 32)),
+        "ours, 4608-byte pages (vLLM)": dict(kv_cache=in_padded_slab(cache, 4608, seed=seed)),
+        "ours, slice of a per-block slab": dict(kv_cache=in_padded_slab(cache, 3 * 4352 + 64, offset=4352 + 32,
+                                                                          seed=seed + 1)),
         "aiter": dict(kv_cache=values, kv_scale=scales),
-        "aiter, padded pages": dict(kv_cache=in_padded_slab(values, 4096 + 512), kv_scale=in_padded_slab(scales, 320)),
+        "aiter, padded pages": dict(kv_cache=in_padded_slab(values, 4096 + 512, seed=seed + 2),
+                                    kv_scale=in_padded_slab(scales, 320, seed=seed + 3)),
     }
 
 
 def test_strided_caches_are_described_in_place(seed):
     cache = make_problem(seed, seq_lens=[100], rows_per_seq=1).kv_cache
-    for name, kw in cache_layouts(cache).items():
+    for name, kw in cache_layouts(cache, seed).items():
         described = describe_kv_cache(kw["kv_cache"], kw.get("kv_scale"))
         assert described.values.data_ptr() == kw["kv_cache"].data_ptr(), f"{name}: values copied"
         if "kv_scale" in kw:
@@ -160,7 +163,7 @@ def run_layout(op, p, layout: dict, backend: str):
 @pytest.mark.parametrize("op", [litetopk_prefill, dense_topk_prefill], ids=["litetopk", "dense"])
 def test_reference_answers_every_layout_bit_for_bit(op, seed):
     p = make_problem(seed, seq_lens=[700, 300], rows_per_seq=2, causal=False, spread=2)
-    layouts = cache_layouts(p.kv_cache)
+    layouts = cache_layouts(p.kv_cache, seed)
     first = run_layout(op, p, layouts["ours [pages, 4352]"], "reference")
     assert int(first.counts.sum()) > 0, f"seed {seed}: the case must publish keys"
     for name, layout in layouts.items():
@@ -172,7 +175,7 @@ def test_reference_answers_every_layout_bit_for_bit(op, seed):
 def test_triton_answers_every_layout_bit_for_bit(seed):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     p = make_problem(seed, seq_lens=[650], rows_per_seq=2, spread=1).to(device)
-    layouts = cache_layouts(p.kv_cache.cpu())
+    layouts = cache_layouts(p.kv_cache.cpu(), seed)
     first = run_layout(litetopk_prefill, p, {"kv_cache": p.kv_cache}, "triton")
     assert int(first.counts.sum()) > 0, f"seed {seed}: the case must publish keys"
     for name in ("ours, slice of a per-block slab", "aiter", "aiter, padded pages"):

@@ -40,7 +40,7 @@ def _in_slab(pages: torch.Tensor, rng: np.random.Generator, pad_words: int, alig
     page_bytes = pages[0].numel()
     offset = align * int(rng.integers(0, pad_words + 1))
     stride = page_bytes + offset + align * int(rng.integers(0, pad_words + 1))
-    return in_padded_slab(pages, stride, offset)
+    return in_padded_slab(pages, stride, offset, seed=int(rng.integers(2**31)))
 
 
 def cache_in_layout(name: str, ours: torch.Tensor,
@@ -50,7 +50,7 @@ def cache_in_layout(name: str, ours: torch.Tensor,
     return {
         "ours [pages, 4352]": lambda: (ours, None),
         "ours [pages, 64, 1, 68]": lambda: (ours.view(-1, PAGE_SIZE, 1, 68), None),
-        "ours, 4608-byte pages (vLLM)": lambda: (in_padded_slab(ours, 4608), None),
+        "ours, 4608-byte pages (vLLM)": lambda: (in_padded_slab(ours, 4608, seed=int(rng.integers(2**31))), None),
         "ours, random stride and offset": lambda: (_in_slab(ours, rng, 300, 4), None),
         "aiter": lambda: (values, scales),
         "aiter, random strides and offsets (odd scale stride)": lambda: (
@@ -143,15 +143,15 @@ def test_launch_arguments_address_every_window_key(layout, scan, seed):
 
 
 MISALIGNED = {
-    "ours, pages at an odd offset": lambda ours, aiter: (in_padded_slab(ours, 4608, offset=2), None),
-    "ours, stride 4354": lambda ours, aiter: (in_padded_slab(ours, 4354), None),
-    "aiter values, stride 4098": lambda ours, aiter: (in_padded_slab(aiter[0], 4098), aiter[1]),
+    "ours, pages at an odd offset": lambda ours, aiter, seed: (in_padded_slab(ours, 4608, offset=2, seed=seed), None),
+    "ours, stride 4354": lambda ours, aiter, seed: (in_padded_slab(ours, 4354, seed=seed), None),
+    "aiter values, stride 4098": lambda ours, aiter, seed: (in_padded_slab(aiter[0], 4098, seed=seed), aiter[1]),
 }
 
 
 @pytest.mark.parametrize("case", list(MISALIGNED))
-def test_value_pages_not_word_aligned_say_what_to_change(case):
+def test_value_pages_not_word_aligned_say_what_to_change(case, seed):
     ours = torch.zeros(3, PAGE_BYTES, dtype=torch.uint8)
-    cache = describe_kv_cache(*MISALIGNED[case](ours, aiter_pages_from_litetopk(ours)))
+    cache = describe_kv_cache(*MISALIGNED[case](ours, aiter_pages_from_litetopk(ours), seed))
     with pytest.raises(InputError, match=r"flydsl.*multiple of 4"):
         cache_operands(cache)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, litetopk_prefill, operator
+from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, litetopk_prefill, registry
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.keys import split_keys
@@ -33,7 +33,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def paged_mode():
     """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
-    with operator.backend_instance("triton", TritonBackend(paged="always")):
+    with registry.backend_instance("triton", TritonBackend(paged="always")):
         yield
 
 
@@ -255,7 +255,7 @@ def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, seed):
     p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
     answers = {}
     for kernel in ("triton", "gluon"):
-        with operator.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=kernel)):
+        with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=kernel)):
             answers[kernel], _ = run_both(p)
     where = f"[next_n {next_n}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
@@ -268,7 +268,7 @@ def test_paged_mode_reads_pages_at_any_stride_and_offset(stride, offset, seed):
     """The contract admits pages any stride >= 4352 bytes apart at any offset: the paged mode answers
     them exactly (the Gluon kernel's 16-byte words only where every page starts on 16 bytes)."""
     p = make_problem(seed, seq_lens=[1300, 700], rows_per_seq=2, spread=1)
-    p.kv_cache = in_padded_slab(p.kv_cache, stride, offset)
+    p.kv_cache = in_padded_slab(p.kv_cache, stride, offset, seed=seed)
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
     assert cache_in_words(problem.cache) == (stride % 16 == 0 and offset % 16 == 0)
     lite, dense = run_both(p)
@@ -314,7 +314,7 @@ def test_the_programs_of_a_row_raise_its_threshold_to_a_lower_bound(seed):
 @pytest.mark.gpu
 def test_gluon_paged_kernel_is_refused_for_pages_off_16_bytes(seed):
     p = make_problem(seed, seq_lens=[900, 600], rows_per_seq=1, spread=1)
-    p.kv_cache = in_padded_slab(p.kv_cache, 4354, 2)
-    with operator.backend_instance("triton", TritonBackend(paged="always", scoring_kernel="gluon")):
+    p.kv_cache = in_padded_slab(p.kv_cache, 4354, 2, seed=seed)
+    with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel="gluon")):
         with pytest.raises(BackendUnavailableError, match="16-byte words"):
             litetopk_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk, backend="triton")

@@ -37,14 +37,30 @@ def test_same_seed_same_problem_other_seed_other_keys(seed):
     assert not torch.equal(a.kv_cache, c.kv_cache), f"seeds {seed} and {seed + 1} gave the same cache"
 
 
-def test_pages_are_permuted_and_unpack_to_the_keys_the_table_names():
-    p = random_problem(2, [200, 200], seed=5)
+def ref_key_bytes(cache: torch.Tensor, table: torch.Tensor, b: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [64], scales [4]) of key j of sequence b, read from the cache as docs/contract.md §2 lays
+    it out: page table[b, j // 64], token j % 64; a page's 64 x 64 value bytes, then its 64 x 4 scales."""
+    page, token = int(table[b, j // PAGE_SIZE]), j % PAGE_SIZE
+    values = cache[page, token * 64:(token + 1) * 64]
+    scales = cache[page, PAGE_SIZE * 64 + token * 4:PAGE_SIZE * 64 + (token + 1) * 4]
+    return values, scales
+
+
+def test_pages_are_permuted_and_unpack_to_the_keys_the_table_names(seed):
+    p = random_problem(2, [200, 200], seed=seed)
     table = p.block_table
     live = table[table >= 0]
-    assert len(set(live.tolist())) == len(live), "a physical page is shared"
-    assert not torch.equal(live, torch.arange(len(live), dtype=live.dtype)), "pages are in order"
+    assert len(set(live.tolist())) == len(live), f"seed {seed}: a physical page is shared"
+    assert not torch.equal(live, torch.arange(len(live), dtype=live.dtype)), f"seed {seed}: pages are in order"
     k_fp4, k_scale = unpack_kv_cache(p.kv_cache, table, 200)
     assert k_fp4.shape == (2, 200, 64) and k_scale.shape == (2, 200, 4)
+    for b in range(2):
+        for j in range(200):
+            values, scales = ref_key_bytes(p.kv_cache, table, b, j)
+            assert torch.equal(k_fp4[b, j], values) and torch.equal(k_scale[b, j], scales), \
+                f"seed {seed}: key {j} of sequence {b} is not the one its table entry names"
+    assert not torch.equal(k_fp4[0], k_fp4[1]), f"seed {seed}: the two sequences hold the same keys"
+    assert bool((k_scale > 0).all()), f"seed {seed}: a key without its scales (the page's scale bytes unwritten)"
 
 
 def test_device_and_dtype_options():

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import doctest
 import inspect
 
 import pytest
 
 import litetopk.kernels as kernels
+from litetopk.kernels import adapters, aiter
 
 #: Names docs/contract.md §7 promises to outside code.
 CONTRACT_NAMES = {
@@ -95,3 +97,35 @@ def test_error_tree():
     assert issubclass(kernels.RowFaultError, kernels.LiteTopKError)
     assert issubclass(kernels.BackendUnavailableError, (kernels.LiteTopKError, RuntimeError))
     assert issubclass(kernels.DeviceError, (kernels.LiteTopKError, RuntimeError))
+
+
+#: The public functions and classes whose docstrings read as FlashInfer's ops' do (docs/contract.md §7;
+#: the package's STYLE §6): Parameters, Returns (a class: its __call__'s) and an Example that runs as written.
+DOCUMENTED_CALLS = {
+    "litetopk_prefill": kernels.litetopk_prefill, "dense_topk_prefill": kernels.dense_topk_prefill,
+    "LiteTopKGraphs": kernels.LiteTopKGraphs, "workspace_bytes": kernels.workspace_bytes,
+    "allocate_workspace": kernels.allocate_workspace, "random_problem": kernels.random_problem,
+    "resolve_backend": kernels.resolve_backend,
+    "topk_sglang_c4_indexer": adapters.topk_sglang_c4_indexer,
+    "topk_sglang_fp4_indexer": adapters.topk_sglang_fp4_indexer,
+    "topk_vllm_indexer_decode": adapters.topk_vllm_indexer_decode,
+    "topk_vllm_indexer_prefill_chunk": adapters.topk_vllm_indexer_prefill_chunk,
+    "topk_vllm_indexer": adapters.topk_vllm_indexer,
+    "flydsl_pa_mqa_litetopk_fp4_prefill": aiter.flydsl_pa_mqa_litetopk_fp4_prefill,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED_CALLS))
+def test_public_calls_document_parameters_returns_and_a_running_example(name):
+    obj = DOCUMENTED_CALLS[name]
+    doc = inspect.getdoc(obj)
+    returns = inspect.getdoc(obj.__call__) if inspect.isclass(obj) else doc
+    for section, text in (("Parameters", doc), ("Returns", returns), ("Example", doc)):
+        assert f"\n{section}\n---" in text, f"{name}: the docstring has no {section} section"
+    module = inspect.getmodule(obj)
+    tests = doctest.DocTestFinder(recurse=False).find(obj, name, module=module, globs=vars(module))
+    assert tests and tests[0].examples, f"{name}: its Example has no >>> lines"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report: list[str] = []
+    runner.run(tests[0], out=report.append)
+    assert runner.failures == 0, f"{name}: its Example does not run as written:\n" + "".join(report)

@@ -10,7 +10,9 @@ after them and before them (phase B). Checks
   exactly where phase A saw >= K finite in-window keys, its threshold never passes its true K-th
   best key and is at least the sample's K-th best minus two bisection brackets, the buffer holds
   every key at or above the final threshold, distinct keys of the row's window (no phase A key
-  below the bracket survives the compaction), an uncalibrated row every key of its window;
+  below the bracket survives the compaction), an uncalibrated row every key of its window; the
+  kernel's dense scores these checks rest on lie within the float64 oracle's bound, and no threshold
+  passes the oracle's K-th best score by more than that bound;
 - the operator: LiteTopK with calibration="scan" equals dense and calibration="sample", bit for bit,
   with no row repaired; two rows of one program share its sample: overlapping windows both calibrate,
   a row that meets the sample in fewer than K keys (no threshold, the whole window appended, an
@@ -35,7 +37,7 @@ from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.operands import FLAG_WIDE
 from litetopk.kernels.triton.scan_calibration import BISECTION_STEPS, _sample_tiles
 from litetopk.kernels.validation import validate_prefill
-from tests.problems import make_problem
+from tests.problems import make_problem, oracle_kth, oracle_scores, scores_off_the_oracle
 
 # The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
 pytestmark = pytest.mark.usefixtures("prefill_mode")
@@ -192,6 +194,17 @@ def test_scan_calibrates_itself_safely(name, seed):
     if all_calibrate:
         assert bool((scan.thresholds > NO_KEY).all()), f"{where}: every row of the case calibrates"
     check_self_calibrated_scan(problem, scan, scores.cpu(), capacity, where)
+    # The check above takes the true K-th keys from the same kernel's dense scores; the float64 oracle
+    # anchors them: the scores lie within its bound, and no threshold passes its K-th best score by more.
+    # (On the rows the backend can score exactly: an UNSUPPORTED row's scores mean nothing, and the
+    # operator publishes nothing for it.)
+    supported = (~backend.unsupported_rows(problem).cpu()).nonzero().flatten().tolist()
+    off = scores_off_the_oracle(p, scores, supported)
+    assert not off, f"{where}: the backend's dense scores vs float64: {off[:3]}"
+    oracle, bound = oracle_scores(p)
+    threshold_scores = split_keys(scan.thresholds.cpu())[0].double().numpy()
+    passed = [r for r in supported if threshold_scores[r] > oracle_kth(oracle, p.topk)[r] + bound[r]]
+    assert not passed, f"{where}: rows {passed}: a threshold passed the float64 K-th best score"
 
 
 # -- the operator ------------------------------------------------------------------------------------

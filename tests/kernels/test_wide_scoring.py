@@ -8,7 +8,9 @@ single binade, so exactly the planted vectors are wide (checked).
 
 - interpreter and GPU: LiteTopK == dense on the Triton backend, every row against the float64 oracle;
 - interpreter and GPU: the wide variant of the scoring kernel on data without wide vectors returns the
-  narrow variant's dense scores and scan candidates bit for bit (its narrow steps are the common case's);
+  narrow variant's dense scores and scan candidates bit for bit (its narrow steps are the common case's),
+  and both lie within the float64 oracle's bound (an independent check, not only one variant against
+  the other);
 - GPU (sm_90): the Gluon kernel returns its Triton twin's bits on every layout, dense (stride 1 and 5)
   and LiteTopK.
 """
@@ -21,12 +23,12 @@ import torch
 
 from bench.probes.gluon_wide_probe import forced_operands, operands_of
 from litetopk.kernels import LiteTopKTuning
-from litetopk.kernels.keys import NO_KEY
+from litetopk.kernels.keys import NO_KEY, split_keys
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.operands import FLAG_WIDE, decode_queries_fp4_triton
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_triton_backend import DEVICE, FIELDS, check_against_oracle, run_both
-from tests.problems import make_problem
+from tests.problems import make_problem, scores_off_the_oracle
 
 # The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
 pytestmark = pytest.mark.usefixtures("prefill_mode")
@@ -86,6 +88,17 @@ def test_planted_wide_vectors_against_float64_oracle(layout, causal, seed):
     check_against_oracle(p, lite, dense, where)
 
 
+def dense_of_keys(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """float32 [rows, width]: each row's keys (NO_KEY padded) as scores at their positions, -inf elsewhere
+    (the shape of score_dense, so the scan's candidates meet the oracle as dense scores do)."""
+    scores, positions = split_keys(keys.cpu())
+    dense = torch.full((keys.shape[0], width), float("-inf"))
+    rows = torch.arange(keys.shape[0])[:, None].expand_as(positions)
+    kept = positions >= 0
+    dense[rows[kept], positions[kept].long()] = scores[kept]
+    return dense
+
+
 def scan_outputs(backend, problem):
     """The scan's outputs with no threshold and room for every key (so they do not depend on the
     order of the appends): each row's candidates (sorted), appended counts, final thresholds."""
@@ -115,6 +128,12 @@ def test_wide_variant_on_narrow_data_is_the_narrow_variant(causal, seed):
     assert torch.equal(got_dense, want_dense), f"{where}: dense scores of the wide variant"
     for name, got, want in zip(("keys", "appended", "thresholds"), got_scan, want_scan):
         assert torch.equal(got, want), f"{where}: scan {name} of the wide variant"
+    # the float64 oracle: the wide variant's scores, and its scan's candidates (every key of each window,
+    # with no threshold and room for all), are the window's scores within the kernel's documented bound
+    off = scores_off_the_oracle(p, got_dense)
+    assert not off, f"{where}: dense scores of the wide variant vs float64: {off[:3]}"
+    off = scores_off_the_oracle(p, dense_of_keys(got_scan[0], got_dense.shape[1]))
+    assert not off, f"{where}: scan candidates of the wide variant vs float64: {off[:3]}"
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ stages then run beside the Triton kernels, as on CPU CI).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import re
@@ -151,7 +152,8 @@ def used_by(p, backend: str, tuning, **kw) -> int:
 def test_the_bound_is_the_largest_over_every_sample_shape(seed):
     """Below the bound the calibration changes its sample's shape (shape_changes): a call at bound
     1535 (stride 2: 768 sampled columns) carves more than one at 1536 (stride 3: 512 columns); the
-    sizing for 1536 covers both."""
+    sizing for 1536 covers both, and is the largest carve of a call at any bound up to 1536 (every
+    bound run)."""
     tuning = LiteTopKTuning(sample_size=512)
     p = make_problem(seed, seq_lens=[1530], rows_per_seq=4, topk=512)  # block table 25 pages: bound 1600
     used = {end: used_by(p, "reference", tuning, max_seq_len=end) for end in (1535, 1536)}
@@ -159,6 +161,14 @@ def test_the_bound_is_the_largest_over_every_sample_shape(seed):
     sized = dict(max_rows=4, topk=512, device="cpu", backend="reference", tuning=tuning)
     assert workspace_bytes(max_seq_len=1536, **sized) == max(used_by(p, "reference", tuning, max_seq_len=end)
                                                              for end in shape_changes(1536, 512, 512))
+    # An oracle that shares none of workspace_bytes' reasoning (shape_changes): the bytes a call carves
+    # at every window bound up to 1536, the largest of them. Its rows' windows are empty (cheap calls;
+    # what a call carves follows from shapes and bounds alone: the same bytes as p's at 1535 and 1536).
+    empty = dataclasses.replace(p, ends=p.starts.clone())
+    every = [used_by(empty, "reference", tuning, max_seq_len=end) for end in range(1537)]
+    assert (every[1535], every[1536]) == (used[1535], used[1536]), f"empty windows carve other bytes: {used}"
+    assert workspace_bytes(max_seq_len=1536, **sized) == max(every), \
+        f"the largest call at any bound <= 1536 carves {max(every)} bytes, at bound {every.index(max(every))}"
     workspace = allocate_workspace(max_seq_len=1536, **sized)
     same_bits(call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=1535),
               call("litetopk", p, "reference", tuning=tuning, max_seq_len=1535), "bound 1535 in a workspace for 1536")
