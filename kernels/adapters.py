@@ -372,7 +372,7 @@ def topk_sglang_fp4_indexer(
 def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physical, out_raw, *, topk,
                  max_seq_len, weight_scale, backend, workspace, next_n) -> TopKResult:
     """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors);
-    row t reads page-table row t - t % next_n."""
+    row t reads page-table row t - t % next_n (passed as one row a request where next_n > 1)."""
     rows = q.shape[0]
     page_table = _require_tensor(page_table, "page_table")
     if page_table.ndim != 2 or page_table.shape[0] != rows:
@@ -383,7 +383,11 @@ def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physi
         out["raw_indices"] = index_buffer(out_raw[0], rows, topk, out_raw[1])
     row_to_batch = torch.arange(rows, dtype=torch.int32, device=q.device)  # page_table row t serves row t
     if next_n > 1:
-        row_to_batch = row_to_batch // next_n * next_n  # a request's rows share its first token's row
+        # A request's rows read its first token's row: the operator gets one block-table row a request (a
+        # small device copy of those rows: no host sync), so it sees next_n rows a sequence and its decode
+        # schedule lets the request's rows share each key tile (Triton backend, paged mode).
+        page_table = page_table[::next_n].contiguous()
+        row_to_batch = row_to_batch // next_n
     return litetopk_prefill(
         q, sglang_q_scale_bytes(q_sf), kv_cache, page_table, head_weights(weights, rows), row_to_batch, starts,
         ends, topk=topk, weight_scale=weight_scale, backend=backend, out=out, max_seq_len=max_seq_len,
