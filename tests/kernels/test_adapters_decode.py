@@ -144,8 +144,8 @@ def test_sglang_c4_indexer_decode_matches_the_oracle_and_a_direct_call(name, mon
 
 
 def test_sglang_mtp_rows_may_share_their_requests_page_table_row(monkeypatch, seed):
-    """next_n=3: the operator sees 3 rows per sequence (each reads its request's first page-table
-    row, which sglang repeats for every token); the answer is the per-token call's."""
+    """next_n=3: the operator sees 3 rows per sequence (a block table of one row a request, the request's
+    first page-table row, which sglang repeats for every token); the answer is the per-token call's."""
     p = decode_batch(seed, [4700, 600, 4100, 9], 3)
     t = sglang_tensors(p)
     per_token = torch.full((12, p.topk), POISON, dtype=torch.int32)
@@ -155,7 +155,8 @@ def test_sglang_mtp_rows_may_share_their_requests_page_table_row(monkeypatch, se
     got = adapters.topk_sglang_c4_indexer(
         **t, c4_sparse_page_indices=grouped, topk=p.topk, next_n=3, backend="reference"
     )
-    assert seen[0][0][5].tolist() == [0, 0, 0, 3, 3, 3, 6, 6, 6, 9, 9, 9], "row_to_batch"
+    assert seen[0][0][5].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], "row_to_batch"
+    assert torch.equal(seen[0][0][3], t["page_table"][::3]), "block table: one row a request"
     assert results_equal(got, want) == [] and torch.equal(grouped, per_token), f"seed {seed}"
     with pytest.raises(InputError, match="next_n must be a positive int dividing the 12"):
         adapters.topk_sglang_c4_indexer(**t, c4_sparse_page_indices=grouped, topk=p.topk, next_n=5)
