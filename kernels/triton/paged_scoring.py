@@ -249,6 +249,28 @@ def _group_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq
 
 
 @triton.jit
+def _program_share(pid, num_programs, groups_ptr, tile_offset_ptr, out_width, BK: tl.constexpr, DENSE: tl.constexpr):
+    """(t, t_end, group, group_tiles) of program pid: its share [t, t_end) of the schedule's global tiles
+    (an equal contiguous part), the group holding tile t, and (dense mode) every group's tiles: the columns'
+    (scan mode: 0; the groups' tiles are the schedule's prefix). Both paged kernels start here."""
+    groups = tl.load(groups_ptr)
+    if DENSE:
+        group_tiles = tl.cdiv(out_width, BK)
+        total = groups * group_tiles
+    else:
+        group_tiles = 0
+        total = tl.load(tile_offset_ptr + groups)
+    share = tl.cdiv(total, num_programs)
+    t = pid * share
+    t_end = tl.minimum(t + share, total)
+    if DENSE:
+        group = t // tl.maximum(group_tiles, 1)
+    else:
+        group = _first_group(t, tile_offset_ptr, groups)
+    return t, t_end, group, group_tiles
+
+
+@triton.jit
 def _first_group(t, tile_offset_ptr, groups):
     """The group whose global tiles hold tile t (the last g with tile_offset[g] <= t), by bisection."""
     lo = 0
@@ -280,22 +302,9 @@ def score_fp4_paged_kernel(
     HAS_CEILINGS: tl.constexpr,
 ):
     BK: tl.constexpr = 64
-    pid = tl.program_id(0)
-    groups = tl.load(groups_ptr)
     offs_k = tl.arange(0, BK)
-    if DENSE:
-        group_tiles = tl.cdiv(out_width, BK)
-        total = groups * group_tiles
-    else:
-        group_tiles = 0
-        total = tl.load(tile_offset_ptr + groups)
-    share = tl.cdiv(total, num_programs)
-    t = pid * share
-    t_end = tl.minimum(t + share, total)
-    if DENSE:
-        group = t // tl.maximum(group_tiles, 1)
-    else:
-        group = _first_group(t, tile_offset_ptr, groups)
+    t, t_end, group, group_tiles = _program_share(tl.program_id(0), num_programs, groups_ptr, tile_offset_ptr,
+                                                  out_width, BK, DENSE)
     while t < t_end:
         rows, row_ok, starts, ends, q_a, q_b, q_hi_a, q_hi_b, q_wide, wq, rowfac = _group_queries(
             group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,

@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from ..keys import NO_KEY_C, _ordering_keys
-from .paged_scoring import E2M1_ASM, _exponents_of_groups
+from .paged_scoring import E2M1_ASM, _exponents_of_groups, _program_share
 from .scoring import SUBNORMAL_UNIT, _histogram_range
 
 GLUON_PAGED_WARPS = 4
@@ -162,20 +162,6 @@ def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, 
 
 
 @gluon.jit
-def _first_group(t, tile_offset_ptr, groups):
-    """The group whose global tiles hold tile t (paged_scoring._first_group)."""
-    lo = 0
-    hi = groups
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if gl.load(tile_offset_ptr + mid) <= t:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-@gluon.jit
 def score_fp4_paged_gluon_kernel(
     values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,
     block_table_ptr, bt_stride, rtb_ptr,
@@ -237,21 +223,8 @@ def score_fp4_paged_gluon_kernel(
     bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
     wide_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
 
-    pid = gl.program_id(0)
-    groups = gl.load(groups_ptr)
-    if DENSE:
-        group_tiles = gl.cdiv(out_width, BK)
-        total = groups * group_tiles
-    else:
-        group_tiles = 0
-        total = gl.load(tile_offset_ptr + groups)
-    share = gl.cdiv(total, num_programs)
-    t = pid * share
-    t_end = gl.minimum(t + share, total)
-    if DENSE:
-        group = t // gl.maximum(group_tiles, 1)
-    else:
-        group = _first_group(t, tile_offset_ptr, groups)
+    t, t_end, group, group_tiles = _program_share(gl.program_id(0), num_programs, groups_ptr, tile_offset_ptr,
+                                                  out_width, BK, DENSE)
     offs_key = gl.arange(0, BK, layout=KEY)
     offs_tk = gl.arange(0, BK, layout=key_of_tile)
     offs_fk = gl.arange(0, BK, layout=gl.SliceLayout(1, flat))
