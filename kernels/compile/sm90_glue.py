@@ -1,6 +1,7 @@
-"""Compile the pipeline's glue kernels (row checks, operand decode, schedule, scan outputs,
-certificate, repair and its subset operands, the calibration's order statistics, the dense path's tie
-settlement) for sm_90 without a GPU, as the pipeline launches them: CI runs them under the
+"""Compile the pipeline's glue kernels (row checks, operand decode, schedule, the paged mode's split
+schedule, prologue and faults, scan outputs, certificate, repair and its subset operands, the
+calibration's order statistics, the dense path's tie settlement) for sm_90 without a GPU, as the
+pipeline launches them: CI runs them under the
 interpreter only, which accepts code that the compiler refuses (loop-carried types, tuple loops);
 this build catches that.
 
@@ -18,7 +19,7 @@ import os
 import sys
 
 from .. import calibration, certify, dense_selection, repair, row_checks
-from ..triton import operands, scan_outputs, schedule, subset
+from ..triton import operands, paged, scan_outputs, schedule, split_schedule, subset
 from .sm90 import compile_sm90, resource_usage
 
 _KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1,
@@ -59,6 +60,15 @@ KERNELS = {
         appended_ptr="*i64", kept_ptr="*i64", overflow_ptr="*i8")),
     dense_selection.settle_ties_kernel: (dict(TOPK=512, LANES=512, BLOCK=dense_selection.BLOCK), dict(
         scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64")),
+    split_schedule.split_schedule_kernel: (dict(BLOCK_ROWS=2, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32), dict(
+        faults_ptr="*i8", raised_ptr="*fp32")),
+    paged.paged_prologue_kernel: (dict(WEIGHTS=True, BLOCK_ROWS=1, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32,
+                                       QUERY_VB=64), dict(
+        q_ptr="*u8", qs_ptr="*u8", q_lo_ptr="*i16", q_hi_ptr="*i16", q_flags_ptr="*i8", w_ptr="*fp32",
+        wq_ptr="*fp32", rowfac_ptr="*fp32", range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8",
+        q_unsupported_ptr="*i8", faults_ptr="*i8", raised_ptr="*fp32")),
+    paged.paged_faults_kernel: (dict(BLOCK=256), dict(nonfinite_ptr="*i8", unsupported_ptr="*i8",
+                                                      q_unsupported_ptr="*i8")),
     calibration.calibration_order_kernel: (dict(RANK_A=512, RANK_B=8, ROWS=16, LANES=128, BAND=512, KEYS=True), dict(
         scores_ptr="*fp32", out_ptr="*i64", offset="fp32")),
 }

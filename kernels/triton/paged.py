@@ -15,7 +15,8 @@ Group size. BLOCK_ROWS = 1 where every sequence holds at most one row on average
 MMA columns, one row), else 2 (N = 128; next_n = 3-4 make two groups a request, each reading the keys:
 those shapes are bound by the tensor cores, not by the bytes).
 
-Per call (launches): the queries' decode (operands.py, one launch), the split schedule (one), then the
+Per call (launches): the queries' decode (operands.py) and the split schedule in one launch
+(paged_prologue_kernel), then the
 pipeline's stages; each scoring launch is one launch over a fixed grid (paged_programs: programs an SM by
 the kernel's registers), so a call can be captured in a CUDA graph.
 """
@@ -32,12 +33,12 @@ import triton.language as tl
 from ..cache_layout import PAGE_SIZE, KVCache
 from ..devices import runs_triton_stages
 from ..status import RowStatus
-from .operands import prepare_queries_fp4_triton
+from .operands import VECTORS_PER_PROGRAM, _decode_query_block, _query_side, prepare_queries_fp4_triton
 from .paged_scoring import score_fp4_paged_kernel
 from .paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
 from .paged_scoring_gluon import PROGRAMS_PER_SM as GLUON_PROGRAMS_PER_SM
 from .scoring import HEAD_DIM, HEADS, NUM_BINS
-from .split_schedule import SplitSchedule, build_split_schedule
+from .split_schedule import SplitSchedule, _split_schedule, build_split_schedule, split_schedule_launch
 
 PAGED_ROWS_PER_SEQUENCE = 4
 PAGED_MODES = ("auto", "never", "always")
@@ -103,15 +104,50 @@ class PagedOperands:
         return self.q_lo, self.q_hi, self.wq, self.rowfac, self.q_wide
 
 
+@triton.jit
+def paged_prologue_kernel(
+    query_programs,
+    q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr,
+    ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,  # operands.py's query side
+    rtb_ptr, s_starts_ptr, s_ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
+    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,  # split_schedule.py's
+    WEIGHTS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr,
+    QUERY_VB: tl.constexpr = VECTORS_PER_PROGRAM,
+):
+    """The paged mode's first launch after the row checks: program 0 builds the split schedule (its one
+    long program first in the grid), programs 1..query_programs decode one query row each."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        _split_schedule(rtb_ptr, s_starts_ptr, s_ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr,
+                        group_span_ptr, tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
+                        BLOCK_ROWS, BLOCK, KEYS, NB)
+    else:
+        _decode_query_block(pid - 1, q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr,
+                            q_summary_ptr, w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale,
+                            q_wide_ptr, q_unsupported_ptr, QUERY_VB, WEIGHTS)
+
+
 def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool, num_bins: int) -> PagedOperands:
     """Decode the queries of `problem` (a PrefillProblem) and build its split schedule (with the scan's
-    state for `num_bins` histogram bins): two launches."""
+    state for `num_bins` histogram bins): one launch where devices.runs_triton_stages says so
+    (paged_prologue_kernel), the queries' decode and the schedule's torch twin elsewhere."""
     scratch = problem.scratch
+    windows = (problem.starts, problem.ends)
     # the flag summary's query words (operands.py) are zeroed by the row checks' launch (problem.zeroed)
-    q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = prepare_queries_fp4_triton(
-        problem.q_fp4, problem.q_scale, problem.weights, (problem.starts, problem.ends),
-        summary=problem.zeroed[1:3], weight_scale=problem.weight_scale, scratch=scratch)
-    schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins, scratch)
+    if runs_triton_stages(problem.device):
+        decoded, queries = _query_side(problem.q_fp4, problem.q_scale, problem.weights, windows, problem.zeroed[1:3],
+                                       problem.weight_scale, scratch)
+        schedule, schedule_args, constants = split_schedule_launch(problem.row_to_batch, problem.starts,
+                                                                   problem.ends, block_rows, num_bins, scratch)
+        paged_prologue_kernel[(queries.programs + 1,)](queries.programs, *queries.args, *schedule_args,
+                                                       **queries.constants, **constants, num_warps=4)
+    else:
+        decoded = prepare_queries_fp4_triton(problem.q_fp4, problem.q_scale, problem.weights, windows,
+                                             summary=problem.zeroed[1:3], weight_scale=problem.weight_scale,
+                                             scratch=scratch)
+        schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins,
+                                        scratch)
+    q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = decoded
     return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule,
                          paged_programs(problem.device, block_rows, gluon), use_asm, gluon)
 

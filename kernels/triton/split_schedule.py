@@ -80,6 +80,17 @@ def split_schedule_kernel(
     tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
     BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr,
 ):
+    _split_schedule(rtb_ptr, starts_ptr, ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
+                    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr, BLOCK_ROWS, BLOCK,
+                    KEYS, NB)
+
+
+@triton.jit
+def _split_schedule(rtb_ptr, starts_ptr, ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
+                    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
+                    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr):
+    """The schedule in one program (module docstring): split_schedule_kernel's, and the paged mode's
+    prologue's first program (paged.py: beside the queries' decode, one launch)."""
     offs = tl.arange(0, BLOCK)
     for f0 in range(0, fault_words, BLOCK):
         tl.store(faults_ptr + f0 + offs, tl.zeros([BLOCK], tl.int8), mask=f0 + offs < fault_words)
@@ -149,15 +160,25 @@ def _buffers(rows: int, num_bins: int, scratch: Scratch) -> tuple[torch.Tensor, 
             scratch.empty((rows, num_bins), i32), scratch.empty(rows, torch.float32))
 
 
+def split_schedule_launch(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, block_rows: int,
+                          num_bins: int, scratch: Scratch) -> tuple[SplitSchedule, tuple, dict]:
+    """(the SplitSchedule's buffers from `scratch`, not yet written; the arguments and constexprs of
+    _split_schedule that write them): for split_schedule_kernel, and for a launch that runs the schedule
+    beside other work (paged.py's prologue)."""
+    rows = row_to_batch.shape[0]
+    out = _buffers(rows, num_bins, scratch)
+    args = (row_to_batch, starts, ends, rows, *out[:5], out[5], out[5].numel(), *out[6:])
+    return (SplitSchedule(*out, block_rows=block_rows), args,
+            dict(BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, NB=num_bins))
+
+
 def build_split_schedule_triton(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
                                 block_rows: int, num_bins: int, scratch: Scratch) -> SplitSchedule:
     """The SplitSchedule (module docstring) of effective row metadata (int32 [rows] each) in one launch
     of one program; buffers from `scratch`."""
-    rows = row_to_batch.shape[0]
-    out = _buffers(rows, num_bins, scratch)
-    split_schedule_kernel[(1,)](row_to_batch, starts, ends, rows, *out[:5], out[5], out[5].numel(), *out[6:],
-                                BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, NB=num_bins, num_warps=4)
-    return SplitSchedule(*out, block_rows=block_rows)
+    schedule, args, constants = split_schedule_launch(row_to_batch, starts, ends, block_rows, num_bins, scratch)
+    split_schedule_kernel[(1,)](*args, **constants, num_warps=4)
+    return schedule
 
 
 def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,

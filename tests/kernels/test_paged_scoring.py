@@ -18,7 +18,7 @@ from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.keys import split_keys
 from litetopk.kernels.scratch import Scratch
-from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton import TritonBackend, paged
 from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
 from litetopk.kernels.triton.paged_scoring import FAULT_DENSE
 from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
@@ -318,3 +318,24 @@ def test_gluon_paged_kernel_is_refused_for_pages_off_16_bytes(seed):
     with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel="gluon")):
         with pytest.raises(BackendUnavailableError, match="16-byte words"):
             litetopk_prefill(*[t.to("cuda") for t in p.args()], topk=p.topk, backend="triton")
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("block_rows", [1, 2])
+def test_the_paged_prologue_is_the_queries_decode_and_the_schedule_in_one_launch(block_rows, seed, monkeypatch):
+    """paged_prologue_kernel (the launch where the Triton stages run) writes what the queries' decode and the
+    split schedule's kernel write apart, bit for bit (the interpreter runs it here on CPU tensors)."""
+    p = make_problem(seed, seq_lens=[900, 300, 1500, 64], rows_per_seq=2, spread=2)
+    apart = validate_prefill(*p.args(), topk=p.topk)
+    together = validate_prefill(*p.args(), topk=p.topk)
+    want = paged.paged_operands(apart, block_rows, use_asm=False, gluon=False, num_bins=32)
+    want_schedule = build_split_schedule_triton(apart.row_to_batch, apart.starts, apart.ends, block_rows, 32,
+                                                Scratch("cpu"))
+    monkeypatch.setattr(paged, "runs_triton_stages", lambda device: True)
+    got = paged.paged_operands(together, block_rows, use_asm=False, gluon=False, num_bins=32)
+    for name in ("q_lo", "q_hi", "wq", "rowfac", "q_wide", "q_unsupported"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), f"seed {seed}: {name}"
+    for name in ("groups", "group_row", "group_count", "group_span", "tile_offset", "faults", "appended", "hist",
+                 "raised"):
+        assert torch.equal(getattr(got.schedule, name), getattr(want_schedule, name)), f"seed {seed}: {name}"
+    assert torch.equal(together.zeroed[1:3], apart.zeroed[1:3]), f"seed {seed}: the flag summary"
