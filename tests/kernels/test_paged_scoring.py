@@ -71,7 +71,8 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
     where = f"[{case}, block_rows {block_rows}] seed {seed}"
     want_groups, want_spans, want_tiles = ref_split_schedule(rtb.tolist(), starts.tolist(), ends.tolist(), block_rows)
     for build in (lambda: build_split_schedule_torch(rtb, starts, ends, block_rows, 16),
-                  lambda: build_split_schedule_triton(rtb, starts, ends, block_rows, 16, Scratch("cpu"))):
+                  lambda: build_split_schedule_triton(rtb.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), block_rows,
+                                                      16, Scratch(DEVICE))):
         got = build()
         g = int(got.groups[0])
         assert g == len(want_groups), f"{where}: {g} groups, want {len(want_groups)}"
@@ -324,13 +325,14 @@ def test_gluon_paged_kernel_is_refused_for_pages_off_16_bytes(seed):
 @pytest.mark.parametrize("block_rows", [1, 2])
 def test_the_paged_prologue_is_the_queries_decode_and_the_schedule_in_one_launch(block_rows, seed, monkeypatch):
     """paged_prologue_kernel (the launch where the Triton stages run) writes what the queries' decode and the
-    split schedule's kernel write apart, bit for bit (the interpreter runs it here on CPU tensors)."""
+    split schedule's kernel write apart, bit for bit (the interpreter runs it on CPU tensors in CI)."""
     p = make_problem(seed, seq_lens=[900, 300, 1500, 64], rows_per_seq=2, spread=2)
-    apart = validate_prefill(*p.args(), topk=p.topk)
-    together = validate_prefill(*p.args(), topk=p.topk)
+    apart = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
+    together = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
+    monkeypatch.setattr(paged, "runs_triton_stages", lambda device: False)
     want = paged.paged_operands(apart, block_rows, use_asm=False, gluon=False, num_bins=32)
     want_schedule = build_split_schedule_triton(apart.row_to_batch, apart.starts, apart.ends, block_rows, 32,
-                                                Scratch("cpu"))
+                                                Scratch(DEVICE))
     monkeypatch.setattr(paged, "runs_triton_stages", lambda device: True)
     got = paged.paged_operands(together, block_rows, use_asm=False, gluon=False, num_bins=32)
     for name in ("q_lo", "q_hi", "wq", "rowfac", "q_wide", "q_unsupported"):
