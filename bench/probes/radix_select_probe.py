@@ -127,10 +127,13 @@ def select_topk_candidates_radix_v1(keys, kept, thresholds, k, out):
     return out
 
 
-def candidate_buffer(k: int, gen: torch.Generator, rows: int = ROWS):
-    """(keys [rows, 8 k], kept [rows] int32, thresholds [rows]): see the module docstring."""
-    capacity = 8 * k
-    kept = (KEPT[k] + torch.randint(-k // 4, k // 4 + 1, (rows,), generator=gen, device="cuda")).int()
+def candidate_buffer(k: int, gen: torch.Generator, rows: int = ROWS, kept_factor: float = 1.0):
+    """(keys [rows, capacity], kept [rows] int32, thresholds [rows]): see the module docstring; kept_factor
+    scales the kept counts (a decode step of one row keeps ~7x more, its sample being sparser), capacity
+    8 k or what they need."""
+    capacity = max(8 * k, int(kept_factor * KEPT[k]) + k)
+    spread = torch.randint(-k // 4, k // 4 + 1, (rows,), generator=gen, device="cuda")
+    kept = (int(kept_factor * KEPT[k]) + spread).int()
     # The kept[r] best of WINDOW normal scores: quantiles above 1 - kept/WINDOW, in random order.
     tail = torch.rand(rows, capacity, generator=gen, device="cuda", dtype=torch.float64) * (kept[:, None] / WINDOW)
     scores = torch.special.ndtri(1.0 - tail).float()  # float64 quantiles: finite
@@ -188,15 +191,18 @@ def main():
     parser.add_argument("--rows", type=int, default=ROWS,
                         help="rows of the candidate buffer (8192: a prefill; 64-256: a decode step, where wider "
                              "programs are timed too)")
+    parser.add_argument("--kept-factor", type=float, default=1.0,
+                        help="scale the kept keys a row (7: a one-row decode step's ~15,000 at K = 512)")
     args = parser.parse_args()
     rows = args.rows
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(15)
-    report = {"device": torch.cuda.get_device_name(0), "rows": rows, "warm": WARM, "reps": REPS, "cases": []}
+    report = {"device": torch.cuda.get_device_name(0), "rows": rows, "kept_factor": args.kept_factor, "warm": WARM,
+              "reps": REPS, "cases": []}
     print(f"{'K':>5} {'threshold':>9} {'passing':>8} {'variant':>28} {'ms':>8} {'equal':>5}")
     for k in (512, 1024):
-        keys, kept, scan_thresholds = candidate_buffer(k, gen, rows)
+        keys, kept, scan_thresholds = candidate_buffer(k, gen, rows, args.kept_factor)
         for thr_name, thresholds in (("scan", scan_thresholds), ("none", torch.full_like(scan_thresholds, NO_KEY))):
             want = torch_top(keys, kept, thresholds, k)
             live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
@@ -221,6 +227,8 @@ def main():
                 print(f"{k:>5} {thr_name:>9} {passing:>8.0f} {name:>28} {ms:>8.4f} {str(equal):>5}", flush=True)
             report["cases"].append(case)
             name = "radix-select-probe.json" if rows == ROWS else f"radix-select-probe-rows{rows}.json"
+            if args.kept_factor != 1.0:
+                name = name.replace(".json", f"-kept{args.kept_factor:g}.json")
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(report, f, indent=1)
 
