@@ -22,7 +22,12 @@ from triton.compiler import ASTSource
 from ..cache_layout import describe_kv_cache
 from ..triton.paged import paged_launch_options
 from ..triton.paged_scoring import score_fp4_paged_kernel
-from ..triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+from ..triton.paged_scoring_gluon import (
+    GLUON_PAGED_MAX_REGISTERS,
+    GLUON_PAGED_OPTIONS,
+    GLUON_PAGED_WARPS,
+    score_fp4_paged_gluon_kernel,
+)
 from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, resource_usage
 
 #: Argument types of both paged kernels (the same signature).
@@ -64,7 +69,7 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
         constants = paged_launch_options(cache, topk=topk, use_asm=True, **mode)
         builds = {
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
-            "gluon": (score_fp4_paged_gluon_kernel, dict(constants, num_warps=GLUON_PAGED_WARPS),
+            "gluon": (score_fp4_paged_gluon_kernel, dict(constants, **GLUON_PAGED_OPTIONS, num_warps=GLUON_PAGED_WARPS),
                       dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]]),
                       GluonASTSource),
         }

@@ -35,7 +35,12 @@ from ..devices import runs_triton_stages
 from ..status import RowStatus
 from .operands import VECTORS_PER_PROGRAM, _decode_query_block, _query_side, prepare_queries_fp4_triton
 from .paged_scoring import score_fp4_paged_kernel
-from .paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, GLUON_PAGED_WARPS, score_fp4_paged_gluon_kernel
+from .paged_scoring_gluon import (
+    GLUON_PAGED_MAX_REGISTERS,
+    GLUON_PAGED_OPTIONS,
+    GLUON_PAGED_WARPS,
+    score_fp4_paged_gluon_kernel,
+)
 from .paged_scoring_gluon import PROGRAMS_PER_SM as GLUON_PROGRAMS_PER_SM
 from .scoring import HEAD_DIM, HEADS, NUM_BINS
 from .split_schedule import SplitSchedule, _split_schedule, build_split_schedule, split_schedule_launch
@@ -206,7 +211,8 @@ def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch
                                          strided=stride != 1, use_asm=use_asm, indirect=query_rows is not None,
                                          has_ceilings=ceilings is not None, refresh=refresh, num_bins=num_bins)
         if gluon:
-            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, num_warps=GLUON_PAGED_WARPS,
+            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, **GLUON_PAGED_OPTIONS,
+                                                      num_warps=GLUON_PAGED_WARPS,
                                                       maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows])
         else:
             score_fp4_paged_kernel[(programs,)](*args, **constants, num_warps=num_warps)

@@ -17,8 +17,8 @@ key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8
 are stored to shared memory with 16-byte stores, and one warpgroup's wgmma (m64nNk32, N = 64 x
 BLOCK_ROWS) reads them with the queries' halves (staged per row group). Per key, the factor kfac, the
 unsupported flag and the tile's wide flag go through shared memory beside the operand, ordered by the
-one barrier a step needs before its MMA. The next step's page is loaded into registers at the top of a
-step (its latency overlaps the step), so with several programs an SM the loads stay in flight.
+one barrier a step needs before its MMA. The next step's page is loaded into registers during a step
+(its latency overlaps the step's MMA and epilogue), so with several programs an SM the loads stay in flight.
 Wide tiles (a key whose groups span 4-7 binades: a hi operand) and wide query rows take a branch that
 builds the hi halves and adds their MMAs (operands.py's Horner form); rare.
 Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, 4 warps, BLOCK_KEYS = PAGE_SIZE = 64, sm_90 (wgmma); no
@@ -40,6 +40,11 @@ GLUON_PAGED_WARPS = 4
 # registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
+# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged).
+# LOAD_AFTER_FENCE: a step issues the next step's page loads after its operand fence (fence.proxy.async,
+# which ptxas emits as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) rather than at its top; True pending the GPU
+# comparison (bench/probes/paged_variants.py).
+GLUON_PAGED_OPTIONS = dict(LOAD_AFTER_FENCE=True)
 
 
 @gluon.jit
@@ -176,9 +181,10 @@ def score_fp4_paged_gluon_kernel(
     REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
     SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr, INDIRECT: gl.constexpr,
-    HAS_CEILINGS: gl.constexpr, num_warps: gl.constexpr,
+    HAS_CEILINGS: gl.constexpr, LOAD_AFTER_FENCE: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
+    LOAD_AFTER_FENCE: where a step issues the next step's loads (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -302,10 +308,12 @@ def score_fp4_paged_gluon_kernel(
             else:
                 pos_n = (first_tile + tile_index + 1) * BK + offs_key
                 live_n = (pos_n >= span_lo) & (pos_n < span_hi) & more
-            words_n, scales_n, live_n = _load_page(
-                pos_n, live_n, gl.where(more, first_tile + tile_index + 1, first_tile + tile_index), b64, bt_stride,
-                block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride, W3, G, PAGE,
-                STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+            page_n = gl.where(more, first_tile + tile_index + 1, first_tile + tile_index)
+            if not LOAD_AFTER_FENCE:
+                words_n, scales_n, live_n = _load_page(
+                    pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
+                    value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
+                    SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
             d, spread, kfac = _key_exponents(words, scales, W3, G)
             # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
             gl.thread_barrier()
@@ -316,6 +324,11 @@ def score_fp4_paged_gluon_kernel(
             wide_smem.store((spread >= 4).to(gl.int32))
             gl.thread_barrier()
             fence_async_shared()
+            if LOAD_AFTER_FENCE:  # (ptxas makes the fence a MEMBAR.ALL.CTA, which would wait for these loads)
+                words_n, scales_n, live_n = _load_page(
+                    pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
+                    value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
+                    SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
             k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
             if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
                 in_lo = shift <= 3

@@ -1,0 +1,88 @@
+"""Device probe: the paged mode's Gluon scoring kernel in its variants (paged_scoring_gluon.GLUON_PAGED_OPTIONS),
+side by side in one process on the same inputs, each checked bit for bit against the first.
+
+For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
+TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
+kernel's device time (the sample's launch and the scan's, torch.profiler: bench.common.timing.gpu_activity),
+the median of --reps calls. Prints a table, writes OUT/paged-variants-<card>.json.
+
+    source bench/device/gpu_env.sh && python3 -m bench.probes.paged_variants --out /tmp [--shapes 64x1x65536x512 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from litetopk.kernels import litetopk_prefill, registry
+from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
+
+from ..common.problems import decode_queries, paged_random_cache
+from ..common.report import run_info
+from ..common.timing import gpu_activity
+
+#: name -> GLUON_PAGED_OPTIONS of each variant (the first is the reference of the bit-for-bit check)
+VARIANTS = {"load at step top": dict(LOAD_AFTER_FENCE=False), "load after fence": dict(LOAD_AFTER_FENCE=True)}
+SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
+FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
+
+
+def probe_shape(shape: str, reps: int) -> dict:
+    batch, next_n, keys, topk = (int(x) for x in shape.split("x"))
+    lengths = [keys] * batch
+    cache, block_table = paged_random_cache(lengths, seed=7, device="cuda")
+    q = decode_queries(lengths, next_n, seed=8, device="cuda")
+    args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
+    record, first = dict(shape=shape), None
+    saved = dict(GLUON_PAGED_OPTIONS)
+    try:
+        with registry.backend_instance("triton", TritonBackend(paged="always")):
+            for name, options in VARIANTS.items():
+                GLUON_PAGED_OPTIONS.update(options)
+                call = lambda: litetopk_prefill(*args, topk=topk, backend="triton")  # noqa: E731
+                result = call()
+                torch.cuda.synchronize()
+                first = first or result
+                equal = all(torch.equal(getattr(result, f), getattr(first, f)) for f in FIELDS)
+                runs = [gpu_activity(call, top=4) for _ in range(reps)]
+                kernel = [sum(us for kernel_name, us in r["heaviest_us"].items()
+                              if kernel_name.startswith("score_fp4_paged")) for r in runs]
+                record[name] = dict(busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
+                                    scoring_us=statistics.median(kernel), equal_to_first=equal,
+                                    candidates=float(result.candidates.float().mean()))
+                print(f"{shape:>18} {name:>22} busy {record[name]['busy_us']:8.1f} us  scoring "
+                      f"{record[name]['scoring_us']:8.1f} us  equal {equal}", flush=True)
+    finally:
+        GLUON_PAGED_OPTIONS.clear()
+        GLUON_PAGED_OPTIONS.update(saved)
+    del cache, block_table, q
+    torch.cuda.empty_cache()
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help="BxNxKEYSxK")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    report = dict(run_info(device, sys.argv, "bench.probes.paged_variants"), variants=VARIANTS, shapes=[])
+    name = torch.cuda.get_device_name(device)
+    path = os.path.join(args.out, f"paged-variants-{name.split()[1].lower() if ' ' in name else 'gpu'}.json")
+    for shape in args.shapes:
+        report["shapes"].append(probe_shape(shape, args.reps))
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
