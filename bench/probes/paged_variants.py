@@ -28,7 +28,9 @@ from ..common.report import run_info
 from ..common.timing import gpu_activity
 
 #: name -> GLUON_PAGED_OPTIONS of each variant (the first is the reference of the bit-for-bit check)
-VARIANTS = {"load at step top": dict(LOAD_AFTER_FENCE=False), "load after fence": dict(LOAD_AFTER_FENCE=True)}
+VARIANTS = {"smem A, load at top": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False),
+            "smem A, load after fence": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True),
+            "register A": dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True)}
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
@@ -56,7 +58,7 @@ def probe_shape(shape: str, reps: int) -> dict:
                 record[name] = dict(busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
                                     scoring_us=statistics.median(kernel), equal_to_first=equal,
                                     candidates=float(result.candidates.float().mean()))
-                print(f"{shape:>18} {name:>22} busy {record[name]['busy_us']:8.1f} us  scoring "
+                print(f"{shape:>18} {name:>26} busy {record[name]['busy_us']:8.1f} us  scoring "
                       f"{record[name]['scoring_us']:8.1f} us  equal {equal}", flush=True)
     finally:
         GLUON_PAGED_OPTIONS.clear()

@@ -40,11 +40,15 @@ GLUON_PAGED_WARPS = 4
 # registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged).
-# LOAD_AFTER_FENCE: a step issues the next step's page loads after its operand fence (fence.proxy.async,
-# which ptxas emits as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) rather than at its top; True pending the GPU
-# comparison (bench/probes/paged_variants.py).
-GLUON_PAGED_OPTIONS = dict(LOAD_AFTER_FENCE=True)
+# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged);
+# bench/probes/paged_variants.py times them against each other on the GPU, bit for bit.
+# A_IN_REGISTERS: the decoded key words are the wgmma's A operand in registers (_register_operand): no
+#   shared memory, barrier or proxy fence a step (the queries, staged once a row group, stay in shared
+#   memory); else they are stored to shared memory each step, behind two barriers and the proxy fence.
+# LOAD_AFTER_FENCE (shared-memory operand only): the next step's page loads are issued after that fence
+#   (fence.proxy.async, which ptxas emits as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: it would wait for them)
+#   rather than at the step's top.
+GLUON_PAGED_OPTIONS = dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True)
 
 
 @gluon.jit
@@ -125,6 +129,17 @@ def _stage_halves(words, shift, a_smem, b_smem, A32: gl.constexpr):
 
 
 @gluon.jit
+def _register_operand(words, DOT: gl.constexpr):
+    """int8 [64, 64] in the wgmma A-operand layout DOT of int32 `words` [64, 4, 4] (key, group g, word j;
+    4 int8 a word): element (key, 4 (4 j + g) + e) = byte e of words[key, g, j]. With the loads' layout
+    (W3: a thread's words are one (key, group), keys placed as DOT's rows) the byte split and the
+    conversion compile to nothing (offline SASS): the decoded words feed the MMA from registers."""
+    w = gl.reshape(gl.permute(words, (0, 2, 1)), [64, 16])
+    split = gl.join(gl.join(w.to(gl.int8), (w >> 8).to(gl.int8)), gl.join((w >> 16).to(gl.int8), (w >> 24).to(gl.int8)))
+    return gl.convert_layout(gl.reshape(gl.permute(split, (0, 1, 3, 2)), [64, 64]), DOT)
+
+
+@gluon.jit
 def _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: gl.constexpr,
                 layout: gl.constexpr):
     """(rows int64, row_ok, starts, ends) [BLOCK_ROWS] of row group `group` in `layout`."""
@@ -150,9 +165,11 @@ def _query_row(row, query_row_ptr, INDIRECT: gl.constexpr):
 @gluon.jit
 def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, qa_smem, qb_smem, N: gl.constexpr,
                    BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr,
-                   INDIRECT: gl.constexpr):
+                   INDIRECT: gl.constexpr, A_IN_REGISTERS: gl.constexpr):
     """Store the group's query halves [N, 64] (column n = head n // BLOCK_ROWS, row lane n % BLOCK_ROWS;
-    lanes past the group's count read zeros) of operand q_ptr (q_lo or q_hi) in qa_smem / qb_smem."""
+    lanes past the group's count read zeros) of operand q_ptr (q_lo or q_hi) in qa_smem / qb_smem, their
+    K order the key operand's: column 4 q + e holds dimension 8 (q // 4) + e of group q % 4 with the key
+    operand in registers (_register_operand), of group q // 4 with it in shared memory (_stage_halves)."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
@@ -160,7 +177,10 @@ def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, 
     n_rows = _query_row((first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
     vec = n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS
     k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-    dim_a = 8 * (k // 4) + k % 4
+    if A_IN_REGISTERS:
+        dim_a = 32 * ((k // 4) % 4) + 8 * (k // 16) + k % 4
+    else:
+        dim_a = 8 * (k // 4) + k % 4
     at = q_ptr + vec[:, None] * D + dim_a[None, :]
     qa_smem.store(gl.load(at, mask=n_ok[:, None], other=0))
     qb_smem.store(gl.load(at + 4, mask=n_ok[:, None], other=0))
@@ -181,10 +201,11 @@ def score_fp4_paged_gluon_kernel(
     REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
     TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
     SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr, INDIRECT: gl.constexpr,
-    HAS_CEILINGS: gl.constexpr, LOAD_AFTER_FENCE: gl.constexpr, num_warps: gl.constexpr,
+    HAS_CEILINGS: gl.constexpr, A_IN_REGISTERS: gl.constexpr, LOAD_AFTER_FENCE: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    LOAD_AFTER_FENCE: where a step issues the next step's loads (GLUON_PAGED_OPTIONS)."""
+    A_IN_REGISTERS, LOAD_AFTER_FENCE: GLUON_PAGED_OPTIONS."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -192,10 +213,14 @@ def score_fp4_paged_gluon_kernel(
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, N, 32])
     # one thread = one (key, group): keys on 8 lanes x 4 warps (two keys a thread), groups on 4 lanes
-    W3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1],
-                                        warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0])
-    G: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[8, 4],
-                                       warps_per_cta=[num_warps, 1], order=[1, 0])
+    # (key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5: the wgmma A operand's rows)
+    W3: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[BK, 4, 4])
+    G: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+        block_bases=[], shape=[BK, 4])
+    DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     KEY: gl.constexpr = gl.SliceLayout(1, G)
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
                                         warps_per_cta=[num_warps, 1], order=[1, 0])
@@ -262,10 +287,13 @@ def score_fp4_paged_gluon_kernel(
                                 other=0).to(gl.int32), axis=0) != 0
         gl.thread_barrier()  # the previous group's last MMA has read the query operands
         _stage_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, query_row_ptr, qa, qb, N, BLOCK_ROWS, H, D, ld,
-                       INDIRECT)
+                       INDIRECT, A_IN_REGISTERS)
         if q_wide:
             _stage_queries(group, group_row_ptr, group_count_ptr, q_hi_ptr, query_row_ptr, qa_hi, qb_hi, N, BLOCK_ROWS,
-                           H, D, ld, INDIRECT)
+                           H, D, ld, INDIRECT, A_IN_REGISTERS)
+        if A_IN_REGISTERS:  # (with the key operand in shared memory, each step's fence and barrier order these)
+            fence_async_shared()
+            gl.thread_barrier()
         if DENSE:
             probe = gl.zeros([BK, BLOCK_ROWS], gl.float32, tile)
             bad_rows = gl.zeros([BK, BLOCK_ROWS], gl.int32, tile)
@@ -309,62 +337,98 @@ def score_fp4_paged_gluon_kernel(
                 pos_n = (first_tile + tile_index + 1) * BK + offs_key
                 live_n = (pos_n >= span_lo) & (pos_n < span_hi) & more
             page_n = gl.where(more, first_tile + tile_index + 1, first_tile + tile_index)
-            if not LOAD_AFTER_FENCE:
+            if A_IN_REGISTERS or not LOAD_AFTER_FENCE:
                 words_n, scales_n, live_n = _load_page(
                     pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
                     value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
                     SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
             d, spread, kfac = _key_exponents(words, scales, W3, G)
-            # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
-            gl.thread_barrier()
             shift = _shift_words(d, W3)
-            _stage_halves(words, shift, a_lo, b_lo, A32)
-            kfac_smem.store(kfac)
-            bad_smem.store((live & (spread >= 8)).to(gl.int32))
-            wide_smem.store((spread >= 4).to(gl.int32))
-            gl.thread_barrier()
-            fence_async_shared()
-            if LOAD_AFTER_FENCE:  # (ptxas makes the fence a MEMBAR.ALL.CTA, which would wait for these loads)
-                words_n, scales_n, live_n = _load_page(
-                    pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-                    value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
-                    SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
-            k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
-            if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
-                in_lo = shift <= 3
-                in_hi = (shift >= 4) & (shift <= 7)
-                _stage_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3), a_lo, b_lo, A32)
-                _stage_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3), a_hi, b_hi, A32)
+            bad_key = (live & (spread >= 8)).to(gl.int32)
+            if A_IN_REGISTERS:
+                # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
+                k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
+                if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
+                    in_lo = shift <= 3
+                    in_hi = (shift >= 4) & (shift <= 7)
+                    lo_a, lo_b = _e2m1_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3))
+                    hi_a, hi_b = _e2m1_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3))
+                    lo_a = _register_operand(lo_a, DOT)
+                    lo_b = _register_operand(lo_b, DOT)
+                    hi_a = _register_operand(hi_a, DOT)
+                    hi_b = _register_operand(hi_b, DOT)
+                    acc = gl.zeros([BK, N], gl.int32, mma)
+                    if q_wide:
+                        acc = warpgroup_mma(hi_a, qa_hi.permute((1, 0)), acc)
+                        acc = warpgroup_mma(hi_b, qb_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(hi_a, qa.permute((1, 0)), acc * 16)
+                    acc = warpgroup_mma(hi_b, qb.permute((1, 0)), acc)
+                    if q_wide:
+                        acc = warpgroup_mma(lo_a, qa_hi.permute((1, 0)), acc)
+                        acc = warpgroup_mma(lo_b, qb_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(lo_a, qa.permute((1, 0)), acc * 16)
+                    acc = warpgroup_mma(lo_b, qb.permute((1, 0)), acc)
+                    relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+                else:
+                    half_a, half_b = _e2m1_halves(words, shift)
+                    op_a = _register_operand(half_a, DOT)
+                    op_b = _register_operand(half_b, DOT)
+                    # (synchronous: a wait cannot hold int8 register operands alive, WGMMAWaitGroupOp)
+                    acc = warpgroup_mma(op_a, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False)
+                    acc = warpgroup_mma(op_b, qb.permute((1, 0)), acc)
+                    relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+                kfac_t = gl.convert_layout(kfac, key_of_tile)
+            else:
+                # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
+                gl.thread_barrier()
+                _stage_halves(words, shift, a_lo, b_lo, A32)
+                kfac_smem.store(kfac)
+                bad_smem.store(bad_key)
+                wide_smem.store((spread >= 4).to(gl.int32))
                 gl.thread_barrier()
                 fence_async_shared()
-                acc = gl.zeros([BK, N], gl.int32, mma)
-                if q_wide:
-                    acc = warpgroup_mma(a_hi, qa_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(b_hi, qb_hi.permute((1, 0)), acc)
-                acc = warpgroup_mma(a_hi, qa.permute((1, 0)), acc * 16)
-                acc = warpgroup_mma(b_hi, qb.permute((1, 0)), acc)
-                if q_wide:
-                    acc = warpgroup_mma(a_lo, qa_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(b_lo, qb_hi.permute((1, 0)), acc)
-                acc = warpgroup_mma(a_lo, qa.permute((1, 0)), acc * 16)
-                acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc)
-                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-            else:
-                acc = warpgroup_mma(a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False,
-                                    is_async=True)
-                acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+                if LOAD_AFTER_FENCE:  # (ptxas makes the fence a MEMBAR.ALL.CTA, which would wait for these loads)
+                    words_n, scales_n, live_n = _load_page(
+                        pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
+                        value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
+                        SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+                k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
+                if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
+                    in_lo = shift <= 3
+                    in_hi = (shift >= 4) & (shift <= 7)
+                    _stage_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3), a_lo, b_lo, A32)
+                    _stage_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3), a_hi, b_hi, A32)
+                    gl.thread_barrier()
+                    fence_async_shared()
+                    acc = gl.zeros([BK, N], gl.int32, mma)
+                    if q_wide:
+                        acc = warpgroup_mma(a_hi, qa_hi.permute((1, 0)), acc)
+                        acc = warpgroup_mma(b_hi, qb_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(a_hi, qa.permute((1, 0)), acc * 16)
+                    acc = warpgroup_mma(b_hi, qb.permute((1, 0)), acc)
+                    if q_wide:
+                        acc = warpgroup_mma(a_lo, qa_hi.permute((1, 0)), acc)
+                        acc = warpgroup_mma(b_lo, qb_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(a_lo, qa.permute((1, 0)), acc * 16)
+                    acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc)
+                    relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
+                else:
+                    acc = warpgroup_mma(a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False,
+                                        is_async=True)
+                    acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+                kfac_t = kfac_smem.load(key_of_tile)
             terms = relu_sub * wq[None, :]
             scores = gl.sum(gl.reshape(terms, [BK, H, BLOCK_ROWS]), axis=1)
-            kfac_t = kfac_smem.load(key_of_tile)
             scores = scores * rowfac[None, :] * kfac_t[:, None]
             if DENSE:
                 column_t = tile_index * BK + offs_tk
                 pos_t = column_t * position_stride
                 in_window = (pos_t[:, None] >= starts[None, :]) & (pos_t[:, None] < ends[None, :]) & row_ok[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                bad_rows |= (bad_smem.load(key_of_tile)[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
+                bad_t = gl.convert_layout(bad_key, key_of_tile)
+                bad_rows |= (bad_t[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 gl.store(out_ptr + rows[None, :] * out_width + column_t[:, None],
                          gl.where(in_window, scores, float("-inf")),
                          mask=(column_t < out_width)[:, None] & row_ok[None, :])
@@ -377,7 +441,8 @@ def score_fp4_paged_gluon_kernel(
                 pos_f = (first_tile + tile_index) * BK + offs_fk
                 in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :]) & ok_f[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                bad_rows |= (bad_smem.load(gl.SliceLayout(1, flat))[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
+                bad_f = gl.convert_layout(bad_key, gl.SliceLayout(1, flat))
+                bad_rows |= (bad_f[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
                 one = gl.full([BK, 2], 1, gl.int32, flat)
