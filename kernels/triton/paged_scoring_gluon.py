@@ -129,14 +129,15 @@ def _stage_halves(words, shift, a_smem, b_smem, A32: gl.constexpr):
 
 
 @gluon.jit
-def _register_operand(words, DOT: gl.constexpr):
-    """int8 [64, 64] in the wgmma A-operand layout DOT of int32 `words` [64, 4, 4] (key, group g, word j;
-    4 int8 a word): element (key, 4 (4 j + g) + e) = byte e of words[key, g, j]. With the loads' layout
-    (W3: a thread's words are one (key, group), keys placed as DOT's rows) the byte split and the
-    conversion compile to nothing (offline SASS): the decoded words feed the MMA from registers."""
-    w = gl.reshape(gl.permute(words, (0, 2, 1)), [64, 16])
+def _register_operand(half_a, half_b, DOT: gl.constexpr):
+    """int8 [64, 128] in the wgmma A-operand layout DOT of the decoded halves (int32 [64, 4, 4]: key, group g,
+    word j; 4 int8 a word) of _e2m1_halves: element (key, 4 q + e), q = 16 h + 4 j + g, is byte e of
+    word j of group g of half h (half_a: h = 0). With the loads' layout (W3: a thread's words are one
+    (key, group), keys placed as DOT's rows) the byte split and the conversion compile to nothing (offline
+    SASS): the decoded words feed the MMA from registers."""
+    w = gl.reshape(gl.permute(gl.join(half_a, half_b), (0, 3, 2, 1)), [64, 32])
     split = gl.join(gl.join(w.to(gl.int8), (w >> 8).to(gl.int8)), gl.join((w >> 16).to(gl.int8), (w >> 24).to(gl.int8)))
-    return gl.convert_layout(gl.reshape(gl.permute(split, (0, 1, 3, 2)), [64, 64]), DOT)
+    return gl.convert_layout(gl.reshape(gl.permute(split, (0, 1, 3, 2)), [64, 128]), DOT)
 
 
 @gluon.jit
@@ -166,24 +167,26 @@ def _query_row(row, query_row_ptr, INDIRECT: gl.constexpr):
 def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, qa_smem, qb_smem, N: gl.constexpr,
                    BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr,
                    INDIRECT: gl.constexpr, A_IN_REGISTERS: gl.constexpr):
-    """Store the group's query halves [N, 64] (column n = head n // BLOCK_ROWS, row lane n % BLOCK_ROWS;
-    lanes past the group's count read zeros) of operand q_ptr (q_lo or q_hi) in qa_smem / qb_smem, their
-    K order the key operand's: column 4 q + e holds dimension 8 (q // 4) + e of group q % 4 with the key
-    operand in registers (_register_operand), of group q // 4 with it in shared memory (_stage_halves)."""
+    """Store the group's queries (row n = head n // BLOCK_ROWS of row lane n % BLOCK_ROWS; lanes past the
+    group's count read zeros) of operand q_ptr (q_lo or q_hi) in the key operand's K order: with the key
+    operand in registers, [N, 128] in qa_smem (column 4 q + e, q = 16 h + 4 j + g: dimension 32 g + 8 j +
+    4 h + e, _register_operand); with it in shared memory, halves [N, 64] in qa_smem / qb_smem (column
+    4 q + e: dimension 8 q + e, and + 4, _stage_halves)."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
     n_ok = (offs_n % BLOCK_ROWS) < count
     n_rows = _query_row((first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
     vec = n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS
-    k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
     if A_IN_REGISTERS:
-        dim_a = 32 * ((k // 4) % 4) + 8 * (k // 16) + k % 4
+        k = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+        dim = 32 * ((k // 4) % 4) + 8 * ((k // 16) % 4) + 4 * (k // 64) + k % 4
+        qa_smem.store(gl.load(q_ptr + vec[:, None] * D + dim[None, :], mask=n_ok[:, None], other=0))
     else:
-        dim_a = 8 * (k // 4) + k % 4
-    at = q_ptr + vec[:, None] * D + dim_a[None, :]
-    qa_smem.store(gl.load(at, mask=n_ok[:, None], other=0))
-    qb_smem.store(gl.load(at + 4, mask=n_ok[:, None], other=0))
+        k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+        at = q_ptr + vec[:, None] * D + (8 * (k // 4) + k % 4)[None, :]
+        qa_smem.store(gl.load(at, mask=n_ok[:, None], other=0))
+        qb_smem.store(gl.load(at + 4, mask=n_ok[:, None], other=0))
 
 
 @gluon.jit
@@ -246,9 +249,14 @@ def score_fp4_paged_gluon_kernel(
     b_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
     a_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
     b_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
-    qa = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+    if A_IN_REGISTERS:  # the queries whole (K = 128): one MMA a step (qb, qb_hi unused)
+        q_layout_all: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
+        qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
+        qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
+    else:
+        qa = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+        qa_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
     qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-    qa_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
     qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
     kfac_smem = gl.allocate_shared_memory(gl.float32, [BK], flat_1d)
     bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
@@ -353,29 +361,21 @@ def score_fp4_paged_gluon_kernel(
                     in_hi = (shift >= 4) & (shift <= 7)
                     lo_a, lo_b = _e2m1_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3))
                     hi_a, hi_b = _e2m1_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3))
-                    lo_a = _register_operand(lo_a, DOT)
-                    lo_b = _register_operand(lo_b, DOT)
-                    hi_a = _register_operand(hi_a, DOT)
-                    hi_b = _register_operand(hi_b, DOT)
+                    op_lo = _register_operand(lo_a, lo_b, DOT)
+                    op_hi = _register_operand(hi_a, hi_b, DOT)
                     acc = gl.zeros([BK, N], gl.int32, mma)
                     if q_wide:
-                        acc = warpgroup_mma(hi_a, qa_hi.permute((1, 0)), acc)
-                        acc = warpgroup_mma(hi_b, qb_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(hi_a, qa.permute((1, 0)), acc * 16)
-                    acc = warpgroup_mma(hi_b, qb.permute((1, 0)), acc)
+                        acc = warpgroup_mma(op_hi, qa_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(op_hi, qa.permute((1, 0)), acc * 16)
                     if q_wide:
-                        acc = warpgroup_mma(lo_a, qa_hi.permute((1, 0)), acc)
-                        acc = warpgroup_mma(lo_b, qb_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(lo_a, qa.permute((1, 0)), acc * 16)
-                    acc = warpgroup_mma(lo_b, qb.permute((1, 0)), acc)
+                        acc = warpgroup_mma(op_lo, qa_hi.permute((1, 0)), acc)
+                    acc = warpgroup_mma(op_lo, qa.permute((1, 0)), acc * 16)
                     relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
                 else:
                     half_a, half_b = _e2m1_halves(words, shift)
-                    op_a = _register_operand(half_a, DOT)
-                    op_b = _register_operand(half_b, DOT)
-                    # (synchronous: a wait cannot hold int8 register operands alive, WGMMAWaitGroupOp)
-                    acc = warpgroup_mma(op_a, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False)
-                    acc = warpgroup_mma(op_b, qb.permute((1, 0)), acc)
+                    # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
+                    acc = warpgroup_mma(_register_operand(half_a, half_b, DOT), qa.permute((1, 0)),
+                                        gl.zeros([BK, N], gl.int32, mma), use_acc=False)
                     relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
                 kfac_t = gl.convert_layout(kfac, key_of_tile)
             else:
