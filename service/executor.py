@@ -116,6 +116,8 @@ class DeviceExecutor:
         if self.operator is None or self.limits is None:
             raise ServiceError("not_ready", "the device workspace is not allocated yet (warm-up running or failed)")
         limits = self.limits
+        if rows <= limits.max_rows and batch <= limits.max_batch:
+            return self.operator
         for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
                                             ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
             if count > limit:

@@ -55,13 +55,11 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from .errors import ServiceError, as_service_error
-from .executor import Job
 from .fdpass import peer_credentials
 from .logs import OncePerInterval
 from .principals import Principal
@@ -112,13 +110,14 @@ def encode_frame(message, payload=b"") -> list:
     return [head, payload] if len(payload) else [head]
 
 
-@dataclass(eq=False)
 class _InFlight:
-    """A top-k request between its frame and its answer."""
+    """A top-k request between its frame and its answer: its id, the perf_counter() after which it is
+    answered `timeout`, its queued job (when the device was busy)."""
 
-    id: int
-    deadline: float  # perf_counter() after which it is answered `timeout`
-    job: Job | None = None  # the queued job, when the device was busy
+    __slots__ = ("id", "deadline", "job")
+
+    def __init__(self, id_: int, deadline: float):
+        self.id, self.deadline, self.job = id_, deadline, None
 
 
 class IpcConnection:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import msgspec
+import numpy
 import torch
 
 from litetopk.kernels import RowFaultError, RowStatus, TopKResult
@@ -71,7 +72,7 @@ _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)
 class Outcome:
     """A request's answer: the fields not written into regions, in `buffer` (wire.result_layout)."""
 
@@ -101,6 +102,7 @@ class Admitted:
     outputs: dict[str, RegionSlice]
     rows: int
     keys: list[tuple] = field(init=False)  # view_key of each of `refs`
+    owners: list[Region] = field(init=False)  # a region of each distinct owner process
     answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
     entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
     nbytes: int = field(init=False)
@@ -108,6 +110,7 @@ class Admitted:
 
     def __post_init__(self) -> None:
         self.keys = [view_key(ref) for _, ref, _ in self.refs]
+        self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
         self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
         self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
 
@@ -278,8 +281,8 @@ def _inline_tensor(arg: TensorArg) -> torch.Tensor:
 
 def _raise_row_faults(status: torch.Tensor) -> None:
     """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
-    if status.device.type == "cpu" and not (status.numpy() & _FAULT_BITS).any():
-        return  # the common case, without a torch op
+    if not status.is_cuda and not int(numpy.bitwise_or.reduce(status.numpy())) & _FAULT_BITS:
+        return  # the common case: one reduction of the flags, without a torch op
     bad = torch.nonzero(status & _FAULT_BITS).flatten()
     if bad.numel():
         rows, flags = bad.tolist(), status[bad].tolist()
@@ -293,8 +296,8 @@ def out_of(name: str, direct: dict, staging: dict, result: TopKResult) -> torch.
 
 def _total(counts: torch.Tensor) -> int:
     """The sum of an int32 count field (on the host without a torch op)."""
-    if counts.device.type == "cpu":
-        return int(counts.numpy().sum(dtype="int64"))
+    if not counts.is_cuda:
+        return int(numpy.add.reduce(counts.numpy(), dtype=numpy.int64))
     return int(counts.long().sum())
 
 
@@ -360,7 +363,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
         status = answer["status"] if "status" in answer else result.status.cpu()
         _raise_row_faults(status)
-        _check_owners_alive(admitted.regions)
+        _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))
         for name, dst in outs.items():
             if name not in direct:  # a host region on a GPU service: the one D2H copy, straight into it
@@ -376,17 +379,11 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
         table.release_all(admitted.regions)
 
 
-def _check_owners_alive(regions: list[Region]) -> None:
-    """Fail closed after the operator: memory of an owner that died mid-request may be gone (each owner
-    read once)."""
-    owners: dict = {}
-    for region in regions:
-        if region.pid is None:
-            continue
-        key = (region.pid, region.pid_start)
-        if key not in owners:
-            owners[key] = OWNERS.alive(region.pid, region.pid_start)
-        if not owners[key]:
+def _check_owners_alive(owners: list[Region]) -> None:
+    """Fail closed after the operator: memory of an owner that died mid-request may be gone (`owners`:
+    a region of each owner process, each read once)."""
+    for region in owners:
+        if not OWNERS.alive(region.pid, region.pid_start):
             raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
                                "died while the request ran; its memory cannot be trusted")
 
