@@ -54,7 +54,11 @@ class _Strict(BaseModel):
     def _integral_numbers(cls, data):
         if not isinstance(data, dict):
             return data
-        return {k: v if k == "weight_scale" else _integral(v) for k, v in data.items()}
+        for key, value in data.items():  # the common case, no float anywhere: the dict as it is
+            if key != "weight_scale" and (value.__class__ is float or (
+                    value.__class__ is list and any(v.__class__ is not int for v in value))):
+                return {k: v if k == "weight_scale" else _integral(v) for k, v in data.items()}
+        return data
 
 
 def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
