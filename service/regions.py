@@ -306,14 +306,16 @@ class RegionTable:
             raise
         return leases, tensors
 
-    def lease(self, regions: list[Region], alive: dict | None = None) -> None:
+    def lease(self, regions: list[Region], owners: list[Region]) -> None:
         """Lease the distinct `regions` a request was admitted with (found by `get` / `find_all` for its
-        principal), under one lock: all or none. A region retired since (unregistered, superseded) or
-        whose owner has died is `stale_region`, as a lookup by id would answer. Pair with `release_all`."""
+        principal), under one lock: all or none. `owners` holds one of them for each owner process
+        (each is asked once). A region retired since (unregistered, superseded) or whose owner has died
+        is `stale_region`, as a lookup by id would answer. Pair with `release_all`."""
         with self._lock:
-            for region in regions:
-                if region.live and not _owner_alive(region, alive):
+            for region in owners:
+                if region.live and not OWNERS.alive(region.pid, region.pid_start):
                     self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
+            for region in regions:
                 if not region.live:
                     raise ServiceError("stale_region", f"region {region.id} (generation {region.generation}) is "
                                        f"gone: {region.detail}")

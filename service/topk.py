@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import array
 import collections
+import functools
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -70,6 +72,7 @@ _OUT_NAMES = {name: f"out.{name}" for name in RESULT_FIELDS}
 _RESULT_DTYPES = {name: dtype_name(dtype) for name, (dtype, _) in RESULT_FIELDS.items()}
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
+ROWS_AS_INTS = 1024  # status / counts of at most this many rows are summed as Python ints (_host_ints)
 
 
 @dataclass(eq=False, slots=True)
@@ -101,7 +104,7 @@ class Admitted:
     regions: list[Region]
     outputs: dict[str, RegionSlice]
     rows: int
-    keys: list[tuple] = field(init=False)  # view_key of each of `refs`
+    keyed: list[tuple] = field(init=False)  # (name, slice, region, view_key) of each of `refs`
     owners: list[Region] = field(init=False)  # a region of each distinct owner process
     answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
     entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
@@ -109,7 +112,7 @@ class Admitted:
     _inline: dict | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.keys = [view_key(ref) for _, ref, _ in self.refs]
+        self.keyed = [(name, ref, region, view_key(ref)) for name, ref, region in self.refs]
         self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
         self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
         self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
@@ -279,9 +282,18 @@ def _inline_tensor(arg: TensorArg) -> torch.Tensor:
     return torch.frombuffer(array.array("i", arg.data), dtype=torch.int32).view(arg.shape)
 
 
+def _host_ints(values: torch.Tensor, combine, numpy_reduce) -> int:
+    """`combine` (operator.or_ / operator.add) over an int32 CPU tensor: a decode batch's few rows as
+    Python ints (tolist; numpy's machinery costs ~3x that, cold, between two requests), more rows
+    with numpy's `numpy_reduce`."""
+    if values.numel() <= ROWS_AS_INTS:
+        return functools.reduce(combine, values.tolist(), 0)
+    return int(numpy_reduce(values.numpy(), dtype=numpy.int64))
+
+
 def _raise_row_faults(status: torch.Tensor) -> None:
     """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
-    if not status.is_cuda and not int(numpy.bitwise_or.reduce(status.numpy())) & _FAULT_BITS:
+    if not status.is_cuda and not _host_ints(status, operator.or_, numpy.bitwise_or.reduce) & _FAULT_BITS:
         return  # the common case: one reduction of the flags, without a torch op
     bad = torch.nonzero(status & _FAULT_BITS).flatten()
     if bad.numel():
@@ -297,7 +309,7 @@ def out_of(name: str, direct: dict, staging: dict, result: TopKResult) -> torch.
 def _total(counts: torch.Tensor) -> int:
     """The sum of an int32 count field (on the host without a torch op)."""
     if not counts.is_cuda:
-        return int(numpy.add.reduce(counts.numpy(), dtype=numpy.int64))
+        return _host_ints(counts, operator.add, numpy.add.reduce)
     return int(counts.long().sum())
 
 
@@ -323,10 +335,10 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
     mark = marks.append if marks is not None else lambda _: None
     mark(("queue", time.perf_counter()))
     device, table = state.device, state.table
-    table.lease(admitted.regions, {})  # each region still live, its owner alive (each owner read once)
+    table.lease(admitted.regions, admitted.owners)  # each region still live, its owner alive
     try:
         views = dict(admitted.inline())
-        for (name, ref, region), key in zip(admitted.refs, admitted.keys):
+        for name, ref, region, key in admitted.keyed:
             view = region.views.get(key)
             views[name] = view if view is not None else region.view(ref, name, key)
         kv_scale = views["kv_scale"].to(device) if req.kv_scale is not None else None

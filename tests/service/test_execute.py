@@ -38,7 +38,7 @@ class FakeTable:
         self.regions = {name: FakeRegion(name, tensor) for name, tensor in tensors.items()}
         self.leased = self.released = 0
 
-    def lease(self, regions, alive=None):
+    def lease(self, regions, owners):
         self.leased += len(regions)
 
     def release_all(self, regions):
