@@ -373,7 +373,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             for name, tensor in answer.items():
                 tensor.copy_(staging[name])
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
-        status = answer["status"] if "status" in answer else result.status.cpu()
+        status = answer["status"] if "status" in answer else result.status if host else result.status.cpu()
         _raise_row_faults(status)
         _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))
