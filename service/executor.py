@@ -118,7 +118,6 @@ class _JobQueue:
             os.eventfd_read(self._ready)
 
 
-
 class DeviceExecutor:
     """Single worker thread pinned to `device` (see the module docstring)."""
 

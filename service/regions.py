@@ -289,23 +289,6 @@ class RegionTable:
             region.leases += 1
         return region, tensor
 
-    def acquire_all(self, refs: dict, owner: int, alive: dict | None = None) -> tuple[list[Region], dict]:
-        """Lease every region `refs` ({name: slice}) names, under one lock: (leases, {name: tensor}). All
-        or none: a failure releases what was taken, then raises. Pair each lease with `release`."""
-        leases, tensors = [], {}
-        try:
-            with self._lock:
-                for name, ref in refs.items():
-                    region = self._find_locked(ref.region, owner, ref.generation, alive)
-                    tensors[name] = region.view(ref, name)
-                    region.leases += 1
-                    leases.append(region)
-        except BaseException:
-            for region in leases:
-                self.release(region)
-            raise
-        return leases, tensors
-
     def lease(self, regions: list[Region], owners: list[Region]) -> None:
         """Lease the distinct `regions` a request was admitted with (found by `get` / `find_all` for its
         principal), under one lock: all or none. `owners` holds one of them for each owner process

@@ -127,7 +127,8 @@ def test_http_and_ipc_validate_a_request_alike(case, body, valid):
 @pytest.mark.parametrize("case, body, valid", [
     *_CASES,
     ("an integer written 512.0", _body(topk=512.0), True),
-    ("a dim written 4.0", _body(q_fp4={"region": "r", "generation": 1, "dtype": "uint8", "shape": [4.0, 64, 64]}), True),
+    ("a dim written 4.0",
+     _body(q_fp4={"region": "r", "generation": 1, "dtype": "uint8", "shape": [4.0, 64, 64]}), True),
     ("a fraction for an int", _body(topk=512.5), False),
     ("region slice metadata without its dtype", _body(starts={"region": "r", "generation": 1, "shape": [4]}), False),
     ("inline data with a region", _body(starts={"shape": [1], "data": [0], "region": "r"}), False),
