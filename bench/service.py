@@ -243,6 +243,12 @@ def versions() -> dict:
         found["triton"] = triton.__version__
     except ImportError:
         found["triton"] = None
+    try:  # uvicorn's HTTP parser: httptools when installed, else h11 (pure Python, slower)
+        import httptools
+
+        found["httptools"] = httptools.__version__
+    except ImportError:
+        found["httptools"] = None
     try:
         found["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                       cwd=BENCH_DIR, check=False).stdout.strip() or None

@@ -230,8 +230,11 @@ class _Flows:
         collect: dict[str, RegionSlice] = {}
         try:
             for name, value in named.items():
-                if isinstance(value, Region) and value.registered:  # the common case: its wire form is kept
+                if isinstance(value, Region) and value.registered:  # the common cases: their wire form is kept
                     body[name] = value.wire()
+                    continue
+                if isinstance(value, RegionSlice):
+                    body[name] = value.to_wire()
                     continue
                 ref = self._reference(value)
                 if ref is not None:
@@ -291,13 +294,15 @@ class _Flows:
     def _result_scratch(self, q_fp4, topk: int, out: dict) -> Flow:
         """(scratch region, {field: slice}) for the result fields not in `out` when they are large
         (RESULT_SCRATCH_MIN_BYTES); (None, {}) otherwise (they come back in the body)."""
+        names = [n for n in RESULT_FIELDS if n not in out]
+        if not names:
+            return None, {}  # every field goes into the caller's regions
         shape = q_fp4.shape if isinstance(q_fp4, (torch.Tensor, RegionSlice)) else \
             q_fp4.tensor.shape if isinstance(q_fp4, Region) else None
         if shape is None or len(shape) != 3 or not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             return None, {}  # malformed: the service says what is wrong
-        names = [n for n in RESULT_FIELDS if n not in out]
         rows = int(shape[0])
-        if not names or result_nbytes(rows, topk, names) < RESULT_SCRATCH_MIN_BYTES:
+        if result_nbytes(rows, topk, names) < RESULT_SCRATCH_MIN_BYTES:
             return None, {}
         layout, total = [], 0
         for name in names:
@@ -330,9 +335,9 @@ class _Flows:
         return scratch, layout
 
     def _parse_result(self, response, out: dict, collect: dict | None = None) -> TopKResult:
-        ctype = response.headers.get("content-type", "")
         if self.observe is not None:
             self.observe(response.headers.get("server-timing", ""))
+        ctype = "" if isinstance(response, IpcResponse) else response.headers.get("content-type", "")
         try:
             if isinstance(response, IpcResponse):
                 fields, written = response.result

@@ -34,6 +34,7 @@ from litetopk.service.wire import (
 from .errors import ProtocolError, TransportError
 
 CONNECT_TIMEOUT_S = 10.0
+READ_BUFFER_BYTES = 64 * 2**10
 _DECODER = msgspec.msgpack.Decoder(IpcAnswer)
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -46,10 +47,18 @@ def ipc_socket_path(uds: str) -> str:
 class IpcResponse:
     """One answer, read like the httpx.Response of the same HTTP route (module docstring)."""
 
-    __slots__ = ("status_code", "headers", "_doc", "result")
+    __slots__ = ("status_code", "_headers", "_doc", "result", "_timing")
 
-    def __init__(self, status_code: int, doc, headers: dict, result=None):
-        self.status_code, self._doc, self.headers, self.result = status_code, doc, headers, result
+    def __init__(self, status_code: int, doc, headers: dict, result=None, timing: dict | None = None):
+        self.status_code, self._doc, self._headers, self.result = status_code, doc, headers, result
+        self._timing = timing  # a top-k answer's phases: its Server-Timing header, written when read
+
+    @property
+    def headers(self) -> dict:
+        if self._timing is not None:
+            self._headers["server-timing"] = ", ".join(f"{k};dur={v:.3f}" for k, v in self._timing.items())
+            self._timing = None
+        return self._headers
 
     @property
     def is_success(self) -> bool:
@@ -86,9 +95,8 @@ def message_for(id_: int, method: str, path: str, kwargs: dict) -> dict:
 def response_for(answer, payload: bytearray) -> IpcResponse:
     if isinstance(answer, TopKAnswer):
         entries = [{"name": f.name, "dtype": f.dtype, "shape": f.shape, "offset": f.offset} for f in answer.fields]
-        timing = ", ".join(f"{k};dur={v:.3f}" for k, v in answer.timing.items())
-        return IpcResponse(200, None, {"content-type": "application/vnd.litetopk.ipc", "server-timing": timing},
-                           (fields_in(payload, entries), list(answer.written)))
+        return IpcResponse(200, None, {"content-type": "application/vnd.litetopk.ipc"},
+                           (fields_in(payload, entries), answer.written), answer.timing)
     if isinstance(answer, OkAnswer):
         return IpcResponse(204 if answer.value is None else 200, answer.value, {"content-type": "application/json"})
     problem = answer.problem
@@ -105,10 +113,15 @@ def _check_hello(answer, path: str) -> Hello:
 
 
 class IpcChannel:
-    """A blocking connection to the IPC channel at `path` (one request at a time; thread-safe)."""
+    """A blocking connection to the IPC channel at `path` (one request at a time; thread-safe).
+
+    Answers are read into one buffer, as much as the socket holds at a time (an answer's frame
+    usually in one recv); a payload larger than the buffer goes straight into its own memory."""
 
     def __init__(self, path: str, timeout: float | None = None):
         self.path = path
+        self._buffer = bytearray(READ_BUFFER_BYTES)
+        self._start = self._end = 0  # the unread bytes: _buffer[_start:_end]
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(CONNECT_TIMEOUT_S)
         try:
@@ -117,28 +130,51 @@ class IpcChannel:
             self.hello = _check_hello(self._read()[0], path)
         except OSError as exc:
             self.sock.close()
-            raise TransportError(f"litetopk IPC channel at {path}: {exc}") from exc
+            raise TransportError(f"litetopk IPC channel at {self.path}: {exc}") from exc
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def _read_exact(self, view: memoryview) -> None:
-        while view.nbytes:
-            got = self.sock.recv_into(view)
-            if not got:
-                raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
-            view = view[got:]
+    def _buffered(self, count: int) -> None:
+        """Read until `count` bytes are unread in the buffer (grown when they do not fit)."""
+        if self._end - self._start >= count:
+            return
+        if len(self._buffer) - self._start < count:  # move the unread bytes to the front (and grow)
+            unread = self._buffer[self._start:self._end]
+            if len(self._buffer) < count:
+                self._buffer = bytearray(count)
+            self._buffer[:len(unread)] = unread
+            self._start, self._end = 0, len(unread)
+        with memoryview(self._buffer) as view:
+            while self._end - self._start < count:
+                got = self.sock.recv_into(view[self._end:])
+                if not got:
+                    raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+                self._end += got
 
     def _read(self):
-        prefix = bytearray(FRAME.size)
-        self._read_exact(memoryview(prefix))
-        header_bytes, payload_bytes = FRAME.unpack(prefix)
-        header, payload = bytearray(header_bytes), bytearray(payload_bytes)
-        self._read_exact(memoryview(header))
-        self._read_exact(memoryview(payload))
-        try:
-            return _DECODER.decode(header), payload
-        except msgspec.MsgspecError as exc:
-            raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
+        self._buffered(FRAME.size)
+        header_bytes, payload_bytes = FRAME.unpack_from(self._buffer, self._start)
+        self._buffered(FRAME.size + header_bytes)
+        header_end = self._start + FRAME.size + header_bytes
+        with memoryview(self._buffer) as view:
+            try:
+                answer = _DECODER.decode(view[self._start + FRAME.size:header_end])
+            except msgspec.MsgspecError as exc:
+                raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
+            payload = bytearray(payload_bytes)  # the result's tensors view it: memory of their own
+            have = min(self._end - header_end, payload_bytes)
+            payload[:have] = view[header_end:header_end + have]
+        self._start = header_end + have
+        if self._start == self._end:
+            self._start = self._end = 0
+        with memoryview(payload) as rest:
+            rest = rest[have:]
+            while rest.nbytes:  # a large payload: straight from the socket
+                got = self.sock.recv_into(rest)
+                if not got:
+                    raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+                rest = rest[got:]
+        return answer, payload
 
     def request(self, method: str, path: str, **kwargs) -> IpcResponse:
         with self._lock:

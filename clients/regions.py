@@ -24,6 +24,7 @@ region in the service, and `pid_ns`, the pid namespace that pid lives in (liteto
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -122,6 +123,11 @@ class RegionSlice:
     shape: tuple[int, ...]
 
     def to_wire(self) -> dict:
+        """The slice on the wire (worked out once: a slice names the same memory all its life)."""
+        return self._wire
+
+    @functools.cached_property
+    def _wire(self) -> dict:
         return {"region": self.region.id, "generation": self.region.generation, "offset": self.offset,
                 "dtype": dtype_name(self.dtype), "shape": list(self.shape)}
 

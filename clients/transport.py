@@ -20,6 +20,7 @@ socket, litetopk.clients.ipc) when it is there (`transport="auto"`, the default)
 from __future__ import annotations
 
 import errno
+import http.cookiejar
 import os
 import socket
 import warnings
@@ -125,16 +126,52 @@ def _http_options(endpoint: Endpoint, token: str | None) -> tuple[dict, dict]:
     return {"socket_options": TCP_OPTIONS}, ({"authorization": f"Bearer {token}"} if token else {})
 
 
+class _NoCookies(http.cookiejar.CookieJar):
+    """The service sets no cookies and reads none: a jar that keeps nothing, so that httpx's per-response
+    cookie extraction (http.cookiejar, ~30 us an answer) costs nothing."""
+
+    def extract_cookies(self, response, request) -> None:
+        pass
+
+    def add_cookie_header(self, request) -> None:
+        pass
+
+
+HOT_PATHS = ("/v1/topk",)  # requested with their absolute URL, merged with base_url once
+
+
+class _HotPaths:
+    """httpx merges and parses the URL of every request (~25 us); the hot route's is merged once."""
+
+    def _prebuild(self) -> None:
+        self._hot = {path: self._merge_url(path) for path in HOT_PATHS}
+
+    def request(self, method: str, url, **kwargs):
+        return super().request(method, self._hot.get(url, url) if isinstance(url, str) else url, **kwargs)
+
+
+class _Client(_HotPaths, httpx.Client):
+    pass
+
+
+class _AsyncClient(_HotPaths, httpx.AsyncClient):
+    pass
+
+
 def sync_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.Client:
     options, headers = _http_options(endpoint, token)
-    return httpx.Client(base_url=endpoint.base_url, transport=httpx.HTTPTransport(**options), timeout=timeout,
-                        headers=headers)
+    client = _Client(base_url=endpoint.base_url, transport=httpx.HTTPTransport(**options), timeout=timeout,
+                     headers=headers, cookies=_NoCookies())
+    client._prebuild()
+    return client
 
 
 def async_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.AsyncClient:
     options, headers = _http_options(endpoint, token)
-    return httpx.AsyncClient(base_url=endpoint.base_url, transport=httpx.AsyncHTTPTransport(**options),
-                             timeout=timeout, headers=headers)
+    client = _AsyncClient(base_url=endpoint.base_url, transport=httpx.AsyncHTTPTransport(**options),
+                          timeout=timeout, headers=headers, cookies=_NoCookies())
+    client._prebuild()
+    return client
 
 
 def transport_error(endpoint: Endpoint, exc: httpx.TransportError) -> TransportError:

@@ -1,18 +1,29 @@
-"""The device worker: one thread owns the pinned device and runs every job on its own stream.
+"""The device worker: one thread runs the queued jobs on the pinned device, on its own stream.
 
     event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
                  <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
+    a transport thread ── run_if_idle(fn): the device idle ──> fn() on that thread, in the same
+                          device and stream context, under the same device lock (no hand-off)
+                       ── submit_threaded(fn, settle): busy ──> the queue; settle(outcome) on the worker
+
+One job at a time, in order: every job runs under the device lock, and `run_if_idle` runs a job
+only when nothing is queued or running (else the caller queues it behind the others), so a
+request never overtakes one queued before it. The IPC channel's threads use it (service/ipc.py):
+a request that finds the device idle is served on the thread that read it, without two thread
+hops (~50-110 us a request on a loaded 2-core host, bench/NOTES-service.md). Fault injection
+(FAULT_DELAY_S, FAULT_GATE_FILE) sends every job through the queue, where the tests hold it.
 
 The worker also holds the device's one operator (service/operator.py: workspace, graph runner,
 result buffer): built once at start, after the warm-up, on the worker thread (`build_operator`),
 sized from the service's limits (max rows, max keys, max sequences, every supported K), and used
-by every call (`operator_for`): one worker thread, so never two calls on it at once.
+by every call (`operator_for`): under the device lock, so never two calls on it at once.
 
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
-request timed out while queued) is skipped. `close()` stops admissions (`shutting_down`) and
-lets the worker finish everything already queued, then stops the thread; `fail_queued` answers
-every job still queued (the end of the grace period: `shutting_down`).
+request timed out while queued), or that its transport thread cancelled, is skipped. `close()`
+stops admissions (`shutting_down`) and lets the worker finish everything already queued, then
+stops the thread; `fail_queued` answers every job still queued (the end of the grace period:
+`shutting_down`).
 
 Batching: queued requests naming the same cache are NOT merged into one launch, on purpose.
 Measured in-process on the CPU reference backend (bench/service.py, `batching_probe`): one
@@ -30,13 +41,15 @@ and offsetting row_to_batch. On the GPU a prefill request alone fills the device
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -48,16 +61,61 @@ from .operator import DeviceOperator, WorkspaceLimits
 log = logging.getLogger("litetopk.service")
 
 
+Outcome = tuple[bool, Any]  # (True, value) or (False, the exception raised)
+
+
 @dataclass(eq=False)
-class _Job:
+class Job:
+    """A queued call: `settle(outcome)` hands its outcome back (on the worker thread, or from
+    `fail_queued`); `cancelled` (set by whoever stopped waiting for it) makes the worker skip it."""
+
     fn: Callable[[], Any]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    settle: Callable[[Outcome], None]
+    cancelled: bool = False
 
 
 _STOP = object()
 GATE_POLL_S = 0.01
+
+
+class _JobQueue:
+    """The bounded FIFO of jobs, its worker woken through an eventfd: the wake-up is a write made
+    without the GIL, so the worker can take the GIL and run at once. A Condition's notify (queue.Queue)
+    wakes it while the GIL is still held: on a loaded 2-core host the worker then preempts the event
+    loop, finds the GIL taken, and both switch back and forth before the job starts (~10 us more a
+    hand-off at the median, ~1.5 ms more at the 99th percentile, bench/NOTES-service.md)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._items: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._ready = os.eventfd(0, os.EFD_CLOEXEC)  # counts puts not yet seen by `get`
+        weakref.finalize(self, os.close, self._ready)  # closed with the queue: no put can come after
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item, *, bounded: bool = True) -> None:
+        """Append `item` (queue.Full when `bounded` and `maxsize` items wait already) and wake the worker."""
+        with self._lock:
+            if bounded and len(self._items) >= self.maxsize:
+                raise queue.Full
+            self._items.append(item)
+        os.eventfd_write(self._ready, 1)
+
+    def get_nowait(self):
+        with self._lock:
+            if not self._items:
+                raise queue.Empty
+            return self._items.popleft()
+
+    def get(self):
+        """The oldest item, waiting (without the GIL) until there is one."""
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+            os.eventfd_read(self._ready)
 
 
 class DeviceExecutor:
@@ -70,8 +128,13 @@ class DeviceExecutor:
         self.fault_gate_file = fault_gate_file
         self.metrics = metrics
         self.retry_after_s = retry_after_s
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue = _JobQueue(queue_size)
         self._closed = False
+        self._device_lock = threading.Lock()  # held by whoever runs a job (the worker, or run_if_idle)
+        self._count_lock = threading.Lock()
+        self._busy = 0  # jobs queued or running on the worker (run_if_idle runs nothing while any are)
+        self._inline = not (fault_delay_s or fault_gate_file)
+        self._idle_context = contextlib.nullcontext() if device.type == "cpu" else None
         self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
         self.stream = None
         self.operator: DeviceOperator | None = None  # build_operator(); used by the jobs on the worker
@@ -95,6 +158,8 @@ class DeviceExecutor:
         if self.operator is None or self.limits is None:
             raise ServiceError("not_ready", "the device workspace is not allocated yet (warm-up running or failed)")
         limits = self.limits
+        if rows <= limits.max_rows and batch <= limits.max_batch:
+            return self.operator
         for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
                                             ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
             if count > limit:
@@ -107,18 +172,53 @@ class DeviceExecutor:
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future:
         """Queue `fn` for the worker; the returned future gets its value or exception."""
-        retry = {"Retry-After": str(self.retry_after_s)}
-        if self._closed:
-            raise ServiceError("shutting_down", "the service is shutting down; retry on its successor", headers=retry)
         loop = asyncio.get_running_loop()
-        job = _Job(fn=fn, future=loop.create_future(), loop=loop)
-        job.future.add_done_callback(lambda f: job.cancelled.set() if f.cancelled() else None)
+        future = loop.create_future()
+        job = Job(fn, lambda outcome: loop.call_soon_threadsafe(_settle, future, outcome))
+        future.add_done_callback(lambda f: setattr(job, "cancelled", True) if f.cancelled() else None)
+        self._enqueue(job)
+        return future
+
+    def submit_threaded(self, fn: Callable[[], Any], settle: Callable[[Outcome], None]) -> Job:
+        """Queue `fn` for the worker from any thread; `settle(outcome)` is called on the worker thread
+        (or by `fail_queued`), once, unless the job was cancelled before it ran."""
+        job = Job(fn, settle)
+        self._enqueue(job)
+        return job
+
+    def run_if_idle(self, fn: Callable[[], Any]) -> Outcome | None:
+        """Run `fn` on the calling thread, in the device's context and under the device lock, when the
+        device is idle (nothing queued or running); its outcome, or None when busy (queue it then)."""
+        self._refuse_if_closed()
+        if not self._inline or not self._device_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._busy or (self.device.type == "cuda" and self.stream is None):
+                return None
+            return self._run(fn)
+        finally:
+            self._device_lock.release()
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ServiceError("shutting_down", "the service is shutting down; retry on its successor",
+                               headers={"Retry-After": str(self.retry_after_s)})
+
+    def _enqueue(self, job: Job) -> None:
+        self._refuse_if_closed()
+        with self._count_lock:
+            self._busy += 1
         try:
             self._queue.put_nowait(job)
         except queue.Full:
+            self._done_with_one()
             raise ServiceError("overloaded", f"{self._queue.maxsize} requests are already waiting for the device",
-                               headers=retry, retry_after=self.retry_after_s) from None
-        return job.future
+                               headers={"Retry-After": str(self.retry_after_s)},
+                               retry_after=self.retry_after_s) from None
+
+    def _done_with_one(self) -> None:
+        with self._count_lock:
+            self._busy -= 1
 
     async def run(self, fn: Callable[[], Any], timeout: float) -> Any:
         """Submit `fn` and await it for at most `timeout` seconds (then `timeout`, the job dropped)."""
@@ -141,17 +241,20 @@ class DeviceExecutor:
             except queue.Empty:
                 break
             if job is _STOP:
-                self._queue.put_nowait(job)  # the worker still stops after the running job
+                self._queue.put_nowait(job, bounded=False)  # the worker still stops after the running job
                 break
-            job.cancelled.set()
-            job.loop.call_soon_threadsafe(_settle, job.future, (False, error))
+            self._done_with_one()
+            if job.cancelled:
+                continue
+            job.cancelled = True
+            job.settle((False, error))
             failed += 1
         return failed
 
     async def close(self, timeout: float) -> None:
         """Refuse new jobs, finish the queued ones, stop the worker (waits at most `timeout` s)."""
         self._closed = True
-        await asyncio.to_thread(self._queue.put, _STOP)
+        self._queue.put_nowait(_STOP, bounded=False)
         await asyncio.to_thread(self._thread.join, timeout)
         if self._thread.is_alive():
             log.warning("the device worker did not finish its queue within %.1f s", timeout)
@@ -159,11 +262,26 @@ class DeviceExecutor:
     # -- worker thread -----------------------------------------------------------------------------
 
     def _device_context(self):
+        if self._idle_context is not None:
+            return self._idle_context  # the CPU: nothing to enter
         stack = contextlib.ExitStack()
-        if self.device.type == "cuda":
-            stack.enter_context(torch.cuda.device(self.device))
-            stack.enter_context(torch.cuda.stream(self.stream))
+        stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(torch.cuda.stream(self.stream))
         return stack
+
+    def _run(self, fn: Callable[[], Any]) -> Outcome:
+        """fn() in the device's context, its stream synchronized after; the caller holds the device lock."""
+        started = time.perf_counter()
+        try:
+            with self._device_context():
+                value = fn()
+                if self.stream is not None:
+                    self.stream.synchronize()
+            outcome = (True, value)
+        except BaseException as exc:  # handed to the request, mapped by errors.py
+            outcome = (False, exc)
+        self.metrics.device_seconds.observe(time.perf_counter() - started)
+        return outcome
 
     def _work(self) -> None:
         if self.device.type == "cuda":
@@ -178,25 +296,20 @@ class DeviceExecutor:
                 self._gated = 0
             if job is _STOP:
                 return
-            if job.cancelled.is_set():
+            if job.cancelled:
+                self._done_with_one()
                 continue
             if self.fault_delay_s:
                 time.sleep(self.fault_delay_s)  # fault injection for tests of queueing (0 in production)
-
-            started = time.perf_counter()
+            with self._device_lock:
+                outcome = self._run(job.fn)
+            self._done_with_one()
             try:
-                with self._device_context():
-                    value = job.fn()
-                    if self.stream is not None:
-                        self.stream.synchronize()
-                outcome = (True, value)
-            except BaseException as exc:  # handed to the awaiting request, mapped by errors.py
-                outcome = (False, exc)
-            self.metrics.device_seconds.observe(time.perf_counter() - started)
-            try:
-                job.loop.call_soon_threadsafe(_settle, job.future, outcome)
+                job.settle(outcome)
             except RuntimeError:  # the event loop is closed: nobody waits for this answer any more
                 log.warning("dropped the answer of a job whose event loop has closed")
+            except Exception:  # a transport's settle must not stop the worker
+                log.exception("a job's answer could not be handed back")
 
 
 def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
@@ -209,4 +322,4 @@ def _settle(future: asyncio.Future, outcome: tuple[bool, Any]) -> None:
         future.set_exception(value)
 
 
-__all__ = ["DeviceExecutor", "WorkspaceLimits"]
+__all__ = ["DeviceExecutor", "Job", "Outcome", "WorkspaceLimits"]

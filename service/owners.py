@@ -42,15 +42,20 @@ def check_owner(pid: int | None, pid_ns: int | None, service_pid_ns: int | None,
     return pid, start
 
 
+EXITED_AT_ONCE = 64  # exited owners one epoll call reports (more: each is asked alone)
+
+
 class OwnerWatch:
     """Owner processes watched by pidfd (one fd per owner process, shared by its regions, not one per
-    region): `alive(pid, start)` polls the pidfd (a microsecond; exact under pid reuse) and falls back
-    to reading /proc (owner_alive) for an owner it holds no pidfd for (pidfd_open refused, e.g. no
-    fds left). Thread-safe."""
+    region): `alive(pid, start)` asks one epoll set holding every pidfd which owners have exited (one
+    call, ~0.5 us, whatever the number of owners; exact under pid reuse) and falls back to reading
+    /proc (owner_alive) for an owner it holds no pidfd for (pidfd_open refused, e.g. no fds left).
+    Thread-safe."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._fds: dict[tuple, list] = {}  # (pid, start) -> [pidfd, regions watching it]
+        self._exited = select.epoll()  # every pidfd: readable once its process has exited
 
     def watch(self, pid: int | None, start: str | None) -> None:
         if pid is None:
@@ -67,6 +72,11 @@ class OwnerWatch:
             if not owner_alive(pid, start):  # the pid was reused between registration and now
                 os.close(fd)
                 return
+            try:
+                self._exited.register(fd, select.EPOLLIN)
+            except OSError:  # no room in the set: /proc it is, for this owner
+                os.close(fd)
+                return
             self._fds[(pid, start)] = [fd, 1]
 
     def unwatch(self, pid: int | None, start: str | None) -> None:
@@ -77,6 +87,7 @@ class OwnerWatch:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._fds[(pid, start)]
+                self._exited.unregister(entry[0])
                 os.close(entry[0])
 
     def alive(self, pid: int | None, start: str | None) -> bool:
@@ -85,15 +96,24 @@ class OwnerWatch:
         entry = self._fds.get((pid, start))
         if entry is None:
             return owner_alive(pid, start)
-        try:
-            readable, _, _ = select.select([entry[0]], [], [], 0)
-        except (OSError, ValueError):  # closed meanwhile by unwatch: ask /proc
+        exited = self._exited.poll(0, EXITED_AT_ONCE)  # (fd, events) of owners that have exited: usually none
+        if not exited:
+            return True
+        if len(exited) < EXITED_AT_ONCE:
+            dead = any(ready == entry[0] for ready, _ in exited)
+        else:  # more exited owners than one call returns: ask this owner's pidfd alone
+            try:
+                dead = bool(select.select([entry[0]], [], [], 0)[0])
+            except (OSError, ValueError):
+                return owner_alive(pid, start)
+        if self._fds.get((pid, start)) is not entry:  # unwatched meanwhile (its fd number may be reused): ask /proc
             return owner_alive(pid, start)
-        return not readable  # a pidfd turns readable when its process exits
+        return not dead
 
     def close(self) -> None:
         with self._lock:
             for fd, _ in self._fds.values():
+                self._exited.unregister(fd)
                 os.close(fd)
             self._fds.clear()
 

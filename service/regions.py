@@ -86,6 +86,11 @@ def _owner_alive(region: "Region", alive: dict | None) -> bool:
     return True
 
 
+def view_key(ref: RegionSlice) -> tuple:
+    """What a region's kept views are found by: (offset, dtype, shape) of the slice."""
+    return (ref.offset, ref.dtype, tuple(ref.shape))
+
+
 @dataclass(eq=False)
 class Region:
     """One registered block; `base` is a uint8 [size] tensor over it on `device`."""
@@ -112,10 +117,12 @@ class Region:
         return RegionInfo(id=self.id, generation=self.generation, kind=self.kind, size=self.size,
                           access=self.access, pid=self.pid, device=str(self.device))
 
-    def view(self, ref: RegionSlice, what: str) -> torch.Tensor:
+    def view(self, ref: RegionSlice, what: str, key: tuple | None = None) -> torch.Tensor:
         """The tensor `ref` names inside this region (bounds and alignment checked); the views of the
-        slices requests name again and again are kept (VIEWS_KEPT a region), not rebuilt."""
-        key = (ref.offset, ref.dtype, tuple(ref.shape))
+        slices requests name again and again are kept (VIEWS_KEPT a region, by `view_key(ref)`), not
+        rebuilt, and dropped when the region closes."""
+        if key is None:
+            key = view_key(ref)
         tensor = self.views.get(key)
         if tensor is not None:
             return tensor
@@ -255,6 +262,16 @@ class RegionTable:
                                f"the request names generation {generation}")
         return region
 
+    def find_all(self, keys, owner: int, alive: dict | None = None) -> dict[tuple, Region]:
+        """{(id, generation): region} of `owner` for every key, under one lock (each key looked up once,
+        in order: the first that fails raises as `get` does)."""
+        found: dict[tuple, Region] = {}
+        with self._lock:
+            for key in keys:
+                if key not in found:
+                    found[key] = self._find_locked(key[0], owner, key[1], alive)
+        return found
+
     def check(self, ref: RegionSlice, what: str, owner: int, alive: dict | None = None) -> Region:
         """Raise the error `ref` would meet (no lease taken): admission-time checking."""
         region = self.get(ref.region, owner, ref.generation, alive)
@@ -272,22 +289,34 @@ class RegionTable:
             region.leases += 1
         return region, tensor
 
-    def acquire_all(self, refs: dict, owner: int, alive: dict | None = None) -> tuple[list[Region], dict]:
-        """Lease every region `refs` ({name: slice}) names, under one lock: (leases, {name: tensor}). All
-        or none: a failure releases what was taken, then raises. Pair each lease with `release`."""
-        leases, tensors = [], {}
-        try:
-            with self._lock:
-                for name, ref in refs.items():
-                    region = self._find_locked(ref.region, owner, ref.generation, alive)
-                    tensors[name] = region.view(ref, name)
-                    region.leases += 1
-                    leases.append(region)
-        except BaseException:
-            for region in leases:
-                self.release(region)
-            raise
-        return leases, tensors
+    def lease(self, regions: list[Region], owners: list[Region]) -> None:
+        """Lease the distinct `regions` a request was admitted with (found by `get` / `find_all` for its
+        principal), under one lock: all or none. `owners` holds one of them for each owner process
+        (each is asked once). A region retired since (unregistered, superseded) or whose owner has died
+        is `stale_region`, as a lookup by id would answer. Pair with `release_all`."""
+        with self._lock:
+            for region in owners:
+                if region.live and not OWNERS.alive(region.pid, region.pid_start):
+                    self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
+            for region in regions:
+                if not region.live:
+                    raise ServiceError("stale_region", f"region {region.id} (generation {region.generation}) is "
+                                       f"gone: {region.detail}")
+            for region in regions:
+                region.leases += 1
+
+    def release_all(self, regions: list[Region]) -> None:
+        """End the leases `lease` took (one lock; retired regions whose last lease this was are closed)."""
+        idle = []
+        with self._lock:
+            for region in regions:
+                region.leases -= 1
+                if region.leases == 0 and not region.live:
+                    idle.append(region)
+            if idle:
+                self._idle.notify_all()  # unregister waits for the leases of retired regions only
+        for region in idle:
+            self._close(region)
 
     def release(self, region: Region) -> None:
         with self._lock:
@@ -355,4 +384,4 @@ class RegionTable:
 
 
 __all__ = ["REGION_KINDS", "Region", "RegionTable", "RetireReason", "device_uuid", "normalize_uuid", "owner_alive",
-           "pid_namespace"]
+           "pid_namespace", "view_key"]

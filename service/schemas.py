@@ -19,11 +19,14 @@ from litetopk.kernels import SUPPORTED_TOPK
 DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.service.wire.DTYPES (tested)
 def _integral(value):
     """JSON Schema's integer includes numbers written with a zero fraction (`3.0`): such a number is
-    taken as the integer, alone or in a list (a string, a bool or a fraction is still refused)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-        return int(value)
-    if isinstance(value, list):
+    taken as the integer, alone, in a list or in an object, at any depth (a string, a bool or a
+    fraction is still refused; `weight_scale`, a real number, is left as it is)."""
+    if value.__class__ is float:
+        return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    if value.__class__ is list:
         return [_integral(v) for v in value]
+    if value.__class__ is dict:
+        return {k: v if k == "weight_scale" else _integral(v) for k, v in value.items()}
     return value
 
 
@@ -49,12 +52,15 @@ class _Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+
+class _Body(_Strict):
+    """A request body: a number written `3.0` is taken as an integer anywhere in it (`_integral`, one
+    pass over the whole body at its top; nested models have no validator of their own)."""
+
     @model_validator(mode="before")
     @classmethod
     def _integral_numbers(cls, data):
-        if not isinstance(data, dict):
-            return data
-        return {k: v if k == "weight_scale" else _integral(v) for k, v in data.items()}
+        return _integral(data) if isinstance(data, dict) else data
 
 
 def _b64(value: str | None, what: str, length: int | None = None) -> bytes | None:
@@ -72,7 +78,7 @@ def _b64(value: str | None, what: str, length: int | None = None) -> bytes | Non
 # ------------------------------------------------------------------------------------- regions
 
 
-class MemfdRegistration(_Strict):
+class MemfdRegistration(_Body):
     """Host memory: a sealed memfd handed over the fd socket (litetopk.clients.memfd), named by its ticket.
 
     The service maps the first `size` bytes of the fd; it must be a memfd sealed with F_SEAL_SHRINK
@@ -110,7 +116,7 @@ class TorchIpcFields(_Strict):
         return v
 
 
-class CudaIpcRegistration(_Strict):
+class CudaIpcRegistration(_Body):
     """Device memory exported by `cudaIpcGetMemHandle` (64 raw bytes, base64) on the GPU `device_uuid`.
 
     The region is the `size` bytes at `offset` bytes from the start of the exported allocation.
@@ -197,8 +203,10 @@ class OutputRegions(_Strict):
     candidates: RegionSlice | None = None
 
 
-class TopKRequest(_Strict):
-    """The arguments of `litetopk_prefill` (CONTRACT.md §2), tensors named by region or inline."""
+class TopKFields(_Strict):
+    """TopKRequest's fields, validated as they are written: a body this accepts (as pydantic-core parses
+    JSON, without a Python call) TopKRequest accepts as the same request; one it refuses is validated
+    again as TopKRequest, which takes `3.0` for an integer and says what is wrong (routes/topk.py)."""
 
     q_fp4: RegionSlice
     q_scale: RegionSlice
@@ -220,6 +228,10 @@ class TopKRequest(_Strict):
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
         "auto", description="'auto' or the backend this service runs (anything else: backend_unavailable)")
     out: OutputRegions | None = None
+
+
+class TopKRequest(_Body, TopKFields):
+    """The arguments of `litetopk_prefill` (CONTRACT.md §2), tensors named by region or inline."""
 
 
 class TopKJsonResponse(BaseModel):
@@ -265,7 +277,7 @@ class Problem(BaseModel):
 
 
 __all__ = [
-    "CudaIpcRegistration", "INLINE_VALUES_MAX", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem", "RegionInfo", "RegionList",
-    "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKJsonResponse",
-    "TopKRequest", "TorchIpcFields",
+    "CudaIpcRegistration", "INLINE_VALUES_MAX", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem",
+    "RegionInfo", "RegionList", "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKFields",
+    "TopKJsonResponse", "TopKRequest", "TorchIpcFields",
 ]

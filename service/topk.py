@@ -1,29 +1,45 @@
 """The life of a top-k request, the same for every transport (routes/topk.py over HTTP, ipc.py).
 
-    admit (event loop)   the regions first (the caller's own, live, at the named generation:
+    admit                the regions first (the caller's own, live, at the named generation:
                          `unknown_region` / `stale_region` before anything else), then topk,
                          backend, weight_scale, the cache's format (ours, or AITER's kv_cache +
                          kv_scale pair), bounds, inline lengths, output regions (read-write, read
-                         by no input): fail fast, no lease
-    execute (worker)     leases -> tensors on the device (service/operator.py stages what must move)
-                         -> the operator (graph replay; it checks dtypes and shapes: bad_dtype /
+                         by no input): fail fast, no lease. The answer, `Admitted`, holds the
+                         regions found, so that execute leases those very regions
+    execute (device)     leases (each region still live, its owner alive: else `stale_region`) ->
+                         tensors on the device (service/operator.py stages what must move) -> the
+                         operator (graph replay; it checks dtypes and shapes: bad_dtype /
                          bad_shape) -> row faults, owners alive -> results into output regions and
                          the answer buffer -> release leases
     answer               an `Outcome`: the fields not written into regions in one host buffer laid out
                          by wire.result_layout; each transport encodes it (JSON, binary, IPC frame)
 
-`call_topk(req, state, principal, marks)` runs the three; `marks` gets (phase, perf_counter()) at
-the end of each phase (HTTP's Server-Timing, the IPC answer's `timing`).
+Two ways in, one life:
+
+    call_topk(req, state, principal, marks)   the event loop's (HTTP): admit on the loop, execute on
+                                              the device worker, awaited within the timeout
+    start_topk(admitted, state, marks, done)  a transport thread's (IPC), admitted there (`admit`, or
+                                              the connection's `Admissions`): the device idle, it is
+                                              executed there too (no thread hop), else queued for the
+                                              worker; done(outcome) once
+
+`marks` gets (phase, perf_counter()) at the end of each phase (HTTP's Server-Timing, the IPC
+answer's `timing`).
 """
 
 from __future__ import annotations
 
 import array
+import collections
+import functools
 import math
+import operator
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import msgspec
+import numpy
 import torch
 
 from litetopk.kernels import RowFaultError, RowStatus, TopKResult
@@ -32,10 +48,11 @@ from litetopk.kernels.status import INPUT_FAULTS, describe_row_faults
 from litetopk.kernels.validation import check_topk
 
 from .errors import ServiceError
+from .executor import Job
+from .executor import Outcome as DeviceOutcome
 from .principals import Principal
-from .regions import OWNERS
+from .regions import OWNERS, Region, view_key
 from .wire import (
-    DTYPES,
     RESULT_FIELDS,
     RegionSlice,
     TensorArg,
@@ -49,10 +66,16 @@ from .wire import (
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 STAGED = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")  # all but the cache
+_METADATA = ("block_table", "row_to_batch", "starts", "ends")  # a region slice or inline int32 values
+_REGION_INPUTS = (*INPUTS, "kv_scale")
+_OUT_NAMES = {name: f"out.{name}" for name in RESULT_FIELDS}
+_RESULT_DTYPES = {name: dtype_name(dtype) for name, (dtype, _) in RESULT_FIELDS.items()}
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
+ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
+ROWS_AS_INTS = 1024  # status / counts of at most this many rows are summed as Python ints (_host_ints)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)
 class Outcome:
     """A request's answer: the fields not written into regions, in `buffer` (wire.result_layout)."""
 
@@ -66,6 +89,72 @@ class Outcome:
 
     def fields(self) -> dict[str, torch.Tensor]:
         return fields_in(self.buffer, self.entries)
+
+
+@dataclass(eq=False)
+class Admitted:
+    """A request that passed admission, with what admission found: every tensor named by region as
+    (name, slice, region) (inputs, then `out.<field>`), the distinct regions (leased together), the
+    output slices by result field, and the query rows; and what follows from them alone, worked out
+    once (a connection's kept admissions, `Admissions`, are executed again and again): the kept
+    views' keys, the inline metadata as tensors, the answer buffer's layout."""
+
+    req: TopKRequest
+    refs: list[tuple[str, RegionSlice, Region]]
+    regions: list[Region]
+    outputs: dict[str, RegionSlice]
+    rows: int
+    keyed: list[tuple] = field(init=False)  # (name, slice, region, view_key) of each of `refs`
+    owners: list[Region] = field(init=False)  # a region of each distinct owner process
+    answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
+    entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
+    nbytes: int = field(init=False)
+    _inline: dict | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.keyed = [(name, ref, region, view_key(ref)) for name, ref, region in self.refs]
+        self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
+        self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
+        self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
+
+    def inline(self) -> dict[str, torch.Tensor]:
+        """The metadata sent as values, as int32 CPU tensors (made by the first execution: on the device's
+        thread, not the event loop)."""
+        if self._inline is None:
+            named = {name for name, _, _ in self.refs}
+            self._inline = {n: _inline_tensor(getattr(self.req, n)) for n in _METADATA if n not in named}
+        return self._inline
+
+
+class Admissions:
+    """The admissions of one connection's last ADMISSIONS_KEPT distinct top-k requests, by the bytes of
+    the request (an engine sends the same request every step: the same regions, new contents).
+
+    Admission is a function of the request and of its regions' fixed facts (owner, size, access:
+    a region never changes them; re-registering makes a new region), so a request whose bytes are
+    those of a kept admission, all of whose regions are still live, is admitted as it was: it is
+    neither decoded nor checked again. Any region retired since (unregistered, superseded, its owner
+    dead) and the request is admitted anew, which answers why it cannot be. Owners are still checked
+    when the request's regions are leased and after the operator (service/topk.py execute). One
+    connection, one principal, one thread: not shared, not thread-safe."""
+
+    def __init__(self, state, principal: Principal):
+        self.state, self.principal = state, principal
+        self._kept: collections.OrderedDict[bytes, Admitted] = collections.OrderedDict()
+
+    def admit(self, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
+        """The kept admission of `key` when every region of it is live, else `admit(request())` (kept)."""
+        admitted = self._kept.get(key)
+        if admitted is not None:
+            if all(region.live for region in admitted.regions):
+                self._kept.move_to_end(key)
+                return admitted
+            del self._kept[key]
+        admitted = admit(request(), self.state, self.principal)
+        self._kept[key] = admitted
+        if len(self._kept) > ADMISSIONS_KEPT:
+            self._kept.popitem(last=False)
+        return admitted
 
 
 def from_model(model) -> TopKRequest:
@@ -89,10 +178,10 @@ def _rows(req: TopKRequest) -> int:
 
 def _check_output(name: str, ref: RegionSlice, rows: int, topk: int) -> None:
     """An output region must hold exactly the result field (the operator never sees it)."""
-    want, wire = list(result_shape(name, rows, topk)), dtype_name(RESULT_FIELDS[name][0])
+    want, wire = list(result_shape(name, rows, topk)), _RESULT_DTYPES[name]
     if ref.dtype != wire:
         raise ServiceError("bad_dtype", f"out.{name} must be {wire}, got {ref.dtype}")
-    if list(ref.shape) != want:
+    if ref.shape != want:
         raise ServiceError("bad_shape", f"out.{name} must have shape {want}, got {list(ref.shape)}")
 
 
@@ -104,7 +193,7 @@ def _check_cache_format(req: TopKRequest) -> None:
     cache, scale = req.kv_cache, req.kv_scale
     aiter_values = [*AITER_VALUE_SHAPE]
     if scale is None:
-        if list(cache.shape[1:]) == aiter_values:
+        if cache.shape[1:] == aiter_values:
             raise ServiceError("bad_shape", f"kv_cache {list(cache.shape)} is AITER's values tensor: send its scales "
                                f"as kv_scale (uint8 [{cache.shape[0]}, {', '.join(map(str, AITER_SCALE_SHAPE))}])")
         return
@@ -122,17 +211,19 @@ def _check_cache_format(req: TopKRequest) -> None:
                            f"{cache.shape[0]} pages, kv_scale {scale.shape[0]}")
 
 
-def _region_args(req: TopKRequest):
+def _region_args(req: TopKRequest, outs: dict[str, RegionSlice]) -> list[tuple[str, RegionSlice]]:
     """(name, region slice) of every tensor the request names by region, inputs then outputs."""
-    for name in (*INPUTS, "kv_scale"):
+    named = []
+    for name in _REGION_INPUTS:
         arg = getattr(req, name)
-        if arg is not None and not (isinstance(arg, TensorArg) and arg.data is not None):
-            yield name, arg
-    for name, ref in outputs(req).items():
-        yield f"out.{name}", ref
+        if arg is not None and (arg.__class__ is not TensorArg or arg.data is None):
+            named.append((name, arg))
+    for name, ref in outs.items():
+        named.append((_OUT_NAMES[name], ref))
+    return named
 
 
-def admit(req: TopKRequest, state, principal: Principal) -> None:
+def admit(req: TopKRequest, state, principal: Principal) -> Admitted:
     """Every check that needs no device: raise the request's error before it is queued (module docstring).
 
     The inputs' dtypes and shapes are the operator's to check (kernels/validation.py raises
@@ -140,44 +231,44 @@ def admit(req: TopKRequest, state, principal: Principal) -> None:
     the operator cannot see: regions (the caller's own) and their bounds, inline data against its
     shape, and the output regions the results are written into.
     """
-    alive: dict = {}  # owners found alive while admitting this request (each read once)
-    for name in ("block_table", "row_to_batch", "starts", "ends"):
+    for name in _METADATA:
         problem = tensor_arg_problem(getattr(req, name))
         if problem is not None:
             raise ServiceError("validation_error", f"{name}: {problem}")
-    named = list(_region_args(req))
-    found: dict = {}  # (region, generation) -> Region: each looked up once (4 metadata slices share one)
-    for _, ref in named:  # unknown_region / stale_region first
-        key = (ref.region, ref.generation)
-        if key not in found:
-            found[key] = state.table.get(ref.region, principal.uid, ref.generation, alive)
-    regions = {name: found[(ref.region, ref.generation)] for name, ref in named}
+    outs = outputs(req)
+    named = _region_args(req, outs)
+    # unknown_region / stale_region first; each (region, generation) looked up once (4 metadata slices
+    # often share one), every owner read once (`alive`), under one lock
+    found = state.table.find_all([(ref.region, ref.generation) for _, ref in named], principal.uid, {})
     check_topk(req.topk)
-    if req.backend not in ("auto", state.backend):
+    if req.backend != "auto" and req.backend != state.backend:
         raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
                            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
     if not math.isfinite(req.weight_scale):
         raise ServiceError("validation_error", f"weight_scale must be finite, got {req.weight_scale}")
     _check_cache_format(req)
-    read: set[str] = set()  # the regions the inputs read
+    refs, read = [], set()  # read: the regions the inputs read
     for name, ref in named:
-        regions[name].check_bounds(ref, name)
-        if not name.startswith("out."):
+        region = found[(ref.region, ref.generation)]
+        region.check_bounds(ref, name)
+        refs.append((name, ref, region))
+        if name[:4] != "out.":
             read.add(ref.region)
-    for name in ("block_table", "row_to_batch", "starts", "ends"):
+    for name in _METADATA:
         arg = getattr(req, name)
         if arg.data is not None and len(arg.data) != math.prod(arg.shape):
             raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
                                f"({math.prod(arg.shape)} values)")
     rows = _rows(req)
-    for name, ref in outputs(req).items():
+    for name, ref in outs.items():
         _check_output(name, ref, rows, req.topk)
-        if regions[f"out.{name}"].access != "read_write":
+        if found[(ref.region, ref.generation)].access != "read_write":
             raise ServiceError("read_only_region", f"out.{name}: region {ref.region} was registered "
                                "read_only; results go into read_write regions only")
         if ref.region in read:
             raise ServiceError("output_aliases_input", f"out.{name}: region {ref.region} is read by an "
                                "input of this request; write results into a region no input reads")
+    return Admitted(req, refs, list({id(r): r for r in found.values()}.values()), outs, rows)
 
 
 # ----------------------------------------------------------------------------------- execute
@@ -191,10 +282,19 @@ def _inline_tensor(arg: TensorArg) -> torch.Tensor:
     return torch.frombuffer(array.array("i", arg.data), dtype=torch.int32).view(arg.shape)
 
 
+def _host_ints(values: torch.Tensor, combine, numpy_reduce) -> int:
+    """`combine` (operator.or_ / operator.add) over an int32 CPU tensor: a decode batch's few rows as
+    Python ints (tolist; numpy's machinery costs ~3x that, cold, between two requests), more rows
+    with numpy's `numpy_reduce`."""
+    if values.numel() <= ROWS_AS_INTS:
+        return functools.reduce(combine, values.tolist(), 0)
+    return int(numpy_reduce(values.numpy(), dtype=numpy.int64))
+
+
 def _raise_row_faults(status: torch.Tensor) -> None:
     """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
-    if status.device.type == "cpu" and not (status.numpy() & _FAULT_BITS).any():
-        return  # the common case, without a torch op
+    if not status.is_cuda and not _host_ints(status, operator.or_, numpy.bitwise_or.reduce) & _FAULT_BITS:
+        return  # the common case: one reduction of the flags, without a torch op
     bad = torch.nonzero(status & _FAULT_BITS).flatten()
     if bad.numel():
         rows, flags = bad.tolist(), status[bad].tolist()
@@ -208,8 +308,8 @@ def out_of(name: str, direct: dict, staging: dict, result: TopKResult) -> torch.
 
 def _total(counts: torch.Tensor) -> int:
     """The sum of an int32 count field (on the host without a torch op)."""
-    if counts.device.type == "cpu":
-        return int(counts.numpy().sum(dtype="int64"))
+    if not counts.is_cuda:
+        return _host_ints(counts, operator.add, numpy.add.reduce)
     return int(counts.long().sum())
 
 
@@ -228,60 +328,54 @@ def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
     return rows, tuple(table), given["weights"].dtype
 
 
-def execute(req: TopKRequest, state, principal: Principal, marks: list | None = None) -> Outcome:
-    """The worker's part (runs on the device thread, inside the device and stream context)."""
-    leases = []
+def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
+    """The device's part (on the worker thread, or on a transport thread that found the device idle;
+    inside the device and stream context either way)."""
+    req, rows = admitted.req, admitted.rows
     mark = marks.append if marks is not None else lambda _: None
     mark(("queue", time.perf_counter()))
-    alive: dict = {}  # owners found alive when leasing (each read once per request)
-    device = state.device
+    device, table = state.device, state.table
+    table.lease(admitted.regions, admitted.owners)  # each region still live, its owner alive
     try:
-        leases, views = state.table.acquire_all(dict(_region_args(req)), principal.uid, alive)
-        given = {n: _inline_tensor(a) if isinstance(a, TensorArg) and a.data is not None else views[n]
-                 for n in INPUTS if (a := getattr(req, n)) is not None}
+        views = dict(admitted.inline())
+        for name, ref, region, key in admitted.keyed:
+            view = region.views.get(key)
+            views[name] = view if view is not None else region.view(ref, name, key)
         kv_scale = views["kv_scale"].to(device) if req.kv_scale is not None else None
-        rows, batch = _rows(req), given["block_table"].shape[0] if given["block_table"].ndim else 0
-        operator = state.executor.operator_for(rows, batch)
-        inputs = {n: given[n] for n in STAGED}
-        moving = [n for n in STAGED if inputs[n].device != device]
-        shape = _staging_shape(req, given) if moving else None
+        table_shape = views["block_table"].shape
+        operator = state.executor.operator_for(rows, table_shape[0] if len(table_shape) else 0)
+        inputs = {n: views[n] for n in STAGED}
+        host = device.type == "cpu"
+        moving = [] if host else [n for n in STAGED if inputs[n].device != device]
+        shape = _staging_shape(req, views) if moving else None
         if shape is not None:  # straight into the operator's staging buffers: the one copy of these inputs
             staged = operator.staging(shape[0], shape[1], req.topk, shape[2])
             for name in moving:
                 inputs[name] = staged[name].copy_(inputs[name], non_blocking=True)
-        else:
+        elif moving:
             inputs = {n: t.to(device, non_blocking=True) for n, t in inputs.items()}
-        kv_cache = given["kv_cache"].to(device)  # in place for a region on the device
+        kv_cache = views["kv_cache"] if host else views["kv_cache"].to(device)  # in place for a region on the device
         # Output regions stay where they live: those on the device are the operator's `out=` (written in
         # place), host regions of a GPU service get one copy below.
-        outs = {n: views[f"out.{n}"] for n in outputs(req)}
-        direct = {n: t for n, t in outs.items() if t.device == device}
-        names = [n for n in RESULT_FIELDS if n not in outs]
-        entries, nbytes = result_layout(names, rows, req.topk)
-        buffer = bytearray(nbytes)
-        answer = fields_in(buffer, entries)
+        outs = {n: views[_OUT_NAMES[n]] for n in admitted.outputs}
+        direct = outs if host else {n: t for n, t in outs.items() if t.device == device}
+        buffer = bytearray(admitted.nbytes)
+        answer = fields_in(buffer, admitted.entries)
         hosted = [n for n in outs if n not in direct]  # host regions of a GPU service: written from the device buffer
-        staging = answer if device.type == "cpu" else operator.result_buffers([*names, *hosted], rows, req.topk)
+        staging = answer if host else operator.result_buffers([*admitted.answered, *hosted], rows, req.topk)
         mark(("views", time.perf_counter()))
         result = operator(inputs, kv_cache, kv_scale=kv_scale, topk=req.topk, weight_scale=req.weight_scale,
                           repair=req.repair, out={**direct, **staging})
-        if device.type == "cuda" and marks is not None:
+        if not host and marks is not None:
             torch.cuda.current_stream(device).synchronize()  # `op` is then the device's time
         mark(("op", time.perf_counter()))
         if staging is not answer:
             for name, tensor in answer.items():
                 tensor.copy_(staging[name])
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
-        status = answer["status"] if "status" in answer else result.status.cpu()
+        status = answer["status"] if "status" in answer else result.status if host else result.status.cpu()
         _raise_row_faults(status)
-        owners = {}  # fail closed: memory of an owner that died mid-request may be gone (each owner read once)
-        for region in leases:
-            key = (region.pid, region.pid_start)
-            if key not in owners:
-                owners[key] = OWNERS.alive(region.pid, region.pid_start)
-            if not owners[key]:
-                raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
-                                   "died while the request ran; its memory cannot be trusted")
+        _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))
         for name, dst in outs.items():
             if name not in direct:  # a host region on a GPU service: the one D2H copy, straight into it
@@ -289,28 +383,63 @@ def execute(req: TopKRequest, state, principal: Principal, marks: list | None = 
         mark(("write", time.perf_counter()))
         repaired = answer["repaired"] if "repaired" in answer else result.repaired
         candidates = answer["candidates"] if "candidates" in answer else result.candidates
-        outcome = Outcome(buffer=buffer, entries=entries, written=list(outs), rows=rows, topk=req.topk,
+        outcome = Outcome(buffer=buffer, entries=admitted.entries, written=list(outs), rows=rows, topk=req.topk,
                           repaired=_total(repaired), candidates=_total(candidates))
         mark(("counts", time.perf_counter()))
         return outcome
     finally:
-        for region in leases:
-            state.table.release(region)
+        table.release_all(admitted.regions)
+
+
+def _check_owners_alive(owners: list[Region]) -> None:
+    """Fail closed after the operator: memory of an owner that died mid-request may be gone (`owners`:
+    a region of each owner process, each read once)."""
+    for region in owners:
+        if not OWNERS.alive(region.pid, region.pid_start):
+            raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
+                               "died while the request ran; its memory cannot be trusted")
 
 
 # ------------------------------------------------------------------------------------ the whole life
 
 
+def _count(state, outcome: Outcome) -> None:
+    metrics = state.metrics
+    metrics.rows.inc(outcome.rows)
+    metrics.candidates.inc(outcome.candidates)
+    metrics.repairs.inc(outcome.repaired)
+
+
 async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) -> Outcome:
     """Admit, queue for the device worker, execute, count: the request's answer (or its ServiceError)."""
-    admit(req, state, principal)
+    admitted = admit(req, state, principal)
     marks.append(("admit", time.perf_counter()))
-    outcome = await state.executor.run(lambda: execute(req, state, principal, marks), state.settings.request_timeout_s)
+    outcome = await state.executor.run(lambda: execute(admitted, state, marks), state.settings.request_timeout_s)
     marks.append(("settle", time.perf_counter()))
-    state.metrics.rows.inc(outcome.rows)
-    state.metrics.candidates.inc(outcome.candidates)
-    state.metrics.repairs.inc(outcome.repaired)
+    _count(state, outcome)
     return outcome
+
+
+def start_topk(admitted: Admitted, state, marks: list, done: Callable[[DeviceOutcome], None]) -> Job | None:
+    """Execute an admitted request (`admit`, or a connection's `Admissions`) from a transport's own
+    thread (never the event loop: the operator may run here): here when the device is idle (the
+    executor's `run_if_idle`: nothing queued or running), else on the device worker behind the
+    requests queued before it. `done((True, Outcome) | (False, error))` is called once, here before
+    this returns None, or on the worker thread later (the queued job is returned: set `cancelled`
+    to drop it before it runs). `overloaded` and `shutting_down` are raised here."""
+
+    def settle(outcome: DeviceOutcome) -> None:
+        marks.append(("settle", time.perf_counter()))
+        if outcome[0]:
+            _count(state, outcome[1])
+        done(outcome)
+
+    work = lambda: execute(admitted, state, marks)  # noqa: E731
+    outcome = state.executor.run_if_idle(work)
+    if outcome is None:
+        return state.executor.submit_threaded(work, settle)
+    settle(outcome)
+    return None
 
 
 def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> dict[str, float]:
@@ -321,7 +450,7 @@ def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> di
     queue   waiting for the device worker                      views   leases, tensors, staging
     op      the operator (on a GPU: until its stream is idle)  checks  row faults, owners alive
     write   results into host `out` regions of a GPU service   counts  repaired/candidates sums
-    settle  worker -> event loop hand-off (+ stream sync)      encode  the answer
+    settle  the device's end -> the transport (+ stream sync)  encode  the answer
     """
     first = started if started is not None else marks[0][1]
     out, last = {}, first
@@ -332,4 +461,5 @@ def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> di
     return out
 
 
-__all__ = ["INPUTS", "Outcome", "admit", "call_topk", "execute", "from_model", "outputs", "phase_durations"]
+__all__ = ["ADMISSIONS_KEPT", "INPUTS", "Admissions", "Admitted", "Outcome", "admit", "call_topk", "execute",
+           "from_model", "outputs", "phase_durations", "start_topk"]

@@ -368,6 +368,14 @@ class TopKOp(_Strict, tag_field="op", tag="topk"):
     request: TopKRequest
 
 
+class TopKOpRaw(_Strict, tag_field="op", tag="topk"):
+    """A TopKOp whose request is left as its msgpack bytes (the service's connections keep the
+    admissions of requests by these bytes; a request is decoded as TopKRequest when it is new)."""
+
+    id: MessageId
+    request: msgspec.Raw
+
+
 class RegisterOp(_Strict, tag_field="op", tag="register"):
     """`registration`: the body of POST /v1/regions (validated by the same model)."""
 
@@ -399,6 +407,7 @@ class ReadyOp(_Strict, tag_field="op", tag="ready"):
 
 
 IpcRequest = Union[TopKOp, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp, ReadyOp]
+IpcRequestRaw = Union[TopKOpRaw, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp, ReadyOp]
 
 
 class MessageIdOnly(msgspec.Struct):
@@ -445,11 +454,11 @@ IpcAnswer = Union[Hello, TopKAnswer, OkAnswer, ProblemAnswer]
 
 __all__ = [
     "BINARY_MEDIA_TYPE", "CODES", "DTYPES", "DTYPE_NAMES", "FD_SOCKET_NAME", "FRAME", "HANDOVER_MESSAGE",
-    "IPC_PROTOCOL", "IPC_SOCKET_NAME", "INLINE_VALUES_MAX", "JSON_MEDIA_TYPE", "RESULT_FIELDS", "ROW_FLAG_CODES", "SEALS_REQUIRED",
-    "TICKET_TTL_S", "TOKEN_FILE_NAME", "WireFormatError", "Hello", "InfoOp", "IpcAnswer",
-    "IpcRequest", "MessageIdOnly", "TensorArg", "tensor_arg_problem", "OkAnswer", "OutputRegions", "ProblemAnswer", "RegionOp", "RegionSlice",
-    "ReadyOp", "RegionsOp", "RegisterOp", "ResultField", "TopKAnswer", "TopKOp", "TopKRequest", "UnregisterOp",
-    "assemble_result", "decode_result_binary", "decode_result_json", "dtype_name", "encode_result_binary",
-    "encode_result_json", "encode_result_prefix", "fields_in", "problem_body", "result_layout", "result_nbytes",
-    "result_shape",
+    "IPC_PROTOCOL", "IPC_SOCKET_NAME", "INLINE_VALUES_MAX", "JSON_MEDIA_TYPE", "RESULT_FIELDS", "ROW_FLAG_CODES",
+    "SEALS_REQUIRED", "TICKET_TTL_S", "TOKEN_FILE_NAME", "WireFormatError", "Hello", "InfoOp", "IpcAnswer",
+    "IpcRequest", "IpcRequestRaw", "MessageIdOnly", "TensorArg", "tensor_arg_problem", "OkAnswer", "OutputRegions",
+    "ProblemAnswer", "RegionOp", "RegionSlice", "ReadyOp", "RegionsOp", "RegisterOp", "ResultField", "TopKAnswer",
+    "TopKOp", "TopKOpRaw", "TopKRequest", "UnregisterOp", "assemble_result", "decode_result_binary",
+    "decode_result_json", "dtype_name", "encode_result_binary", "encode_result_json", "encode_result_prefix",
+    "fields_in", "problem_body", "result_layout", "result_nbytes", "result_shape",
 ]

@@ -28,7 +28,7 @@ step() {  # step SECONDS COMMAND...: run with a time limit, log, remember failur
   [ "$rc" -eq 0 ] || status=1
 }
 step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
-step 30 python3 -c 'import torch, triton, msgspec, fastapi, uvicorn, pydantic; print("torch", torch.__version__, "triton", triton.__version__, "msgspec", msgspec.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__)'
+step 30 python3 -c 'import torch, triton, msgspec, fastapi, uvicorn, pydantic, httptools; print("torch", torch.__version__, "triton", triton.__version__, "msgspec", msgspec.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "httptools", httptools.__version__)'
 step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" --junitxml="$OUT/service-gpu-tests.xml"
 step "${CHECK_S:-100}" python3 -m bench.checks.service_gpu --backend auto --out "$OUT"
 step "${BENCH_S:-200}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"

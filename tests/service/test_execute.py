@@ -9,7 +9,7 @@ written into regions land in the answer buffer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -19,30 +19,30 @@ from litetopk.service import topk as life
 from litetopk.service.wire import RESULT_FIELDS
 
 
-@dataclass
+@dataclass(eq=False)
 class FakeRegion:
     id: str
+    tensor: torch.Tensor
     pid: int = 1
     pid_start: int = 1
+    views: dict = field(default_factory=dict)
+
+    def view(self, ref, what, key=None):
+        return self.tensor
 
 
 class FakeTable:
-    """acquire() hands out the tensor registered under each name; release() counts."""
+    """One region a tensor, by name; lease() / release_all() count the leases."""
 
     def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.tensors = tensors
-        self.released = 0
+        self.regions = {name: FakeRegion(name, tensor) for name, tensor in tensors.items()}
+        self.leased = self.released = 0
 
-    def acquire(self, ref, what, owner, alive=None):
-        name = what.removeprefix("out.")
-        return FakeRegion(id=name), self.tensors[name]
+    def lease(self, regions, owners):
+        self.leased += len(regions)
 
-    def acquire_all(self, refs, owner, alive=None):
-        taken = [self.acquire(ref, name, owner, alive) for name, ref in refs.items()]
-        return [region for region, _ in taken], {name: tensor for name, (_, tensor) in zip(refs, taken)}
-
-    def release(self, region):
-        self.released += 1
+    def release_all(self, regions):
+        self.released += len(regions)
 
 
 class FakeOperator:
@@ -88,7 +88,12 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     request = SimpleNamespace(**named, kv_scale=None, topk=topk, weight_scale=1.0, repair=True, out=out)
     state = SimpleNamespace(device=torch.device("meta"), table=table,
                             executor=SimpleNamespace(operator_for=lambda rows, batch: operator))
-    outcome = life.execute(request, state, SimpleNamespace(uid=0))
+    ref = SimpleNamespace(offset=0, dtype="uint8", shape=[4])
+    refs = [(name, ref, table.regions[name]) for name in life.INPUTS]
+    refs += [(f"out.{name}", ref, table.regions[name]) for name in ("values", "physical_indices")]
+    admitted = life.Admitted(request, refs, [region for _, _, region in refs],
+                             {"values": object(), "physical_indices": object()}, rows)
+    outcome = life.execute(admitted, state)
     assert operator.devices == {"meta"}, "inputs go to the service's device"
     assert torch.equal(out_values, want.values), f"the host output region holds the answer (seed {seed})"
     assert torch.equal(out_slots, want.physical_indices), f"the host output region holds the answer (seed {seed})"

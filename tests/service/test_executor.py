@@ -103,3 +103,67 @@ async def test_closed_executor_refuses_with_shutting_down():
     with pytest.raises(ServiceError) as err:
         executor.submit(lambda: None)
     assert err.value.code == "shutting_down"
+
+
+async def test_run_if_idle_runs_on_the_calling_thread_only_when_the_device_is_idle():
+    """A transport thread's job runs in place when nothing is queued or running; otherwise the caller
+    is told to queue it (None), so a request never overtakes one queued before it."""
+    executor = make_executor()
+    def from_a_thread():
+        return threading.current_thread().name, executor.run_if_idle(lambda: threading.current_thread().name)
+
+    caller, outcome = await asyncio.to_thread(from_a_thread)
+    assert outcome == (True, caller), "idle: run on the caller's thread"
+    started, gate = threading.Event(), threading.Event()
+    running = executor.submit(held("held", started, gate))
+    assert await asyncio.to_thread(started.wait, 30), "the worker took the job"
+    ran = []
+    assert await asyncio.to_thread(executor.run_if_idle, lambda: ran.append(1)) is None, "busy: queue it"
+    gate.set()
+    assert await running == "held" and ran == []
+    await executor.close(5)
+
+
+
+class Settled:
+    """A threaded job's `settle`: what it was given, on which thread, and an event once it was called."""
+
+    def __init__(self):
+        self.calls, self.event = [], threading.Event()
+
+    def __call__(self, outcome) -> None:
+        self.calls.append((outcome, threading.current_thread().name))
+        self.event.set()
+
+
+async def test_threaded_jobs_are_settled_once_on_the_worker_and_cancelled_ones_skipped():
+    executor = make_executor()
+    started, gate = threading.Event(), threading.Event()
+    running = executor.submit(held(None, started, gate))
+    assert await asyncio.to_thread(started.wait, 30)
+    answered, dropped = Settled(), Settled()
+    executor.submit_threaded(lambda: "queued", answered)
+    executor.submit_threaded(lambda: "never", dropped).cancelled = True  # its transport stopped waiting
+    gate.set()
+    await running
+    assert await executor.run(lambda: "after", 5) == "after"  # the worker is past both threaded jobs
+    assert answered.calls == [((True, "queued"), executor._thread.name)], "settled once, on the worker thread"
+    assert dropped.calls == [], "a cancelled job is neither run nor settled"
+    assert await asyncio.to_thread(executor.run_if_idle, lambda: "idle again") == (True, "idle again")
+    await executor.close(5)
+
+
+async def test_queued_threaded_jobs_fail_with_the_error_given():
+    executor = make_executor()
+    started, gate = threading.Event(), threading.Event()
+    running = executor.submit(held(None, started, gate))
+    assert await asyncio.to_thread(started.wait, 30)
+    queued = Settled()
+    executor.submit_threaded(lambda: "never", queued)
+    executor.stop_admissions()
+    assert executor.fail_queued(ServiceError("shutting_down", "grace period over")) == 1
+    [((ok, error), _)] = queued.calls
+    assert not ok and error.code == "shutting_down"
+    gate.set()
+    await running
+    await executor.close(5)

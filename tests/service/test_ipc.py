@@ -13,10 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from litetopk.clients import InvalidRequestProblem, TopKClient
+from litetopk.clients import InvalidRequestProblem, RegionProblem, TopKClient
 from litetopk.kernels import litetopk_prefill
+from litetopk.service.ipc import MAX_CONNECTIONS_PER_UID
 from litetopk.service.wire import FRAME, Hello, IpcAnswer, OkAnswer, ProblemAnswer
 from tests.problems import make_problem, results_equal
+from tests.servers import wait_until
 
 DECODER = msgspec.msgpack.Decoder(IpcAnswer)
 
@@ -148,4 +150,58 @@ def test_hostile_frames_are_answered_and_the_service_stays_up(service, frames):
                 break
             if isinstance(answer, ProblemAnswer):
                 assert answer.problem["status"] < 500, answer.problem
+    assert _alive(service)
+
+
+def test_a_repeated_request_is_admitted_again_once_its_region_is_gone(service, problem):
+    """A connection keeps the admission of a request it sees again (the same bytes: the same regions,
+    new contents); a region unregistered since, here from another connection of the same principal,
+    is found when the request comes again, and answered as a lookup by id answers it."""
+    want = reference(problem)
+    with TopKClient(uds=service.uds) as ipc:
+        regions = [ipc.register(t, access="read_only") for t in problem.args()]  # every input named by region
+        for _ in range(3):
+            assert results_equal(ipc.topk(*regions, topk=512), want) == []
+        cache = regions[2]
+        with Raw(service.ipc) as raw:
+            answer = ask(raw, {"op": "unregister", "id": 1, "region": cache.id, "generation": cache.generation})
+            assert isinstance(answer, OkAnswer), answer
+        with pytest.raises(RegionProblem) as err:
+            ipc.topk(*regions, topk=512)
+        assert err.value.code in ("unknown_region", "stale_region") and cache.id in err.value.detail, err.value
+        assert results_equal(ipc.topk(*regions[:2], problem.kv_cache, *regions[3:], topk=512), want) == []
+
+
+def _connect(path: str) -> tuple[socket.socket, object]:
+    """A new connection to the IPC socket and the first message the service sends on it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(20)
+    sock.connect(path)
+    header_bytes, _ = FRAME.unpack(sock.recv(FRAME.size, socket.MSG_WAITALL))
+    return sock, DECODER.decode(sock.recv(header_bytes, socket.MSG_WAITALL))
+
+
+def _greeted(path: str) -> bool:
+    sock, first = _connect(path)
+    sock.close()
+    return isinstance(first, Hello)
+
+
+def test_one_uid_cannot_take_every_connection(service):
+    """Past MAX_CONNECTIONS_PER_UID connections of one uid, the next is answered `overloaded` (instead of
+    Hello) and closed; once the peer closes some, it connects again."""
+    held, refused = [], None
+    try:
+        for _ in range(MAX_CONNECTIONS_PER_UID + 1):
+            sock, first = _connect(service.ipc)
+            held.append(sock)
+            if not isinstance(first, Hello):
+                refused = first
+                break
+        assert isinstance(refused, ProblemAnswer) and refused.problem["code"] == "overloaded", refused
+        assert held[-1].recv(1) == b"", "the refused connection is closed"
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: _greeted(service.ipc))  # the service sees the closed ones go
     assert _alive(service)

@@ -121,11 +121,14 @@ def test_request_timeout(problem, tmp_path):
     gate = tmp_path / "gate"
     process, directory = start_service(fault_gate_file=str(gate), request_timeout_s=0.2, warmup=False)
     try:
-        with TopKClient(process.url, token=process.token) as client:
-            with pytest.raises(TimeoutProblem) as err:
-                client.topk(*problem.args(), topk=512)
-            assert err.value.code == "timeout" and err.value.status == 504
-            assert client.ready()
+        # HTTP (awaited on the event loop), then IPC (answered by the connection's thread at the deadline)
+        for endpoint in ({"base_url": process.url, "token": process.token}, {"uds": process.uds}):
+            with TopKClient(**endpoint) as client:
+                assert client.transport == ("http" if "base_url" in endpoint else "ipc")
+                with pytest.raises(TimeoutProblem) as err:
+                    client.topk(*problem.args(), topk=512)
+                assert err.value.code == "timeout" and err.value.status == 504, (client.transport, err.value)
+                assert client.ready()
     finally:
         gate.touch()  # the held jobs run, the service stops without waiting out its grace period
         process.stop()

@@ -82,7 +82,7 @@ def _body(**changes) -> dict:
     return body
 
 
-@pytest.mark.parametrize("case, body, valid", [
+_CASES = [
     ("plain", _body(), True),
     ("out regions", _body(out={"values": {"region": "r9", "generation": 2, "dtype": "float32", "shape": [4, 512]}}),
      True),
@@ -95,7 +95,10 @@ def _body(**changes) -> dict:
     ("inline past the cap", _body(starts={"dtype": "int32", "shape": [2**16 + 1], "data": [0] * (2**16 + 1)}), False),
     ("an unknown dtype", _body(q_fp4={"region": "r", "generation": 1, "dtype": "int8", "shape": [1]}), False),
     ("an unknown backend", _body(backend="cuda"), False),
-])
+]
+
+
+@pytest.mark.parametrize("case, body, valid", _CASES)
 def test_http_and_ipc_validate_a_request_alike(case, body, valid):
     """The HTTP model (service/schemas.py) and the IPC frame's type (service/wire.py) accept and refuse
     the same requests (the IPC decodes msgpack, where an int is never a string)."""
@@ -119,3 +122,34 @@ def test_http_and_ipc_validate_a_request_alike(case, body, valid):
     assert (http_ok, ipc_ok) == (valid, valid), case
     if valid:
         assert from_model(model) == frame, f"{case}: HTTP's request reaches the request layer as IPC's does"
+
+
+@pytest.mark.parametrize("case, body, valid", [
+    *_CASES,
+    ("an integer written 512.0", _body(topk=512.0), True),
+    ("a dim written 4.0",
+     _body(q_fp4={"region": "r", "generation": 1, "dtype": "uint8", "shape": [4.0, 64, 64]}), True),
+    ("a fraction for an int", _body(topk=512.5), False),
+    ("region slice metadata without its dtype", _body(starts={"region": "r", "generation": 1, "shape": [4]}), False),
+    ("inline data with a region", _body(starts={"shape": [1], "data": [0], "region": "r"}), False),
+])
+def test_the_route_parses_a_body_as_the_http_model(case, body, valid):
+    """/v1/topk validates a body as written first (schemas.TopKFields, then msgspec into the wire's
+    type), and only when that refuses it as schemas.TopKRequest: the same requests are accepted, as
+    the same request, and the same are refused, with the model's errors."""
+    from pydantic import ValidationError
+
+    from litetopk.service.routes.topk import validate_body
+    from litetopk.service.schemas import TopKRequest as HttpRequest
+    from litetopk.service.topk import from_model
+
+    raw = json.dumps(body).encode()
+    parsed = validate_body(raw)
+    try:
+        model = HttpRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        assert not valid and isinstance(parsed, list) and parsed, case
+        assert [e["type"] for e in parsed] == [e["type"] for e in exc.errors()][:len(parsed)], case
+        return
+    assert valid and not isinstance(parsed, list), case
+    assert parsed == from_model(model), f"{case}: the route's request is the model's"
