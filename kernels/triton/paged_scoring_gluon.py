@@ -13,12 +13,17 @@ tensor of a step lives where it is used. One thread owns one (key, 32-element gr
 so the group's nonzero test is in-thread, the key's smallest exponent and spread are two lane
 exchanges over the 4 groups of a key, and the shift d of a group is a per-thread value that the E2M1
 decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded halves of the
-key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8, two K = 64 halves)
-are stored to shared memory with 16-byte stores, and one warpgroup's wgmma (m64nNk32, N = 64 x
-BLOCK_ROWS) reads them with the queries' halves (staged per row group). Per key, the factor kfac, the
-unsupported flag and the tile's wide flag go through shared memory beside the operand, ordered by the
-one barrier a step needs before its MMA. The next step's page is loaded into registers during a step
-(its latency overlaps the step's MMA and epilogue), so with several programs an SM the loads stay in flight.
+key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8) are the A operand of
+one warpgroup's wgmma (m64nNk32, N = 64 x BLOCK_ROWS) straight from registers (A_IN_REGISTERS,
+_register_operand): the loads' layout W3 puts each thread's keys where the operand's rows are and the
+thread's group where its K columns are, after a K permutation that the queries (staged in shared memory
+once a row group) share, so the decoded words are the operand's registers as they stand and a step uses
+no shared memory, barrier or proxy fence for it. The alternative (A_IN_REGISTERS off, GLUON_PAGED_OPTIONS)
+stores the halves to shared memory behind two barriers and a fence.proxy.async, which ptxas emits as a
+MEMBAR.ALL.CTA that waits for the thread's outstanding loads. Per key, the factor kfac and the unsupported
+flag move to the epilogue's layout, and the tile's wide flag is one reduction over the warpgroup. The
+next step's page is loaded into registers during a step (its latency overlaps the step's decode, MMA and
+epilogue), so with several programs an SM the loads stay in flight.
 Wide tiles (a key whose groups span 4-7 binades: a hi operand) and wide query rows take a branch that
 builds the hi halves and adds their MMAs (operands.py's Horner form); rare.
 Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, 4 warps, BLOCK_KEYS = PAGE_SIZE = 64, sm_90 (wgmma); no
