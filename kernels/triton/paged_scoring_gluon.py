@@ -13,17 +13,24 @@ tensor of a step lives where it is used. One thread owns one (key, 32-element gr
 so the group's nonzero test is in-thread, the key's smallest exponent and spread are two lane
 exchanges over the 4 groups of a key, and the shift d of a group is a per-thread value that the E2M1
 decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded halves of the
-key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8) are the A operand of
-one warpgroup's wgmma (m64nNk32, N = 64 x BLOCK_ROWS) straight from registers (A_IN_REGISTERS,
-_register_operand): the loads' layout W3 puts each thread's keys where the operand's rows are and the
-thread's group where its K columns are, after a K permutation that the queries (staged in shared memory
-once a row group) share, so the decoded words are the operand's registers as they stand and a step uses
-no shared memory, barrier or proxy fence for it. The alternative (A_IN_REGISTERS off, GLUON_PAGED_OPTIONS)
-stores the halves to shared memory behind two barriers and a fence.proxy.async, which ptxas emits as a
-MEMBAR.ALL.CTA that waits for the thread's outstanding loads. Per key, the factor kfac and the unsupported
-flag move to the epilogue's layout, and the tile's wide flag is one reduction over the warpgroup. The
-next step's page is loaded into registers during a step (its latency overlaps the step's decode, MMA and
-epilogue), so with several programs an SM the loads stay in flight.
+key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8, two K = 64 halves)
+are stored to shared memory with 16-byte stores, and one warpgroup's wgmma (m64nNk32, N = 64 x
+BLOCK_ROWS) reads them with the queries' halves (staged per row group). Per key, the factor kfac, the
+unsupported flag and the tile's wide flag go through shared memory beside the operand, ordered by the
+one barrier a step needs before its MMA. The next step's page is loaded into registers at the top of a
+step (its latency overlaps the step), so with several programs an SM the loads stay in flight.
+That is the launched kernel, measured on the H200: 375 us of scoring for 64 rows x 65,536 keys, ~6x its
+memory floor; ptxas emits the operand's fence.proxy.async as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the
+membar may wait for the step's own prefetch. Two variants (GLUON_PAGED_OPTIONS), compiled and checked
+offline (compile/sm90_paged.py), not yet run on a GPU:
+  LOAD_AFTER_FENCE  the next page's loads issued after that fence;
+  A_IN_REGISTERS    the decoded words are the wgmma's A operand straight from registers
+                    (_register_operand): the loads' layout W3 puts each thread's keys where the operand's
+                    rows are and its group where its K columns are, after a K permutation the queries
+                    (staged whole, K = 128, once a row group) share, so the byte split and the layout
+                    change compile to nothing; a step has no operand stores, proxy fence or operand
+                    barrier (kfac and the unsupported flag move to the epilogue's layout, the wide flag is
+                    one reduction over the warpgroup), one synchronous MMA.
 Wide tiles (a key whose groups span 4-7 binades: a hi operand) and wide query rows take a branch that
 builds the hi halves and adds their MMAs (operands.py's Horner form); rare.
 Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, 4 warps, BLOCK_KEYS = PAGE_SIZE = 64, sm_90 (wgmma); no
@@ -45,15 +52,11 @@ GLUON_PAGED_WARPS = 4
 # registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged);
-# bench/probes/paged_variants.py times them against each other on the GPU, bit for bit.
-# A_IN_REGISTERS: the decoded key words are the wgmma's A operand in registers (_register_operand): no
-#   shared memory, barrier or proxy fence a step (the queries, staged once a row group, stay in shared
-#   memory); else they are stored to shared memory each step, behind two barriers and the proxy fence.
-# LOAD_AFTER_FENCE (shared-memory operand only): the next step's page loads are issued after that fence
-#   (fence.proxy.async, which ptxas emits as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: it would wait for them)
-#   rather than at the step's top.
-GLUON_PAGED_OPTIONS = dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True)
+# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged; the
+# module docstring describes them). Both off: the kernel the GPU has run and tested (offline SASS identical
+# to it); bench/probes/paged_variants.py times the variants against it on the GPU, bit for bit, and
+# tests/kernels/test_paged_scoring.py runs every variant against the Triton kernel there.
+GLUON_PAGED_OPTIONS = dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False)
 
 
 @gluon.jit
@@ -221,13 +224,19 @@ def score_fp4_paged_gluon_kernel(
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, N, 32])
     # one thread = one (key, group): keys on 8 lanes x 4 warps (two keys a thread), groups on 4 lanes
-    # (key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5: the wgmma A operand's rows)
-    W3: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[BK, 4, 4])
-    G: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
-        block_bases=[], shape=[BK, 4])
+    if A_IN_REGISTERS:  # key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5 (the A operand's rows)
+        W3: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[BK, 4, 4])
+        G: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
+            block_bases=[], shape=[BK, 4])
+    else:  # key k: lanes / 4 its bits 0-2, warps bits 3-4, a register bit 5
+        W3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1],
+                                            warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0])
+        G: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[8, 4],
+                                           warps_per_cta=[num_warps, 1], order=[1, 0])
     DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     KEY: gl.constexpr = gl.SliceLayout(1, G)
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
@@ -257,12 +266,14 @@ def score_fp4_paged_gluon_kernel(
     if A_IN_REGISTERS:  # the queries whole (K = 128): one MMA a step (qb, qb_hi unused)
         q_layout_all: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
         qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
+        qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
         qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
+        qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
     else:
         qa = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+        qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
         qa_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-    qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-    qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
+        qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
     kfac_smem = gl.allocate_shared_memory(gl.float32, [BK], flat_1d)
     bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
     wide_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
@@ -356,9 +367,9 @@ def score_fp4_paged_gluon_kernel(
                     value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
                     SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
             d, spread, kfac = _key_exponents(words, scales, W3, G)
-            shift = _shift_words(d, W3)
-            bad_key = (live & (spread >= 8)).to(gl.int32)
             if A_IN_REGISTERS:
+                shift = _shift_words(d, W3)
+                bad_key = (live & (spread >= 8)).to(gl.int32)
                 # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
                 k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
                 if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
@@ -382,13 +393,13 @@ def score_fp4_paged_gluon_kernel(
                     acc = warpgroup_mma(_register_operand(half_a, half_b, DOT), qa.permute((1, 0)),
                                         gl.zeros([BK, N], gl.int32, mma), use_acc=False)
                     relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
-                kfac_t = gl.convert_layout(kfac, key_of_tile)
             else:
                 # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
                 gl.thread_barrier()
+                shift = _shift_words(d, W3)
                 _stage_halves(words, shift, a_lo, b_lo, A32)
                 kfac_smem.store(kfac)
-                bad_smem.store(bad_key)
+                bad_smem.store((live & (spread >= 8)).to(gl.int32))
                 wide_smem.store((spread >= 4).to(gl.int32))
                 gl.thread_barrier()
                 fence_async_shared()
@@ -423,16 +434,22 @@ def score_fp4_paged_gluon_kernel(
                     acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                     relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
-                kfac_t = kfac_smem.load(key_of_tile)
             terms = relu_sub * wq[None, :]
             scores = gl.sum(gl.reshape(terms, [BK, H, BLOCK_ROWS]), axis=1)
+            if A_IN_REGISTERS:
+                kfac_t = gl.convert_layout(kfac, key_of_tile)
+            else:
+                kfac_t = kfac_smem.load(key_of_tile)
             scores = scores * rowfac[None, :] * kfac_t[:, None]
             if DENSE:
                 column_t = tile_index * BK + offs_tk
                 pos_t = column_t * position_stride
                 in_window = (pos_t[:, None] >= starts[None, :]) & (pos_t[:, None] < ends[None, :]) & row_ok[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                bad_t = gl.convert_layout(bad_key, key_of_tile)
+                if A_IN_REGISTERS:
+                    bad_t = gl.convert_layout(bad_key, key_of_tile)
+                else:
+                    bad_t = bad_smem.load(key_of_tile)
                 bad_rows |= (bad_t[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 gl.store(out_ptr + rows[None, :] * out_width + column_t[:, None],
                          gl.where(in_window, scores, float("-inf")),
@@ -446,7 +463,10 @@ def score_fp4_paged_gluon_kernel(
                 pos_f = (first_tile + tile_index) * BK + offs_fk
                 in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :]) & ok_f[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                bad_f = gl.convert_layout(bad_key, gl.SliceLayout(1, flat))
+                if A_IN_REGISTERS:
+                    bad_f = gl.convert_layout(bad_key, gl.SliceLayout(1, flat))
+                else:
+                    bad_f = bad_smem.load(gl.SliceLayout(1, flat))
                 bad_rows |= (bad_f[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from litetopk.kernels.compile.sm90_paged import PAGED_VARIANTS
-from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, GLUON_PAGED_OPTIONS, PROGRAMS_PER_SM
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, PROGRAMS_PER_SM
 from tests.kernels.offline_compile import offline_summary
 
-BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")]
+BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon", "gluonregs")]
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +44,11 @@ def test_the_step_loop_holds_the_wgmma_and_the_ptx_decode(summary, build):
     assert opcodes.get("PRMT", 0) >= 32, f"{build}: {opcodes.get('PRMT', 0)} byte permutes"
 
 
-@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("gluon")])
+@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("gluonregs")])
 def test_the_gluon_step_feeds_the_mma_from_registers(summary, build):
-    """GLUON_PAGED_OPTIONS' A_IN_REGISTERS: the wgmma reads the decoded keys from registers (IGMMA with a
-    register A operand), so the step loop has no proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) and
-    stores no 16-byte operand words to shared memory beyond the scan's one layout change."""
-    if not GLUON_PAGED_OPTIONS["A_IN_REGISTERS"]:
-        pytest.skip("the key operand is staged in shared memory (GLUON_PAGED_OPTIONS)")
+    """GLUON_PAGED_OPTIONS' A_IN_REGISTERS: the wgmma reads the decoded keys from registers, so the step loop
+    has no proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) and stores no 16-byte operand words to shared
+    memory beyond the scan's one layout change."""
     opcodes = summary[build]["loop_opcodes"]
     assert opcodes.get("MEMBAR", 0) == 0 and opcodes.get("FENCE", 0) == 0, f"{build}: {opcodes}"
     assert opcodes.get("STS", 0) <= 8, f"{build}: {opcodes.get('STS', 0)} shared stores in the step loop"
