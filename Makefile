@@ -31,9 +31,11 @@ $(ROCM_SHIM):
 run: $(STAMP)
 	$(BIN)/python -m litetopk.service
 
-# Lint first (pyproject [tool.ruff]: the folders that are ruff-clean so far), then the suite.
+# Lint and format check of the whole tree first (pyproject [tool.ruff]; `ruff format .` fixes the format),
+# then the suite.
 test: $(STAMP) $(ROCM_SHIM)
-	$(BIN)/ruff check kernels tests/kernels bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 clean:

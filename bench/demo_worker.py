@@ -42,8 +42,10 @@ def wait_ready(client: TopKClient, timeout: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="http://host:port or unix:/path (default: LITETOPK_URL, the default socket, "
-                        "http://127.0.0.1:8471)")
+    parser.add_argument(
+        "--url",
+        help="http://host:port or unix:/path (default: LITETOPK_URL, the default socket, http://127.0.0.1:8471)",
+    )
     parser.add_argument("--calls", type=int, default=2, help="topk calls against the registered cache")
     parser.add_argument("--topk", type=int, default=512, choices=(512, 1024))
     parser.add_argument("--device", default="cpu", help="where the worker's tensors live (cpu, cuda, cuda:N)")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.url and args.url.startswith("unix:"):
-        client = TopKClient(uds=args.url[len("unix:"):])
+        client = TopKClient(uds=args.url[len("unix:") :])
     else:
         client = TopKClient(args.url)
     problem = random_problem(16, [2048, 2048], args.topk, device=args.device)  # 2 sequences, 8 causal rows each
@@ -71,11 +73,20 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             result = client.topk(q_fp4, q_scale, cache, *rest, **problem.kwargs())
             elapsed_ms = (time.perf_counter() - start) * 1e3
-            differ = [] if expected is None else [
-                name for name in FIELDS
-                if not torch.equal(getattr(result, name).cpu(), getattr(expected, name).cpu())]
-            print(f"demo worker: call {call}: {result.raw_indices.shape[0]} rows, top-{args.topk}, "
-                  f"{elapsed_ms:.1f} ms, {'differs in ' + ', '.join(differ) if differ else 'ok'}", flush=True)
+            differ = (
+                []
+                if expected is None
+                else [
+                    name
+                    for name in FIELDS
+                    if not torch.equal(getattr(result, name).cpu(), getattr(expected, name).cpu())
+                ]
+            )
+            print(
+                f"demo worker: call {call}: {result.raw_indices.shape[0]} rows, top-{args.topk}, "
+                f"{elapsed_ms:.1f} ms, {'differs in ' + ', '.join(differ) if differ else 'ok'}",
+                flush=True,
+            )
             if differ:
                 return 1
         client.unregister(cache)

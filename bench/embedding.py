@@ -43,8 +43,9 @@ FIELDS = tuple(RESULT_FIELDS)
 
 def _call(problem, out=None, workspace=None, tuning=None):
     kwargs = {k: v for k, v in problem.items() if k not in ("topk", "max_seq_len")}
-    return litetopk_prefill(**kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"],
-                            workspace=workspace, tuning=tuning)
+    return litetopk_prefill(
+        **kwargs, topk=problem["topk"], out=out, max_seq_len=problem["max_seq_len"], workspace=workspace, tuning=tuning
+    )
 
 
 def _activity(fn) -> tuple[float, float, dict]:
@@ -115,11 +116,25 @@ def measure(rows: int, keys: int, topk: int, reps: int, seed: int, tuning: LiteT
         graph_error, equal, replay = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False, float("nan")
     del graph, static, out
     runner = _runner(problem, rows, keys, topk, reps, workspace, tuning)
-    return dict(rows=rows, keys=keys, topk=topk, calibration=tuning.calibration, syncs=syncs, host_ms=host_ms,
-                eager_ms=eager,
-                kernel_ms=kernels, idle_ms=eager - kernels, gaps_ms=gaps, trace=trace, graph_ms=replay,
-                graph_equal=equal,
-                graph_error=graph_error, workspace_bytes=workspace.numel(), workspace_sizing_s=sizing_s, **runner)
+    return dict(
+        rows=rows,
+        keys=keys,
+        topk=topk,
+        calibration=tuning.calibration,
+        syncs=syncs,
+        host_ms=host_ms,
+        eager_ms=eager,
+        kernel_ms=kernels,
+        idle_ms=eager - kernels,
+        gaps_ms=gaps,
+        trace=trace,
+        graph_ms=replay,
+        graph_equal=equal,
+        graph_error=graph_error,
+        workspace_bytes=workspace.numel(),
+        workspace_sizing_s=sizing_s,
+        **runner,
+    )
 
 
 def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace, tuning: LiteTopKTuning) -> dict:
@@ -142,8 +157,9 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace, tuni
     got, want = call(), _call({**kwargs, "topk": topk}, workspace=graphs.workspace, tuning=tuning)
     equal = all(torch.equal(getattr(got, n), getattr(want, n)) for n in FIELDS)
     # In place: the inputs written into the runner's own staging buffers (input_buffers): no copy in.
-    views = graphs.input_buffers(rows, tuple(kwargs["block_table"].shape), topk=topk,
-                                 weights_dtype=kwargs["weights"].dtype)
+    views = graphs.input_buffers(
+        rows, tuple(kwargs["block_table"].shape), topk=topk, weights_dtype=kwargs["weights"].dtype
+    )
     for name, view in views.items():
         view.copy_(kwargs[name])
     call_in_place = lambda: graphs(**{**kwargs, **views}, topk=topk)  # noqa: E731
@@ -152,12 +168,27 @@ def _runner(problem, rows: int, keys: int, topk: int, reps: int, workspace, tuni
     in_place_syncs, in_place_host = _syncs_and_host_ms(call_in_place, reps)
     in_place_ms = cuda_ms(call_in_place, reps=reps, warm=1)
     in_place_kernels, in_place_gaps, in_place_trace = _activity(call_in_place)
-    return dict(runner_syncs=syncs, runner_host_ms=host_ms, runner_ms=ms, runner_kernel_ms=kernels,
-                runner_idle_ms=ms - kernels, runner_gaps_ms=gaps, runner_trace=trace, runner_equal=equal,
-                runner_setup_s=setup_s, runner_capture_s=capture_s, runner_arena_bytes=graphs.arena_bytes,
-                in_place_syncs=in_place_syncs, in_place_host_ms=in_place_host, in_place_ms=in_place_ms,
-                in_place_idle_ms=in_place_ms - in_place_kernels, in_place_gaps_ms=in_place_gaps,
-                in_place_trace=in_place_trace, in_place_equal=in_place_equal, runner_stats=dict(graphs.stats))
+    return dict(
+        runner_syncs=syncs,
+        runner_host_ms=host_ms,
+        runner_ms=ms,
+        runner_kernel_ms=kernels,
+        runner_idle_ms=ms - kernels,
+        runner_gaps_ms=gaps,
+        runner_trace=trace,
+        runner_equal=equal,
+        runner_setup_s=setup_s,
+        runner_capture_s=capture_s,
+        runner_arena_bytes=graphs.arena_bytes,
+        in_place_syncs=in_place_syncs,
+        in_place_host_ms=in_place_host,
+        in_place_ms=in_place_ms,
+        in_place_idle_ms=in_place_ms - in_place_kernels,
+        in_place_gaps_ms=in_place_gaps,
+        in_place_trace=in_place_trace,
+        in_place_equal=in_place_equal,
+        runner_stats=dict(graphs.stats),
+    )
 
 
 def main(argv=None) -> int:
@@ -168,8 +199,12 @@ def main(argv=None) -> int:
     parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
-                        help="LiteTopKTuning(calibration=...) of every call (eager, graph and runner)")
+    parser.add_argument(
+        "--calibration",
+        choices=("sample", "scan"),
+        default="sample",
+        help="LiteTopKTuning(calibration=...) of every call (eager, graph and runner)",
+    )
     args = parser.parse_args(argv)
     tuning = LiteTopKTuning(calibration=args.calibration)
     from rich.console import Console
@@ -181,24 +216,60 @@ def main(argv=None) -> int:
             print(f"[embedding] rows={args.rows} keys={keys} K={topk} ...", flush=True)
             results.append(measure(args.rows, keys, topk, args.reps, args.seed, tuning))
     table = Table(title=f"litetopk_prefill embedded, calibration={args.calibration} ({torch.cuda.get_device_name()})")
-    for col in ("keys", "K", "host syncs", "host ms", "eager ms", "GPU busy ms", "idle ms", "gaps ms", "graph ms",
-                "graph == eager",
-                "runner syncs", "runner host ms", "runner ms", "runner idle ms", "runner gaps ms", "runner == eager",
-                "in-place host ms", "in-place ms", "in-place gaps ms", "in-place == eager"):
+    for col in (
+        "keys",
+        "K",
+        "host syncs",
+        "host ms",
+        "eager ms",
+        "GPU busy ms",
+        "idle ms",
+        "gaps ms",
+        "graph ms",
+        "graph == eager",
+        "runner syncs",
+        "runner host ms",
+        "runner ms",
+        "runner idle ms",
+        "runner gaps ms",
+        "runner == eager",
+        "in-place host ms",
+        "in-place ms",
+        "in-place gaps ms",
+        "in-place == eager",
+    ):
         table.add_column(col)
     for r in results:
-        table.add_row(str(r["keys"]), str(r["topk"]), r["syncs"], f"{r['host_ms']:.2f}", f"{r['eager_ms']:.2f}",
-                      f"{r['kernel_ms']:.2f}", f"{r['idle_ms']:.2f}", f"{r['gaps_ms']:.3f}", f"{r['graph_ms']:.2f}",
-                      str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
-                      r["runner_syncs"], f"{r['runner_host_ms']:.3f}", f"{r['runner_ms']:.2f}",
-                      f"{r['runner_idle_ms']:.3f}", f"{r['runner_gaps_ms']:.3f}", str(r["runner_equal"]),
-                      f"{r['in_place_host_ms']:.3f}", f"{r['in_place_ms']:.2f}", f"{r['in_place_gaps_ms']:.3f}",
-                      str(r["in_place_equal"])
-                      + ("" if r["in_place_syncs"] == "none" else f" (sync: {r['in_place_syncs']})"))
+        table.add_row(
+            str(r["keys"]),
+            str(r["topk"]),
+            r["syncs"],
+            f"{r['host_ms']:.2f}",
+            f"{r['eager_ms']:.2f}",
+            f"{r['kernel_ms']:.2f}",
+            f"{r['idle_ms']:.2f}",
+            f"{r['gaps_ms']:.3f}",
+            f"{r['graph_ms']:.2f}",
+            str(r["graph_equal"]) + (f" ({r['graph_error']})" if r["graph_error"] else ""),
+            r["runner_syncs"],
+            f"{r['runner_host_ms']:.3f}",
+            f"{r['runner_ms']:.2f}",
+            f"{r['runner_idle_ms']:.3f}",
+            f"{r['runner_gaps_ms']:.3f}",
+            str(r["runner_equal"]),
+            f"{r['in_place_host_ms']:.3f}",
+            f"{r['in_place_ms']:.2f}",
+            f"{r['in_place_gaps_ms']:.3f}",
+            str(r["in_place_equal"]) + ("" if r["in_place_syncs"] == "none" else f" (sync: {r['in_place_syncs']})"),
+        )
     Console(width=280).print(table)
     os.makedirs(args.out, exist_ok=True)
-    report = dict(command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
-                  device=torch.cuda.get_device_name(), torch=torch.__version__, results=results)
+    report = dict(
+        command="python -m bench.embedding " + " ".join(sys.argv[1:] if argv is None else argv),
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        results=results,
+    )
     suffix = "" if args.calibration == "sample" else f"-{args.calibration}"
     with open(os.path.join(args.out, f"embedding-h200{suffix}.json"), "w") as fh:
         json.dump(report, fh, indent=1)
@@ -210,9 +281,15 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [f"{r['keys'] // 1024}k K={r['topk']}" for r in results]
     x = range(len(results))
-    bars = (("host_ms", "host (call -> return)"), ("eager_ms", "eager"), ("graph_ms", "graph replay"),
-            ("idle_ms", "GPU idle in call"), ("runner_host_ms", "runner host"), ("runner_ms", "runner call"),
-            ("in_place_ms", "runner call, inputs in place"))
+    bars = (
+        ("host_ms", "host (call -> return)"),
+        ("eager_ms", "eager"),
+        ("graph_ms", "graph replay"),
+        ("idle_ms", "GPU idle in call"),
+        ("runner_host_ms", "runner host"),
+        ("runner_ms", "runner call"),
+        ("in_place_ms", "runner call, inputs in place"),
+    )
     for j, (key, name) in enumerate(bars):
         ax.bar([i - 0.39 + 0.11 * j for i in x], [r[key] for r in results], width=0.11, label=name)
     ax.set_xticks(list(x), labels)

@@ -82,14 +82,16 @@ def worker(args) -> dict:
                 continue
         selectors.append(selector)
         variants[f"dense_{selector}"] = (
-            lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s))(selector)
+            lambda s: lambda: dense_topk_prefill(*pos, **kw, backend=args.backend, selector=s)
+        )(selector)
     lean = lean_dense(args, pos, kw, topk) if args.lean else {}
     variants.update(lean)
     if args.graphs:  # the same method replayed from the operator's own CUDA graph (kernels/graphs.py)
         from litetopk.kernels import LiteTopKGraphs
 
-        graphs = LiteTopKGraphs(args.rows, pos[3].shape[1] * 64, topk, device=pos[0].device, backend=args.backend,
-                                tuning=tuning)
+        graphs = LiteTopKGraphs(
+            args.rows, pos[3].shape[1] * 64, topk, device=pos[0].device, backend=args.backend, tuning=tuning
+        )
         variants["lite_graphs"] = lambda: graphs(*pos, **kw)
     times = {name: [] for name in variants}
 
@@ -148,19 +150,45 @@ def run_point(args, model: str, raw: int, spread: int) -> dict:
     """Median over fresh processes of one (model, raw context, spread) point."""
     runs = []
     for proc in range(args.processes):
-        cmd = [sys.executable, "-m", "bench.operator", "--worker", "--model", model, "--rows", str(args.rows),
-               "--raw-context", str(raw), "--warmup", str(args.warmup), "--iterations", str(args.iterations),
-               "--backend", args.backend, "--calibration", args.calibration, "--seed", str(args.seed + proc),
-               "--spread", str(spread),
-               "--selectors", *args.selectors, *(["--lean"] if args.lean else []),
-               *(["--graphs"] if args.graphs else ["--no-graphs"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.operator",
+            "--worker",
+            "--model",
+            model,
+            "--rows",
+            str(args.rows),
+            "--raw-context",
+            str(raw),
+            "--warmup",
+            str(args.warmup),
+            "--iterations",
+            str(args.iterations),
+            "--backend",
+            args.backend,
+            "--calibration",
+            args.calibration,
+            "--seed",
+            str(args.seed + proc),
+            "--spread",
+            str(spread),
+            "--selectors",
+            *args.selectors,
+            *(["--lean"] if args.lean else []),
+            *(["--graphs"] if args.graphs else ["--no-graphs"]),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), cwd=REPO_ROOT)
         if done.returncode != 0:
             raise SystemExit(f"worker failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     names = runs[0]["median_ms"].keys()
     point = {
-        "model": model, "raw_context": raw, "c4_context": raw // 4, "rows": args.rows, "spread": spread,
+        "model": model,
+        "raw_context": raw,
+        "c4_context": raw // 4,
+        "rows": args.rows,
+        "spread": spread,
         "median_ms": {n: statistics.median(r["median_ms"][n] for r in runs) for n in names},
         "per_process": runs,
     }
@@ -182,9 +210,16 @@ def write_json(args, points: list[dict]) -> str:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"operator-{tag}.json")
     with open(path, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "host": platform.node(),
-                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "points": points}, f, indent=1)
+        json.dump(
+            {
+                "command": " ".join(sys.argv),
+                "host": platform.node(),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "points": points,
+            },
+            f,
+            indent=1,
+        )
     return path
 
 
@@ -192,24 +227,43 @@ def report(args, points: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} "
-                        f"(median of {args.processes} processes)")
+    table = Table(
+        title=f"LiteTopK vs dense, {args.rows} rows, backend={args.backend} (median of {args.processes} processes)"
+    )
     names = list(points[0]["median_ms"].keys())
-    for col in ["model", "C4 keys", "spread", *[f"{n} ms" for n in names], "speedup", "TFLOP/s", "floor ms",
-                "cand mean/max", "repaired", "exact"]:
+    for col in [
+        "model",
+        "C4 keys",
+        "spread",
+        *[f"{n} ms" for n in names],
+        "speedup",
+        "TFLOP/s",
+        "floor ms",
+        "cand mean/max",
+        "repaired",
+        "exact",
+    ]:
         table.add_column(col)
     for p in points:
         r0 = p["per_process"][0]
         speed = " ".join(f"{p[k]:.2f}x" for k in p if k.startswith("speedup_vs_"))
-        table.add_row(p["model"], str(p["c4_context"]), str(p["spread"]), *[f"{p['median_ms'][n]:.3f}" for n in names],
-                      speed,
-                      f"{p['lite_tflops']:.0f}", f"{p['fp8_floor_ms']:.2f}",
-                      f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}", str(r0["repaired_rows"]),
-                      str(p["exact_all_processes"]))
+        table.add_row(
+            p["model"],
+            str(p["c4_context"]),
+            str(p["spread"]),
+            *[f"{p['median_ms'][n]:.3f}" for n in names],
+            speed,
+            f"{p['lite_tflops']:.0f}",
+            f"{p['fp8_floor_ms']:.2f}",
+            f"{r0['candidates_mean']:.0f}/{r0['candidates_max']}",
+            str(r0["repaired_rows"]),
+            str(p["exact_all_processes"]),
+        )
     Console().print(table)
     path = write_json(args, points)
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -221,8 +275,13 @@ def report(args, points: list[dict]) -> None:
             pts = [p for p in points if p["model"] == model and p["spread"] == spread]
             xs = [p["c4_context"] for p in pts]
             for n in names:
-                ax.plot(xs, [p["median_ms"][n] for p in pts], marker="o", linestyle="-" if spread == 0 else ":",
-                        label=f"{n} (spread {spread})")
+                ax.plot(
+                    xs,
+                    [p["median_ms"][n] for p in pts],
+                    marker="o",
+                    linestyle="-" if spread == 0 else ":",
+                    label=f"{n} (spread {spread})",
+                )
         ax.plot(xs, [p["fp8_floor_ms"] for p in pts], linestyle="--", color="gray", label="FP8 scoring floor")
         ax.set_title(model)
         ax.set_xlabel("C4 keys (S)")
@@ -244,19 +303,35 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--backend", default="triton")
-    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
-                        help="LiteTopKTuning(calibration=...) of lite and lite_graphs: a calibration stage, "
-                             "or the scan's own")
+    parser.add_argument(
+        "--calibration",
+        choices=("sample", "scan"),
+        default="sample",
+        help="LiteTopKTuning(calibration=...) of lite and lite_graphs: a calibration stage, or the scan's own",
+    )
     parser.add_argument("--selectors", nargs="+", default=["torch", "flashinfer"])
-    parser.add_argument("--lean", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
-                             "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)")
-    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time LiteTopK replayed from its own per-shape CUDA graph (lite_graphs: "
-                             "LiteTopKGraphs, inputs staged; checked equal to lite)")
+    parser.add_argument(
+        "--lean",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the lean dense baseline: the scoring kernel alone on prepared operands "
+        "(kernel_only) and with FlashInfer's top-k (lean_flashinfer, when installed)",
+    )
+    parser.add_argument(
+        "--graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time LiteTopK replayed from its own per-shape CUDA graph (lite_graphs: "
+        "LiteTopKGraphs, inputs staged; checked equal to lite)",
+    )
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--spread", type=int, nargs="+", default=[0],
-                        help="block-scale spreads of the random data, one point each (module docstring)")
+    parser.add_argument(
+        "--spread",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="block-scale spreads of the random data, one point each (module docstring)",
+    )
     parser.add_argument("--out", default=str(RESULTS_DIR))
     parser.add_argument("--tag", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -92,12 +92,19 @@ def worker(args) -> dict:
         peaks.append(peak_rss_mib() - base_rss)
     best = min(range(len(walls)), key=walls.__getitem__)
     return {
-        "method": args.method, "topk": args.topk[0], "wall_s": walls[best], "cpu_s": cpus[best],
-        "wall_median_s": statistics.median(walls), "wall_all_s": walls, "cpu_all_s": cpus,
-        "problem_rss_mib": base_rss, "peak_rss_above_problem_mib": max(peaks),
+        "method": args.method,
+        "topk": args.topk[0],
+        "wall_s": walls[best],
+        "cpu_s": cpus[best],
+        "wall_median_s": statistics.median(walls),
+        "wall_all_s": walls,
+        "cpu_all_s": cpus,
+        "problem_rss_mib": base_rss,
+        "peak_rss_above_problem_mib": max(peaks),
         "mean_window": float((pos[7] - pos[6]).float().mean()),
         "candidates_mean": float(result.candidates.float().mean()),
-        "repaired_rows": int(result.repaired.sum()), "faulty_rows": int((result.status != 0).sum()),
+        "repaired_rows": int(result.repaired.sum()),
+        "faulty_rows": int((result.status != 0).sum()),
         "threads": torch.get_num_threads(),
     } | ({"saved": _save(result, args.save)} if args.save else {})
 
@@ -108,9 +115,16 @@ def merge(runs: list[dict]) -> dict:
     cpus = [c for r in runs for c in r["cpu_all_s"]]
     best = min(range(len(walls)), key=walls.__getitem__)
     out = dict(runs[0])
-    out.update(wall_s=walls[best], cpu_s=cpus[best], wall_median_s=statistics.median(walls),
-               cpu_median_s=statistics.median(cpus), wall_all_s=walls, cpu_all_s=cpus, processes=len(runs),
-               peak_rss_above_problem_mib=max(r["peak_rss_above_problem_mib"] for r in runs))
+    out.update(
+        wall_s=walls[best],
+        cpu_s=cpus[best],
+        wall_median_s=statistics.median(walls),
+        cpu_median_s=statistics.median(cpus),
+        wall_all_s=walls,
+        cpu_all_s=cpus,
+        processes=len(runs),
+        peak_rss_above_problem_mib=max(r["peak_rss_above_problem_mib"] for r in runs),
+    )
     return out
 
 
@@ -131,20 +145,24 @@ def check_identical(topk: int, lite_path: str, dense_path: str) -> dict:
 
 
 def run_child(argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.reference_cpu", *argv], cwd=REPO_ROOT, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.reference_cpu", *argv], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def code_state() -> str:
     """The committed and uncommitted state of the code the benchmark runs (others commit meanwhile)."""
+
     def git(*argv):
         return subprocess.run(["git", *argv], cwd=BENCH_DIR, capture_output=True, text=True).stdout
+
     top = str(REPO_ROOT)
     paths = sorted(f"kernels/{f}" for f in os.listdir(os.path.join(top, "kernels")) if f.endswith(".py"))
     paths.append("bench/common/problems.py")  # the reference path: kernels/*.py, not triton/ or flydsl/
-    return ("".join(git("rev-parse", f"HEAD:{p}") for p in paths)
-            + git("diff", "HEAD", "--", *(f"../{p}" for p in paths)))
+    return "".join(git("rev-parse", f"HEAD:{p}") for p in paths) + git(
+        "diff", "HEAD", "--", *(f"../{p}" for p in paths)
+    )
 
 
 def versions() -> dict:
@@ -152,14 +170,20 @@ def versions() -> dict:
     import torch
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = None
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-        "litetopk_commit": commit, "platform": platform.platform(), "processor": platform.processor(),
-        "cpu_count": os.cpu_count(), "torch_threads_default": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "litetopk_commit": commit,
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads_default": torch.get_num_threads(),
     }
 
 
@@ -208,8 +232,20 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
-    common = ["--rows", str(args.rows), "--keys", str(args.keys), "--repeats", str(args.repeats),
-              "--threads", str(args.threads), "--seed", str(args.seed), "--spread", str(args.spread)]
+    common = [
+        "--rows",
+        str(args.rows),
+        "--keys",
+        str(args.keys),
+        "--repeats",
+        str(args.repeats),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--spread",
+        str(args.spread),
+    ]
     code_before = code_state()
     load_before = os.getloadavg()
     started = time.time()
@@ -220,23 +256,42 @@ def main() -> None:
             for k in args.topk:
                 for method in METHODS:
                     save = os.path.join(tmp, f"{method}-{k}.pt") if round_ == 0 else None
-                    r = run_child([*common, "--topk", str(k), "--worker", method, "--method", method,
-                                   *(["--save", save] if save else [])])
+                    r = run_child(
+                        [
+                            *common,
+                            "--topk",
+                            str(k),
+                            "--worker",
+                            method,
+                            "--method",
+                            method,
+                            *(["--save", save] if save else []),
+                        ]
+                    )
                     r.pop("saved", None)
                     calls.setdefault((k, method), []).append(r)
-                    print(f"  round {round_} K={k:5d} {method:9s} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
-                          f"peak RSS +{r['peak_rss_above_problem_mib']:.0f} MiB", file=sys.stderr)
+                    print(
+                        f"  round {round_} K={k:5d} {method:9s} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  "
+                        f"peak RSS +{r['peak_rss_above_problem_mib']:.0f} MiB",
+                        file=sys.stderr,
+                    )
         for k in args.topk:
             checks.append(check_identical(k, os.path.join(tmp, f"litetopk-{k}.pt"), os.path.join(tmp, f"dense-{k}.pt")))
     results = [merge(runs) for runs in calls.values()]
 
-    header = (f"{'K':>5} {'method':9} {'wall s':>8} {'median s':>9} {'cpu s':>8} {'peak RSS +MiB':>14} "
-              f"{'candidates/row':>15} {'repaired':>9}")
-    print(f"\nreference backend, CPU: Q={args.rows} rows x S={args.keys} keys (mean window "
-          f"{results[0]['mean_window']:.0f}), {results[0]['threads']} torch threads\n{header}")
+    header = (
+        f"{'K':>5} {'method':9} {'wall s':>8} {'median s':>9} {'cpu s':>8} {'peak RSS +MiB':>14} "
+        f"{'candidates/row':>15} {'repaired':>9}"
+    )
+    print(
+        f"\nreference backend, CPU: Q={args.rows} rows x S={args.keys} keys (mean window "
+        f"{results[0]['mean_window']:.0f}), {results[0]['threads']} torch threads\n{header}"
+    )
     for r in results:
-        print(f"{r['topk']:5d} {r['method']:9} {r['wall_s']:8.1f} {r['wall_median_s']:9.1f} {r['cpu_s']:8.1f} "
-              f"{r['peak_rss_above_problem_mib']:14.0f} {r['candidates_mean']:15.0f} {r['repaired_rows']:9d}")
+        print(
+            f"{r['topk']:5d} {r['method']:9} {r['wall_s']:8.1f} {r['wall_median_s']:9.1f} {r['cpu_s']:8.1f} "
+            f"{r['peak_rss_above_problem_mib']:14.0f} {r['candidates_mean']:15.0f} {r['repaired_rows']:9d}"
+        )
     for c in checks:
         print(f"K={c['topk']}: litetopk {'==' if c['identical'] else '!='} dense (every output)")
     if code_state() != code_before:
@@ -245,19 +300,29 @@ def main() -> None:
     record = {
         "benchmark": "reference backend on the CPU, dense vs LiteTopK",
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
-        "shape": {"rows": args.rows, "keys": args.keys, "raw_context": 4 * args.keys, "topk": args.topk,
-                  "spread": args.spread,
-                  "workload": "bench.common.problems.prefill_problem on the CPU "
-                              "(one sequence, causal rows at its end)"},
-        "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed, "spread": args.spread,
+        "shape": {
+            "rows": args.rows,
+            "keys": args.keys,
+            "raw_context": 4 * args.keys,
+            "topk": args.topk,
+            "spread": args.spread,
+            "workload": "bench.common.problems.prefill_problem on the CPU (one sequence, causal rows at its end)",
+        },
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "seed": args.seed,
+        "spread": args.spread,
         "versions": versions(),
         "code_changed_during_run": code_state() != code_before,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "elapsed_s": time.time() - started, "results": results, "identical": checks,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "elapsed_s": time.time() - started,
+        "results": results,
+        "identical": checks,
         "note": "wall_s / cpu_s: the fastest of rounds x repeats calls (rounds fresh processes taking turns; "
-                "cpu_s counts every thread); wall_median_s: the median call; "
-                "peak_rss_above_problem_mib: the largest per-call rise of resident memory (VmHWM after the call "
-                "minus VmRSS before it). The machine is shared: see the load averages.",
+        "cpu_s counts every thread); wall_median_s: the median call; "
+        "peak_rss_above_problem_mib: the largest per-call rise of resident memory (VmHWM after the call "
+        "minus VmRSS before it). The machine is shared: see the load averages.",
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

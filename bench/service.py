@@ -49,8 +49,7 @@ SHAPES = {  # name -> (sequences, rows per sequence, keys per sequence, K)
     "prefill": (1, 8192, 65536, 512),
 }
 CPU_SHAPES = {"decode64": (8, 1, 4096, 512), "decode128": (8, 2, 2048, 1024), "prefill": (1, 64, 8192, 512)}
-ITERS = {"decode64": {"cuda": 200, "cpu": 20}, "decode128": {"cuda": 200, "cpu": 20},
-         "prefill": {"cuda": 20, "cpu": 6}}
+ITERS = {"decode64": {"cuda": 200, "cpu": 20}, "decode128": {"cuda": 200, "cpu": 20}, "prefill": {"cuda": 20, "cpu": 6}}
 MODES = ("in-process", "ipc", "uds+out", "tcp+out")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
 CONCURRENCY = (1, 8)
@@ -99,8 +98,13 @@ def timed(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
 def summarize(seconds: list[float], rows: int) -> dict:
     ordered = sorted(seconds)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return {"p50_ms": 1e3 * statistics.median(ordered), "p99_ms": 1e3 * p99, "mean_ms": 1e3 * statistics.fmean(ordered),
-            "iters": len(ordered), "seq_req_per_s": 1 / statistics.fmean(ordered)}
+    return {
+        "p50_ms": 1e3 * statistics.median(ordered),
+        "p99_ms": 1e3 * p99,
+        "mean_ms": 1e3 * statistics.fmean(ordered),
+        "iters": len(ordered),
+        "seq_req_per_s": 1 / statistics.fmean(ordered),
+    }
 
 
 def server_timing(header: str) -> dict[str, float]:
@@ -132,14 +136,14 @@ async def concurrent_throughput(endpoint: dict, args, kwargs, want, requests: in
     """Requests a second with `concurrency` in flight over one async client (regions by slice, each
     worker with its own output regions)."""
     async with AsyncTopKClient(**endpoint) as client:
-        regions = [await client.register(a, access="read_only") if i in (0, 1, 2, 4) else a
-                   for i, a in enumerate(args)]
+        regions = [await client.register(a, access="read_only") if i in (0, 1, 2, 4) else a for i, a in enumerate(args)]
         rows, bt = args[5].shape[0], args[3].numel()
         meta = await client.register(torch.cat([args[3].flatten(), args[5], args[6], args[7]]), access="read_only")
         regions[3] = meta.slice(0, torch.int32, tuple(args[3].shape))
         regions[5:8] = [meta.slice(4 * (bt + k * rows), torch.int32, (rows,)) for k in range(3)]
-        outs = [{f: await client.register(torch.empty_like(getattr(want, f))) for f in FIELDS}
-                for _ in range(concurrency)]
+        outs = [
+            {f: await client.register(torch.empty_like(getattr(want, f))) for f in FIELDS} for _ in range(concurrency)
+        ]
         await client.topk(*regions, **kwargs, out=outs[0])
         queue = list(range(requests))
 
@@ -161,15 +165,24 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
     args, kwargs = batch_problem(sequences, rows_per_seq, keys, topk, seed=7, device=device)
     rows = args[0].shape[0]
     info = service.info
-    runner = LiteTopKGraphs(info["max_rows"], info["max_keys"], SUPPORTED_TOPK, device=device, backend=info["backend"],
-                            max_batch=info["max_batch"])
+    runner = LiteTopKGraphs(
+        info["max_rows"],
+        info["max_keys"],
+        SUPPORTED_TOPK,
+        device=device,
+        backend=info["backend"],
+        max_batch=info["max_batch"],
+    )
     want = runner(*args, **kwargs, max_seq_len=info["max_keys"])
     sync(device)
     ref = {f: getattr(want, f).clone() for f in FIELDS}
     want_outs = {f: torch.empty_like(ref[f]) for f in FIELDS}
     calls = {"in-process": lambda: runner(*args, **kwargs, max_seq_len=info["max_keys"], out=want_outs)}
-    endpoints = {"ipc": {"uds": service.uds, "transport": "ipc"}, "uds+out": {"uds": service.uds, "transport": "http"},
-                 "tcp+out": {"base_url": service.url, "token": service.token}}
+    endpoints = {
+        "ipc": {"uds": service.uds, "transport": "ipc"},
+        "uds+out": {"uds": service.uds, "transport": "http"},
+        "tcp+out": {"base_url": service.url, "token": service.token},
+    }
     equal = {"in-process": True}
     clients, phases = [], {}
     # Regions belong to the principal, not to a transport: registered once, named by every mode (the
@@ -201,16 +214,18 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
     out = {"shape": {"sequences": sequences, "rows": rows, "keys": keys, "topk": topk}, "modes": {}}
     for mode, samples in seconds.items():
         out["modes"][mode] = {**summarize(samples, rows), "equal": equal[mode]}
-        timed_calls = phases.get(mode, [])[-len(samples):]
+        timed_calls = phases.get(mode, [])[-len(samples) :]
         if timed_calls and timed_calls[0]:
             out["modes"][mode]["server_timing_p50_ms"] = {
-                k: statistics.median(t.get(k, 0.0) for t in timed_calls) for k in timed_calls[0]}
+                k: statistics.median(t.get(k, 0.0) for t in timed_calls) for k in timed_calls[0]
+            }
     requests = max(iters, 16)
     for n in CONCURRENCY:
         out["modes"]["in-process"][f"req_per_s_x{n}"] = out["modes"]["in-process"]["seq_req_per_s"]
         for mode, endpoint in endpoints.items():
             out["modes"][mode][f"req_per_s_x{n}"] = asyncio.run(
-                concurrent_throughput(endpoint, args, kwargs, want, requests, n))
+                concurrent_throughput(endpoint, args, kwargs, want, requests, n)
+            )
     base = out["modes"]["in-process"]
     for record in out["modes"].values():
         record["overhead_ms"] = record["p50_ms"] - base["p50_ms"]
@@ -235,8 +250,14 @@ def versions() -> dict:
     import pydantic
     import uvicorn
 
-    found = {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
-             "uvicorn": uvicorn.__version__, "httpx": httpx.__version__, "pydantic": pydantic.__version__}
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fastapi": fastapi.__version__,
+        "uvicorn": uvicorn.__version__,
+        "httpx": httpx.__version__,
+        "pydantic": pydantic.__version__,
+    }
     try:
         import triton
 
@@ -250,8 +271,12 @@ def versions() -> dict:
     except ImportError:
         found["httptools"] = None
     try:
-        found["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                      cwd=BENCH_DIR, check=False).stdout.strip() or None
+        found["git"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH_DIR, check=False
+            ).stdout.strip()
+            or None
+        )
     except OSError:
         found["git"] = None
     return found
@@ -262,17 +287,33 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"litetopk service on {report['device']} ({report['backend']} backend)")
-    for col in ("shape", "mode", "p50 ms", "p99 ms", "vs in-process", "req/s x1", "req/s x8", "x8 vs in-process",
-                "equal"):
+    for col in (
+        "shape",
+        "mode",
+        "p50 ms",
+        "p99 ms",
+        "vs in-process",
+        "req/s x1",
+        "req/s x8",
+        "x8 vs in-process",
+        "equal",
+    ):
         table.add_column(col, justify="right" if col not in ("shape", "mode") else "left")
     for name, shape in report["shapes"].items():
         s = shape["shape"]
         label = f"{name} {s['rows']}x{s['keys']} K={s['topk']}"
         for mode, r in shape["modes"].items():
-            table.add_row(label, mode, f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.3f}",
-                          f"{r['overhead_ms']:+.3f} ms ({r['overhead_pct']:+.1f}%)", f"{r['req_per_s_x1']:.1f}",
-                          f"{r['req_per_s_x8']:.1f}", f"{100 * r['throughput_vs_in_process_x8']:.0f}%",
-                          "yes" if r["equal"] else "NO")
+            table.add_row(
+                label,
+                mode,
+                f"{r['p50_ms']:.3f}",
+                f"{r['p99_ms']:.3f}",
+                f"{r['overhead_ms']:+.3f} ms ({r['overhead_pct']:+.1f}%)",
+                f"{r['req_per_s_x1']:.1f}",
+                f"{r['req_per_s_x8']:.1f}",
+                f"{100 * r['throughput_vs_in_process_x8']:.0f}%",
+                "yes" if r["equal"] else "NO",
+            )
     Console(width=160).print(table)
 
 
@@ -288,12 +329,18 @@ def plot(report: dict, path: Path) -> None:
         modes = list(shape["modes"])
         p50 = [shape["modes"][m]["p50_ms"] for m in modes]
         p99 = [shape["modes"][m]["p99_ms"] for m in modes]
-        bars = ax.bar(modes, p50, color=["#555555", "#1f77b4", "#2ca02c", "#ff7f0e"][:len(modes)])
-        ax.errorbar(modes, p50, yerr=[[0] * len(modes), [b - a for a, b in zip(p50, p99)]], fmt="none", ecolor="k",
-                    capsize=4)
+        bars = ax.bar(modes, p50, color=["#555555", "#1f77b4", "#2ca02c", "#ff7f0e"][: len(modes)])
+        ax.errorbar(
+            modes, p50, yerr=[[0] * len(modes), [b - a for a, b in zip(p50, p99)]], fmt="none", ecolor="k", capsize=4
+        )
         for bar, m in zip(bars, modes):
-            ax.annotate(f"{shape['modes'][m]['overhead_pct']:+.1f}%", (bar.get_x() + bar.get_width() / 2,
-                        bar.get_height()), ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"{shape['modes'][m]['overhead_pct']:+.1f}%",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         s = shape["shape"]
         ax.set_title(f"{name}: {s['rows']} rows x {s['keys']} keys, K={s['topk']}", fontsize=9)
         ax.set_ylabel("latency ms (bar p50, whisker p99)")
@@ -313,16 +360,34 @@ def main(argv=None) -> int:
     device = torch.device(args.device if args.device != "auto" else ("cuda:0" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the service's (OMP_NUM_THREADS=1): the in-process floor on equal terms
-    report = {"device": device_slug(device), "torch_device": str(device), "backend": args.backend,
-              "versions": versions(), "command": " ".join([sys.executable, *sys.argv]),
-              "concurrency": list(CONCURRENCY),
-              "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(), "shapes": {},
-              "note": ("CPU shapes are reduced (reference backend in plain torch); the service, the benchmark "
-                       "and anything else running share the CPU cores (see load_average_*)")
-              if device.type == "cpu" else ""}
+    report = {
+        "device": device_slug(device),
+        "torch_device": str(device),
+        "backend": args.backend,
+        "versions": versions(),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "concurrency": list(CONCURRENCY),
+        "cpu_count": os.cpu_count(),
+        "load_average_start": os.getloadavg(),
+        "shapes": {},
+        "note": (
+            "CPU shapes are reduced (reference backend in plain torch); the service, the benchmark "
+            "and anything else running share the CPU cores (see load_average_*)"
+        )
+        if device.type == "cpu"
+        else "",
+    }
     with tempfile.TemporaryDirectory(prefix="ltk-bench-", dir="/tmp") as directory:
-        with ServiceProcess(directory, device=str(device), backend=args.backend, log_level="warning", queue_size=256,
-                            request_timeout_s=900, max_request_bytes=256 * 2**20, timeout=900) as service:
+        with ServiceProcess(
+            directory,
+            device=str(device),
+            backend=args.backend,
+            log_level="warning",
+            queue_size=256,
+            request_timeout_s=900,
+            max_request_bytes=256 * 2**20,
+            timeout=900,
+        ) as service:
             report["backend"] = service.info["backend"]
             report["service_info"] = service.info
             for name in args.shapes.split(","):

@@ -52,9 +52,15 @@ def serve(argv: list[str]) -> int:
                 g = torch.Generator(device="cpu").manual_seed(0)
                 idx = torch.randint(0, 2**20, (rows, topk), generator=g, dtype=torch.int32)
                 small = torch.zeros(rows, dtype=torch.int32)
-                cache[key] = {"values": torch.randn(rows, topk, generator=g), "raw_indices": idx,
-                              "physical_indices": idx + 7, "counts": small + topk, "status": small,
-                              "repaired": small, "candidates": small + 2 * topk}
+                cache[key] = {
+                    "values": torch.randn(rows, topk, generator=g),
+                    "raw_indices": idx,
+                    "physical_indices": idx + 7,
+                    "counts": small + topk,
+                    "status": small,
+                    "repaired": small,
+                    "candidates": small + 2 * topk,
+                }
                 cache[key] = {n: t.to(device) for n, t in cache[key].items()}
             fields = {}
             for name, value in cache[key].items():
@@ -85,23 +91,34 @@ def main(argv=None) -> int:
     call, kwargs = batch_problem(sequences, args.rows // sequences, args.keys, 512, seed=7, device=device)
     results = {}
     with tempfile.TemporaryDirectory(prefix="ltk-overhead-", dir="/tmp") as directory:
-        with ServiceProcess(directory, device=str(device), backend=args.backend, log_level="warning",
-                            entry=("-m", "bench.service_overhead", "--serve"), timeout=900,
-                            env={"LTK_BENCH_REAL": "1" if args.real else "0"}) as service:
+        with ServiceProcess(
+            directory,
+            device=str(device),
+            backend=args.backend,
+            log_level="warning",
+            entry=("-m", "bench.service_overhead", "--serve"),
+            timeout=900,
+            env={"LTK_BENCH_REAL": "1" if args.real else "0"},
+        ) as service:
             from litetopk.clients import TopKClient
             from litetopk.kernels import TopKResult
 
             rows = call[0].shape[0]
-            want = TopKResult(values=torch.empty(rows, 512, device=device),
-                              raw_indices=torch.empty(rows, 512, dtype=torch.int32, device=device),
-                              physical_indices=torch.empty(rows, 512, dtype=torch.int32, device=device),
-                              **{f: torch.empty(rows, dtype=torch.int32, device=device) for f in FIELDS[3:]})
+            want = TopKResult(
+                values=torch.empty(rows, 512, device=device),
+                raw_indices=torch.empty(rows, 512, dtype=torch.int32, device=device),
+                physical_indices=torch.empty(rows, 512, dtype=torch.int32, device=device),
+                **{f: torch.empty(rows, dtype=torch.int32, device=device) for f in FIELDS[3:]},
+            )
             clients, plans, timings, totals = {}, {}, {}, {}
             owner = TopKClient(uds=service.uds)  # regions registered once, named by every mode (one principal)
             regions, _ = register_call(owner, call, want, outputs=False)
             for mode in args.modes.split(","):
-                endpoint = {"base_url": service.url, "token": service.token} if mode == "tcp" else \
-                    {"uds": service.uds, "transport": MODES[mode]}
+                endpoint = (
+                    {"base_url": service.url, "token": service.token}
+                    if mode == "tcp"
+                    else {"uds": service.uds, "transport": MODES[mode]}
+                )
                 clients[mode] = client = TopKClient(**endpoint)
                 plans[mode] = (regions, {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS})
                 timings[mode], totals[mode] = [], []
@@ -119,13 +136,23 @@ def main(argv=None) -> int:
                 phases = {k: statistics.median(t.get(k, 0.0) for t in got) for k in got[0]}
                 phases["client+transport"] = statistics.median(c - t["total"] for c, t in zip(totals[mode], got))
                 ordered = sorted(totals[mode])
-                results[mode] = {"p50_ms": statistics.median(ordered),
-                                 "p99_ms": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
-                                 "phases_p50_ms": phases}
+                results[mode] = {
+                    "p50_ms": statistics.median(ordered),
+                    "p99_ms": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+                    "phases_p50_ms": phases,
+                }
             owner.close()
-    report = {"device": device_slug(device), "rows": rows, "topk": 512, "operator": "real" if args.real else "mocked",
-              "iters": args.iters, "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
-              "versions": versions(), "modes": results}
+    report = {
+        "device": device_slug(device),
+        "rows": rows,
+        "topk": 512,
+        "operator": "real" if args.real else "mocked",
+        "iters": args.iters,
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "versions": versions(),
+        "modes": results,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"service-overhead-{report['device']}{'-real' if args.real else ''}.json"
@@ -134,8 +161,10 @@ def main(argv=None) -> int:
     print(f"operator {report['operator']}, {rows} rows K=512 on {device} ({os.cpu_count()} cores); p50 ms")
     print(f"{'mode':<6}{'client':>9}{'p99':>9}" + "".join(f"{n[:10]:>11}" for n in names))
     for mode, r in results.items():
-        print(f"{mode:<6}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}" +
-              "".join(f"{r['phases_p50_ms'].get(n, float('nan')):>11.3f}" for n in names))
+        print(
+            f"{mode:<6}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
+            + "".join(f"{r['phases_p50_ms'].get(n, float('nan')):>11.3f}" for n in names)
+        )
     print(f"wrote {path}")
     return 0
 

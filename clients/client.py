@@ -33,6 +33,18 @@ import httpx
 import torch
 
 from litetopk.kernels import TopKResult
+from litetopk.service.wire import (
+    BINARY_MEDIA_TYPE,
+    CODES,
+    JSON_MEDIA_TYPE,
+    RESULT_FIELDS,
+    WireFormatError,
+    assemble_result,
+    decode_result_binary,
+    decode_result_json,
+    result_nbytes,
+    result_shape,
+)
 
 from .errors import ProtocolError, RegionProblem, TopKClientError, TransportError, problem_error
 from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, reachable
@@ -47,18 +59,6 @@ from .transport import (
     resolve_token,
     sync_http,
     transport_error,
-)
-from litetopk.service.wire import (
-    CODES,
-    BINARY_MEDIA_TYPE,
-    JSON_MEDIA_TYPE,
-    RESULT_FIELDS,
-    WireFormatError,
-    assemble_result,
-    decode_result_binary,
-    decode_result_json,
-    result_nbytes,
-    result_shape,
 )
 
 Call = tuple[str, str, dict]
@@ -131,8 +131,15 @@ class _Flows:
         finally:
             if isinstance(exported.keepalive, SealedMemory):
                 exported.keepalive.close_fd()  # the service has its own fd (or none: the memory goes with us)
-        region = Region(id=info["id"], generation=info["generation"], kind=info["kind"], size=info["size"],
-                        base=exported.base, tensor=exported.tensor, keepalive=exported.keepalive)
+        region = Region(
+            id=info["id"],
+            generation=info["generation"],
+            kind=info["kind"],
+            size=info["size"],
+            base=exported.base,
+            tensor=exported.tensor,
+            keepalive=exported.keepalive,
+        )
         with self._lock:
             self._regions[region.id] = region
         return region
@@ -140,9 +147,11 @@ class _Flows:
     def _hand_over(self, memory: SealedMemory) -> Flow:
         path = yield from self.fd_socket()
         if path is None:
-            raise TransportError(f"the service at {self.endpoint} has no fd socket (it listens on no Unix socket): "
-                                 "host tensors cannot be registered there; register CUDA tensors or run the service "
-                                 "with a Unix socket")
+            raise TransportError(
+                f"the service at {self.endpoint} has no fd socket (it listens on no Unix socket): "
+                "host tensors cannot be registered there; register CUDA tensors or run the service "
+                "with a Unix socket"
+            )
         try:
             return hand_over_fd(path, memory.fd)
         except HandoverError as exc:
@@ -215,8 +224,18 @@ class _Flows:
             self._scratch.remove(region)
             return region
 
-    def topk(self, args: tuple, *, topk: int, weight_scale: float = 1.0, backend: str = "auto",
-             repair: bool = True, out: dict | None = None, result_format: str = "auto", kv_scale=None) -> Flow:
+    def topk(
+        self,
+        args: tuple,
+        *,
+        topk: int,
+        weight_scale: float = 1.0,
+        backend: str = "auto",
+        repair: bool = True,
+        out: dict | None = None,
+        result_format: str = "auto",
+        kv_scale=None,
+    ) -> Flow:
         if len(args) != len(INPUT_ORDER):
             raise TypeError(f"topk() takes {len(INPUT_ORDER)} tensors ({', '.join(INPUT_ORDER)}), got {len(args)}")
         named = dict(zip(INPUT_ORDER, args))
@@ -240,8 +259,11 @@ class _Flows:
                 if ref is not None:
                     body[name] = ref.to_wire()
                 elif name in SMALL_INPUTS and value.numel() <= INLINE_MAX_VALUES:
-                    body[name] = {"dtype": "int32", "shape": list(value.shape),
-                                  "data": value.to(torch.int32).flatten().tolist()}
+                    body[name] = {
+                        "dtype": "int32",
+                        "shape": list(value.shape),
+                        "data": value.to(torch.int32).flatten().tolist(),
+                    }
                 elif name in SMALL_INPUTS:  # large metadata: staged like large CPU inputs (no JSON list)
                     staged.append((name, value.to(torch.int32)))
                 elif value.device.type == "cuda":
@@ -263,8 +285,9 @@ class _Flows:
                         continue
                     ref = self._reference(value)
                     if ref is None:
-                        raise ValueError(f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a "
-                                         "registered region")
+                        raise ValueError(
+                            f"out[{name!r}] must be a Region, RegionSlice or a tensor inside a registered region"
+                        )
                     body["out"][name] = ref.to_wire()
             if result_format == "auto":
                 results, collect = yield from self._result_scratch(named["q_fp4"], topk, out or {})
@@ -297,8 +320,13 @@ class _Flows:
         names = [n for n in RESULT_FIELDS if n not in out]
         if not names:
             return None, {}  # every field goes into the caller's regions
-        shape = q_fp4.shape if isinstance(q_fp4, (torch.Tensor, RegionSlice)) else \
-            q_fp4.tensor.shape if isinstance(q_fp4, Region) else None
+        shape = (
+            q_fp4.shape
+            if isinstance(q_fp4, (torch.Tensor, RegionSlice))
+            else q_fp4.tensor.shape
+            if isinstance(q_fp4, Region)
+            else None
+        )
         if shape is None or len(shape) != 3 or not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
             return None, {}  # malformed: the service says what is wrong
         rows = int(shape[0])
@@ -354,8 +382,13 @@ class _Flows:
                 fields[name] = collect[name].tensor().clone()
                 continue
             value = out[name]
-            fields[name] = value if isinstance(value, torch.Tensor) else value.tensor if isinstance(value, Region) \
+            fields[name] = (
+                value
+                if isinstance(value, torch.Tensor)
+                else value.tensor
+                if isinstance(value, Region)
                 else self._reference(value).tensor()
+            )
         try:
             return assemble_result(fields)
         except WireFormatError as exc:
@@ -366,8 +399,16 @@ TRANSPORTS = ("auto", "ipc", "http")
 
 
 class _ClientBase:
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        uds: str | None = None,
+        timeout=DEFAULT_TIMEOUT,
+        owner_pid: int | str | None = "auto",
+        token: str | None = None,
+        transport: str = "auto",
+    ):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport={transport!r}: give one of {TRANSPORTS}")
         self.endpoint: Endpoint = resolve_endpoint(base_url, uds)
@@ -377,8 +418,10 @@ class _ClientBase:
         if transport != "http":
             self._ipc_path = reachable(self.endpoint.uds)
             if self._ipc_path is None and transport == "ipc":
-                raise TransportError(f"no IPC channel beside {self.endpoint} (it needs the service's Unix socket "
-                                     "and a service with LITETOPK_IPC on); use transport='http'")
+                raise TransportError(
+                    f"no IPC channel beside {self.endpoint} (it needs the service's Unix socket "
+                    "and a service with LITETOPK_IPC on); use transport='http'"
+                )
 
     @property
     def transport(self) -> str:
@@ -411,8 +454,16 @@ class TopKClient(_ClientBase):
                token itself. On the Unix socket the service knows the caller by its uid instead.
     """
 
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        uds: str | None = None,
+        timeout=DEFAULT_TIMEOUT,
+        owner_pid: int | str | None = "auto",
+        token: str | None = None,
+        transport: str = "auto",
+    ):
         super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token, transport=transport)
         self._http = sync_http(self.endpoint, timeout, self._token)
         if self._token is None and not self.endpoint.uds:
@@ -455,17 +506,43 @@ class TopKClient(_ClientBase):
         """Unregister `region`; when this returns the service no longer touches its memory."""
         self._drive(self._flows.unregister(region))
 
-    def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
-             topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-             out: dict | None = None, result_format: str = "auto", kv_scale=None) -> TopKResult:
+    def topk(
+        self,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        *,
+        topk: int,
+        weight_scale: float = 1.0,
+        backend: str = "auto",
+        repair: bool = True,
+        out: dict | None = None,
+        result_format: str = "auto",
+        kv_scale=None,
+    ) -> TopKResult:
         """`litetopk_prefill` on the service. `out` maps result fields to regions written in place.
 
         kv_scale  None (our cache format: `kv_cache` uint8 [pages, 4352]) or AITER's scales uint8
                   [pages, 1, 4, 64], `kv_cache` then being AITER's values [pages, 1, 4, 64, 16];
                   like every tensor argument a tensor, a Region or a RegionSlice."""
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
-        return self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
-                                            repair=repair, out=out, result_format=result_format, kv_scale=kv_scale))
+        return self._drive(
+            self._flows.topk(
+                args,
+                topk=topk,
+                weight_scale=weight_scale,
+                backend=backend,
+                repair=repair,
+                out=out,
+                result_format=result_format,
+                kv_scale=kv_scale,
+            )
+        )
 
     def regions(self) -> list[dict]:
         return self._drive(self._flows.list_regions())
@@ -495,8 +572,16 @@ class TopKClient(_ClientBase):
 class AsyncTopKClient(_ClientBase):
     """asyncio client of the litetopk service; the same options and methods as TopKClient, awaitable."""
 
-    def __init__(self, base_url: str | None = None, *, uds: str | None = None, timeout=DEFAULT_TIMEOUT,
-                 owner_pid: int | str | None = "auto", token: str | None = None, transport: str = "auto"):
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        uds: str | None = None,
+        timeout=DEFAULT_TIMEOUT,
+        owner_pid: int | str | None = "auto",
+        token: str | None = None,
+        transport: str = "auto",
+    ):
         super().__init__(base_url, uds=uds, timeout=timeout, owner_pid=owner_pid, token=token, transport=transport)
         self._http = async_http(self.endpoint, timeout, self._token)
         self._ipc = None
@@ -531,13 +616,38 @@ class AsyncTopKClient(_ClientBase):
     async def unregister(self, region: Region) -> None:
         await self._drive(self._flows.unregister(region))
 
-    async def topk(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
-                   topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-                   out: dict | None = None, result_format: str = "auto", kv_scale=None) -> TopKResult:
+    async def topk(
+        self,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        *,
+        topk: int,
+        weight_scale: float = 1.0,
+        backend: str = "auto",
+        repair: bool = True,
+        out: dict | None = None,
+        result_format: str = "auto",
+        kv_scale=None,
+    ) -> TopKResult:
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
-        return await self._drive(self._flows.topk(args, topk=topk, weight_scale=weight_scale, backend=backend,
-                                                  repair=repair, out=out, result_format=result_format,
-                                                  kv_scale=kv_scale))
+        return await self._drive(
+            self._flows.topk(
+                args,
+                topk=topk,
+                weight_scale=weight_scale,
+                backend=backend,
+                repair=repair,
+                out=out,
+                result_format=result_format,
+                kv_scale=kv_scale,
+            )
+        )
 
     async def regions(self) -> list[dict]:
         return await self._drive(self._flows.list_regions())

@@ -96,13 +96,19 @@ class DeviceProblem(ServiceProblem):
 
 _CLASSES: dict[str, type[ServiceProblem]] = {}
 for _cls, _codes in (
-    (RegionProblem, "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable unsealed_memory "
-                    "unknown_ticket read_only_region output_aliases_input foreign_device ipc_unavailable "
-                    "foreign_pid_namespace region_quota_exceeded"),
+    (
+        RegionProblem,
+        "unknown_region stale_region out_of_bounds misaligned_offset shm_unavailable unsealed_memory "
+        "unknown_ticket read_only_region output_aliases_input foreign_device ipc_unavailable "
+        "foreign_pid_namespace region_quota_exceeded",
+    ),
     (AuthenticationProblem, "unauthenticated"),
-    (InvalidRequestProblem, "bad_dtype bad_shape unsupported_topk invalid_input validation_error "
-                            "invalid_json invalid_frame "
-                            "payload_too_large backend_unavailable not_found method_not_allowed http_error"),
+    (
+        InvalidRequestProblem,
+        "bad_dtype bad_shape unsupported_topk invalid_input validation_error "
+        "invalid_json invalid_frame "
+        "payload_too_large backend_unavailable not_found method_not_allowed http_error",
+    ),
     (RowFaultProblem, "invalid_row invalid_page slot_overflow nonfinite_score unsupported_data selector_failure"),
     (UnavailableProblem, "overloaded not_ready shutting_down fd_exhausted"),
     (TimeoutProblem, "timeout"),
@@ -130,6 +136,16 @@ def problem_error(problem: dict, status: int, retry_after: str | None = None) ->
 
 
 __all__ = [
-    "AuthenticationProblem", "DeviceProblem", "InvalidRequestProblem", "ProtocolError", "RegionProblem", "RowFaultProblem", "ServiceProblem",
-    "TimeoutProblem", "TopKClientError", "TransportError", "UnavailableProblem", "problem_error",
+    "AuthenticationProblem",
+    "DeviceProblem",
+    "InvalidRequestProblem",
+    "ProtocolError",
+    "RegionProblem",
+    "RowFaultProblem",
+    "ServiceProblem",
+    "TimeoutProblem",
+    "TopKClientError",
+    "TransportError",
+    "UnavailableProblem",
+    "problem_error",
 ]

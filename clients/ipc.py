@@ -95,8 +95,13 @@ def message_for(id_: int, method: str, path: str, kwargs: dict) -> dict:
 def response_for(answer, payload: bytearray) -> IpcResponse:
     if isinstance(answer, TopKAnswer):
         entries = [{"name": f.name, "dtype": f.dtype, "shape": f.shape, "offset": f.offset} for f in answer.fields]
-        return IpcResponse(200, None, {"content-type": "application/vnd.litetopk.ipc"},
-                           (fields_in(payload, entries), answer.written), answer.timing)
+        return IpcResponse(
+            200,
+            None,
+            {"content-type": "application/vnd.litetopk.ipc"},
+            (fields_in(payload, entries), answer.written),
+            answer.timing,
+        )
     if isinstance(answer, OkAnswer):
         return IpcResponse(204 if answer.value is None else 200, answer.value, {"content-type": "application/json"})
     problem = answer.problem
@@ -139,14 +144,14 @@ class IpcChannel:
         if self._end - self._start >= count:
             return
         if len(self._buffer) - self._start < count:  # move the unread bytes to the front (and grow)
-            unread = self._buffer[self._start:self._end]
+            unread = self._buffer[self._start : self._end]
             if len(self._buffer) < count:
                 self._buffer = bytearray(count)
-            self._buffer[:len(unread)] = unread
+            self._buffer[: len(unread)] = unread
             self._start, self._end = 0, len(unread)
         with memoryview(self._buffer) as view:
             while self._end - self._start < count:
-                got = self.sock.recv_into(view[self._end:])
+                got = self.sock.recv_into(view[self._end :])
                 if not got:
                     raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
                 self._end += got
@@ -158,12 +163,12 @@ class IpcChannel:
         header_end = self._start + FRAME.size + header_bytes
         with memoryview(self._buffer) as view:
             try:
-                answer = _DECODER.decode(view[self._start + FRAME.size:header_end])
+                answer = _DECODER.decode(view[self._start + FRAME.size : header_end])
             except msgspec.MsgspecError as exc:
                 raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
             payload = bytearray(payload_bytes)  # the result's tensors view it: memory of their own
             have = min(self._end - header_end, payload_bytes)
-            payload[:have] = view[header_end:header_end + have]
+            payload[:have] = view[header_end : header_end + have]
         self._start = header_end + have
         if self._start == self._end:
             self._start = self._end = 0
@@ -267,5 +272,12 @@ def reachable(uds: str | None) -> str | None:
     return path if os.path.exists(path) else None
 
 
-__all__ = ["AsyncIpcChannel", "IpcChannel", "IpcResponse", "ipc_socket_path", "message_for", "reachable",
-           "response_for"]
+__all__ = [
+    "AsyncIpcChannel",
+    "IpcChannel",
+    "IpcResponse",
+    "ipc_socket_path",
+    "message_for",
+    "reachable",
+    "response_for",
+]

@@ -73,8 +73,9 @@ def hand_over_fd(socket_path: str, fd: int, timeout: float = HANDOVER_TIMEOUT_S)
             sock.sendmsg([HANDOVER_MESSAGE], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
             reply = sock.recv(REPLY_MAX_BYTES)
         except OSError as exc:
-            raise HandoverError(f"cannot hand the memory over to the service at {socket_path}: "
-                                f"{exc.strerror or exc}") from exc
+            raise HandoverError(
+                f"cannot hand the memory over to the service at {socket_path}: {exc.strerror or exc}"
+            ) from exc
     try:
         doc = json.loads(reply)
     except ValueError:
@@ -87,5 +88,13 @@ def hand_over_fd(socket_path: str, fd: int, timeout: float = HANDOVER_TIMEOUT_S)
     return doc["ticket"]
 
 
-__all__ = ["FD_SOCKET_NAME", "HANDOVER_MESSAGE", "HandoverError", "SEALS_APPLIED", "SEALS_REQUIRED", "SealedMemory",
-           "TICKET_TTL_S", "hand_over_fd"]
+__all__ = [
+    "FD_SOCKET_NAME",
+    "HANDOVER_MESSAGE",
+    "HandoverError",
+    "SEALS_APPLIED",
+    "SEALS_REQUIRED",
+    "SealedMemory",
+    "TICKET_TTL_S",
+    "hand_over_fd",
+]

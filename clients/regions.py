@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from litetopk.service.wire import dtype_name
+
 from .memfd import SealedMemory
 from .owners import pid_namespace
-from litetopk.service.wire import dtype_name
 
 OWNER_PID_ENV = "LITETOPK_CLIENT_OWNER_PID"  # 'none' (send pid: null) or a pid; unset: this process
 ACCESS_MODES = ("read_only", "read_write")
@@ -128,13 +129,18 @@ class RegionSlice:
 
     @functools.cached_property
     def _wire(self) -> dict:
-        return {"region": self.region.id, "generation": self.region.generation, "offset": self.offset,
-                "dtype": dtype_name(self.dtype), "shape": list(self.shape)}
+        return {
+            "region": self.region.id,
+            "generation": self.region.generation,
+            "offset": self.offset,
+            "dtype": dtype_name(self.dtype),
+            "shape": list(self.shape),
+        }
 
     def tensor(self) -> torch.Tensor:
         """The local tensor this slice names (a view of the region's memory)."""
         nbytes = math.prod(self.shape) * self.dtype.itemsize
-        return self.region.base[self.offset:self.offset + nbytes].view(self.dtype).view(self.shape)
+        return self.region.base[self.offset : self.offset + nbytes].view(self.dtype).view(self.shape)
 
 
 # ---------------------------------------------------------------------------------- exporting
@@ -171,9 +177,17 @@ def export_cuda(tensor: torch.Tensor) -> Export:
     uuid = str(torch.cuda.get_device_properties(tensor.device).uuid)
     b64 = lambda raw: base64.b64encode(raw).decode() if raw is not None else None  # noqa: E731
     registration = {
-        "kind": "cuda_ipc", "handle": b64(handle), "device_uuid": uuid, "size": int(size), "offset": int(offset),
-        "torch": {"ref_counter_handle": b64(counter), "ref_counter_offset": int(counter_offset),
-                  "event_handle": b64(event), "event_sync_required": bool(event_sync)},
+        "kind": "cuda_ipc",
+        "handle": b64(handle),
+        "device_uuid": uuid,
+        "size": int(size),
+        "offset": int(offset),
+        "torch": {
+            "ref_counter_handle": b64(counter),
+            "ref_counter_offset": int(counter_offset),
+            "event_handle": b64(event),
+            "event_sync_required": bool(event_sync),
+        },
     }
     base = torch.empty((0,), dtype=torch.uint8, device=tensor.device)
     base.set_(storage, 0, (storage.nbytes(),), (1,))
@@ -204,5 +218,15 @@ def release_export(region: Region) -> None:
         keep.close_fd()  # the mapping itself lives on while tensors view it (region.tensor, slices)
 
 
-__all__ = ["ACCESS_MODES", "Export", "Region", "RegionSlice", "export", "export_cpu", "export_cuda", "owner_fields",
-           "release_export", "resolve_owner_pid"]
+__all__ = [
+    "ACCESS_MODES",
+    "Export",
+    "Region",
+    "RegionSlice",
+    "export",
+    "export_cpu",
+    "export_cuda",
+    "owner_fields",
+    "release_export",
+    "resolve_owner_pid",
+]

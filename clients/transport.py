@@ -69,8 +69,12 @@ def resolve_endpoint(base_url: str | None, uds: str | None) -> Endpoint:
     if os.path.exists(path):
         if socket_listens(path):
             return Endpoint(UDS_BASE_URL, path)
-        warnings.warn(f"{path} is a stale socket (no service listens on it: left by a service that was killed); "
-                      f"using {DEFAULT_URL}", StaleSocketWarning, stacklevel=4)
+        warnings.warn(
+            f"{path} is a stale socket (no service listens on it: left by a service that was killed); "
+            f"using {DEFAULT_URL}",
+            StaleSocketWarning,
+            stacklevel=4,
+        )
     return Endpoint(DEFAULT_URL, None)
 
 
@@ -160,16 +164,26 @@ class _AsyncClient(_HotPaths, httpx.AsyncClient):
 
 def sync_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.Client:
     options, headers = _http_options(endpoint, token)
-    client = _Client(base_url=endpoint.base_url, transport=httpx.HTTPTransport(**options), timeout=timeout,
-                     headers=headers, cookies=_NoCookies())
+    client = _Client(
+        base_url=endpoint.base_url,
+        transport=httpx.HTTPTransport(**options),
+        timeout=timeout,
+        headers=headers,
+        cookies=_NoCookies(),
+    )
     client._prebuild()
     return client
 
 
 def async_http(endpoint: Endpoint, timeout, token: str | None = None) -> httpx.AsyncClient:
     options, headers = _http_options(endpoint, token)
-    client = _AsyncClient(base_url=endpoint.base_url, transport=httpx.AsyncHTTPTransport(**options),
-                          timeout=timeout, headers=headers, cookies=_NoCookies())
+    client = _AsyncClient(
+        base_url=endpoint.base_url,
+        transport=httpx.AsyncHTTPTransport(**options),
+        timeout=timeout,
+        headers=headers,
+        cookies=_NoCookies(),
+    )
     client._prebuild()
     return client
 
@@ -183,5 +197,16 @@ def transport_error(endpoint: Endpoint, exc: httpx.TransportError) -> TransportE
     return error
 
 
-__all__ = ["DEFAULT_URL", "Endpoint", "StaleSocketWarning", "async_http", "default_socket_path", "read_token_file",
-           "resolve_endpoint", "resolve_token", "socket_listens", "sync_http", "transport_error"]
+__all__ = [
+    "DEFAULT_URL",
+    "Endpoint",
+    "StaleSocketWarning",
+    "async_http",
+    "default_socket_path",
+    "read_token_file",
+    "resolve_endpoint",
+    "resolve_token",
+    "socket_listens",
+    "sync_http",
+    "transport_error",
+]

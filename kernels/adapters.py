@@ -174,17 +174,25 @@ def query_scale_bytes(q_scale, name: str = "q_scale") -> torch.Tensor:
         return _contiguous_view(q_scale, name).view(torch.uint8).reshape(-1, NUM_HEADS, SCALE_BYTES)
     if q_scale.dtype == torch.uint8 and q_scale.ndim >= 3 and tuple(q_scale.shape[-2:]) == (NUM_HEADS, SCALE_BYTES):
         return _contiguous_view(q_scale, name).reshape(-1, NUM_HEADS, SCALE_BYTES)
-    raise InputShapeError(f"{name} must be int32 [..., {NUM_HEADS}] (the engines' packed scales) or uint8 "
-                          f"[..., {NUM_HEADS}, {SCALE_BYTES}], got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}")
+    raise InputShapeError(
+        f"{name} must be int32 [..., {NUM_HEADS}] (the engines' packed scales) or uint8 "
+        f"[..., {NUM_HEADS}, {SCALE_BYTES}], got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}"
+    )
 
 
 def sglang_q_scale_bytes(q_scale: torch.Tensor) -> torch.Tensor:
     """sglang's int32 query scales, [T, 64] (S4) or [T, 1, 64], as our uint8 [T, 64, 4] (a view)."""
     q_scale = _require_tensor(q_scale, "sglang q_scale")
-    if q_scale.dtype != torch.int32 or q_scale.ndim not in (2, 3) or q_scale.shape[-1] != NUM_HEADS or (
-            q_scale.ndim == 3 and q_scale.shape[1] != 1):
-        raise InputShapeError(f"sglang q_scale must be int32 [T, {NUM_HEADS}] or [T, 1, {NUM_HEADS}], "
-                              f"got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}")
+    if (
+        q_scale.dtype != torch.int32
+        or q_scale.ndim not in (2, 3)
+        or q_scale.shape[-1] != NUM_HEADS
+        or (q_scale.ndim == 3 and q_scale.shape[1] != 1)
+    ):
+        raise InputShapeError(
+            f"sglang q_scale must be int32 [T, {NUM_HEADS}] or [T, 1, {NUM_HEADS}], "
+            f"got {_dtype_name(q_scale.dtype)} {list(q_scale.shape)}"
+        )
     return query_scale_bytes(q_scale, "sglang q_scale")
 
 
@@ -194,8 +202,9 @@ def head_weights(weights, rows: int) -> torch.Tensor:
     if weights.ndim == 3 and weights.shape[-1] == 1:
         weights = weights.squeeze(-1)
     if weights.ndim != 2 or tuple(weights.shape) != (rows, NUM_HEADS):
-        raise InputShapeError(f"weights must be [{rows}, {NUM_HEADS}] or [{rows}, {NUM_HEADS}, 1], "
-                              f"got {list(weights.shape)}")
+        raise InputShapeError(
+            f"weights must be [{rows}, {NUM_HEADS}] or [{rows}, {NUM_HEADS}, 1], got {list(weights.shape)}"
+        )
     return weights
 
 
@@ -213,10 +222,18 @@ def _lengths(lengths, rows: int | None, name: str) -> torch.Tensor:
 def index_buffer(buffer, rows: int, topk: int, name: str) -> torch.Tensor:
     """The [rows, K] corner of an engine's int32 index buffer (vLLM's topk_indices_buffer is
     [max_num_batched_tokens, K]; sglang's page-index buffers may be padded to a multiple of 64)."""
-    if (not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int32 or buffer.ndim != 2
-            or buffer.shape[0] < rows or buffer.shape[1] < topk):
-        got = (f"{_dtype_name(buffer.dtype)} {list(buffer.shape)}" if isinstance(buffer, torch.Tensor)
-               else type(buffer).__name__)
+    if (
+        not isinstance(buffer, torch.Tensor)
+        or buffer.dtype != torch.int32
+        or buffer.ndim != 2
+        or buffer.shape[0] < rows
+        or buffer.shape[1] < topk
+    ):
+        got = (
+            f"{_dtype_name(buffer.dtype)} {list(buffer.shape)}"
+            if isinstance(buffer, torch.Tensor)
+            else type(buffer).__name__
+        )
         raise InputShapeError(f"{name} must be int32 [>= {rows}, >= {topk}] (written at [:{rows}, :{topk}]), got {got}")
     return buffer[:rows, :topk]
 
@@ -233,14 +250,18 @@ def vllm_kv_cache_pages(kv_cache) -> torch.Tensor:
         return kv_cache
     blocks, block_size, width = kv_cache.shape
     if kv_cache.dtype != torch.uint8 or block_size != PAGE_SIZE or width < VLLM_FP4_TOKEN_BYTES:
-        raise InputShapeError(f"vLLM kv_cache must be uint8 [blocks, {PAGE_SIZE}, >= {VLLM_FP4_TOKEN_BYTES}], "
-                              f"got {_dtype_name(kv_cache.dtype)} {list(kv_cache.shape)}")
+        raise InputShapeError(
+            f"vLLM kv_cache must be uint8 [blocks, {PAGE_SIZE}, >= {VLLM_FP4_TOKEN_BYTES}], "
+            f"got {_dtype_name(kv_cache.dtype)} {list(kv_cache.shape)}"
+        )
     if kv_cache.stride(2) != 1 or kv_cache.stride(1) != width:
-        raise InputError(f"the bytes of one vLLM kv_cache block must be contiguous, "
-                         f"got strides {list(kv_cache.stride())}")
+        raise InputError(
+            f"the bytes of one vLLM kv_cache block must be contiguous, got strides {list(kv_cache.stride())}"
+        )
     block_stride = kv_cache.stride(0) if blocks > 1 else PAGE_SIZE * width
-    return kv_cache.as_strided((blocks, PAGE_SIZE, 1, VLLM_FP4_TOKEN_BYTES),
-                               (block_stride, VLLM_FP4_TOKEN_BYTES, VLLM_FP4_TOKEN_BYTES, 1))
+    return kv_cache.as_strided(
+        (blocks, PAGE_SIZE, 1, VLLM_FP4_TOKEN_BYTES), (block_stride, VLLM_FP4_TOKEN_BYTES, VLLM_FP4_TOKEN_BYTES, 1)
+    )
 
 
 def _zeros(rows: int, device: torch.device) -> torch.Tensor:
@@ -248,10 +269,21 @@ def _zeros(rows: int, device: torch.device) -> torch.Tensor:
 
 
 def topk_sglang_c4_indexer(
-    q_fp4: torch.Tensor, q_sf: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
-    weights: torch.Tensor, c4_seq_lens: torch.Tensor, c4_sparse_page_indices: torch.Tensor, *, topk: int,
-    c4_sparse_raw_indices: torch.Tensor | None = None, max_seq_len: int | None = None, weight_scale: float = 1.0,
-    next_n: int = 1, backend: str = "auto", workspace: torch.Tensor | None = None,
+    q_fp4: torch.Tensor,
+    q_sf: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    weights: torch.Tensor,
+    c4_seq_lens: torch.Tensor,
+    c4_sparse_page_indices: torch.Tensor,
+    *,
+    topk: int,
+    c4_sparse_raw_indices: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    weight_scale: float = 1.0,
+    next_n: int = 1,
+    backend: str = "auto",
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """sglang's DeepSeek-V4 C4 indexer call (`forward_c4_indexer`, module docstring): decode, MTP
     verify and extend alike. Query row t sees C4 positions [0, c4_seq_lens[t]) through its own
@@ -314,18 +346,41 @@ def topk_sglang_c4_indexer(
     ends = _lengths(c4_seq_lens, rows, "c4_seq_lens")
     if isinstance(next_n, bool) or not isinstance(next_n, int) or next_n < 1 or rows % next_n:
         raise InputError(f"next_n must be a positive int dividing the {rows} query rows, got {next_n!r}")
-    return _sglang_call(q, q_sf, kv_cache, page_table, weights, _zeros(rows, q.device), ends,
-                        (c4_sparse_page_indices, "c4_sparse_page_indices"),
-                        (c4_sparse_raw_indices, "c4_sparse_raw_indices"),
-                        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend,
-                        workspace=workspace, next_n=next_n)
+    return _sglang_call(
+        q,
+        q_sf,
+        kv_cache,
+        page_table,
+        weights,
+        _zeros(rows, q.device),
+        ends,
+        (c4_sparse_page_indices, "c4_sparse_page_indices"),
+        (c4_sparse_raw_indices, "c4_sparse_raw_indices"),
+        topk=topk,
+        max_seq_len=max_seq_len,
+        weight_scale=weight_scale,
+        backend=backend,
+        workspace=workspace,
+        next_n=next_n,
+    )
 
 
 def topk_sglang_fp4_indexer(
-    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,
-    weights: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, out_physical: torch.Tensor, *,
-    topk: int, out_raw: torch.Tensor | None = None, max_seq_len: int | None = None, weight_scale: float = 1.0,
-    backend: str = "auto", workspace: torch.Tensor | None = None,
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    weights: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    out_physical: torch.Tensor,
+    *,
+    topk: int,
+    out_raw: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """sglang's FP4 indexer tensors with explicit per-token windows: query row t reads window
     [starts[t], ends[t]) through page_table[t].
@@ -364,20 +419,51 @@ def topk_sglang_fp4_indexer(
     True
     """
     q = query_bytes(q_fp4)
-    return _sglang_call(q, q_scale, kv_cache, page_table, weights, starts, ends, (out_physical, "out_physical"),
-                        (out_raw, "out_raw"), topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale,
-                        backend=backend, workspace=workspace, next_n=1)
+    return _sglang_call(
+        q,
+        q_scale,
+        kv_cache,
+        page_table,
+        weights,
+        starts,
+        ends,
+        (out_physical, "out_physical"),
+        (out_raw, "out_raw"),
+        topk=topk,
+        max_seq_len=max_seq_len,
+        weight_scale=weight_scale,
+        backend=backend,
+        workspace=workspace,
+        next_n=1,
+    )
 
 
-def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physical, out_raw, *, topk,
-                 max_seq_len, weight_scale, backend, workspace, next_n) -> TopKResult:
+def _sglang_call(
+    q,
+    q_sf,
+    kv_cache,
+    page_table,
+    weights,
+    starts,
+    ends,
+    out_physical,
+    out_raw,
+    *,
+    topk,
+    max_seq_len,
+    weight_scale,
+    backend,
+    workspace,
+    next_n,
+) -> TopKResult:
     """The shared sglang call: `out_physical` / `out_raw` are (buffer or None, its name for errors);
     row t reads page-table row t - t % next_n (passed as one row a request where next_n > 1)."""
     rows = q.shape[0]
     page_table = _require_tensor(page_table, "page_table")
     if page_table.ndim != 2 or page_table.shape[0] != rows:
-        raise InputShapeError(f"page_table must be int32 [{rows}, max_pages] (one row per query token), "
-                              f"got {list(page_table.shape)}")
+        raise InputShapeError(
+            f"page_table must be int32 [{rows}, max_pages] (one row per query token), got {list(page_table.shape)}"
+        )
     out = {"physical_indices": index_buffer(out_physical[0], rows, topk, out_physical[1])}
     if out_raw[0] is not None:
         out["raw_indices"] = index_buffer(out_raw[0], rows, topk, out_raw[1])
@@ -389,16 +475,36 @@ def _sglang_call(q, q_sf, kv_cache, page_table, weights, starts, ends, out_physi
         page_table = page_table[::next_n].contiguous()
         row_to_batch = row_to_batch // next_n
     return litetopk_prefill(
-        q, sglang_q_scale_bytes(q_sf), kv_cache, page_table, head_weights(weights, rows), row_to_batch, starts,
-        ends, topk=topk, weight_scale=weight_scale, backend=backend, out=out, max_seq_len=max_seq_len,
+        q,
+        sglang_q_scale_bytes(q_sf),
+        kv_cache,
+        page_table,
+        head_weights(weights, rows),
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
+        out=out,
+        max_seq_len=max_seq_len,
         workspace=workspace,
     )
 
 
 def topk_vllm_indexer_decode(
-    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    weights: torch.Tensor, seq_lens: torch.Tensor, topk_indices_buffer: torch.Tensor, *, topk: int,
-    max_seq_len: int | None = None, weight_scale: float = 1.0, backend: str = "auto",
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    *,
+    topk: int,
+    max_seq_len: int | None = None,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
     workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """vLLM's DeepSeek-V4 indexer decode call (`sparse_attn_indexer`, module docstring): B requests,
@@ -451,8 +557,10 @@ def topk_vllm_indexer_decode(
     block_table = _require_tensor(block_table, "block_table")
     seq_lens = _require_tensor(seq_lens, "seq_lens")
     if seq_lens.ndim not in (1, 2) or block_table.ndim != 2 or block_table.shape[0] < seq_lens.shape[0]:
-        raise InputShapeError(f"seq_lens must be [B] or [B, next_n] and block_table [>= B, max_blocks], got "
-                              f"seq_lens {list(seq_lens.shape)}, block_table {list(block_table.shape)}")
+        raise InputShapeError(
+            f"seq_lens must be [B] or [B, next_n] and block_table [>= B, max_blocks], got "
+            f"seq_lens {list(seq_lens.shape)}, block_table {list(block_table.shape)}"
+        )
     requests = seq_lens.shape[0]
     next_n = seq_lens.shape[1] if seq_lens.ndim == 2 else 1
     rows = requests * next_n
@@ -462,15 +570,26 @@ def topk_vllm_indexer_decode(
         raise InputShapeError(f"q_fp4 must hold B * next_n = {rows} query rows, got {list(q_fp4.shape)}")
     row_to_request = torch.arange(rows, dtype=torch.int32, device=q.device) // next_n  # row b * next_n + j -> b
     return litetopk_prefill(
-        q, query_scale_bytes(q_scale), vllm_kv_cache_pages(kv_cache), block_table, head_weights(weights, rows),
-        row_to_request, _zeros(rows, q.device), ends, topk=topk, weight_scale=weight_scale, backend=backend,
+        q,
+        query_scale_bytes(q_scale),
+        vllm_kv_cache_pages(kv_cache),
+        block_table,
+        head_weights(weights, rows),
+        row_to_request,
+        _zeros(rows, q.device),
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
         out={"raw_indices": index_buffer(topk_indices_buffer, rows, topk, "topk_indices_buffer")},
-        max_seq_len=max_seq_len, workspace=workspace,
+        max_seq_len=max_seq_len,
+        workspace=workspace,
     )
 
 
-def vllm_prefill_rows(cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
-                      cu_seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def vllm_prefill_rows(
+    cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, cu_seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(row_to_request, starts, ends) int32 [rows] of a vLLM prefill chunk, on the device: row t's
     request is the r with cu_seq_lens[r] == cu_seqlen_ks[t] (the last such r: requests with no C4
     key come before it and own no row with a key), its window [0, ke - ks). Rows of a request with
@@ -493,10 +612,21 @@ def vllm_prefill_rows(cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
 
 
 def topk_vllm_indexer_prefill_chunk(
-    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, cu_seq_lens: torch.Tensor,
-    topk_indices_buffer: torch.Tensor, *, topk: int, max_seq_len: int | None = None, weight_scale: float = 1.0,
-    backend: str = "auto", workspace: torch.Tensor | None = None,
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    *,
+    topk: int,
+    max_seq_len: int | None = None,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """vLLM's DeepSeek-V4 indexer prefill call for one chunk (`sparse_attn_indexer`, module
     docstring): the chunk's query rows, its requests' block tables, the cache read in place (no
@@ -539,16 +669,39 @@ def topk_vllm_indexer_prefill_chunk(
     """
     row_to_request, starts, ends = vllm_prefill_rows(cu_seqlen_ks, cu_seqlen_ke, cu_seq_lens)
     return topk_vllm_indexer(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_request, starts, ends, topk_indices_buffer,
-        topk=topk, max_seq_len=max_seq_len, weight_scale=weight_scale, backend=backend, workspace=workspace,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_request,
+        starts,
+        ends,
+        topk_indices_buffer,
+        topk=topk,
+        max_seq_len=max_seq_len,
+        weight_scale=weight_scale,
+        backend=backend,
+        workspace=workspace,
     )
 
 
 def topk_vllm_indexer(
-    q_fp4: torch.Tensor, q_scale: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    weights: torch.Tensor, row_to_request: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-    topk_indices_buffer: torch.Tensor, *, topk: int, max_seq_len: int | None = None, weight_scale: float = 1.0,
-    backend: str = "auto", workspace: torch.Tensor | None = None,
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    weights: torch.Tensor,
+    row_to_request: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    topk_indices_buffer: torch.Tensor,
+    *,
+    topk: int,
+    max_seq_len: int | None = None,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """vLLM's DeepSeek-V4 indexer tensors with explicit windows: query row t of request
     row_to_request[t] sees [starts[t], ends[t]) through block_table[row_to_request[t]].
@@ -585,15 +738,36 @@ def topk_vllm_indexer(
     q = query_bytes(q_fp4)
     rows = q.shape[0]
     return litetopk_prefill(
-        q, query_scale_bytes(q_scale), vllm_kv_cache_pages(kv_cache), block_table, head_weights(weights, rows),
-        row_to_request, starts, ends, topk=topk, weight_scale=weight_scale, backend=backend,
+        q,
+        query_scale_bytes(q_scale),
+        vllm_kv_cache_pages(kv_cache),
+        block_table,
+        head_weights(weights, rows),
+        row_to_request,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
         out={"raw_indices": index_buffer(topk_indices_buffer, rows, topk, "topk_indices_buffer")},
-        max_seq_len=max_seq_len, workspace=workspace,
+        max_seq_len=max_seq_len,
+        workspace=workspace,
     )
 
 
 __all__ = [
-    "QUERY_DTYPES", "VLLM_FP4_TOKEN_BYTES", "head_weights", "index_buffer", "query_bytes", "query_scale_bytes",
-    "sglang_q_scale_bytes", "topk_sglang_c4_indexer", "topk_sglang_fp4_indexer", "topk_vllm_indexer",
-    "topk_vllm_indexer_decode", "topk_vllm_indexer_prefill_chunk", "vllm_kv_cache_pages", "vllm_prefill_rows",
+    "QUERY_DTYPES",
+    "VLLM_FP4_TOKEN_BYTES",
+    "head_weights",
+    "index_buffer",
+    "query_bytes",
+    "query_scale_bytes",
+    "sglang_q_scale_bytes",
+    "topk_sglang_c4_indexer",
+    "topk_sglang_fp4_indexer",
+    "topk_vllm_indexer",
+    "topk_vllm_indexer_decode",
+    "topk_vllm_indexer_prefill_chunk",
+    "vllm_kv_cache_pages",
+    "vllm_prefill_rows",
 ]

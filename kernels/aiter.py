@@ -91,9 +91,16 @@ class FP4LiteTopKWorkspace:
     buffer: torch.Tensor | None = None
 
 
-def allocate_fp4_litetopk_workspace(rows: int, device, *, topk: int = DEFAULT_TOPK, max_seq_len: int | None = None,
-                                    max_batch: int = 1, backend: str = "auto",
-                                    **_aiter_sizes) -> FP4LiteTopKWorkspace:
+def allocate_fp4_litetopk_workspace(
+    rows: int,
+    device,
+    *,
+    topk: int = DEFAULT_TOPK,
+    max_seq_len: int | None = None,
+    max_batch: int = 1,
+    backend: str = "auto",
+    **_aiter_sizes,
+) -> FP4LiteTopKWorkspace:
     """AITER's workspace allocator's signature; see FP4LiteTopKWorkspace. With `max_seq_len` (and
     `max_batch` sequences) the workspace holds the operator's buffers for every call within those
     bounds (sized by running the operator once per calibration shape on `device`: seconds on a GPU
@@ -120,8 +127,12 @@ def aiter_status(status: torch.Tensor) -> torch.Tensor:
 
 
 def _check_aiter_tuning(sample_len, num_buckets, refresh_every, merge_cap, max_seq_len, block_tables) -> None:
-    fixed = {"sample_len": (sample_len, DEFAULT_SAMPLE_LEN), "num_buckets": (num_buckets, DEFAULT_NUM_BUCKETS),
-             "refresh_every": (refresh_every, DEFAULT_REFRESH_EVERY), "merge_cap": (merge_cap, DEFAULT_MERGE_CAP)}
+    fixed = {
+        "sample_len": (sample_len, DEFAULT_SAMPLE_LEN),
+        "num_buckets": (num_buckets, DEFAULT_NUM_BUCKETS),
+        "refresh_every": (refresh_every, DEFAULT_REFRESH_EVERY),
+        "merge_cap": (merge_cap, DEFAULT_MERGE_CAP),
+    }
     for name, (got, want) in fixed.items():
         if got != want:
             raise InputError(f"{name}={got} is not supported; AITER's operator (and this drop-in) takes {name}={want}")
@@ -134,8 +145,14 @@ def _check_aiter_tuning(sample_len, num_buckets, refresh_every, merge_cap, max_s
 
 
 #: AITER's result field -> ours (RESULT_FIELDS): how results are returned and `out` is written.
-_OUR_FIELD = {"values": "values", "raw_indices": "raw_indices", "physical_indices": "physical_indices",
-              "counts": "counts", "candidate_counts": "candidates", "status": "status"}
+_OUR_FIELD = {
+    "values": "values",
+    "raw_indices": "raw_indices",
+    "physical_indices": "physical_indices",
+    "counts": "counts",
+    "candidate_counts": "candidates",
+    "status": "status",
+}
 
 
 def _out_mapping(out: FP4LiteTopKResult | None, rows: int, topk: int, device) -> dict | None:
@@ -148,8 +165,12 @@ def _out_mapping(out: FP4LiteTopKResult | None, rows: int, topk: int, device) ->
     for name, dst in zip(FP4LiteTopKResult._fields, out):
         shape_of, dtype = RESULT_FIELDS[_OUR_FIELD[name]]
         shape = shape_of(rows, topk)
-        if (not isinstance(dst, torch.Tensor) or dst.dtype != dtype or tuple(dst.shape) != shape
-                or dst.device != torch.device(device)):
+        if (
+            not isinstance(dst, torch.Tensor)
+            or dst.dtype != dtype
+            or tuple(dst.shape) != shape
+            or dst.device != torch.device(device)
+        ):
             raise InputError(f"out.{name} must be {str(dtype).removeprefix('torch.')} {list(shape)} on {device}")
         if name != "status":
             mapping[_OUR_FIELD[name]] = dst
@@ -157,13 +178,29 @@ def _out_mapping(out: FP4LiteTopKResult | None, rows: int, topk: int, device) ->
 
 
 def flydsl_pa_mqa_litetopk_fp4_prefill(
-    q_fp4, q_scale, kv_cache, kv_scale, block_tables, weights, row_to_batch, local_starts, local_ends,
-    max_seq_len: int, *, topk: int = DEFAULT_TOPK, sample_len: int = DEFAULT_SAMPLE_LEN,
-    num_buckets: int = DEFAULT_NUM_BUCKETS, refresh_every: int = DEFAULT_REFRESH_EVERY,
-    merge_cap: int = DEFAULT_MERGE_CAP, weight_scale: float = 1.0,
-    workspace: FP4LiteTopKWorkspace | None = None, out: FP4LiteTopKResult | None = None,
-    stream: torch.cuda.Stream | None = None, enforce_status: bool = True,
-    backend: str = "auto", repair: bool = True,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    kv_scale,
+    block_tables,
+    weights,
+    row_to_batch,
+    local_starts,
+    local_ends,
+    max_seq_len: int,
+    *,
+    topk: int = DEFAULT_TOPK,
+    sample_len: int = DEFAULT_SAMPLE_LEN,
+    num_buckets: int = DEFAULT_NUM_BUCKETS,
+    refresh_every: int = DEFAULT_REFRESH_EVERY,
+    merge_cap: int = DEFAULT_MERGE_CAP,
+    weight_scale: float = 1.0,
+    workspace: FP4LiteTopKWorkspace | None = None,
+    out: FP4LiteTopKResult | None = None,
+    stream: torch.cuda.Stream | None = None,
+    enforce_status: bool = True,
+    backend: str = "auto",
+    repair: bool = True,
 ) -> FP4LiteTopKResult:
     """AITER's `flydsl_pa_mqa_litetopk_fp4_prefill`, answered by `litetopk_prefill`.
 
@@ -246,9 +283,20 @@ def flydsl_pa_mqa_litetopk_fp4_prefill(
         # A window past max_seq_len is a bad row (INVALID_ROW -> STATUS_INVALID_INDEX): validation's.
         device = q_fp4.device if isinstance(q_fp4, torch.Tensor) else torch.device("cpu")
         result = litetopk_prefill(
-            q_fp4, unshuffle_q_scale_aiter(q_scale), kv_cache, block_tables, weights, row_to_batch,
-            local_starts, local_ends, topk=topk, weight_scale=weight_scale, backend=backend,
-            repair=repair, kv_scale=kv_scale, max_seq_len=max_seq_len,
+            q_fp4,
+            unshuffle_q_scale_aiter(q_scale),
+            kv_cache,
+            block_tables,
+            weights,
+            row_to_batch,
+            local_starts,
+            local_ends,
+            topk=topk,
+            weight_scale=weight_scale,
+            backend=backend,
+            repair=repair,
+            kv_scale=kv_scale,
+            max_seq_len=max_seq_len,
             out=_out_mapping(out, q_scale.shape[0], topk, device),
             workspace=workspace.buffer if workspace is not None else None,
         )
@@ -275,13 +323,26 @@ def _enforce(status: torch.Tensor) -> None:
     rows = torch.nonzero(status).flatten().tolist()
     if rows:
         flags = status[rows].tolist()
-        raise RowFaultError(f"FP4 LiteTopK produced {len(rows)} invalid row(s): rows {rows[:8]} "
-                            f"(AITER status bits {flags[:8]})", rows, flags)
+        raise RowFaultError(
+            f"FP4 LiteTopK produced {len(rows)} invalid row(s): rows {rows[:8]} (AITER status bits {flags[:8]})",
+            rows,
+            flags,
+        )
 
 
 __all__ = [
-    "FP4_LITETOPK_SUPPORTED_TOPKS", "FP4LiteTopKResult", "FP4LiteTopKWorkspace", "STATUS_BAD_CERTIFICATE",
-    "STATUS_CANDIDATE_OVERFLOW", "STATUS_INVALID_INDEX", "STATUS_NONFINITE", "STATUS_OK", "STATUS_SELECTOR_FAILURE",
-    "STATUS_UNDERFILLED", "aiter_status", "allocate_fp4_litetopk_workspace", "as_aiter_result",
+    "FP4_LITETOPK_SUPPORTED_TOPKS",
+    "FP4LiteTopKResult",
+    "FP4LiteTopKWorkspace",
+    "STATUS_BAD_CERTIFICATE",
+    "STATUS_CANDIDATE_OVERFLOW",
+    "STATUS_INVALID_INDEX",
+    "STATUS_NONFINITE",
+    "STATUS_OK",
+    "STATUS_SELECTOR_FAILURE",
+    "STATUS_UNDERFILLED",
+    "aiter_status",
+    "allocate_fp4_litetopk_workspace",
+    "as_aiter_result",
     "flydsl_pa_mqa_litetopk_fp4_prefill",
 ]

@@ -40,8 +40,10 @@ def aiter_pages_from_litetopk(kv_cache: torch.Tensor) -> tuple[torch.Tensor, tor
     num_pages = pages.shape[0]
     values = pages[:, :PAGE_VALUE_BYTES].reshape(num_pages, PAGE_SIZE, SCALE_BYTES, GROUP_BYTES)
     scales = pages[:, PAGE_VALUE_BYTES:].reshape(num_pages, _TOKEN_QUARTERS, 16, SCALE_BYTES)
-    return (values.permute(0, 2, 1, 3).contiguous().unsqueeze(1),
-            scales.permute(0, 3, 2, 1).reshape(num_pages, 1, SCALE_BYTES, PAGE_SIZE).contiguous())
+    return (
+        values.permute(0, 2, 1, 3).contiguous().unsqueeze(1),
+        scales.permute(0, 3, 2, 1).reshape(num_pages, 1, SCALE_BYTES, PAGE_SIZE).contiguous(),
+    )
 
 
 def litetopk_pages_from_aiter(kv_cache: torch.Tensor, kv_scale: torch.Tensor) -> torch.Tensor:

@@ -41,11 +41,34 @@ INT32_MAX = 2**31 - 1
 
 @triton.jit
 def assemble_result_kernel(
-    keys_ptr, status_ptr, row_to_batch_ptr, block_table_ptr, max_pages,   # int64 [rows, K]; int32 ...
-    values_ptr, values_s0, values_s1, raw_ptr, raw_s0, raw_s1,            # outputs with their strides
-    physical_ptr, physical_s0, physical_s1, counts_ptr, counts_s0, status_out_ptr, status_s0,
-    repaired_ptr, repaired_out_ptr, repaired_s0, candidates_ptr, candidates_out_ptr, candidates_s0,  # [rows]
-    TOPK: tl.constexpr, PAGE: tl.constexpr, INVALID_PAGE: tl.constexpr, SLOT_OVERFLOW: tl.constexpr,
+    keys_ptr,
+    status_ptr,
+    row_to_batch_ptr,
+    block_table_ptr,
+    max_pages,  # int64 [rows, K]; int32 ...
+    values_ptr,
+    values_s0,
+    values_s1,
+    raw_ptr,
+    raw_s0,
+    raw_s1,  # outputs with their strides
+    physical_ptr,
+    physical_s0,
+    physical_s1,
+    counts_ptr,
+    counts_s0,
+    status_out_ptr,
+    status_s0,
+    repaired_ptr,
+    repaired_out_ptr,
+    repaired_s0,
+    candidates_ptr,
+    candidates_out_ptr,
+    candidates_s0,  # [rows]
+    TOPK: tl.constexpr,
+    PAGE: tl.constexpr,
+    INVALID_PAGE: tl.constexpr,
+    SLOT_OVERFLOW: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, TOPK).to(tl.int64)
@@ -65,12 +88,20 @@ def assemble_result_kernel(
     tl.store(counts_ptr + row * counts_s0, tl.sum(live.to(tl.int32), axis=0))
     tl.store(status_out_ptr + row * status_s0, status)
     tl.store(repaired_out_ptr + row * repaired_s0, tl.load(repaired_ptr + row))
-    tl.store(candidates_out_ptr + row * candidates_s0,
-             tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32))
+    tl.store(
+        candidates_out_ptr + row * candidates_s0, tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32)
+    )
 
 
-def assemble_into_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
-                         status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor, buffers: dict) -> None:
+def assemble_into_triton(
+    top_keys: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    block_table: torch.Tensor,
+    status: torch.Tensor,
+    repaired: torch.Tensor,
+    candidates: torch.Tensor,
+    buffers: dict,
+) -> None:
     """assemble_into_torch in one kernel (every result field written into `buffers`,
     whatever their strides)."""
     rows, k = top_keys.shape
@@ -80,17 +111,44 @@ def assemble_into_triton(top_keys: torch.Tensor, row_to_batch: torch.Tensor, blo
     counts, status_out = buffers["counts"], buffers["status"]
     repaired_out, candidates_out = buffers["repaired"], buffers["candidates"]
     assemble_result_kernel[(rows,)](
-        top_keys.contiguous(), status.to(torch.int32).contiguous(), row_to_batch.contiguous(), block_table,
-        block_table.shape[1], values, *values.stride(), raw, *raw.stride(), physical, *physical.stride(),
-        counts, counts.stride(0), status_out, status_out.stride(0),
-        repaired.contiguous(), repaired_out, repaired_out.stride(0), candidates.contiguous(), candidates_out,
-        candidates_out.stride(0), TOPK=k, PAGE=PAGE_SIZE, INVALID_PAGE=int(RowStatus.INVALID_PAGE),
+        top_keys.contiguous(),
+        status.to(torch.int32).contiguous(),
+        row_to_batch.contiguous(),
+        block_table,
+        block_table.shape[1],
+        values,
+        *values.stride(),
+        raw,
+        *raw.stride(),
+        physical,
+        *physical.stride(),
+        counts,
+        counts.stride(0),
+        status_out,
+        status_out.stride(0),
+        repaired.contiguous(),
+        repaired_out,
+        repaired_out.stride(0),
+        candidates.contiguous(),
+        candidates_out,
+        candidates_out.stride(0),
+        TOPK=k,
+        PAGE=PAGE_SIZE,
+        INVALID_PAGE=int(RowStatus.INVALID_PAGE),
         SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
-        num_warps=4)
+        num_warps=4,
+    )
 
 
-def assemble_into_torch(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
-                        status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor, buffers: dict) -> None:
+def assemble_into_torch(
+    top_keys: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    block_table: torch.Tensor,
+    status: torch.Tensor,
+    repaired: torch.Tensor,
+    candidates: torch.Tensor,
+    buffers: dict,
+) -> None:
     """The assembly in torch ops: writes every result field into `buffers` (candidates clamped to int32)."""
     live = (top_keys != NO_KEY) & (status == 0)[:, None]
     _, positions = split_keys(top_keys)
@@ -114,13 +172,21 @@ def result_buffers(rows: int, k: int, device: torch.device, out: Mapping[str, to
     """The tensors a TopKResult of [rows, K] is written into: out's where given, new ones elsewhere
     (from torch's allocator, never the workspace: the result outlives the call)."""
     given = dict(out or {})
-    return {name: given[name] if name in given else torch.empty(shape_of(rows, k), dtype=dtype, device=device)
-            for name, (shape_of, dtype) in RESULT_FIELDS.items()}
+    return {
+        name: given[name] if name in given else torch.empty(shape_of(rows, k), dtype=dtype, device=device)
+        for name, (shape_of, dtype) in RESULT_FIELDS.items()
+    }
 
 
-def assemble_result(top_keys: torch.Tensor, row_to_batch: torch.Tensor, block_table: torch.Tensor,
-                    status: torch.Tensor, repaired: torch.Tensor, candidates: torch.Tensor,
-                    out: Mapping[str, torch.Tensor] | None = None) -> TopKResult:
+def assemble_result(
+    top_keys: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    block_table: torch.Tensor,
+    status: torch.Tensor,
+    repaired: torch.Tensor,
+    candidates: torch.Tensor,
+    out: Mapping[str, torch.Tensor] | None = None,
+) -> TopKResult:
     """Turn sorted keys int64 [rows, K] into a TopKResult (module docstring), on the keys' device;
     `out` as the module docstring says (checked by the operator). Runs the Triton twin where
     devices.runs_triton_stages says so."""

@@ -68,8 +68,12 @@ class ScoringBackend(abc.ABC):
 
     @abc.abstractmethod
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
-        ceilings: torch.Tensor | None = None, sample_size: int = 0,
+        self,
+        problem: PrefillProblem,
+        thresholds: torch.Tensor | None,
+        capacity: int,
+        ceilings: torch.Tensor | None = None,
+        sample_size: int = 0,
     ) -> CandidateScan:
         """Fused scan of every position of each window (see module doc).
 
@@ -120,4 +124,5 @@ def self_calibration_unavailable(backend: ScoringBackend) -> BackendUnavailableE
     it does not implement."""
     return BackendUnavailableError(
         f"the {backend.name} backend has no self-calibrating scan (LiteTopKTuning(calibration='scan')); "
-        "use calibration='sample' (the default) or the triton backend")
+        "use calibration='sample' (the default) or the triton backend"
+    )

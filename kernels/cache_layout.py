@@ -88,8 +88,10 @@ def _page_matrix(tensor, name: str, page_shape: tuple[int, ...], wanted: str) ->
     if tensor.dtype != torch.uint8:
         raise InputDtypeError(f"{name} must be a uint8 tensor, got {str(tensor.dtype).removeprefix('torch.')}")
     page_bytes = math.prod(page_shape)
-    if tensor.ndim < 2 or math.prod(tensor.shape[1:]) != page_bytes or (
-        len(page_shape) > 1 and tuple(tensor.shape[1:]) != page_shape
+    if (
+        tensor.ndim < 2
+        or math.prod(tensor.shape[1:]) != page_bytes
+        or (len(page_shape) > 1 and tuple(tensor.shape[1:]) != page_shape)
     ):
         raise InputShapeError(f"{name} must be {wanted}, got {list(tensor.shape)}")
     inner = tensor[0] if tensor.shape[0] else tensor.new_empty(tensor.shape[1:])
@@ -100,9 +102,7 @@ def _page_matrix(tensor, name: str, page_shape: tuple[int, ...], wanted: str) ->
         )
     stride = tensor.stride(0) if tensor.shape[0] > 1 else page_bytes
     if stride < page_bytes:
-        raise InputError(
-            f"{name} pages overlap: stride(0) = {stride} bytes < {page_bytes} bytes a page"
-        )
+        raise InputError(f"{name} pages overlap: stride(0) = {stride} bytes < {page_bytes} bytes a page")
     return tensor.as_strided((tensor.shape[0], page_bytes), (stride, 1))
 
 
@@ -116,16 +116,24 @@ def describe_kv_cache(kv_cache, kv_scale=None) -> KVCache:
     anything else; reads no bytes and copies nothing.
     """
     if kv_scale is None:
-        pages = _page_matrix(kv_cache, "kv_cache", (PAGE_BYTES,),
-                             f"[num_pages, {PAGE_BYTES}] (or a view such as [num_pages, 64, 1, 68])")
-        return KVCache(
-            format="litetopk", values=pages, scales=pages, num_pages=pages.shape[0],
-            value_page_stride=pages.stride(0), scale_page_stride=pages.stride(0),
-            value_token_stride=VALUE_BYTES, value_group_stride=GROUP_BYTES,
-            scale_offset=PAGE_VALUE_BYTES, scale_group_stride=1,
+        pages = _page_matrix(
+            kv_cache, "kv_cache", (PAGE_BYTES,), f"[num_pages, {PAGE_BYTES}] (or a view such as [num_pages, 64, 1, 68])"
         )
-    values = _page_matrix(kv_cache, "kv_cache", AITER_VALUE_SHAPE,
-                          "[num_pages, 1, 4, 64, 16] (AITER's layout, given with kv_scale)")
+        return KVCache(
+            format="litetopk",
+            values=pages,
+            scales=pages,
+            num_pages=pages.shape[0],
+            value_page_stride=pages.stride(0),
+            scale_page_stride=pages.stride(0),
+            value_token_stride=VALUE_BYTES,
+            value_group_stride=GROUP_BYTES,
+            scale_offset=PAGE_VALUE_BYTES,
+            scale_group_stride=1,
+        )
+    values = _page_matrix(
+        kv_cache, "kv_cache", AITER_VALUE_SHAPE, "[num_pages, 1, 4, 64, 16] (AITER's layout, given with kv_scale)"
+    )
     scales = _page_matrix(kv_scale, "kv_scale", AITER_SCALE_SHAPE, "[num_pages, 1, 4, 64] (AITER's layout)")
     if scales.shape[0] != values.shape[0]:
         raise InputShapeError(
@@ -134,10 +142,16 @@ def describe_kv_cache(kv_cache, kv_scale=None) -> KVCache:
     if scales.device != values.device:
         raise InputError(f"kv_cache and kv_scale must be on one device; got {values.device} and {scales.device}")
     return KVCache(
-        format="aiter", values=values, scales=scales, num_pages=values.shape[0],
-        value_page_stride=values.stride(0), scale_page_stride=scales.stride(0),
-        value_token_stride=GROUP_BYTES, value_group_stride=PAGE_SIZE * GROUP_BYTES,
-        scale_offset=0, scale_group_stride=PAGE_SIZE,
+        format="aiter",
+        values=values,
+        scales=scales,
+        num_pages=values.shape[0],
+        value_page_stride=values.stride(0),
+        scale_page_stride=scales.stride(0),
+        value_token_stride=GROUP_BYTES,
+        value_group_stride=PAGE_SIZE * GROUP_BYTES,
+        scale_offset=0,
+        scale_group_stride=PAGE_SIZE,
     )
 
 
@@ -152,11 +166,11 @@ def gather_keys(cache: KVCache, pages: torch.Tensor, tokens: torch.Tensor) -> tu
     pages = pages.long().reshape(-1, 1)
     tokens = tokens.long().reshape(-1, 1)
     byte = torch.arange(VALUE_BYTES, device=pages.device)
-    value_at = (tokens * cache.value_token_stride + (byte // GROUP_BYTES) * cache.value_group_stride
-                + byte % GROUP_BYTES)
+    value_at = tokens * cache.value_token_stride + (byte // GROUP_BYTES) * cache.value_group_stride + byte % GROUP_BYTES
     group = torch.arange(SCALE_BYTES, device=pages.device)
-    scale_at = (cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales)
-                + group * cache.scale_group_stride)
+    scale_at = (
+        cache.scale_offset + token_scale_offsets(tokens, cache.interleaved_scales) + group * cache.scale_group_stride
+    )
     return cache.values[pages, value_at], cache.scales[pages, scale_at]
 
 
@@ -176,9 +190,7 @@ def _check_sequences(k_fp4: torch.Tensor, k_scale: torch.Tensor, block_table: to
     if k_fp4.ndim != 3 or k_fp4.shape[-1] != VALUE_BYTES:
         raise InputError(f"k_fp4 must be [batch, length, {VALUE_BYTES}], got {tuple(k_fp4.shape)}")
     if tuple(k_scale.shape) != (*k_fp4.shape[:2], SCALE_BYTES):
-        raise InputError(
-            f"k_scale must be [batch, length, {SCALE_BYTES}] matching k_fp4, got {tuple(k_scale.shape)}"
-        )
+        raise InputError(f"k_scale must be [batch, length, {SCALE_BYTES}] matching k_fp4, got {tuple(k_scale.shape)}")
     if block_table.ndim != 2 or block_table.shape[0] != k_fp4.shape[0]:
         raise InputError(f"block_table must be [batch, max_pages], got {tuple(block_table.shape)}")
     if k_fp4.shape[1] > block_table.shape[1] * PAGE_SIZE:
@@ -191,9 +203,7 @@ def _check_sequences(k_fp4: torch.Tensor, k_scale: torch.Tensor, block_table: to
 def _live_pages(block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch index, logical page) of every page that holds positions < length."""
     pages_used = -(-length // PAGE_SIZE)
-    batch, logical = torch.meshgrid(
-        torch.arange(block_table.shape[0]), torch.arange(pages_used), indexing="ij"
-    )
+    batch, logical = torch.meshgrid(torch.arange(block_table.shape[0]), torch.arange(pages_used), indexing="ij")
     return batch.reshape(-1), logical.reshape(-1)
 
 
@@ -243,5 +253,7 @@ def unpack_kv_cache(
     pages = physical.to(cache.device).repeat_interleave(PAGE_SIZE)
     tokens = torch.arange(PAGE_SIZE, device=cache.device).repeat(physical.numel())
     values, scales = gather_keys(cache, pages, tokens)
-    return (values.view(batch_size, -1, VALUE_BYTES)[:, :length].contiguous(),
-            scales.view(batch_size, -1, SCALE_BYTES)[:, :length].contiguous())
+    return (
+        values.view(batch_size, -1, VALUE_BYTES)[:, :length].contiguous(),
+        scales.view(batch_size, -1, SCALE_BYTES)[:, :length].contiguous(),
+    )

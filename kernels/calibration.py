@@ -123,8 +123,8 @@ from .problem import PrefillProblem
 from .scratch import Scratch
 from .selection import _exclusive_slots, _scatter
 
-ROW_PER_THREAD = 64   # row values a thread holds in registers: num_warps = 2,048-value chunks of the row
-BAND_PER_THREAD = 4   # band slots a thread: BAND = 4 x LANES values are bisected once compacted
+ROW_PER_THREAD = 64  # row values a thread holds in registers: num_warps = 2,048-value chunks of the row
+BAND_PER_THREAD = 4  # band slots a thread: BAND = 4 x LANES values are bisected once compacted
 MAX_WARPS = 16
 INT32_MIN_C = tl.constexpr(-(2**31))
 INT32_MAX_C = tl.constexpr(2**31 - 1)
@@ -148,16 +148,27 @@ def _step(mid, count, lo, hi, c_lo, c_hi, rank):
     """The bracket (lo, hi, c_lo, c_hi) after counting `count` row values >= mid (lo < mid <= hi): the
     upper part [mid, hi] where it still holds the rank-th largest, else the lower part [lo, mid - 1]."""
     keep_upper = count >= rank
-    return (tl.where(keep_upper, mid, lo), tl.where(keep_upper, hi, mid - 1),
-            tl.where(keep_upper, count, c_lo), tl.where(keep_upper, c_hi, count))
+    return (
+        tl.where(keep_upper, mid, lo),
+        tl.where(keep_upper, hi, mid - 1),
+        tl.where(keep_upper, count, c_lo),
+        tl.where(keep_upper, c_hi, count),
+    )
 
 
 @triton.jit
 def calibration_order_kernel(
-    scores_ptr, width, out_ptr, offset,             # float32 [rows, width]; float32 or int64 [2, rows]
-    band_ptr,                                       # int32 [rows, BAND]: the bracket's values, compacted
-    RANK_A: tl.constexpr, RANK_B: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr,
-    BAND: tl.constexpr, KEYS: tl.constexpr,
+    scores_ptr,
+    width,
+    out_ptr,
+    offset,  # float32 [rows, width]; float32 or int64 [2, rows]
+    band_ptr,  # int32 [rows, BAND]: the bracket's values, compacted
+    RANK_A: tl.constexpr,
+    RANK_B: tl.constexpr,
+    ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    BAND: tl.constexpr,
+    KEYS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     rows = tl.num_programs(0)
@@ -207,8 +218,11 @@ def calibration_order_kernel(
         kth = kth + offset
         usable = (kth == kth) & (tl.abs(kth) != float("inf")) & (nans == 0)  # the row gets a threshold
         has_ceiling = usable & (ceiling == ceiling) & (tl.abs(ceiling) != float("inf"))
-        keys = tl.where(pair == 0, tl.where(usable, _ordered_bits(kth) << 32, NO_KEY_C),
-                        tl.where(has_ceiling, _ordered_bits(ceiling) << 32, NO_KEY_C))
+        keys = tl.where(
+            pair == 0,
+            tl.where(usable, _ordered_bits(kth) << 32, NO_KEY_C),
+            tl.where(has_ceiling, _ordered_bits(ceiling) << 32, NO_KEY_C),
+        )
         tl.store(out_ptr + pair * rows + row, keys)
     else:
         tl.store(out_ptr + pair * rows + row, tl.where(pair == 0, kth, ceiling))
@@ -223,9 +237,15 @@ def order_tiling(width: int, per_thread: int = ROW_PER_THREAD) -> tuple[int, int
     return block // lanes, lanes, num_warps
 
 
-def _order_statistics(scores: torch.Tensor, ranks: tuple[int, int], offset: float, keys: bool,
-                      scratch: Scratch | None = None, band: int | None = None,
-                      per_thread: int = ROW_PER_THREAD) -> torch.Tensor:
+def _order_statistics(
+    scores: torch.Tensor,
+    ranks: tuple[int, int],
+    offset: float,
+    keys: bool,
+    scratch: Scratch | None = None,
+    band: int | None = None,
+    per_thread: int = ROW_PER_THREAD,
+) -> torch.Tensor:
     rows, width = scores.shape
     if width < max(ranks) or min(ranks) < 1:
         raise ValueError(f"ranks {ranks} of rows of {width} values (1 <= rank <= width)")
@@ -235,14 +255,26 @@ def _order_statistics(scores: torch.Tensor, ranks: tuple[int, int], offset: floa
     band = band or BAND_PER_THREAD * lanes
     band_rows = scratch.empty((rows, band), torch.int32)
     if rows:
-        calibration_order_kernel[(rows,)](scores.contiguous(), width, out, offset, band_rows, RANK_A=ranks[0],
-                                          RANK_B=ranks[1], ROWS=tile_rows, LANES=lanes, BAND=band, KEYS=keys,
-                                          num_warps=num_warps)
+        calibration_order_kernel[(rows,)](
+            scores.contiguous(),
+            width,
+            out,
+            offset,
+            band_rows,
+            RANK_A=ranks[0],
+            RANK_B=ranks[1],
+            ROWS=tile_rows,
+            LANES=lanes,
+            BAND=band,
+            KEYS=keys,
+            num_warps=num_warps,
+        )
     return out
 
 
-def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band: int | None = None,
-                              per_thread: int = ROW_PER_THREAD) -> torch.Tensor:
+def kth_largest_scores_triton(
+    scores: torch.Tensor, ranks: tuple[int, int], band: int | None = None, per_thread: int = ROW_PER_THREAD
+) -> torch.Tensor:
     """float32 [rows, 2]: the ranks[i]-th largest value of each row of float32 `scores` [rows, n]
     (1-based, n >= max(ranks)), exactly, as torch.topk orders finite values and infinities (-0.0
     and +0.0 tie and come back as +0.0). NaN orders above +inf (positive sign bit) or below -inf:
@@ -252,22 +284,30 @@ def kth_largest_scores_triton(scores: torch.Tensor, ranks: tuple[int, int], band
     return _order_statistics(scores, ranks, 0.0, keys=False, band=band, per_thread=per_thread).t()
 
 
-def calibration_keys_triton(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float,
-                            scratch: Scratch | None = None, band: int | None = None,
-                            per_thread: int = ROW_PER_THREAD) -> tuple[torch.Tensor, torch.Tensor]:
+def calibration_keys_triton(
+    sample: torch.Tensor,
+    k: int,
+    ceiling_rank: int,
+    offset: float,
+    scratch: Scratch | None = None,
+    band: int | None = None,
+    per_thread: int = ROW_PER_THREAD,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """calibration_keys_torch in one kernel: (thresholds, ceilings) int64 [rows] of the calibration
     sample float32 [rows, n] (the K-th best plus `offset`, and the ceiling_rank-th best, as
     score-floor keys; NO_KEY where the K-th best is not finite or the row holds a NaN, and for a
     ceiling that is not finite), bit for bit. The output and the band rows (int32 [rows, band]) come
     from `scratch` (None: the allocator); `band` as in kth_largest_scores_triton; `per_thread` (a
     power of two) overrides ROW_PER_THREAD (the probe's variants). No host synchronization."""
-    keys = _order_statistics(sample, (k, ceiling_rank), offset, keys=True, scratch=scratch, band=band,
-                             per_thread=per_thread)
+    keys = _order_statistics(
+        sample, (k, ceiling_rank), offset, keys=True, scratch=scratch, band=band, per_thread=per_thread
+    )
     return keys[0], keys[1]
 
 
-def calibration_keys_torch(sample: torch.Tensor, k: int, ceiling_rank: int,
-                           offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def calibration_keys_torch(
+    sample: torch.Tensor, k: int, ceiling_rank: int, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """calibration_keys in torch ops (any device)."""
     best = torch.topk(sample, max(k, ceiling_rank), dim=1, largest=True, sorted=True).values
     kth, ceiling = best[:, k - 1], best[:, ceiling_rank - 1]
@@ -279,8 +319,9 @@ def calibration_keys_torch(sample: torch.Tensor, k: int, ceiling_rank: int,
     )
 
 
-def calibration_keys(sample: torch.Tensor, k: int, ceiling_rank: int, offset: float = 0.0,
-                     scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def calibration_keys(
+    sample: torch.Tensor, k: int, ceiling_rank: int, offset: float = 0.0, scratch: Scratch | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(thresholds, ceilings) int64 keys [rows] of the calibration sample float32 [rows, n]: the
     score-floor key of the sample's k-th best score plus `offset`, and of its ceiling_rank-th best;
     NO_KEY where that k-th best is not finite or the sample row holds a NaN, and for a ceiling that is
@@ -290,8 +331,9 @@ def calibration_keys(sample: torch.Tensor, k: int, ceiling_rank: int, offset: fl
     return calibration_keys_torch(sample, k, ceiling_rank, offset)
 
 
-def calibrate(problem: PrefillProblem, backend: ScoringBackend, sample_size: int,
-              offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def calibrate(
+    problem: PrefillProblem, backend: ScoringBackend, sample_size: int, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(thresholds, ceilings) int64 keys [rows] (module docstring); `offset` is added to every
     calibrated threshold score (fault injection for tests; 0.0 in production)."""
     k = problem.topk

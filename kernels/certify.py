@@ -48,15 +48,29 @@ class Certified:
 
 
 @triton.jit
-def certificate_kernel(status_ptr, appended_ptr, starts_ptr, ends_ptr, rows, capacity,
-                       status_out_ptr, kept_ptr, overflow_ptr, repaired_ptr,
-                       TOPK: tl.constexpr, OVERFLOW: tl.constexpr, UNDERFILLED: tl.constexpr, BLOCK: tl.constexpr):
+def certificate_kernel(
+    status_ptr,
+    appended_ptr,
+    starts_ptr,
+    ends_ptr,
+    rows,
+    capacity,
+    status_out_ptr,
+    kept_ptr,
+    overflow_ptr,
+    repaired_ptr,
+    TOPK: tl.constexpr,
+    OVERFLOW: tl.constexpr,
+    UNDERFILLED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < rows
     status = tl.load(status_ptr + offs, mask=mask, other=0)
     appended = tl.load(appended_ptr + offs, mask=mask, other=0)
-    window = (tl.load(ends_ptr + offs, mask=mask, other=0)
-              - tl.load(starts_ptr + offs, mask=mask, other=0)).to(tl.int64)
+    window = (tl.load(ends_ptr + offs, mask=mask, other=0) - tl.load(starts_ptr + offs, mask=mask, other=0)).to(
+        tl.int64
+    )
     kept = tl.minimum(appended, capacity)
     overflow = appended > capacity
     underfilled = (appended <= capacity) & (kept < tl.minimum(window, TOPK))
@@ -74,12 +88,26 @@ def certificate_triton(problem, appended: torch.Tensor, capacity: int, status: t
     launch."""
     rows = problem.num_rows
     scratch: Scratch = problem.scratch
-    out = (scratch.empty(rows, torch.int32), scratch.empty(rows, torch.int64), scratch.empty(rows, torch.int8),
-           scratch.empty(rows, torch.int32))
+    out = (
+        scratch.empty(rows, torch.int32),
+        scratch.empty(rows, torch.int64),
+        scratch.empty(rows, torch.int8),
+        scratch.empty(rows, torch.int32),
+    )
     if rows:
         certificate_kernel[(triton.cdiv(rows, BLOCK),)](
-            status, appended, problem.starts, problem.ends, rows, capacity, *out, TOPK=problem.topk,
-            OVERFLOW=int(RowStatus.OVERFLOW), UNDERFILLED=int(RowStatus.UNDERFILLED), BLOCK=BLOCK)
+            status,
+            appended,
+            problem.starts,
+            problem.ends,
+            rows,
+            capacity,
+            *out,
+            TOPK=problem.topk,
+            OVERFLOW=int(RowStatus.OVERFLOW),
+            UNDERFILLED=int(RowStatus.UNDERFILLED),
+            BLOCK=BLOCK,
+        )
     new_status, kept, overflow, repaired = out
     return new_status, kept, overflow.view(torch.bool), repaired
 

@@ -44,9 +44,14 @@ BLOCK = 1024  # score columns a tied row's program compares per step
 
 @triton.jit
 def settle_ties_kernel(
-    scores_ptr, score_stride, width,     # float32 [rows, width] (row stride score_stride)
-    values_ptr, keys_ptr,                # float32 / int64 [rows, TOPK + 1], contiguous: the value top-k and its keys
-    TOPK: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr,
+    scores_ptr,
+    score_stride,
+    width,  # float32 [rows, width] (row stride score_stride)
+    values_ptr,
+    keys_ptr,  # float32 / int64 [rows, TOPK + 1], contiguous: the value top-k and its keys
+    TOPK: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     values_row = values_ptr + row * (TOPK + 1)
@@ -61,8 +66,9 @@ def settle_ties_kernel(
         found = 0
         for c0 in range(0, width, BLOCK):
             offs_c = c0 + tl.arange(0, BLOCK)
-            match = (tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
-                     == kth) & (offs_c < width)
+            match = (
+                tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf")) == kth
+            ) & (offs_c < width)
             rank = found + tl.cumsum(match.to(tl.int32), axis=0) - 1  # among the row's matches so far
             take = match & (rank < need)
             tl.store(keys_row + above + rank, _ordering_keys(tl.zeros([BLOCK], tl.float32) + kth, offs_c), mask=take)
@@ -77,8 +83,9 @@ def settle_ties_triton(scores: torch.Tensor, values: torch.Tensor, keys: torch.T
         return
     if scores.stride(1) != 1 or not values.is_contiguous() or not keys.is_contiguous():
         raise ValueError("settle_ties_triton takes scores with unit column stride and contiguous values and keys")
-    settle_ties_kernel[(rows,)](scores, scores.stride(0), width, values, keys, TOPK=k,
-                                LANES=triton.next_power_of_2(k), BLOCK=BLOCK)
+    settle_ties_kernel[(rows,)](
+        scores, scores.stride(0), width, values, keys, TOPK=k, LANES=triton.next_power_of_2(k), BLOCK=BLOCK
+    )
 
 
 def settle_ties_torch(scores: torch.Tensor, values: torch.Tensor, keys: torch.Tensor, k: int) -> None:

@@ -88,8 +88,11 @@ class _Captured:
         """Copy the caller's inputs into the staged tensors: one batched copy of byte views (one dtype,
         so torch fuses the copies into one multi-tensor launch instead of a memcpy each). An input that
         is its staged tensor already (LiteTopKGraphs.input_buffers) is not copied; none copied, no launch."""
-        moved = [(staged, inputs[name]) for (name, view), staged in zip(self.staged.items(), self.staged_bytes)
-                 if inputs[name].data_ptr() != view.data_ptr()]
+        moved = [
+            (staged, inputs[name])
+            for (name, view), staged in zip(self.staged.items(), self.staged_bytes)
+            if inputs[name].data_ptr() != view.data_ptr()
+        ]
         if moved:
             torch._foreach_copy_([staged for staged, _ in moved], [given.view(torch.uint8) for _, given in moved])
 
@@ -99,8 +102,10 @@ class _Captured:
         for name, view in self.staged.items():
             start, end = _byte_span(inputs[name])
             if start < hi and lo < end and inputs[name].data_ptr() != view.data_ptr():
-                raise InputError(f"{name} lies in the runner's staging arena but is not its {name} buffer for this "
-                                 "call's shape (LiteTopKGraphs.input_buffers)")
+                raise InputError(
+                    f"{name} lies in the runner's staging arena but is not its {name} buffer for this "
+                    "call's shape (LiteTopKGraphs.input_buffers)"
+                )
 
     @functools.cached_property
     def staged_bytes(self) -> list[torch.Tensor]:
@@ -130,15 +135,18 @@ def _carve(arena: torch.Tensor, specs: Sequence[tuple[str, tuple, torch.dtype]])
     for name, shape, dtype in specs:
         nbytes = math.prod(shape) * dtype.itemsize
         if arena is not None:
-            views[name] = arena[used:used + nbytes].view(dtype).view(shape)
+            views[name] = arena[used : used + nbytes].view(dtype).view(shape)
         used += -(-nbytes // ALIGNMENT) * ALIGNMENT
     return views, used
 
 
 def _staging_specs(rows: int, table_shape: tuple, weights_dtype: torch.dtype, topk: int):
-    inputs = [("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8),
-              ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
-              ("block_table", table_shape, torch.int32), ("weights", (rows, NUM_HEADS), weights_dtype)]
+    inputs = [
+        ("q_fp4", (rows, NUM_HEADS, VALUE_BYTES), torch.uint8),
+        ("q_scale", (rows, NUM_HEADS, SCALE_BYTES), torch.uint8),
+        ("block_table", table_shape, torch.int32),
+        ("weights", (rows, NUM_HEADS), weights_dtype),
+    ]
     inputs += [(name, (rows,), torch.int32) for name in ("row_to_batch", "starts", "ends")]
     fields = [(name, shape_of(rows, topk), dtype) for name, (shape_of, dtype) in RESULT_FIELDS.items()]
     return inputs, fields
@@ -180,9 +188,19 @@ class LiteTopKGraphs:
     (True, 1)
     """
 
-    def __init__(self, max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
-                 tuning: LiteTopKTuning | None = None, max_batch: int = 1, max_graphs: int = 8,
-                 workspace: torch.Tensor | None = None):
+    def __init__(
+        self,
+        max_rows: int,
+        max_seq_len: int,
+        topk: int | Sequence[int],
+        *,
+        device,
+        backend: str = "auto",
+        tuning: LiteTopKTuning | None = None,
+        max_batch: int = 1,
+        max_graphs: int = 8,
+        workspace: torch.Tensor | None = None,
+    ):
         """A runner for calls within the bounds (allocate_workspace's arguments, which size its workspace
         and its staging arena up front); `max_graphs` signatures kept at once. `workspace`: one the caller
         already allocated for these bounds (allocate_workspace), used instead of a new one."""
@@ -197,12 +215,23 @@ class LiteTopKGraphs:
         self.tuning = tuning or LiteTopKTuning()
         self.max_graphs = max_graphs
         self.max_rows, self.max_batch, self.max_seq_len = max_rows, max_batch, max_seq_len
-        self.workspace = workspace if workspace is not None else allocate_workspace(
-            max_rows, max_seq_len, topk, device=self.device, backend=self.backend, tuning=self.tuning,
-            max_batch=max_batch)
+        self.workspace = (
+            workspace
+            if workspace is not None
+            else allocate_workspace(
+                max_rows,
+                max_seq_len,
+                topk,
+                device=self.device,
+                backend=self.backend,
+                tuning=self.tuning,
+                max_batch=max_batch,
+            )
+        )
         self._ks = (topk,) if isinstance(topk, int) else tuple(topk)
-        inputs, fields = _staging_specs(max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32,
-                                        max(self._ks))
+        inputs, fields = _staging_specs(
+            max_rows, (max_batch, max(1, -(-max_seq_len // PAGE_SIZE))), torch.float32, max(self._ks)
+        )
         self._arena = self._new_arena(_carve(None, inputs + fields)[1])
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._cuda_graphs = self.device.type == "cuda"
@@ -222,8 +251,9 @@ class LiteTopKGraphs:
         self._graphs.clear()
         self._pool = torch.cuda.graph_pool_handle() if self._cuda_graphs else None  # no graph holds the old one
 
-    def input_buffers(self, rows: int, block_table_shape: Sequence[int], *, topk: int,
-                      weights_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    def input_buffers(
+        self, rows: int, block_table_shape: Sequence[int], *, topk: int, weights_dtype: torch.dtype = torch.float32
+    ) -> dict[str, torch.Tensor]:
         """The runner's own staging tensors (STAGED_INPUTS, views of its arena) for calls of `rows` query
         rows, a block table of `block_table_shape` and K `topk`, weights of `weights_dtype`: an engine
         that writes a call's inputs there and passes these very tensors skips the staging copy, and the
@@ -231,8 +261,10 @@ class LiteTopKGraphs:
         are the caller's to write before each call (on the stream of the call). Valid until the arena
         grows (a larger signature: `stats["arena_regrowths"]`, which this call may cause itself), and
         only for calls of this shape; InputError beyond the runner's bounds."""
-        bounds = (("query rows", rows, self.max_rows), ("sequences (block_table rows)",
-                                block_table_shape[0], self.max_batch))
+        bounds = (
+            ("query rows", rows, self.max_rows),
+            ("sequences (block_table rows)", block_table_shape[0], self.max_batch),
+        )
         for what, count, bound in bounds:
             if count > bound:
                 raise InputError(f"{count} {what}: this runner was built for at most {bound} (LiteTopKGraphs bounds)")
@@ -258,10 +290,25 @@ class LiteTopKGraphs:
         """Bytes of the staging arena (inputs and result fields of the largest signature so far)."""
         return self._arena.numel()
 
-    def __call__(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk: int,
-                 weight_scale: float = 1.0, repair: bool = True, out: Mapping[str, torch.Tensor] | None = None,
-                 max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None,
-                 check: bool = False) -> TopKResult:
+    def __call__(
+        self,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        *,
+        topk: int,
+        weight_scale: float = 1.0,
+        repair: bool = True,
+        out: Mapping[str, torch.Tensor] | None = None,
+        max_seq_len: int | None = None,
+        kv_scale: torch.Tensor | None = None,
+        check: bool = False,
+    ) -> TopKResult:
         """litetopk_prefill(...) with this runner's backend, tuning and workspace (module docstring).
 
         Parameters
@@ -278,8 +325,15 @@ class LiteTopKGraphs:
         TopKResult
             litetopk_prefill's result, bit for bit: the `out` tensors written, the other fields new.
         """
-        inputs = dict(q_fp4=q_fp4, q_scale=q_scale, block_table=block_table, weights=weights,
-                      row_to_batch=row_to_batch, starts=starts, ends=ends)
+        inputs = dict(
+            q_fp4=q_fp4,
+            q_scale=q_scale,
+            block_table=block_table,
+            weights=weights,
+            row_to_batch=row_to_batch,
+            starts=starts,
+            ends=ends,
+        )
         options = dict(topk=topk, weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale)
         _, max_end = check_prefill(kv_cache=kv_cache, out=out, **inputs, **options, workspace=self.workspace)
         _check_outside(out, self._arena)
@@ -287,21 +341,40 @@ class LiteTopKGraphs:
             raise InputError(f"topk={topk}: this runner was built for K in {self._ks} (LiteTopKGraphs bounds)")
         if q_fp4.device != self.device:
             raise InputError(f"the inputs are on {q_fp4.device}; this runner serves {self.device}")
-        for what, count, bound in (("query rows", q_fp4.shape[0], self.max_rows),
-                                   ("sequences (block_table rows)", block_table.shape[0], self.max_batch),
-                                   ("window bound (min(max_seq_len, block_table.shape[1] * 64))", max_end,
-                                    self.max_seq_len)):
+        for what, count, bound in (
+            ("query rows", q_fp4.shape[0], self.max_rows),
+            ("sequences (block_table rows)", block_table.shape[0], self.max_batch),
+            ("window bound (min(max_seq_len, block_table.shape[1] * 64))", max_end, self.max_seq_len),
+        ):
             if count > bound:
                 raise InputError(f"{count} {what}: this runner was built for at most {bound} (LiteTopKGraphs bounds)")
         if self._cuda_graphs and torch.cuda.is_current_stream_capturing():
-            return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=repair,
-                                    tuning=self.tuning, out=out, check=check, workspace=self.workspace)
+            return litetopk_prefill(
+                kv_cache=kv_cache,
+                **inputs,
+                **options,
+                backend=self.backend,
+                repair=repair,
+                tuning=self.tuning,
+                out=out,
+                check=check,
+                workspace=self.workspace,
+            )
         with on_device(self.device, self._chosen):  # the device current; torch / CUDA failures -> DeviceError
             captured = self._replay(inputs, kv_cache, options, repair)
             result = self._publish(captured, out)
         if check and repair and bool(((result.status & int(CAPACITY_EVENTS)) != 0).any()):
-            return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, repair=True,
-                                    tuning=self.tuning, out=out, check=True, workspace=self.workspace)
+            return litetopk_prefill(
+                kv_cache=kv_cache,
+                **inputs,
+                **options,
+                backend=self.backend,
+                repair=True,
+                tuning=self.tuning,
+                out=out,
+                check=True,
+                workspace=self.workspace,
+            )
         return result.raise_for_status() if check else result
 
     def _replay(self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool) -> _Captured:
@@ -311,9 +384,17 @@ class LiteTopKGraphs:
             if self._last_stream is not None and stream != self._last_stream:
                 stream.wait_stream(self._last_stream)
             self._last_stream = stream
-        key = (tuple(inputs["block_table"].shape), inputs["q_fp4"].shape[0], inputs["weights"].dtype, options["topk"],
-               float(options["weight_scale"]), options["max_seq_len"], bool(repair), _address(kv_cache),
-               _address(options["kv_scale"]))
+        key = (
+            tuple(inputs["block_table"].shape),
+            inputs["q_fp4"].shape[0],
+            inputs["weights"].dtype,
+            options["topk"],
+            float(options["weight_scale"]),
+            options["max_seq_len"],
+            bool(repair),
+            _address(kv_cache),
+            _address(options["kv_scale"]),
+        )
         captured = self._graphs.get(key)
         if captured is not None:
             self._graphs.move_to_end(key)
@@ -343,12 +424,14 @@ class LiteTopKGraphs:
         self.stats["captures"] += 1
         return captured
 
-    def _stage(self, inputs: dict, kv_cache: torch.Tensor, options: dict,
-               repair: bool) -> tuple[_Captured, torch.Tensor]:
+    def _stage(
+        self, inputs: dict, kv_cache: torch.Tensor, options: dict, repair: bool
+    ) -> tuple[_Captured, torch.Tensor]:
         """(the views of a new signature, the arena they lie in): the runner's, or a larger new one when
         it is too small (installed by the caller once the signature is captured)."""
-        input_specs, field_specs = _staging_specs(inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape),
-                                                  inputs["weights"].dtype, options["topk"])
+        input_specs, field_specs = _staging_specs(
+            inputs["q_fp4"].shape[0], tuple(inputs["block_table"].shape), inputs["weights"].dtype, options["topk"]
+        )
         _, nbytes = _carve(None, input_specs + field_specs)
         arena = self._arena if nbytes <= self._arena.numel() else self._new_arena(nbytes)
         views, _ = _carve(arena, input_specs + field_specs)
@@ -360,8 +443,16 @@ class LiteTopKGraphs:
         backend, tuning, workspace = self.backend, self.tuning, self.workspace
 
         def run() -> TopKResult:
-            return litetopk_prefill(kv_cache=kv_cache, **staged, **options, backend=backend, repair=repair,
-                                    tuning=tuning, out=fields, workspace=workspace)
+            return litetopk_prefill(
+                kv_cache=kv_cache,
+                **staged,
+                **options,
+                backend=backend,
+                repair=repair,
+                tuning=tuning,
+                out=fields,
+                workspace=workspace,
+            )
 
         return _Captured(staged=staged, fields=fields, results=arena[inputs_end:results_end], run=run), arena
 

@@ -38,9 +38,7 @@ def _check_float_groups(x: torch.Tensor) -> None:
     if not torch.is_floating_point(x):
         raise InputError(f"quantize_mxfp4 needs a floating-point tensor, got {x.dtype}")
     if x.ndim == 0 or x.shape[-1] % GROUP_SIZE != 0:
-        raise InputError(
-            f"quantize_mxfp4 needs a last dimension divisible by {GROUP_SIZE}, got shape {tuple(x.shape)}"
-        )
+        raise InputError(f"quantize_mxfp4 needs a last dimension divisible by {GROUP_SIZE}, got shape {tuple(x.shape)}")
     if not bool(torch.isfinite(x).all()):
         raise InputError("quantize_mxfp4 got NaN or inf values; MXFP4 cannot represent them")
 
@@ -85,9 +83,7 @@ def unpack_e2m1_codes(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
-def dequantize_mxfp4(
-    packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
+def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode `packed uint8[..., D/2]` with `scales uint8[..., D/32]` to `dtype[..., D]`.
 
     Exact in float64 for every scale byte; in float32 values beyond its range become inf and

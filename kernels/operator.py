@@ -41,11 +41,25 @@ from .result import TopKResult
 
 
 def litetopk_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
-    topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    tuning: LiteTopKTuning | None = None, out: dict | None = None, max_seq_len: int | None = None,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    repair: bool = True,
+    tuning: LiteTopKTuning | None = None,
+    out: dict | None = None,
+    max_seq_len: int | None = None,
     kv_scale: torch.Tensor | None = None,
-    check: bool = False, workspace: torch.Tensor | None = None,
+    check: bool = False,
+    workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """Top-`topk` keys of every query row by the fused LiteTopK method (docs/contract.md §1-§4).
 
@@ -118,12 +132,34 @@ def litetopk_prefill(
     """
     if not torch.compiler.is_compiling():
         return run_prefill(
-            q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-            weight_scale=weight_scale, backend=backend, repair=repair, tuning=tuning, out=out,
-            max_seq_len=max_seq_len, kv_scale=kv_scale, check=check, workspace=workspace,
+            q_fp4,
+            q_scale,
+            kv_cache,
+            block_table,
+            weights,
+            row_to_batch,
+            starts,
+            ends,
+            topk=topk,
+            weight_scale=weight_scale,
+            backend=backend,
+            repair=repair,
+            tuning=tuning,
+            out=out,
+            max_seq_len=max_seq_len,
+            kv_scale=kv_scale,
+            check=check,
+            workspace=workspace,
         )
-    options = dict(topk=topk, weight_scale=weight_scale, backend=backend, repair=repair, max_seq_len=max_seq_len,
-                   check=check, **tuning_options(DEFAULT_TUNING if tuning is None else tuning))
+    options = dict(
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
+        repair=repair,
+        max_seq_len=max_seq_len,
+        check=check,
+        **tuning_options(DEFAULT_TUNING if tuning is None else tuning),
+    )
     inputs = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, kv_scale, workspace)
     if out is None:
         return TopKResult(*prefill(*inputs, **options))
@@ -133,9 +169,23 @@ def litetopk_prefill(
 
 
 def dense_topk_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *,
-    topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
-    out: dict | None = None, max_seq_len: int | None = None, kv_scale: torch.Tensor | None = None, check: bool = False,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    selector: str = "torch",
+    out: dict | None = None,
+    max_seq_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
+    check: bool = False,
     workspace: torch.Tensor | None = None,
 ) -> TopKResult:
     """The dense baseline: the full float32 [rows, max_end] score matrix, then an exact top-K.
@@ -172,12 +222,27 @@ def dense_topk_prefill(
     """
     if not torch.compiler.is_compiling():
         return run_dense_prefill(
-            q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-            weight_scale=weight_scale, backend=backend, selector=selector, out=out, max_seq_len=max_seq_len,
-            kv_scale=kv_scale, check=check, workspace=workspace,
+            q_fp4,
+            q_scale,
+            kv_cache,
+            block_table,
+            weights,
+            row_to_batch,
+            starts,
+            ends,
+            topk=topk,
+            weight_scale=weight_scale,
+            backend=backend,
+            selector=selector,
+            out=out,
+            max_seq_len=max_seq_len,
+            kv_scale=kv_scale,
+            check=check,
+            workspace=workspace,
         )
-    options = dict(topk=topk, weight_scale=weight_scale, backend=backend, selector=selector, max_seq_len=max_seq_len,
-                   check=check)
+    options = dict(
+        topk=topk, weight_scale=weight_scale, backend=backend, selector=selector, max_seq_len=max_seq_len, check=check
+    )
     inputs = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, kv_scale, workspace)
     if out is None:
         return TopKResult(*dense_prefill(*inputs, **options))
@@ -186,5 +251,13 @@ def dense_topk_prefill(
     return TopKResult(**fields)
 
 
-__all__ = ["BACKEND_NAMES", "backend_instance", "dense_topk_prefill", "get_backend", "is_cuda", "is_gfx950",
-           "litetopk_prefill", "resolve_backend"]
+__all__ = [
+    "BACKEND_NAMES",
+    "backend_instance",
+    "dense_topk_prefill",
+    "get_backend",
+    "is_cuda",
+    "is_gfx950",
+    "litetopk_prefill",
+    "resolve_backend",
+]

@@ -66,17 +66,45 @@ DEFAULT_TUNING = LiteTopKTuning()
 
 # -- the implementation -----------------------------------------------------------------------------
 
+
 def run_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk: int,
-    weight_scale: float = 1.0, backend: str = "auto", repair: bool = True, tuning: LiteTopKTuning | None = None,
-    out: dict | None = None, max_seq_len: int | None = None, kv_scale: Tensor | None = None, check: bool = False,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    repair: bool = True,
+    tuning: LiteTopKTuning | None = None,
+    out: dict | None = None,
+    max_seq_len: int | None = None,
+    kv_scale: Tensor | None = None,
+    check: bool = False,
     workspace: Tensor | None = None,
 ) -> TopKResult:
     """litetopk_prefill's work (operator.py says what it takes and returns): validation, the backend
     the name stands for on the inputs' device, then pipeline.run_litetopk on that device."""
     problem = validate_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-        weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        max_seq_len=max_seq_len,
+        kv_scale=kv_scale,
+        out=out,
+        workspace=workspace,
     )
     chosen = get_backend(backend, problem.device)
     with on_device(problem.device, chosen):
@@ -84,15 +112,41 @@ def run_prefill(
 
 
 def run_dense_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk: int,
-    weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch", out: dict | None = None,
-    max_seq_len: int | None = None, kv_scale: Tensor | None = None, check: bool = False,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    selector: str = "torch",
+    out: dict | None = None,
+    max_seq_len: int | None = None,
+    kv_scale: Tensor | None = None,
+    check: bool = False,
     workspace: Tensor | None = None,
 ) -> TopKResult:
     """dense_topk_prefill's work: validation, the backend, then pipeline.run_dense on the inputs' device."""
     problem = validate_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-        weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace,
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        max_seq_len=max_seq_len,
+        kv_scale=kv_scale,
+        out=out,
+        workspace=workspace,
     )
     chosen = get_backend(backend, problem.device)
     with on_device(problem.device, chosen):
@@ -101,9 +155,14 @@ def run_dense_prefill(
 
 def tuning_options(tuning: LiteTopKTuning) -> dict:
     """The ops' keyword arguments for `tuning`: its fields, flattened (module docstring)."""
-    return dict(calibration=tuning.calibration, sample_size=tuning.sample_size,
-                capacity_factor=tuning.capacity_factor, candidate_capacity=tuning.candidate_capacity,
-                calibration_offset=tuning.calibration_offset, repair_rows=tuning.repair_rows)
+    return dict(
+        calibration=tuning.calibration,
+        sample_size=tuning.sample_size,
+        capacity_factor=tuning.capacity_factor,
+        candidate_capacity=tuning.candidate_capacity,
+        calibration_offset=tuning.calibration_offset,
+        repair_rows=tuning.repair_rows,
+    )
 
 
 def out_fields(out: dict, like: Tensor, topk: int) -> dict[str, Tensor]:
@@ -114,8 +173,10 @@ def out_fields(out: dict, like: Tensor, topk: int) -> dict[str, Tensor]:
     if unknown:
         raise InputError(f"out[{unknown[0]!r}] is not a result field; fields: {tuple(RESULT_FIELDS)}")
     rows = like.shape[0]
-    return {name: out[name] if name in out else torch.empty(shape_of(rows, topk), dtype=dtype, device=like.device)
-            for name, (shape_of, dtype) in RESULT_FIELDS.items()}
+    return {
+        name: out[name] if name in out else torch.empty(shape_of(rows, topk), dtype=dtype, device=like.device)
+        for name, (shape_of, dtype) in RESULT_FIELDS.items()
+    }
 
 
 def _fields(result: TopKResult) -> Fields:
@@ -131,23 +192,63 @@ def _empty_fields(q_fp4: Tensor, topk: int) -> Fields:
 
 # -- the LiteTopK method ----------------------------------------------------------------------------
 
+
 @torch.library.custom_op("litetopk::prefill", mutates_args=("workspace",))
 def prefill(
-    q_fp4: Tensor, q_scale: Tensor, kv_cache: Tensor, block_table: Tensor, weights: Tensor, row_to_batch: Tensor,
-    starts: Tensor, ends: Tensor, kv_scale: Tensor | None, workspace: Tensor | None, *, topk: int,
-    weight_scale: float = 1.0, backend: str = "auto", repair: bool = True, max_seq_len: int | None = None,
-    check: bool = False, calibration: str = DEFAULT_TUNING.calibration, sample_size: int = DEFAULT_TUNING.sample_size,
-    capacity_factor: int = DEFAULT_TUNING.capacity_factor, candidate_capacity: int | None = None,
-    calibration_offset: float = DEFAULT_TUNING.calibration_offset, repair_rows: int = DEFAULT_TUNING.repair_rows,
+    q_fp4: Tensor,
+    q_scale: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    weights: Tensor,
+    row_to_batch: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    kv_scale: Tensor | None,
+    workspace: Tensor | None,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    repair: bool = True,
+    max_seq_len: int | None = None,
+    check: bool = False,
+    calibration: str = DEFAULT_TUNING.calibration,
+    sample_size: int = DEFAULT_TUNING.sample_size,
+    capacity_factor: int = DEFAULT_TUNING.capacity_factor,
+    candidate_capacity: int | None = None,
+    calibration_offset: float = DEFAULT_TUNING.calibration_offset,
+    repair_rows: int = DEFAULT_TUNING.repair_rows,
 ) -> Fields:
     # litetopk_prefill(..., out=None) as an op: the result fields in RESULT_FIELDS order, new tensors.
-    tuning = LiteTopKTuning(calibration=calibration, sample_size=sample_size, capacity_factor=capacity_factor,
-                            candidate_capacity=candidate_capacity, calibration_offset=calibration_offset,
-                            repair_rows=repair_rows)
-    return _fields(run_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-        weight_scale=weight_scale, backend=backend, repair=repair, tuning=tuning, max_seq_len=max_seq_len,
-        kv_scale=kv_scale, check=check, workspace=workspace))
+    tuning = LiteTopKTuning(
+        calibration=calibration,
+        sample_size=sample_size,
+        capacity_factor=capacity_factor,
+        candidate_capacity=candidate_capacity,
+        calibration_offset=calibration_offset,
+        repair_rows=repair_rows,
+    )
+    return _fields(
+        run_prefill(
+            q_fp4,
+            q_scale,
+            kv_cache,
+            block_table,
+            weights,
+            row_to_batch,
+            starts,
+            ends,
+            topk=topk,
+            weight_scale=weight_scale,
+            backend=backend,
+            repair=repair,
+            tuning=tuning,
+            max_seq_len=max_seq_len,
+            kv_scale=kv_scale,
+            check=check,
+            workspace=workspace,
+        )
+    )
 
 
 @prefill.register_fake
@@ -157,23 +258,67 @@ def _prefill_fake(q_fp4, *inputs, topk, **options):
 
 @torch.library.custom_op("litetopk::prefill_out", mutates_args=("workspace", *RESULT_FIELDS))
 def prefill_out(
-    q_fp4: Tensor, q_scale: Tensor, kv_cache: Tensor, block_table: Tensor, weights: Tensor, row_to_batch: Tensor,
-    starts: Tensor, ends: Tensor, kv_scale: Tensor | None, workspace: Tensor | None, values: Tensor,
-    raw_indices: Tensor, physical_indices: Tensor, counts: Tensor, status: Tensor, repaired: Tensor,
-    candidates: Tensor, *, topk: int, weight_scale: float = 1.0, backend: str = "auto", repair: bool = True,
-    max_seq_len: int | None = None, check: bool = False, calibration: str = DEFAULT_TUNING.calibration,
-    sample_size: int = DEFAULT_TUNING.sample_size, capacity_factor: int = DEFAULT_TUNING.capacity_factor,
-    candidate_capacity: int | None = None, calibration_offset: float = DEFAULT_TUNING.calibration_offset,
+    q_fp4: Tensor,
+    q_scale: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    weights: Tensor,
+    row_to_batch: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    kv_scale: Tensor | None,
+    workspace: Tensor | None,
+    values: Tensor,
+    raw_indices: Tensor,
+    physical_indices: Tensor,
+    counts: Tensor,
+    status: Tensor,
+    repaired: Tensor,
+    candidates: Tensor,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    repair: bool = True,
+    max_seq_len: int | None = None,
+    check: bool = False,
+    calibration: str = DEFAULT_TUNING.calibration,
+    sample_size: int = DEFAULT_TUNING.sample_size,
+    capacity_factor: int = DEFAULT_TUNING.capacity_factor,
+    candidate_capacity: int | None = None,
+    calibration_offset: float = DEFAULT_TUNING.calibration_offset,
     repair_rows: int = DEFAULT_TUNING.repair_rows,
 ) -> None:
     # litetopk_prefill(..., out={every field}) as an op: the seven caller tensors written in place.
-    tuning = LiteTopKTuning(calibration=calibration, sample_size=sample_size, capacity_factor=capacity_factor,
-                            candidate_capacity=candidate_capacity, calibration_offset=calibration_offset,
-                            repair_rows=repair_rows)
+    tuning = LiteTopKTuning(
+        calibration=calibration,
+        sample_size=sample_size,
+        capacity_factor=capacity_factor,
+        candidate_capacity=candidate_capacity,
+        calibration_offset=calibration_offset,
+        repair_rows=repair_rows,
+    )
     out = dict(zip(RESULT_FIELDS, (values, raw_indices, physical_indices, counts, status, repaired, candidates)))
-    run_prefill(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-                weight_scale=weight_scale, backend=backend, repair=repair, tuning=tuning, out=out,
-                max_seq_len=max_seq_len, kv_scale=kv_scale, check=check, workspace=workspace)
+    run_prefill(
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
+        repair=repair,
+        tuning=tuning,
+        out=out,
+        max_seq_len=max_seq_len,
+        kv_scale=kv_scale,
+        check=check,
+        workspace=workspace,
+    )
 
 
 @prefill_out.register_fake
@@ -183,18 +328,48 @@ def _prefill_out_fake(q_fp4, *inputs, topk, **options):
 
 # -- the dense baseline -----------------------------------------------------------------------------
 
+
 @torch.library.custom_op("litetopk::dense_prefill", mutates_args=("workspace",))
 def dense_prefill(
-    q_fp4: Tensor, q_scale: Tensor, kv_cache: Tensor, block_table: Tensor, weights: Tensor, row_to_batch: Tensor,
-    starts: Tensor, ends: Tensor, kv_scale: Tensor | None, workspace: Tensor | None, *, topk: int,
-    weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch", max_seq_len: int | None = None,
+    q_fp4: Tensor,
+    q_scale: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    weights: Tensor,
+    row_to_batch: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    kv_scale: Tensor | None,
+    workspace: Tensor | None,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    selector: str = "torch",
+    max_seq_len: int | None = None,
     check: bool = False,
 ) -> Fields:
     # dense_topk_prefill(..., out=None) as an op.
-    return _fields(run_dense_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-        weight_scale=weight_scale, backend=backend, selector=selector, max_seq_len=max_seq_len, kv_scale=kv_scale,
-        check=check, workspace=workspace))
+    return _fields(
+        run_dense_prefill(
+            q_fp4,
+            q_scale,
+            kv_cache,
+            block_table,
+            weights,
+            row_to_batch,
+            starts,
+            ends,
+            topk=topk,
+            weight_scale=weight_scale,
+            backend=backend,
+            selector=selector,
+            max_seq_len=max_seq_len,
+            kv_scale=kv_scale,
+            check=check,
+            workspace=workspace,
+        )
+    )
 
 
 @dense_prefill.register_fake
@@ -204,17 +379,52 @@ def _dense_prefill_fake(q_fp4, *inputs, topk, **options):
 
 @torch.library.custom_op("litetopk::dense_prefill_out", mutates_args=("workspace", *RESULT_FIELDS))
 def dense_prefill_out(
-    q_fp4: Tensor, q_scale: Tensor, kv_cache: Tensor, block_table: Tensor, weights: Tensor, row_to_batch: Tensor,
-    starts: Tensor, ends: Tensor, kv_scale: Tensor | None, workspace: Tensor | None, values: Tensor,
-    raw_indices: Tensor, physical_indices: Tensor, counts: Tensor, status: Tensor, repaired: Tensor,
-    candidates: Tensor, *, topk: int, weight_scale: float = 1.0, backend: str = "auto", selector: str = "torch",
-    max_seq_len: int | None = None, check: bool = False,
+    q_fp4: Tensor,
+    q_scale: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    weights: Tensor,
+    row_to_batch: Tensor,
+    starts: Tensor,
+    ends: Tensor,
+    kv_scale: Tensor | None,
+    workspace: Tensor | None,
+    values: Tensor,
+    raw_indices: Tensor,
+    physical_indices: Tensor,
+    counts: Tensor,
+    status: Tensor,
+    repaired: Tensor,
+    candidates: Tensor,
+    *,
+    topk: int,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    selector: str = "torch",
+    max_seq_len: int | None = None,
+    check: bool = False,
 ) -> None:
     # dense_topk_prefill(..., out={every field}) as an op.
     out = dict(zip(RESULT_FIELDS, (values, raw_indices, physical_indices, counts, status, repaired, candidates)))
-    run_dense_prefill(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-                      weight_scale=weight_scale, backend=backend, selector=selector, out=out, max_seq_len=max_seq_len,
-                      kv_scale=kv_scale, check=check, workspace=workspace)
+    run_dense_prefill(
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        backend=backend,
+        selector=selector,
+        out=out,
+        max_seq_len=max_seq_len,
+        kv_scale=kv_scale,
+        check=check,
+        workspace=workspace,
+    )
 
 
 @dense_prefill_out.register_fake
@@ -223,8 +433,22 @@ def _dense_prefill_out_fake(q_fp4, *inputs, topk, **options):
 
 
 #: Every op of the module by its qualified name (torch.ops.litetopk.<name>).
-OPS = {"litetopk::prefill": prefill, "litetopk::prefill_out": prefill_out,
-       "litetopk::dense_prefill": dense_prefill, "litetopk::dense_prefill_out": dense_prefill_out}
+OPS = {
+    "litetopk::prefill": prefill,
+    "litetopk::prefill_out": prefill_out,
+    "litetopk::dense_prefill": dense_prefill,
+    "litetopk::dense_prefill_out": dense_prefill_out,
+}
 
-__all__ = ["DEFAULT_TUNING", "OPS", "dense_prefill", "dense_prefill_out", "out_fields", "prefill", "prefill_out",
-           "run_dense_prefill", "run_prefill", "tuning_options"]
+__all__ = [
+    "DEFAULT_TUNING",
+    "OPS",
+    "dense_prefill",
+    "dense_prefill_out",
+    "out_fields",
+    "prefill",
+    "prefill_out",
+    "run_dense_prefill",
+    "run_prefill",
+    "tuning_options",
+]

@@ -73,8 +73,10 @@ class LiteTopKTuning:
         if self.calibration not in CALIBRATIONS:
             raise ValueError(f"calibration={self.calibration!r} is not one of {CALIBRATIONS}")
         if self.calibration == "scan" and self.sample_size < 1:
-            raise ValueError(f"calibration='scan' needs sample_size >= 1 (got {self.sample_size}): the scan "
-                             "calibrates itself from that many keys")
+            raise ValueError(
+                f"calibration='scan' needs sample_size >= 1 (got {self.sample_size}): the scan "
+                "calibrates itself from that many keys"
+            )
         if self.calibration == "scan" and self.calibration_offset != 0.0:
             raise ValueError("calibration_offset applies to calibration='sample' only (the calibration stage)")
 
@@ -82,8 +84,15 @@ class LiteTopKTuning:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk
 
 
-def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bool, tuning: LiteTopKTuning,
-                 out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
+def run_litetopk(
+    problem: PrefillProblem,
+    backend: ScoringBackend,
+    *,
+    repair: bool,
+    tuning: LiteTopKTuning,
+    out: Mapping[str, torch.Tensor] | None = None,
+    check: bool = False,
+) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
     if tuning.candidate_capacity is None and backend.buffers_hold_windows(problem):
@@ -113,13 +122,20 @@ def run_litetopk(problem: PrefillProblem, backend: ScoringBackend, *, repair: bo
                 with problem.scratch.from_allocator():
                     complete_repair(problem, backend, state)
     with stage_range("litetopk.assemble"):
-        result = assemble_result(state.top, problem.row_to_batch, problem.block_table, state.status, state.repaired,
-                                 scan.appended, out)
+        result = assemble_result(
+            state.top, problem.row_to_batch, problem.block_table, state.status, state.repaired, scan.appended, out
+        )
     return result.raise_for_status() if check else result
 
 
-def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str,
-              out: Mapping[str, torch.Tensor] | None = None, check: bool = False) -> TopKResult:
+def run_dense(
+    problem: PrefillProblem,
+    backend: ScoringBackend,
+    *,
+    selector: str,
+    out: Mapping[str, torch.Tensor] | None = None,
+    check: bool = False,
+) -> TopKResult:
     """The dense baseline: the whole score matrix, then an exact top-K of it (ties across the K-th
     place settled exactly: dense_selection.settle_ties, on the device where the Triton stages run)."""
     with stage_range("litetopk.dense_score"):
@@ -129,6 +145,7 @@ def run_dense(problem: PrefillProblem, backend: ScoringBackend, *, selector: str
     status = backend.scoring_faults(problem, nonfinite)
     repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
     with stage_range("litetopk.assemble"):
-        result = assemble_result(top, problem.row_to_batch, problem.block_table, status, repaired,
-                                 problem.window_lengths, out)
+        result = assemble_result(
+            top, problem.row_to_batch, problem.block_table, status, repaired, problem.window_lengths, out
+        )
     return result.raise_for_status() if check else result

@@ -82,5 +82,4 @@ class PrefillProblem:
         )
 
 
-
 __all__ = ["ZEROED_WORDS", "PrefillProblem"]

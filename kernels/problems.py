@@ -46,8 +46,16 @@ class RandomProblem:
 
     def args(self) -> tuple[torch.Tensor, ...]:
         """(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)."""
-        return (self.q_fp4, self.q_scale, self.kv_cache, self.block_table, self.weights,
-                self.row_to_batch, self.starts, self.ends)
+        return (
+            self.q_fp4,
+            self.q_scale,
+            self.kv_cache,
+            self.block_table,
+            self.weights,
+            self.row_to_batch,
+            self.starts,
+            self.ends,
+        )
 
     def kwargs(self) -> dict:
         """{"topk": ..., "weight_scale": ...}: the keyword arguments the problem fixes."""
@@ -142,7 +150,7 @@ def random_problem(
     perm = rng.permutation(num_pages)
     block_table = np.full((batch, max_pages), -1, dtype=np.int32)
     for b in range(batch):
-        block_table[b, :pages_per_seq] = perm[b * pages_per_seq:(b + 1) * pages_per_seq]
+        block_table[b, :pages_per_seq] = perm[b * pages_per_seq : (b + 1) * pages_per_seq]
     k_fp4, k_scale = random_mxfp4((batch, length, HEAD_DIM), rng, spread)
     cache = pack_kv_cache(k_fp4, k_scale, torch.from_numpy(block_table), num_pages)
     q_fp4, q_scale = random_mxfp4((rows, NUM_HEADS, HEAD_DIM), rng, spread)
@@ -159,9 +167,17 @@ def random_problem(
             starts[i], ends[i] = a, c
     weights = torch.from_numpy(rng.standard_normal((rows, NUM_HEADS)).astype(np.float32)).to(weights_dtype)
     problem = RandomProblem(
-        q_fp4=q_fp4, q_scale=q_scale, kv_cache=cache, block_table=torch.from_numpy(block_table),
-        weights=weights, row_to_batch=torch.from_numpy(row_to_batch), starts=torch.from_numpy(starts),
-        ends=torch.from_numpy(ends), topk=topk, weight_scale=weight_scale, note=note,
+        q_fp4=q_fp4,
+        q_scale=q_scale,
+        kv_cache=cache,
+        block_table=torch.from_numpy(block_table),
+        weights=weights,
+        row_to_batch=torch.from_numpy(row_to_batch),
+        starts=torch.from_numpy(starts),
+        ends=torch.from_numpy(ends),
+        topk=topk,
+        weight_scale=weight_scale,
+        note=note,
     )
     return problem.to(device)
 

@@ -31,9 +31,7 @@ from .mxfp4 import dequantize_mxfp4
 from .problem import PrefillProblem
 
 
-def ref_score_keys(
-    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, weight_scale: float
-) -> torch.Tensor:
+def ref_score_keys(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, weight_scale: float) -> torch.Tensor:
     """Scores float32 [R, P] of decoded float64 queries q [R, 64, 128] against keys [P, 128]."""
     rows = q.shape[0]
     dots = (q.reshape(rows * NUM_HEADS, -1) @ keys.T).reshape(rows, NUM_HEADS, -1)
@@ -63,9 +61,7 @@ class ReferenceBackend(ScoringBackend):
         values, scales = gather_keys(problem.cache, pages, positions % PAGE_SIZE)
         return dequantize_mxfp4(values, scales, torch.float64)
 
-    def score_positions(
-        self, problem: PrefillProblem, rows: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor:
+    def score_positions(self, problem: PrefillProblem, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), len(positions)]: scores of shared `positions`, -inf outside windows."""
         out = torch.full((rows.numel(), positions.numel()), float("-inf"), device=problem.device)
         q = dequantize_mxfp4(problem.q_fp4[rows], problem.q_scale[rows], torch.float64)
@@ -73,7 +69,9 @@ class ReferenceBackend(ScoringBackend):
         for batch in torch.unique(batches).tolist():
             sel = torch.nonzero(batches == batch).flatten()
             scores = ref_score_keys(
-                q[sel], problem.weights[rows[sel]], self._decoded_keys(problem, batch, positions),
+                q[sel],
+                problem.weights[rows[sel]],
+                self._decoded_keys(problem, batch, positions),
                 problem.weight_scale,
             )
             in_window = (positions[None, :] >= problem.starts[rows[sel], None]) & (
@@ -116,8 +114,12 @@ class ReferenceBackend(ScoringBackend):
         return scores, nonfinite
 
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-        ceilings: torch.Tensor | None = None, sample_size: int = 0,
+        self,
+        problem: PrefillProblem,
+        thresholds: torch.Tensor,
+        capacity: int,
+        ceilings: torch.Tensor | None = None,
+        sample_size: int = 0,
     ) -> CandidateScan:
         """Filtered scan with an append-only buffer; after each block of keys a row's threshold is
         raised to the K-th best key it holds (a lower bound of its true K-th best key); it needs no

@@ -58,11 +58,30 @@ BLOCK = 1024  # rows a slot's program reads per step when it looks for its row
 
 @triton.jit
 def repair_slots_kernel(
-    status_ptr, overflow_ptr, top_ptr, rows,            # int32 [rows], int8 [rows], int64 [rows, TOPK]
-    q_ptr, qs_ptr, w_ptr, rtb_ptr, starts_ptr, ends_ptr, row_status_ptr,  # the problem's rows
-    chosen_ptr, picked_ptr, safe_ptr,                   # int64 [slots] x3
-    sub_q_ptr, sub_qs_ptr, sub_w_ptr, sub_rtb_ptr, sub_starts_ptr, sub_ends_ptr, sub_status_ptr,
-    TOPK: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+    status_ptr,
+    overflow_ptr,
+    top_ptr,
+    rows,  # int32 [rows], int8 [rows], int64 [rows, TOPK]
+    q_ptr,
+    qs_ptr,
+    w_ptr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    row_status_ptr,  # the problem's rows
+    chosen_ptr,
+    picked_ptr,
+    safe_ptr,  # int64 [slots] x3
+    sub_q_ptr,
+    sub_qs_ptr,
+    sub_w_ptr,
+    sub_rtb_ptr,
+    sub_starts_ptr,
+    sub_ends_ptr,
+    sub_status_ptr,
+    TOPK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     slot = tl.program_id(0)
     found = rows
@@ -100,21 +119,53 @@ def repair_slots_triton(problem, status: torch.Tensor, overflow: torch.Tensor, t
     chosen = scratch.empty(slots, torch.int64)
     picked = scratch.empty(slots, torch.int64)
     safe = scratch.empty(slots, torch.int64)
-    sub = dict(q_fp4=scratch.empty((slots, 64, 64), torch.uint8), q_scale=scratch.empty((slots, 64, 4), torch.uint8),
-               weights=scratch.empty((slots, 64), torch.float32), row_to_batch=scratch.empty(slots, i32),
-               starts=scratch.empty(slots, i32), ends=scratch.empty(slots, i32), row_status=scratch.empty(slots, i32))
+    sub = dict(
+        q_fp4=scratch.empty((slots, 64, 64), torch.uint8),
+        q_scale=scratch.empty((slots, 64, 4), torch.uint8),
+        weights=scratch.empty((slots, 64), torch.float32),
+        row_to_batch=scratch.empty(slots, i32),
+        starts=scratch.empty(slots, i32),
+        ends=scratch.empty(slots, i32),
+        row_status=scratch.empty(slots, i32),
+    )
     repair_slots_kernel[(slots,)](
-        status, overflow.view(torch.int8), top, problem.num_rows, problem.q_fp4, problem.q_scale, problem.weights,
-        problem.row_to_batch, problem.starts, problem.ends, problem.row_status, chosen, picked, safe, *sub.values(),
-        TOPK=problem.topk, CAPACITY=int(CAPACITY_EVENTS), BLOCK=BLOCK)
+        status,
+        overflow.view(torch.int8),
+        top,
+        problem.num_rows,
+        problem.q_fp4,
+        problem.q_scale,
+        problem.weights,
+        problem.row_to_batch,
+        problem.starts,
+        problem.ends,
+        problem.row_status,
+        chosen,
+        picked,
+        safe,
+        *sub.values(),
+        TOPK=problem.topk,
+        CAPACITY=int(CAPACITY_EVENTS),
+        BLOCK=BLOCK,
+    )
     return chosen, picked, safe, sub
 
 
 @triton.jit
 def repair_scatter_kernel(
-    chosen_ptr, rows, sub_top_ptr, appended_ptr, nonfinite_ptr, starts_ptr, ends_ptr, capacity,
-    top_ptr, status_ptr, repaired_ptr,                   # the state, updated in place
-    TOPK: tl.constexpr, SELECTOR_FAILURE: tl.constexpr,
+    chosen_ptr,
+    rows,
+    sub_top_ptr,
+    appended_ptr,
+    nonfinite_ptr,
+    starts_ptr,
+    ends_ptr,
+    capacity,
+    top_ptr,
+    status_ptr,
+    repaired_ptr,  # the state, updated in place
+    TOPK: tl.constexpr,
+    SELECTOR_FAILURE: tl.constexpr,
 ):
     slot = tl.program_id(0)
     row = tl.load(chosen_ptr + slot)
@@ -133,17 +184,29 @@ def repair_scatter_triton(chosen: torch.Tensor, sub, scan, sub_top: torch.Tensor
     """Write the rescan's answers into `state` (certify.Certified) in place: module docstring."""
     slots = chosen.shape[0]
     repair_scatter_kernel[(slots,)](
-        chosen, state.status.shape[0], sub_top, scan.appended, scan.nonfinite.view(torch.int8), sub.starts, sub.ends,
-        capacity, state.top, state.status, state.repaired, TOPK=sub.topk,
-        SELECTOR_FAILURE=int(RowStatus.SELECTOR_FAILURE))
+        chosen,
+        state.status.shape[0],
+        sub_top,
+        scan.appended,
+        scan.nonfinite.view(torch.int8),
+        sub.starts,
+        sub.ends,
+        capacity,
+        state.top,
+        state.status,
+        state.repaired,
+        TOPK=sub.topk,
+        SELECTOR_FAILURE=int(RowStatus.SELECTOR_FAILURE),
+    )
 
 
 def _capacity_only(status: torch.Tensor) -> torch.Tensor:
     return (status != 0) & ((status & ~int(CAPACITY_EVENTS)) == 0)
 
 
-def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Certified,
-                     repair_rows: int = REPAIR_ROWS) -> None:
+def repair_on_device(
+    problem: PrefillProblem, backend: ScoringBackend, state: Certified, repair_rows: int = REPAIR_ROWS
+) -> None:
     """Rescan up to `repair_rows` capacity-event rows exactly (module docstring), updating `state`.
     The slot choice and the scatter back run as two Triton kernels where devices.runs_triton_stages
     says so (repair_slots_triton, repair_scatter_triton), in torch ops elsewhere; the rescan is the
@@ -171,9 +234,11 @@ def repair_on_device(problem: PrefillProblem, backend: ScoringBackend, state: Ce
     top, certified = _rescan(problem.subset(picked, live), backend, safe)
     # Scatter back through a spare row (index `rows`) that takes the padding slots.
     target = torch.where(live, chosen, rows)
-    for name, fixed in (("top", top),
-                        ("status", torch.where(certified, 0, int(RowStatus.SELECTOR_FAILURE)).to(torch.int32)),
-                        ("repaired", torch.ones_like(chosen, dtype=torch.int32))):
+    for name, fixed in (
+        ("top", top),
+        ("status", torch.where(certified, 0, int(RowStatus.SELECTOR_FAILURE)).to(torch.int32)),
+        ("repaired", torch.ones_like(chosen, dtype=torch.int32)),
+    ):
         held = getattr(state, name)
         extended = torch.cat([held, held[:1]])
         extended.index_copy_(0, target, fixed)

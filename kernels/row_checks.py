@@ -66,10 +66,29 @@ def _in_range(b, start, end, batch, window_limit):
 
 
 @triton.jit
-def _check_row(row, block_table_ptr, batch, max_pages, num_pages, window_limit, weights_ptr, rtb_ptr, starts_ptr,
-               ends_ptr, status_ptr, effective_ptr, rows, INVALID_ROW: tl.constexpr, INVALID_PAGE: tl.constexpr,
-               NONFINITE: tl.constexpr, SLOT_OVERFLOW: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
-               BLOCK_PAGES: tl.constexpr, FIRST_UNMAPPABLE: tl.constexpr):
+def _check_row(
+    row,
+    block_table_ptr,
+    batch,
+    max_pages,
+    num_pages,
+    window_limit,
+    weights_ptr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    status_ptr,
+    effective_ptr,
+    rows,
+    INVALID_ROW: tl.constexpr,
+    INVALID_PAGE: tl.constexpr,
+    NONFINITE: tl.constexpr,
+    SLOT_OVERFLOW: tl.constexpr,
+    H: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_PAGES: tl.constexpr,
+    FIRST_UNMAPPABLE: tl.constexpr,
+):
     """Row `row`'s status bits and effective metadata."""
     b = tl.load(rtb_ptr + row).to(tl.int64)
     start = tl.load(starts_ptr + row).to(tl.int64)
@@ -100,8 +119,19 @@ def _check_row(row, block_table_ptr, batch, max_pages, num_pages, window_limit, 
 
 
 @triton.jit
-def _sequence_end(b, batch, window_limit, rtb_ptr, starts_ptr, ends_ptr, rows, sequence_ends_ptr, zeroed_ptr,
-                  ZEROED: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+def _sequence_end(
+    b,
+    batch,
+    window_limit,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    rows,
+    sequence_ends_ptr,
+    zeroed_ptr,
+    ZEROED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
     """sequence_ends[b] (the largest end of b's windows in range), zeroed[ZEROED + b] = 0, and program 0
     of the sequences zeroes zeroed[:ZEROED]."""
     end_max = tl.zeros([BLOCK_ROWS], dtype=tl.int32)
@@ -121,49 +151,134 @@ def _sequence_end(b, batch, window_limit, rtb_ptr, starts_ptr, ends_ptr, rows, s
 
 @triton.jit
 def row_checks_kernel(
-    block_table_ptr, batch, max_pages, num_pages,   # int32 [batch, max_pages]; ints
-    window_limit,                                   # max_end: every window end must be <= it
-    weights_ptr, rtb_ptr, starts_ptr, ends_ptr,     # float32 [rows, H]; int32 [rows] x3
-    status_ptr, effective_ptr, rows,                # int32 [rows]; int32 [3, rows]
-    sequence_ends_ptr, zeroed_ptr, sequences,       # int32 [batch]; int32 [ZEROED + batch]; max(batch, 1)
-    INVALID_ROW: tl.constexpr, INVALID_PAGE: tl.constexpr, NONFINITE: tl.constexpr, SLOT_OVERFLOW: tl.constexpr,
-    H: tl.constexpr, PAGE: tl.constexpr, BLOCK_PAGES: tl.constexpr, FIRST_UNMAPPABLE: tl.constexpr,
-    ZEROED: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    block_table_ptr,
+    batch,
+    max_pages,
+    num_pages,  # int32 [batch, max_pages]; ints
+    window_limit,  # max_end: every window end must be <= it
+    weights_ptr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,  # float32 [rows, H]; int32 [rows] x3
+    status_ptr,
+    effective_ptr,
+    rows,  # int32 [rows]; int32 [3, rows]
+    sequence_ends_ptr,
+    zeroed_ptr,
+    sequences,  # int32 [batch]; int32 [ZEROED + batch]; max(batch, 1)
+    INVALID_ROW: tl.constexpr,
+    INVALID_PAGE: tl.constexpr,
+    NONFINITE: tl.constexpr,
+    SLOT_OVERFLOW: tl.constexpr,
+    H: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_PAGES: tl.constexpr,
+    FIRST_UNMAPPABLE: tl.constexpr,
+    ZEROED: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < sequences:
-        _sequence_end(pid, batch, window_limit, rtb_ptr, starts_ptr, ends_ptr, rows, sequence_ends_ptr, zeroed_ptr,
-                      ZEROED, BLOCK_ROWS)
+        _sequence_end(
+            pid,
+            batch,
+            window_limit,
+            rtb_ptr,
+            starts_ptr,
+            ends_ptr,
+            rows,
+            sequence_ends_ptr,
+            zeroed_ptr,
+            ZEROED,
+            BLOCK_ROWS,
+        )
     else:
-        _check_row((pid - sequences).to(tl.int64), block_table_ptr, batch, max_pages, num_pages, window_limit,
-                   weights_ptr, rtb_ptr, starts_ptr, ends_ptr, status_ptr, effective_ptr, rows, INVALID_ROW,
-                   INVALID_PAGE, NONFINITE, SLOT_OVERFLOW, H, PAGE, BLOCK_PAGES, FIRST_UNMAPPABLE)
+        _check_row(
+            (pid - sequences).to(tl.int64),
+            block_table_ptr,
+            batch,
+            max_pages,
+            num_pages,
+            window_limit,
+            weights_ptr,
+            rtb_ptr,
+            starts_ptr,
+            ends_ptr,
+            status_ptr,
+            effective_ptr,
+            rows,
+            INVALID_ROW,
+            INVALID_PAGE,
+            NONFINITE,
+            SLOT_OVERFLOW,
+            H,
+            PAGE,
+            BLOCK_PAGES,
+            FIRST_UNMAPPABLE,
+        )
 
 
-def row_checks_triton(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                      starts: torch.Tensor, ends: torch.Tensor, max_end: int,
-                      scratch: Scratch | None = None) -> RowChecks:
+def row_checks_triton(
+    block_table: torch.Tensor,
+    num_pages: int,
+    weights: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    max_end: int,
+    scratch: Scratch | None = None,
+) -> RowChecks:
     """row_checks_torch in one kernel, its outputs from `scratch` (None: the allocator)."""
     rows = row_to_batch.shape[0]
     batch, max_pages = block_table.shape
     scratch = scratch if scratch is not None else Scratch(weights.device)
-    checked = RowChecks(status=scratch.empty(rows, torch.int32), effective=scratch.empty((3, rows), torch.int32),
-                        sequence_ends=scratch.empty(batch, torch.int32),
-                        zeroed=scratch.empty(ZEROED_WORDS + batch, torch.int32))
+    checked = RowChecks(
+        status=scratch.empty(rows, torch.int32),
+        effective=scratch.empty((3, rows), torch.int32),
+        sequence_ends=scratch.empty(batch, torch.int32),
+        zeroed=scratch.empty(ZEROED_WORDS + batch, torch.int32),
+    )
     sequences = max(batch, 1)
     row_checks_kernel[(sequences + rows,)](
-        block_table, batch, max_pages, num_pages, max_end, weights, row_to_batch, starts, ends,
-        checked.status, checked.effective, rows, checked.sequence_ends, checked.zeroed, sequences,
-        INVALID_ROW=int(RowStatus.INVALID_ROW), INVALID_PAGE=int(RowStatus.INVALID_PAGE),
-        NONFINITE=int(RowStatus.NONFINITE), SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW), H=NUM_HEADS, PAGE=PAGE_SIZE,
-        BLOCK_PAGES=BLOCK_PAGES, FIRST_UNMAPPABLE=FIRST_UNMAPPABLE_PAGE, ZEROED=ZEROED_WORDS, BLOCK_ROWS=BLOCK_ROWS,
+        block_table,
+        batch,
+        max_pages,
+        num_pages,
+        max_end,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        checked.status,
+        checked.effective,
+        rows,
+        checked.sequence_ends,
+        checked.zeroed,
+        sequences,
+        INVALID_ROW=int(RowStatus.INVALID_ROW),
+        INVALID_PAGE=int(RowStatus.INVALID_PAGE),
+        NONFINITE=int(RowStatus.NONFINITE),
+        SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
+        H=NUM_HEADS,
+        PAGE=PAGE_SIZE,
+        BLOCK_PAGES=BLOCK_PAGES,
+        FIRST_UNMAPPABLE=FIRST_UNMAPPABLE_PAGE,
+        ZEROED=ZEROED_WORDS,
+        BLOCK_ROWS=BLOCK_ROWS,
         num_warps=4,
     )
     return checked
 
 
-def row_checks_torch(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-                     starts: torch.Tensor, ends: torch.Tensor, max_end: int) -> RowChecks:
+def row_checks_torch(
+    block_table: torch.Tensor,
+    num_pages: int,
+    weights: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    max_end: int,
+) -> RowChecks:
     """row_checks in torch ops (any device)."""
     batch, max_pages = block_table.shape
     b, s, e = row_to_batch.long(), starts.long(), ends.long()
@@ -173,8 +288,10 @@ def row_checks_torch(block_table: torch.Tensor, num_pages: int, weights: torch.T
     safe_b = torch.where(bad_row, 0, b)
     first = torch.where(bad_row, 0, s // PAGE_SIZE)
     last = torch.where(bad_row, 0, (e + PAGE_SIZE - 1) // PAGE_SIZE).clamp_min(first)
-    for bad_page, bit in (((block_table < 0) | (block_table >= num_pages), RowStatus.INVALID_PAGE),
-                          (block_table >= FIRST_UNMAPPABLE_PAGE, RowStatus.SLOT_OVERFLOW)):
+    for bad_page, bit in (
+        ((block_table < 0) | (block_table >= num_pages), RowStatus.INVALID_PAGE),
+        (block_table >= FIRST_UNMAPPABLE_PAGE, RowStatus.SLOT_OVERFLOW),
+    ):
         if batch == 0:
             break
         prefix = torch.nn.functional.pad(bad_page.to(torch.int32).cumsum(dim=1), (1, 0))  # [batch, max_pages + 1]
@@ -189,8 +306,16 @@ def row_checks_torch(block_table: torch.Tensor, num_pages: int, weights: torch.T
     return RowChecks(status, effective, sequence_ends, zeroed)
 
 
-def row_checks(block_table: torch.Tensor, num_pages: int, weights: torch.Tensor, row_to_batch: torch.Tensor,
-               starts: torch.Tensor, ends: torch.Tensor, max_end: int, scratch: Scratch | None = None) -> RowChecks:
+def row_checks(
+    block_table: torch.Tensor,
+    num_pages: int,
+    weights: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    max_end: int,
+    scratch: Scratch | None = None,
+) -> RowChecks:
     """The RowChecks of shape-checked inputs (weights float32 [rows, 64]); the module docstring says
     which bit means what. Runs the Triton twin where devices.runs_triton_stages says so (its outputs
     from `scratch`; None: the allocator), the torch twin elsewhere."""

@@ -73,9 +73,11 @@ class Scratch:
         if self.workspace is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
         if self.used > self.workspace.numel():
-            raise InputError(f"the workspace holds {self.workspace.numel()} bytes; this call needs at least "
-                             f"{self.used} (size it with workspace_bytes(...) for the call's rows, sequences, "
-                             "window bound and K)")
+            raise InputError(
+                f"the workspace holds {self.workspace.numel()} bytes; this call needs at least "
+                f"{self.used} (size it with workspace_bytes(...) for the call's rows, sequences, "
+                "window bound and K)"
+            )
         # A call carves ~100 buffers and the host time of an eager call counts them: each is looked up
         # (the same call shape carved it before) or made once. A kept view is a tensor on the
         # workspace's storage, not a view of the tensor (which would hold the tensor through `_base`:
@@ -88,7 +90,8 @@ class Scratch:
         if view is None:
             offset = (self.workspace.storage_offset() + start) // dtype.itemsize
             view = self._views[key] = torch.empty(0, dtype=dtype, device=self.device).set_(
-                self.workspace.untyped_storage(), offset, shape, _contiguous_strides(shape))
+                self.workspace.untyped_storage(), offset, shape, _contiguous_strides(shape)
+            )
         return view
 
     def zeros(self, shape, dtype: torch.dtype) -> torch.Tensor:

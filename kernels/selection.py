@@ -88,9 +88,9 @@ from .scratch import Scratch
 # K = 512 from the H200 probe (bench/results/radix-select-probe-h200-v12-partial.txt): 4 keys a thread
 # 0.306 ms against 0.386 for 8 (bit-equal); K = 1024 not yet re-measured (the step ran out of time).
 CONFIG = {512: (4, 1, 5), 1024: (8, 1, 6)}
-BOUNDARY = 32           # boundary keys ranked by one sort (~4 on average, at most 9 seen); more: narrowing
-WINDOW = 16             # the longest unsorted run the two window sorts order; longer: one sort of K
-DIGIT = 5               # radix bits per pass of the narrowing loop (_kth_key_of_bucket)
+BOUNDARY = 32  # boundary keys ranked by one sort (~4 on average, at most 9 seen); more: narrowing
+WINDOW = 16  # the longest unsorted run the two window sorts order; longer: one sort of K
+DIGIT = 5  # radix bits per pass of the narrowing loop (_kth_key_of_bucket)
 INT64_MAX_C = tl.constexpr(2**63 - 1)
 INT32_MAX_C = tl.constexpr(2**31 - 1)
 
@@ -199,8 +199,19 @@ def _first_shift(span, RADIX: tl.constexpr):
 
 
 @triton.jit
-def _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
-                       CHUNK: tl.constexpr, DIGIT: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr):
+def _kth_key_of_bucket(
+    src,
+    src_len,
+    floor,
+    low_score,
+    chosen,
+    need,
+    count,
+    CHUNK: tl.constexpr,
+    DIGIT: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    NBINS: tl.constexpr,
+):
     """The need-th largest of the `count` keys of src[:src_len] that pass floor and fall in bucket
     `chosen`: radix narrowing from the top of their range, DIGIT bits a pass, until the need-th key
     is the smallest of its narrowed bucket (then that bucket's base is it)."""
@@ -213,7 +224,7 @@ def _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
         inside = (keys >= floor) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
         lo_acc = tl.minimum(lo_acc, tl.where(inside, keys, INT64_MAX_C))
         hi_acc = tl.maximum(hi_acc, tl.where(inside, keys, NO_KEY_C))
-    base = tl.min(lo_acc, axis=0)     # the narrowed bucket [base, base + limit << shift)
+    base = tl.min(lo_acc, axis=0)  # the narrowed bucket [base, base + limit << shift)
     span = (tl.max(hi_acc, axis=0) - base).to(tl.uint64, bitcast=True)
     shift = _first_shift(span, RADIX)
     limit = RADIX
@@ -226,7 +237,7 @@ def _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
             digit = (keys - base).to(tl.uint64, bitcast=True) >> shift
             inside = (keys >= floor) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen) & (digit < limit)
             hist += tl.histogram(digit.to(tl.int32), RADIX, mask=inside)
-        from_top = count - tl.cumsum(hist, axis=0) + hist      # keys of this digit or higher
+        from_top = count - tl.cumsum(hist, axis=0) + hist  # keys of this digit or higher
         digit_star = tl.max(tl.where(from_top >= need, bins, 0), axis=0)
         need -= tl.sum(tl.where(bins > digit_star, hist, 0), axis=0)
         count = tl.sum(tl.where(bins == digit_star, hist, 0), axis=0)
@@ -240,13 +251,24 @@ def _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
 
 @triton.jit
 def select_topk_candidates_radix_kernel(
-    keys_ptr, stride_kr,                            # int64 [rows, capacity], unit column stride
-    kept_ptr, thr_ptr,                              # int32/int64 [rows]; int64 [rows]
-    small_ptr,                                      # int64 [rows, SMALL + BOUNDARY]: passing, then boundary keys
-    hist_ptr,                                       # int32 [rows, NBINS]: bucket counters
-    out_ptr, stride_or, stride_oc,                  # int64 [rows, TOPK]
-    TOPK: tl.constexpr, SMALL: tl.constexpr, BOUNDARY: tl.constexpr, TILE_ROWS: tl.constexpr,
-    LANES: tl.constexpr, MANTISSA: tl.constexpr, NBINS: tl.constexpr, DIGIT: tl.constexpr, WINDOW: tl.constexpr,
+    keys_ptr,
+    stride_kr,  # int64 [rows, capacity], unit column stride
+    kept_ptr,
+    thr_ptr,  # int32/int64 [rows]; int64 [rows]
+    small_ptr,  # int64 [rows, SMALL + BOUNDARY]: passing, then boundary keys
+    hist_ptr,  # int32 [rows, NBINS]: bucket counters
+    out_ptr,
+    stride_or,
+    stride_oc,  # int64 [rows, TOPK]
+    TOPK: tl.constexpr,
+    SMALL: tl.constexpr,
+    BOUNDARY: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    MANTISSA: tl.constexpr,
+    NBINS: tl.constexpr,
+    DIGIT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     CHUNK: tl.constexpr = TILE_ROWS * LANES
     row = tl.program_id(0).to(tl.int64)
@@ -308,10 +330,17 @@ def select_topk_candidates_radix_kernel(
             is_above = passing & (bucket > chosen)
             is_boundary = passing & (bucket == chosen)
             # Unmasked, as in pass 2: the other keys add 0 (and read a cursor they do not use).
-            slot_a = tl.atomic_add(tl.reshape(row_hist + bucket, [CHUNK]), tl.reshape(is_above.to(tl.int32), [CHUNK]),
-                                   sem="relaxed", scope="cta")
-            tl.store(row_out + _window_slot(slot_a, TOPK, WINDOW) * stride_oc, tl.reshape(keys, [CHUNK]),
-                     mask=tl.reshape(is_above, [CHUNK]))
+            slot_a = tl.atomic_add(
+                tl.reshape(row_hist + bucket, [CHUNK]),
+                tl.reshape(is_above.to(tl.int32), [CHUNK]),
+                sem="relaxed",
+                scope="cta",
+            )
+            tl.store(
+                row_out + _window_slot(slot_a, TOPK, WINDOW) * stride_oc,
+                tl.reshape(keys, [CHUNK]),
+                mask=tl.reshape(is_above, [CHUNK]),
+            )
             slot_b, total = _exclusive_slots(is_boundary.to(tl.int32))
             # Slots wrap at BOUNDARY: where more keys are in b*, the boundary slots are not read.
             _scatter(row_boundary + ((n_boundary + slot_b) & (BOUNDARY - 1)), keys, is_boundary)
@@ -324,16 +353,20 @@ def select_topk_candidates_radix_kernel(
             ranked = tl.sort(tl.load(row_boundary + offs_b, mask=offs_b < count, other=NO_KEY_C), descending=True)
             tl.store(row_out + _window_slot(above + offs_b, TOPK, WINDOW) * stride_oc, ranked, mask=offs_b < need)
         else:
-            bound = _kth_key_of_bucket(src, src_len, floor, low_score, chosen, need, count,
-                                       CHUNK, DIGIT, MANTISSA, NBINS)
+            bound = _kth_key_of_bucket(
+                src, src_len, floor, low_score, chosen, need, count, CHUNK, DIGIT, MANTISSA, NBINS
+            )
             n_taken = 0
             for start in range(0, src_len, CHUNK):
                 live = start + offs < src_len
                 keys = tl.load(src + start + offs, mask=live)
                 taken = live & (keys >= floor) & (keys >= bound) & (_bucket(keys, low_score, MANTISSA, NBINS) == chosen)
                 slot, total = _exclusive_slots(taken.to(tl.int32))
-                _scatter(row_out + _window_slot(above + n_taken + slot, TOPK, WINDOW) * stride_oc, keys,
-                         taken & (n_taken + slot < need))
+                _scatter(
+                    row_out + _window_slot(above + n_taken + slot, TOPK, WINDOW) * stride_oc,
+                    keys,
+                    taken & (n_taken + slot < need),
+                )
                 n_taken += total
         tl.debug_barrier()  # the output row, written above by every thread, is read back below
         if WINDOW > 0:
@@ -351,11 +384,21 @@ def select_topk_candidates_radix_kernel(
         tl.store(row_out + offs_top * stride_oc, tl.sort(top, descending=True))
 
 
-def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
-                                 out: torch.Tensor | None = None, *, scratch: Scratch | None = None,
-                                 tile_rows: int | None = None, num_warps: int | None = None,
-                                 mantissa: int | None = None, boundary: int = BOUNDARY,
-                                 window: int = WINDOW, max_registers: int | None = None) -> torch.Tensor:
+def select_topk_candidates_radix(
+    keys: torch.Tensor,
+    kept: torch.Tensor,
+    thresholds: torch.Tensor,
+    k: int,
+    out: torch.Tensor | None = None,
+    *,
+    scratch: Scratch | None = None,
+    tile_rows: int | None = None,
+    num_warps: int | None = None,
+    mantissa: int | None = None,
+    boundary: int = BOUNDARY,
+    window: int = WINDOW,
+    max_registers: int | None = None,
+) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of int64 `keys`
     [rows, capacity] (keys.make_keys: distinct), sorted descending, NO_KEY padded; the same
     answer as keys.select_topk_keys on the passing keys, bit for bit. kept int32/int64 [rows]
@@ -376,8 +419,9 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     if out is None:
         out = scratch.empty((rows, k), torch.int64)
     elif out.shape != (rows, k) or out.dtype != torch.int64 or out.device != keys.device:
-        raise ValueError(f"out must be int64 [{rows}, {k}] on {keys.device}; got {out.dtype} "
-                         f"{list(out.shape)} on {out.device}")
+        raise ValueError(
+            f"out must be int64 [{rows}, {k}] on {keys.device}; got {out.dtype} {list(out.shape)} on {out.device}"
+        )
     if rows == 0:
         return out
     default = CONFIG.get(k, CONFIG[1024])
@@ -388,9 +432,25 @@ def select_topk_candidates_radix(keys: torch.Tensor, kept: torch.Tensor, thresho
     hist = scratch.empty((rows, nbins), torch.int32)
     keys = keys.contiguous()
     select_topk_candidates_radix_kernel[(rows,)](
-        keys, keys.stride(0), kept, thresholds, small, hist, out, out.stride(0), out.stride(1),
-        TOPK=k, SMALL=2 * k, BOUNDARY=boundary, TILE_ROWS=tile_rows, LANES=lanes, MANTISSA=mantissa,
-        NBINS=nbins, DIGIT=DIGIT, WINDOW=min(window, k // 2), num_warps=num_warps,
+        keys,
+        keys.stride(0),
+        kept,
+        thresholds,
+        small,
+        hist,
+        out,
+        out.stride(0),
+        out.stride(1),
+        TOPK=k,
+        SMALL=2 * k,
+        BOUNDARY=boundary,
+        TILE_ROWS=tile_rows,
+        LANES=lanes,
+        MANTISSA=mantissa,
+        NBINS=nbins,
+        DIGIT=DIGIT,
+        WINDOW=min(window, k // 2),
+        num_warps=num_warps,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     return out
@@ -403,8 +463,9 @@ def select_candidates_torch(keys: torch.Tensor, kept: torch.Tensor, k: int) -> t
     return select_topk_keys(torch.where(kept_slots, keys, NO_KEY), k)
 
 
-def select_candidates(keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int,
-                      scratch: Scratch | None = None) -> torch.Tensor:
+def select_candidates(
+    keys: torch.Tensor, kept: torch.Tensor, thresholds: torch.Tensor, k: int, scratch: Scratch | None = None
+) -> torch.Tensor:
     """int64 [rows, k]: the k largest of the first kept[r] keys of each row of the scan's buffer
     `keys` [rows, capacity] (whatever lies after them is not read), sorted descending, NO_KEY padded.
     `thresholds` are at or below the k-th best key of every row whose scan certifies (other rows are

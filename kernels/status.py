@@ -28,8 +28,13 @@ class RowStatus(enum.IntFlag):
 #: Bits that are capacity events of the fast path (repairable), not faults of the input.
 CAPACITY_EVENTS = RowStatus.OVERFLOW | RowStatus.UNDERFILLED
 #: Bits that are faults of the input: the request fails naming these rows.
-INPUT_FAULTS = (RowStatus.NONFINITE | RowStatus.INVALID_PAGE | RowStatus.INVALID_ROW | RowStatus.SLOT_OVERFLOW
-                | RowStatus.UNSUPPORTED)
+INPUT_FAULTS = (
+    RowStatus.NONFINITE
+    | RowStatus.INVALID_PAGE
+    | RowStatus.INVALID_ROW
+    | RowStatus.SLOT_OVERFLOW
+    | RowStatus.UNSUPPORTED
+)
 
 
 def set_status_bit(status: torch.Tensor, condition: torch.Tensor, bit: RowStatus) -> torch.Tensor:

@@ -58,15 +58,29 @@ def check_topk(topk: int) -> int:
 
 
 def check_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
-    max_seq_len: int | None = None, kv_scale=None, out=None, workspace: torch.Tensor | None = None,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk,
+    weight_scale=1.0,
+    max_seq_len: int | None = None,
+    kv_scale=None,
+    out=None,
+    workspace: torch.Tensor | None = None,
 ) -> tuple[KVCache, int]:
     """The host half of `validate_prefill`: every check that reads shapes, dtypes, strides, devices
     and addresses only (never a tensor's contents, launches nothing). Returns (the cache described,
     max_end: the static bound of every window end). Raises as `validate_prefill` says."""
     check_topk(topk)
-    if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
-                                    or max_seq_len < 0):
+    if max_seq_len is not None and (
+        isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 0
+    ):
         raise InputError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
     if not isinstance(weight_scale, (int, float)) or isinstance(weight_scale, bool) or not math.isfinite(weight_scale):
         raise InputError(f"weight_scale must be a finite number, got {weight_scale!r}")
@@ -79,8 +93,14 @@ def check_prefill(
     for name, tensor in (("row_to_batch", row_to_batch), ("starts", starts), ("ends", ends)):
         _require(tensor, name, (torch.int32,), (rows,))
     tensors = {
-        "q_fp4": q_fp4, "q_scale": q_scale, "kv_cache": cache.values, "block_table": block_table,
-        "weights": weights, "row_to_batch": row_to_batch, "starts": starts, "ends": ends,
+        "q_fp4": q_fp4,
+        "q_scale": q_scale,
+        "kv_cache": cache.values,
+        "block_table": block_table,
+        "weights": weights,
+        "row_to_batch": row_to_batch,
+        "starts": starts,
+        "ends": ends,
     }
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) != 1:
@@ -94,8 +114,21 @@ def check_prefill(
 
 
 def validate_prefill(
-    q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, *, topk, weight_scale=1.0,
-    max_seq_len: int | None = None, kv_scale=None, out=None, workspace: torch.Tensor | None = None,
+    q_fp4,
+    q_scale,
+    kv_cache,
+    block_table,
+    weights,
+    row_to_batch,
+    starts,
+    ends,
+    *,
+    topk,
+    weight_scale=1.0,
+    max_seq_len: int | None = None,
+    kv_scale=None,
+    out=None,
+    workspace: torch.Tensor | None = None,
 ) -> PrefillProblem:
     """Check every argument of `litetopk_prefill` / `dense_topk_prefill` and build a PrefillProblem.
 
@@ -108,17 +141,41 @@ def validate_prefill(
     from the row checks on.
     """
     cache, max_end = check_prefill(
-        q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, topk=topk,
-        weight_scale=weight_scale, max_seq_len=max_seq_len, kv_scale=kv_scale, out=out, workspace=workspace)
+        q_fp4,
+        q_scale,
+        kv_cache,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        topk=topk,
+        weight_scale=weight_scale,
+        max_seq_len=max_seq_len,
+        kv_scale=kv_scale,
+        out=out,
+        workspace=workspace,
+    )
     scratch = Scratch(q_fp4.device, workspace)
     weights = weights.float().contiguous()
     checked = row_checks(block_table, cache.num_pages, weights, row_to_batch, starts, ends, max_end, scratch=scratch)
     eff_rtb, eff_starts, eff_ends = checked.effective.unbind(0)
     return PrefillProblem(
-        q_fp4=q_fp4, q_scale=q_scale, cache=cache, block_table=block_table, weights=weights,
-        row_to_batch=eff_rtb, starts=eff_starts, ends=eff_ends, row_status=checked.status,
-        sequence_ends=checked.sequence_ends, zeroed=checked.zeroed,
-        topk=topk, weight_scale=float(weight_scale), max_end=max_end, scratch=scratch,
+        q_fp4=q_fp4,
+        q_scale=q_scale,
+        cache=cache,
+        block_table=block_table,
+        weights=weights,
+        row_to_batch=eff_rtb,
+        starts=eff_starts,
+        ends=eff_ends,
+        row_status=checked.status,
+        sequence_ends=checked.sequence_ends,
+        zeroed=checked.zeroed,
+        topk=topk,
+        weight_scale=float(weight_scale),
+        max_end=max_end,
+        scratch=scratch,
     )
 
 
@@ -163,18 +220,24 @@ def check_workspace(workspace, device: torch.device, inputs: dict[str, torch.Ten
     if not isinstance(workspace, torch.Tensor):
         raise InputError(f"workspace must be a torch.Tensor (allocate_workspace(...)), got {type(workspace).__name__}")
     if workspace.dtype != torch.uint8 or workspace.ndim != 1 or not workspace.is_contiguous():
-        raise InputError(f"workspace must be a 1-D contiguous uint8 tensor (allocate_workspace(...)), got "
-                         f"{str(workspace.dtype).removeprefix('torch.')} of shape {list(workspace.shape)} "
-                         f"and strides {list(workspace.stride())}")
+        raise InputError(
+            f"workspace must be a 1-D contiguous uint8 tensor (allocate_workspace(...)), got "
+            f"{str(workspace.dtype).removeprefix('torch.')} of shape {list(workspace.shape)} "
+            f"and strides {list(workspace.stride())}"
+        )
     if workspace.device != device:
         raise InputError(f"workspace is on {workspace.device}; the inputs are on {device}")
     if workspace.data_ptr() % ALIGNMENT:
-        raise InputError(f"workspace must start on a {ALIGNMENT}-byte boundary (data_ptr % {ALIGNMENT} = "
-                         f"{workspace.data_ptr() % ALIGNMENT}); allocate_workspace(...) returns one that does")
+        raise InputError(
+            f"workspace must start on a {ALIGNMENT}-byte boundary (data_ptr % {ALIGNMENT} = "
+            f"{workspace.data_ptr() % ALIGNMENT}); allocate_workspace(...) returns one that does"
+        )
     if workspace.untyped_storage().data_ptr() % STORAGE_ALIGNMENT:
         # (Scratch places its buffers by element offsets from the storage's start, up to 8 bytes an element)
-        raise InputError(f"the workspace's storage must start on a {STORAGE_ALIGNMENT}-byte boundary (any tensor "
-                         "torch allocates does); allocate_workspace(...) returns one that does")
+        raise InputError(
+            f"the workspace's storage must start on a {STORAGE_ALIGNMENT}-byte boundary (any tensor "
+            "torch allocates does); allocate_workspace(...) returns one that does"
+        )
     outs = {f"out[{n!r}]": t for n, t in (out or {}).items()}
     _check_disjoint({"workspace": workspace}, {**inputs, **outs})
 
@@ -183,11 +246,13 @@ def _check_disjoint(written: dict[str, torch.Tensor], others: dict[str, torch.Te
     """InputError when a tensor of `written` overlaps another of `written` or one of `others` in memory."""
     spans = [(n, _byte_span(t)) for n, t in written.items()]
     spans += [(n, _byte_span(t)) for n, t in others.items() if isinstance(t, torch.Tensor)]
-    for i, (name_a, (lo_a, hi_a)) in enumerate(spans[:len(written)]):
-        for name_b, (lo_b, hi_b) in spans[i + 1:]:
+    for i, (name_a, (lo_a, hi_a)) in enumerate(spans[: len(written)]):
+        for name_b, (lo_b, hi_b) in spans[i + 1 :]:
             if lo_a < hi_b and lo_b < hi_a:
-                raise InputError(f"{name_a} overlaps {name_b} in memory; outputs and the workspace must not alias "
-                                 "inputs or each other")
+                raise InputError(
+                    f"{name_a} overlaps {name_b} in memory; outputs and the workspace must not alias "
+                    "inputs or each other"
+                )
 
 
 def _no_self_overlap(tensor: torch.Tensor) -> bool:
@@ -204,7 +269,8 @@ def _require_strided(tensor, name: str, dtype: torch.dtype, shape: tuple) -> Non
     if not isinstance(tensor, torch.Tensor):
         raise InputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype != dtype:
-        raise InputDtypeError(f"{name} must be {str(dtype).removeprefix('torch.')}, "
-                              f"got {str(tensor.dtype).removeprefix('torch.')}")
+        raise InputDtypeError(
+            f"{name} must be {str(dtype).removeprefix('torch.')}, got {str(tensor.dtype).removeprefix('torch.')}"
+        )
     if tuple(tensor.shape) != tuple(shape):
         raise InputShapeError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")

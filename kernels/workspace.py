@@ -33,8 +33,17 @@ from .scratch import ALIGNMENT
 from .validation import check_topk, validate_prefill
 
 
-def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
-                    tuning=None, dense: bool = False, max_batch: int = 1) -> int:
+def workspace_bytes(
+    max_rows: int,
+    max_seq_len: int,
+    topk: int | Sequence[int],
+    *,
+    device,
+    backend: str = "auto",
+    tuning=None,
+    dense: bool = False,
+    max_batch: int = 1,
+) -> int:
     """Bytes of a workspace that serves every call within the bounds: exact, measured.
 
     The largest call within the bounds carves exactly this many bytes: the call at the bounds, or one
@@ -84,15 +93,30 @@ def workspace_bytes(max_rows: int, max_seq_len: int, topk: int | Sequence[int], 
     chosen = new_backend(backend, device)  # its own instance: the dry runs' operands are not kept around
     # a self-calibrating scan has no sample, but a backend may calibrate some calls from the sample stage
     # all the same (ScoringBackend.calibration_for): every bound where the sample changes shape is run
-    bounds = [(k, max_seq_len) for k in ks] if dense else \
-        [(k, end) for k in ks for end in shape_changes(max_seq_len, tuning.sample_size, k)]
+    bounds = (
+        [(k, max_seq_len) for k in ks]
+        if dense
+        else [(k, end) for k in ks for end in shape_changes(max_seq_len, tuning.sample_size, k)]
+    )
     with on_device(device, chosen):
-        return max(_bytes_at(variant, rows, batch, max_seq_len, end, k, device, tuning, dense)
-                   for variant, rows, batch in chosen.sizing_calls(max_rows, max_batch) for k, end in bounds)
+        return max(
+            _bytes_at(variant, rows, batch, max_seq_len, end, k, device, tuning, dense)
+            for variant, rows, batch in chosen.sizing_calls(max_rows, max_batch)
+            for k, end in bounds
+        )
 
 
-def allocate_workspace(max_rows: int, max_seq_len: int, topk: int | Sequence[int], *, device, backend: str = "auto",
-                       tuning=None, dense: bool = False, max_batch: int = 1) -> torch.Tensor:
+def allocate_workspace(
+    max_rows: int,
+    max_seq_len: int,
+    topk: int | Sequence[int],
+    *,
+    device,
+    backend: str = "auto",
+    tuning=None,
+    dense: bool = False,
+    max_batch: int = 1,
+) -> torch.Tensor:
     """A workspace for every call within the bounds: pass it as `workspace=` to those calls, one call at
     a time (litetopk_prefill, dense_topk_prefill with dense=True, LiteTopKGraphs).
 
@@ -115,24 +139,34 @@ def allocate_workspace(max_rows: int, max_seq_len: int, topk: int | Sequence[int
     >>> result.status.tolist()
     [0, 0, 0, 0]
     """
-    nbytes = workspace_bytes(max_rows, max_seq_len, topk, device=device, backend=backend, tuning=tuning, dense=dense,
-                             max_batch=max_batch)
+    nbytes = workspace_bytes(
+        max_rows, max_seq_len, topk, device=device, backend=backend, tuning=tuning, dense=dense, max_batch=max_batch
+    )
     raw = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8, device=device)
     start = -raw.data_ptr() % ALIGNMENT  # CPU tensors start on 64 bytes, CUDA ones on 512
-    return raw[start:start + nbytes]
+    return raw[start : start + nbytes]
 
 
-def _bytes_at(backend, rows: int, batch: int, table_end: int, max_end: int, k: int, device: torch.device, tuning,
-              dense: bool) -> int:
+def _bytes_at(
+    backend, rows: int, batch: int, table_end: int, max_end: int, k: int, device: torch.device, tuning, dense: bool
+) -> int:
     """Scratch.used of one call of `rows` empty rows over `batch` sequences, window bound `max_end`."""
 
     def zeros(*shape, dtype=torch.int32):
         return torch.zeros(shape, dtype=dtype, device=device)
 
     problem = validate_prefill(
-        zeros(rows, 64, 64, dtype=torch.uint8), torch.full((rows, 64, 4), 127, dtype=torch.uint8, device=device),
-        zeros(1, PAGE_BYTES, dtype=torch.uint8), zeros(batch, max(1, -(-table_end // PAGE_SIZE))),
-        zeros(rows, 64, dtype=torch.float32), zeros(rows), zeros(rows), zeros(rows), topk=k, max_seq_len=max_end)
+        zeros(rows, 64, 64, dtype=torch.uint8),
+        torch.full((rows, 64, 4), 127, dtype=torch.uint8, device=device),
+        zeros(1, PAGE_BYTES, dtype=torch.uint8),
+        zeros(batch, max(1, -(-table_end // PAGE_SIZE))),
+        zeros(rows, 64, dtype=torch.float32),
+        zeros(rows),
+        zeros(rows),
+        zeros(rows),
+        topk=k,
+        max_seq_len=max_end,
+    )
     if dense:
         run_dense(problem, backend, selector="torch")
     else:

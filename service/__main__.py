@@ -109,14 +109,18 @@ def check(settings: ServiceSettings, route: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli_parser()
-    parser.add_argument("--check", choices=("livez", "readyz"), default=None,
-                        help="probe the running service (same settings) instead of starting one; exit 0 or 1")
+    parser.add_argument(
+        "--check",
+        choices=("livez", "readyz"),
+        default=None,
+        help="probe the running service (same settings) instead of starting one; exit 0 or 1",
+    )
     args = parser.parse_args(argv)
     settings = settings_from_args(args)
     if args.check:
         return check(settings, args.check)
     try:
-        device = settings.torch_device()  # a GPU named by UUID that is not visible fails here, before binding
+        settings.torch_device()  # a GPU named by UUID that is not visible fails here, before binding
     except ValueError as exc:
         print(f"litetopk: {exc}", file=sys.stderr)
         return 2
@@ -140,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     app = create_app(settings, listening=" and ".join(where))
     config = uvicorn.Config(
-        app, workers=1, lifespan="on",
-        log_config=logging_config(settings.log_level), log_level=settings.log_level,
+        app,
+        workers=1,
+        lifespan="on",
+        log_config=logging_config(settings.log_level),
+        log_level=settings.log_level,
         # one second past the grace period: the service answers what is still queued first (shutting_down)
-        http=peer_protocol_class(), timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s) + 1,
+        http=peer_protocol_class(),
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s) + 1,
         access_log=settings.log_level == "debug",
     )
     # uvicorn re-raises the SIGTERM it shut down on; as SystemExit it reaches the `finally` below

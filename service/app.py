@@ -27,15 +27,15 @@ from litetopk.kernels import SUPPORTED_TOPK, litetopk_prefill, pack_kv_cache, qu
 from . import __version__
 from .errors import install_error_handlers
 from .executor import DeviceExecutor
-from .operator import WorkspaceLimits
 from .fdpass import FdSocket
 from .ipc import IpcServer
 from .metrics import ServiceMetrics
 from .middleware import RequestGuard
+from .operator import WorkspaceLimits
 from .principals import remove_token_file, write_token_file
 from .regions import REGION_KINDS, RegionTable
-from .schemas import TopKRequest
 from .routes import health_router, regions_router, topk_router
+from .schemas import TopKRequest
 from .settings import ServiceSettings
 from .state import ServiceState
 from .wire import FD_SOCKET_NAME, IPC_SOCKET_NAME
@@ -53,8 +53,11 @@ def warmup_problem(device: torch.device, seed: int = 0) -> tuple[tuple, dict]:
     cache = pack_kv_cache(k_fp4, k_scale, block_table, pages)
     q_fp4, q_scale = quantize_mxfp4(torch.randn(rows, 64, 128, generator=gen))
     weights = torch.randn(rows, 64, generator=gen)
-    meta = [torch.zeros(rows, dtype=torch.int32), torch.zeros(rows, dtype=torch.int32),
-            torch.full((rows,), length, dtype=torch.int32)]
+    meta = [
+        torch.zeros(rows, dtype=torch.int32),
+        torch.zeros(rows, dtype=torch.int32),
+        torch.full((rows,), length, dtype=torch.int32),
+    ]
     args = tuple(t.to(device) for t in (q_fp4, q_scale, cache, block_table, weights, *meta))
     return args, {"topk": 512}
 
@@ -69,11 +72,19 @@ async def _warm_up(state: ServiceState) -> None:
 
     def allocate():
         limits = workspace_limits(settings, state.device)
-        operator = executor.build_operator(limits, state.backend, state.tuning, graphs=settings.graphs,
-                                           max_graphs=settings.max_graphs)
-        log.info("operator: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s (graphs %s)",
-                 operator.nbytes / 2**20, state.device, limits.max_rows, limits.max_keys, limits.max_batch,
-                 SUPPORTED_TOPK, "on" if operator.runner is not None else "off")
+        operator = executor.build_operator(
+            limits, state.backend, state.tuning, graphs=settings.graphs, max_graphs=settings.max_graphs
+        )
+        log.info(
+            "operator: %.1f MiB on %s for %d rows, %d keys, %d sequences, K in %s (graphs %s)",
+            operator.nbytes / 2**20,
+            state.device,
+            limits.max_rows,
+            limits.max_keys,
+            limits.max_batch,
+            SUPPORTED_TOPK,
+            "on" if operator.runner is not None else "off",
+        )
         return operator
 
     def run():  # one job: the warm-up, then the operator, then the warm-up again through it
@@ -83,8 +94,7 @@ async def _warm_up(state: ServiceState) -> None:
         names = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
         inputs = dict(zip(names, args))
         kv_cache = inputs.pop("kv_cache")
-        operator(inputs, kv_cache, kv_scale=None, weight_scale=1.0, repair=True, out={},
-                 **kwargs).raise_for_status()
+        operator(inputs, kv_cache, kv_scale=None, weight_scale=1.0, repair=True, out={}, **kwargs).raise_for_status()
 
     if not settings.warmup:  # ready at once; the requests queue behind the workspace's job
         state.ready.set()
@@ -103,8 +113,9 @@ async def _warm_up(state: ServiceState) -> None:
         log.error("warm-up failed on %s: %s", state.device, state.warmup_error)
         return
     state.ready.set()
-    log.info("ready: warm-up done in %.1f s (backend %s on %s)", time.perf_counter() - started, state.backend,
-             state.device)
+    log.info(
+        "ready: warm-up done in %.1f s (backend %s on %s)", time.perf_counter() - started, state.backend, state.device
+    )
 
 
 async def _retire_dead_owners(state: ServiceState) -> None:
@@ -118,6 +129,7 @@ def _bind_metrics(state: ServiceState) -> None:
     metrics, table = state.metrics, state.table
     for kind in REGION_KINDS:
         metrics.regions.labels(kind).set_function(lambda kind=kind: sum(r.kind == kind for r in table.list()))
+
     def on_retire(region) -> None:
         metrics.regions_retired.labels(region.reason.value).inc()
         if state.executor.operator is not None:  # its graphs may read the region: dropped before the next call
@@ -132,8 +144,9 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
     if settings.uds:
         settings.socket_dir()  # created (or checked) without following links
         path = str(Path(settings.uds).parent / FD_SOCKET_NAME)
-        fd_socket = FdSocket(path, state.tickets, settings.uds_mode, settings.socket_group_id(),
-                             settings.resource_log_interval_s)
+        fd_socket = FdSocket(
+            path, state.tickets, settings.uds_mode, settings.socket_group_id(), settings.resource_log_interval_s
+        )
         stack.callback(fd_socket.stop)
         fd_socket.start()
         state.fd_socket = path
@@ -147,10 +160,22 @@ def _open_side_files(state: ServiceState, stack: contextlib.ExitStack) -> None:
 #: The dtype each tensor of a top-k body must have (the operator refuses others: bad_dtype): the
 #: OpenAPI schema says so, as strict as the service.
 TENSOR_DTYPES = {
-    "q_fp4": ["uint8"], "q_scale": ["uint8"], "kv_cache": ["uint8"], "kv_scale": ["uint8"],
-    "weights": ["float32", "bfloat16"], "block_table": ["int32"], "row_to_batch": ["int32"], "starts": ["int32"],
-    "ends": ["int32"], "values": ["float32"], "raw_indices": ["int32"], "physical_indices": ["int32"],
-    "counts": ["int32"], "status": ["int32"], "repaired": ["int32"], "candidates": ["int32"],
+    "q_fp4": ["uint8"],
+    "q_scale": ["uint8"],
+    "kv_cache": ["uint8"],
+    "kv_scale": ["uint8"],
+    "weights": ["float32", "bfloat16"],
+    "block_table": ["int32"],
+    "row_to_batch": ["int32"],
+    "starts": ["int32"],
+    "ends": ["int32"],
+    "values": ["float32"],
+    "raw_indices": ["int32"],
+    "physical_indices": ["int32"],
+    "counts": ["int32"],
+    "status": ["int32"],
+    "repaired": ["int32"],
+    "candidates": ["int32"],
 }
 
 
@@ -171,8 +196,11 @@ def _strict_topk_schema(components: dict, backend: str | None) -> None:
                 continue
             dtypes = TENSOR_DTYPES[field]
             name = "RegionSlice_" + "_".join(dtypes)
-            narrowed = {**base, "properties": {**base["properties"], "dtype": {"enum": dtypes, "type": "string"}},
-                        "title": f"RegionSlice ({', '.join(dtypes)})"}
+            narrowed = {
+                **base,
+                "properties": {**base["properties"], "dtype": {"enum": dtypes, "type": "string"}},
+                "title": f"RegionSlice ({', '.join(dtypes)})",
+            }
             components.setdefault(name, narrowed)
             ref = {"$ref": "#/components/schemas/RegionSlice"}
             for option in prop.get("anyOf", [prop]):
@@ -215,13 +243,30 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
         device = settings.torch_device()
         backend = resolve_backend(settings.backend, device)
         tuning = settings.tuning(backend)  # a calibration the backend cannot run fails the start here
-        table = RegionTable(device, settings.foreign_pid_namespace, max_regions=settings.max_regions_per_principal,
-                            max_bytes=settings.max_region_bytes_per_principal)
-        executor = DeviceExecutor(device, settings.queue_size, metrics, settings.retry_after_s, settings.fault_delay_s,
-                                  settings.fault_gate_file)
-        state = ServiceState(settings=settings, device=device, backend=backend, tuning=tuning, table=table,
-                             executor=executor, metrics=metrics,
-                             http_url=next((w for w in listening.split(" and ") if w.startswith("http")), None))
+        table = RegionTable(
+            device,
+            settings.foreign_pid_namespace,
+            max_regions=settings.max_regions_per_principal,
+            max_bytes=settings.max_region_bytes_per_principal,
+        )
+        executor = DeviceExecutor(
+            device,
+            settings.queue_size,
+            metrics,
+            settings.retry_after_s,
+            settings.fault_delay_s,
+            settings.fault_gate_file,
+        )
+        state = ServiceState(
+            settings=settings,
+            device=device,
+            backend=backend,
+            tuning=tuning,
+            table=table,
+            executor=executor,
+            metrics=metrics,
+            http_url=next((w for w in listening.split(" and ") if w.startswith("http")), None),
+        )
         _bind_metrics(state)
         app.state.service = state
         with contextlib.ExitStack() as side_files:
@@ -229,13 +274,24 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
             executor.start()
             ipc = None
             if settings.uds and settings.ipc:
-                ipc = IpcServer(state, str(Path(settings.uds).parent / IPC_SOCKET_NAME), settings.uds_mode,
-                                settings.socket_group_id())
+                ipc = IpcServer(
+                    state,
+                    str(Path(settings.uds).parent / IPC_SOCKET_NAME),
+                    settings.uds_mode,
+                    settings.socket_group_id(),
+                )
                 await ipc.start()
                 state.ipc_socket = ipc.path
-            log.info("litetopk listening on %s (backend %s, device %s%s, fd socket %s, ipc socket %s, token file %s)",
-                     listening or "(in-process)", backend, device, f", gpu uuid {table.uuid}" if table.uuid else "",
-                     state.fd_socket, state.ipc_socket, state.token_path)
+            log.info(
+                "litetopk listening on %s (backend %s, device %s%s, fd socket %s, ipc socket %s, token file %s)",
+                listening or "(in-process)",
+                backend,
+                device,
+                f", gpu uuid {table.uuid}" if table.uuid else "",
+                state.fd_socket,
+                state.ipc_socket,
+                state.token_path,
+            )
             tasks = [asyncio.create_task(_warm_up(state)), asyncio.create_task(_retire_dead_owners(state))]
             try:
                 yield
@@ -252,10 +308,12 @@ def create_app(settings: ServiceSettings | None = None, *, listening: str = "") 
                 table.close_all()
 
     app = FastAPI(
-        title="litetopk", version=__version__, lifespan=lifespan,
+        title="litetopk",
+        version=__version__,
+        lifespan=lifespan,
         summary="Top-k index selection (DeepSeek-V4 lightning indexer) on one pinned GPU",
         description="Regions (shared memory, CUDA IPC) are registered once and named by every request; "
-                    "errors are RFC 9457 problem+json with a stable `code`.",
+        "errors are RFC 9457 problem+json with a stable `code`.",
     )
     install_error_handlers(app)
     _with_body_schemas(app, _served_backend(settings), TopKRequest)

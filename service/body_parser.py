@@ -95,8 +95,12 @@ class BodyParser:
             self._discard()
             context = multiprocessing.get_context("spawn")
             ours, theirs = context.Pipe()
-            self._process = context.Process(target=_serve, name="litetopk-body-parser", daemon=True,
-                                            args=(theirs, self.validate.__module__, self.validate.__qualname__))
+            self._process = context.Process(
+                target=_serve,
+                name="litetopk-body-parser",
+                daemon=True,
+                args=(theirs, self.validate.__module__, self.validate.__qualname__),
+            )
             self._process.start()
             theirs.close()
             self._conn = ours

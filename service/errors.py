@@ -37,7 +37,6 @@ from litetopk.kernels import (
     InputError,
     InputShapeError,
     RowFaultError,
-    RowStatus,
     UnsupportedTopKError,
 )
 from litetopk.kernels.errors import LiteTopKError
@@ -48,6 +47,7 @@ from .wire import CODES, ROW_FLAG_CODES, problem_body
 log = logging.getLogger("litetopk.service")
 
 PROBLEM_JSON = "application/problem+json"
+
 
 class ServiceError(Exception):
     """A failure the service raises itself; `code` is one of CODES."""
@@ -119,7 +119,7 @@ def _methods_matching(routes, scope: dict) -> set[str]:
             prefix = route.include_context.prefix
             path = scope["path"]
             if path.startswith(prefix):
-                methods |= _methods_matching(included.routes, {**scope, "path": path[len(prefix):] or "/"})
+                methods |= _methods_matching(included.routes, {**scope, "path": path[len(prefix) :] or "/"})
             continue
         match, _ = route.matches(scope)
         if match != Match.NONE and getattr(route, "methods", None):
@@ -131,15 +131,19 @@ def install_error_handlers(app: FastAPI) -> None:
     """Route every failure of every route through `as_service_error` and `problem_response`."""
 
     async def on_validation(request: Request, exc: RequestValidationError):
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-                  for e in exc.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]
         first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(x) for x in first["loc"])
         code = "invalid_json" if any(e["type"] == "json_invalid" for e in errors) else "validation_error"
         return _respond(request, ServiceError(code, f"{where}: {first['msg']}", errors=errors))
 
     async def on_http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.status_code, "http_error"
+        )
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # Starlette names only the first matching route's methods
             headers["Allow"] = ", ".join(sorted(_allowed_methods(request)))
@@ -155,5 +159,12 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_any)  # a bug: answered with a code, logged, re-raised by Starlette
 
 
-__all__ = ["CODES", "PROBLEM_JSON", "ServiceError", "as_service_error", "install_error_handlers",
-           "problem_response", "row_fault_code"]
+__all__ = [
+    "CODES",
+    "PROBLEM_JSON",
+    "ServiceError",
+    "as_service_error",
+    "install_error_handlers",
+    "problem_response",
+    "row_fault_code",
+]

@@ -121,8 +121,15 @@ class _JobQueue:
 class DeviceExecutor:
     """Single worker thread pinned to `device` (see the module docstring)."""
 
-    def __init__(self, device: torch.device, queue_size: int, metrics: ServiceMetrics, retry_after_s: int = 1,
-                 fault_delay_s: float = 0.0, fault_gate_file: str = ""):
+    def __init__(
+        self,
+        device: torch.device,
+        queue_size: int,
+        metrics: ServiceMetrics,
+        retry_after_s: int = 1,
+        fault_delay_s: float = 0.0,
+        fault_gate_file: str = "",
+    ):
         self.device = device
         self.fault_delay_s = fault_delay_s
         self.fault_gate_file = fault_gate_file
@@ -142,8 +149,9 @@ class DeviceExecutor:
         self._gated = 0  # a job taken but held by the fault-injection gate (counted as queued)
         metrics.queue_depth.set_function(lambda: self._queue.qsize() + self._gated)
 
-    def build_operator(self, limits: WorkspaceLimits, backend: str, tuning=None, *, graphs: bool = True,
-                       max_graphs: int = 16) -> DeviceOperator:
+    def build_operator(
+        self, limits: WorkspaceLimits, backend: str, tuning=None, *, graphs: bool = True, max_graphs: int = 16
+    ) -> DeviceOperator:
         """Build the device's operator (service/operator.py: workspace, graph runner, result buffer) for
         `limits`; call it on the worker thread, from a job, once."""
         if threading.current_thread() is not self._thread:
@@ -160,11 +168,16 @@ class DeviceExecutor:
         limits = self.limits
         if rows <= limits.max_rows and batch <= limits.max_batch:
             return self.operator
-        for what, count, limit, setting in (("query rows", rows, limits.max_rows, "MAX_ROWS"),
-                                            ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH")):
+        for what, count, limit, setting in (
+            ("query rows", rows, limits.max_rows, "MAX_ROWS"),
+            ("sequences (block_table rows)", batch, limits.max_batch, "MAX_BATCH"),
+        ):
             if count > limit:
-                raise ServiceError("invalid_input", f"{count} {what}: this service serves at most {limit} a request "
-                                   f"(LITETOPK_{setting}); split the request")
+                raise ServiceError(
+                    "invalid_input",
+                    f"{count} {what}: this service serves at most {limit} a request "
+                    f"(LITETOPK_{setting}); split the request",
+                )
         return self.operator
 
     def start(self) -> None:
@@ -201,8 +214,11 @@ class DeviceExecutor:
 
     def _refuse_if_closed(self) -> None:
         if self._closed:
-            raise ServiceError("shutting_down", "the service is shutting down; retry on its successor",
-                               headers={"Retry-After": str(self.retry_after_s)})
+            raise ServiceError(
+                "shutting_down",
+                "the service is shutting down; retry on its successor",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
 
     def _enqueue(self, job: Job) -> None:
         self._refuse_if_closed()
@@ -212,9 +228,12 @@ class DeviceExecutor:
             self._queue.put_nowait(job)
         except queue.Full:
             self._done_with_one()
-            raise ServiceError("overloaded", f"{self._queue.maxsize} requests are already waiting for the device",
-                               headers={"Retry-After": str(self.retry_after_s)},
-                               retry_after=self.retry_after_s) from None
+            raise ServiceError(
+                "overloaded",
+                f"{self._queue.maxsize} requests are already waiting for the device",
+                headers={"Retry-After": str(self.retry_after_s)},
+                retry_after=self.retry_after_s,
+            ) from None
 
     def _done_with_one(self) -> None:
         with self._count_lock:

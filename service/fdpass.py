@@ -34,8 +34,11 @@ CONNECTION_TIMEOUT_S = 2.0
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-FD_EXHAUSTED = {"code": "fd_exhausted", "detail": "the service has no file descriptors left to receive the memory "
-                "with; retry later (its operator raises RLIMIT_NOFILE or frees regions)"}
+FD_EXHAUSTED = {
+    "code": "fd_exhausted",
+    "detail": "the service has no file descriptors left to receive the memory "
+    "with; retry later (its operator raises RLIMIT_NOFILE or frees regions)",
+}
 
 
 def _open_reserve() -> int | None:
@@ -71,8 +74,11 @@ class FdTickets:
         with self._lock:
             if sum(t.uid == uid for t in self._tickets.values()) >= MAX_TICKETS_PER_UID:
                 os.close(fd)
-                raise ServiceError("overloaded", f"uid {uid} already has {MAX_TICKETS_PER_UID} unclaimed fds; "
-                                   "register them (or wait for them to expire) first")
+                raise ServiceError(
+                    "overloaded",
+                    f"uid {uid} already has {MAX_TICKETS_PER_UID} unclaimed fds; "
+                    "register them (or wait for them to expire) first",
+                )
             ticket = secrets.token_urlsafe(18)
             self._tickets[ticket] = _Ticket(fd, uid, time.monotonic() + self.ttl_s)
         return ticket
@@ -84,8 +90,11 @@ class FdTickets:
             if entry is not None and entry.uid == uid and entry.expires > time.monotonic():
                 del self._tickets[ticket]
                 return entry.fd
-        raise ServiceError("unknown_ticket", f"no fd was handed over under this ticket by uid {uid} in the last "
-                           f"{self.ttl_s:.0f} s (tickets are one-time and belong to the uid that sent the fd)")
+        raise ServiceError(
+            "unknown_ticket",
+            f"no fd was handed over under this ticket by uid {uid} in the last "
+            f"{self.ttl_s:.0f} s (tickets are one-time and belong to the uid that sent the fd)",
+        )
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -106,8 +115,9 @@ class FdTickets:
 class FdSocket:
     """The listening fd socket at `path` and its accept thread (`start`, `stop`: stop unlinks it)."""
 
-    def __init__(self, path: str, tickets: FdTickets, mode: int = 0o600, gid: int | None = None,
-                 log_interval_s: float = 10.0):
+    def __init__(
+        self, path: str, tickets: FdTickets, mode: int = 0o600, gid: int | None = None, log_interval_s: float = 10.0
+    ):
         self.path = path
         self.tickets = tickets
         self._shortage = OncePerInterval(log, log_interval_s)
@@ -161,8 +171,12 @@ class FdSocket:
     def _refuse_without_fds(self, exc: OSError) -> None:
         """No fd left to accept with: give up the reserve fd for a moment, accept, answer
         `fd_exhausted`, close; log once per interval; wait a poll interval when even that fails."""
-        self._shortage.warning("fd socket %s: no file descriptors left (%s); handovers are answered fd_exhausted "
-                               "(raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)", self.path, exc)
+        self._shortage.warning(
+            "fd socket %s: no file descriptors left (%s); handovers are answered fd_exhausted "
+            "(raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)",
+            self.path,
+            exc,
+        )
         if self._reserve is None:
             self._stop.wait(ACCEPT_POLL_S)
             return
@@ -184,7 +198,7 @@ class FdSocket:
         fds = array.array("i")
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
         if flags & socket.MSG_CTRUNC:  # the kernel dropped the fd: none left to receive it into
             for fd in fds:
                 os.close(fd)
@@ -193,8 +207,10 @@ class FdSocket:
         if message != HANDOVER_MESSAGE or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            return {"code": "validation_error",
-                    "detail": f"send exactly one fd with the message {HANDOVER_MESSAGE!r} (got {len(fds)} fds)"}
+            return {
+                "code": "validation_error",
+                "detail": f"send exactly one fd with the message {HANDOVER_MESSAGE!r} (got {len(fds)} fds)",
+            }
         try:
             return {"ticket": self.tickets.issue(fds[0], uid)}
         except ServiceError as exc:

@@ -140,8 +140,13 @@ class IpcConnection:
 
     def _run(self) -> None:
         try:
-            self.send(Hello(protocol=IPC_PROTOCOL, info=self.state.info(), principal={
-                "uid": self.principal.uid, "gid": self.principal.gid, "pid": self.principal.pid}))
+            self.send(
+                Hello(
+                    protocol=IPC_PROTOCOL,
+                    info=self.state.info(),
+                    principal={"uid": self.principal.uid, "gid": self.principal.gid, "pid": self.principal.pid},
+                )
+            )
             self._read_frames()
         except OSError:
             pass  # the peer went away
@@ -164,21 +169,33 @@ class IpcConnection:
                 while end - start >= FRAME.size:
                     header_bytes, payload_bytes = FRAME.unpack_from(buffer, start)
                     if header_bytes > limit:
-                        self.fail(0, ServiceError("payload_too_large", f"a frame header of {header_bytes} bytes: at "
-                                                  f"most {limit} (LITETOPK_MAX_REQUEST_BYTES); the connection is "
-                                                  "closed"))
+                        self.fail(
+                            0,
+                            ServiceError(
+                                "payload_too_large",
+                                f"a frame header of {header_bytes} bytes: at "
+                                f"most {limit} (LITETOPK_MAX_REQUEST_BYTES); the connection is "
+                                "closed",
+                            ),
+                        )
                         return
                     if payload_bytes:
-                        self.fail(0, ServiceError("invalid_frame", f"a request frame carries {payload_bytes} payload "
-                                                  "bytes; requests carry none (tensors travel in regions); the "
-                                                  "connection is closed"))
+                        self.fail(
+                            0,
+                            ServiceError(
+                                "invalid_frame",
+                                f"a request frame carries {payload_bytes} payload "
+                                "bytes; requests carry none (tensors travel in regions); the "
+                                "connection is closed",
+                            ),
+                        )
                         return
                     wanted = FRAME.size + header_bytes
                     if end - start < wanted:
                         break
                     # a copy (~1 KiB): what the decoded message keeps (a top-k request's bytes) must not
                     # pin the buffer, which grows and shrinks
-                    self._dispatch(bytes(view[start + FRAME.size:start + wanted]), time.perf_counter())
+                    self._dispatch(bytes(view[start + FRAME.size : start + wanted]), time.perf_counter())
                     start += wanted
                     wanted = FRAME.size
                 if start == end:
@@ -188,7 +205,7 @@ class IpcConnection:
                         del buffer[READ_BUFFER_BYTES:]
                         view = memoryview(buffer)
                 elif len(buffer) - start < wanted or start > len(buffer) // 2:
-                    buffer[:end - start] = bytes(view[start:end])  # the partial frame to the front
+                    buffer[: end - start] = bytes(view[start:end])  # the partial frame to the front
                     start, end = 0, end - start
                 if len(buffer) < wanted:  # a frame larger than any before (at most the limit)
                     view.release()
@@ -257,15 +274,22 @@ class IpcConnection:
             else:
                 self.in_flight[key] = request
         if request is None:
-            self.fail(message.id, ServiceError("overloaded", f"{MAX_IN_FLIGHT} requests of this connection are in "
-                                               "flight already", retry_after=self.state.settings.retry_after_s))
+            self.fail(
+                message.id,
+                ServiceError(
+                    "overloaded",
+                    f"{MAX_IN_FLIGHT} requests of this connection are in flight already",
+                    retry_after=self.state.settings.retry_after_s,
+                ),
+            )
             return
         marks = [("parse", time.perf_counter())]
         try:
             admitted = self.admissions.admit(bytes(message.request), lambda: _request(message, header))
             marks.append(("admit", time.perf_counter()))
-            job = start_topk(admitted, self.state, marks,
-                             lambda outcome: self._answer_topk(key, started, marks, outcome))
+            job = start_topk(
+                admitted, self.state, marks, lambda outcome: self._answer_topk(key, started, marks, outcome)
+            )
         except BaseException as exc:  # a malformed request, admission, overloaded, shutting_down
             with self.lock:
                 self.in_flight.pop(key, None)
@@ -294,8 +318,17 @@ class IpcConnection:
         result: Outcome = value
         marks.append(("encode", time.perf_counter()))
         fields = [ResultField(e["name"], e["dtype"], e["shape"], e["offset"], e["nbytes"]) for e in result.entries]
-        self.send(TopKAnswer(id=request.id, rows=result.rows, topk=result.topk, written=result.written,
-                             fields=fields, timing=phase_durations(started, marks)), result.buffer)
+        self.send(
+            TopKAnswer(
+                id=request.id,
+                rows=result.rows,
+                topk=result.topk,
+                written=result.written,
+                fields=fields,
+                timing=phase_durations(started, marks),
+            ),
+            result.buffer,
+        )
         self.server.count("topk", "ok", time.perf_counter() - started)
 
     def _answer(self, message):
@@ -306,9 +339,11 @@ class IpcConnection:
                 registration = _REGISTRATION.validate_python(message.registration, strict=True)
             except ValidationError as exc:
                 errors = exc.errors(include_url=False, include_input=False, include_context=False)[:32]
-                raise ServiceError("validation_error", f"registration: {errors[0]['msg'] if errors else exc}",
-                                   errors=[{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-                                           for e in errors]) from None
+                raise ServiceError(
+                    "validation_error",
+                    f"registration: {errors[0]['msg'] if errors else exc}",
+                    errors=[{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors],
+                ) from None
             if isinstance(registration, CudaIpcRegistration):
                 region = table.register_cuda_ipc(registration, uid)
             else:
@@ -421,8 +456,9 @@ def _frame_problem(header) -> tuple[int, ServiceError]:
     try:
         _STRICT_DECODER.decode(header)
     except msgspec.ValidationError as exc:
-        return _message_id(header), ServiceError("validation_error", f"the message does not match the protocol: "
-                                                 f"{exc}", errors=[{"msg": str(exc)}])
+        return _message_id(header), ServiceError(
+            "validation_error", f"the message does not match the protocol: {exc}", errors=[{"msg": str(exc)}]
+        )
     except msgspec.DecodeError as exc:
         return 0, ServiceError("invalid_frame", f"the frame's header is not a msgpack message: {exc}")
     raise AssertionError("a frame that did not decode once decoded")
@@ -473,8 +509,12 @@ class IpcServer:
                 if self._stop.is_set():
                     return
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
-                    self._shortage.warning("IPC socket %s: no file descriptors left (%s); connections wait (raise "
-                                           "the service's RLIMIT_NOFILE, or fewer regions)", self.path, exc)
+                    self._shortage.warning(
+                        "IPC socket %s: no file descriptors left (%s); connections wait (raise "
+                        "the service's RLIMIT_NOFILE, or fewer regions)",
+                        self.path,
+                        exc,
+                    )
                 else:
                     self._shortage.warning("IPC socket %s: accept failed: %s", self.path, exc)
                 self._stop.wait(ACCEPT_POLL_S)  # never a spin
@@ -495,9 +535,15 @@ class IpcServer:
             if not full:
                 self.connections.add(connection)
         if full:
-            connection.fail(0, ServiceError("overloaded", f"the IPC channel serves at most {MAX_CONNECTIONS} "
-                                            f"connections, {MAX_CONNECTIONS_PER_UID} of one uid; close some",
-                                            retry_after=self.state.settings.retry_after_s))
+            connection.fail(
+                0,
+                ServiceError(
+                    "overloaded",
+                    f"the IPC channel serves at most {MAX_CONNECTIONS} "
+                    f"connections, {MAX_CONNECTIONS_PER_UID} of one uid; close some",
+                    retry_after=self.state.settings.retry_after_s,
+                ),
+            )
             sock.close()
             return
         connection.thread.start()
@@ -511,8 +557,10 @@ class IpcServer:
         counters = self._counters.get((op, code))
         if counters is None:
             metrics = self.state.metrics
-            counters = self._counters[(op, code)] = (metrics.requests.labels(f"ipc:{op}", "IPC", code),
-                                                     metrics.latency.labels(f"ipc:{op}"))
+            counters = self._counters[(op, code)] = (
+                metrics.requests.labels(f"ipc:{op}", "IPC", code),
+                metrics.latency.labels(f"ipc:{op}"),
+            )
         counters[0].inc()
         if seconds is not None:
             counters[1].observe(seconds)

@@ -21,8 +21,12 @@ def logging_config(level: str) -> dict:
         "disable_existing_loggers": False,
         "formatters": {"plain": {"format": LOG_FORMAT}},
         "handlers": {"stderr": handler},
-        "loggers": {"litetopk": logger, "uvicorn": logger, "uvicorn.error": {"level": level},
-                    "uvicorn.access": {**logger, "level": "DEBUG" if level == "DEBUG" else "WARNING"}},
+        "loggers": {
+            "litetopk": logger,
+            "uvicorn": logger,
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {**logger, "level": "DEBUG" if level == "DEBUG" else "WARNING"},
+        },
     }
 
 

@@ -43,21 +43,35 @@ def map_memfd(fd: int, size: int, writable: bool) -> tuple[torch.Tensor, tuple]:
         try:
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         except OSError as exc:
-            raise ServiceError("unsealed_memory", "the fd handed over is not a memfd that supports seals "
-                               "(create it with memfd_create(..., MFD_ALLOW_SEALING))") from exc
+            raise ServiceError(
+                "unsealed_memory",
+                "the fd handed over is not a memfd that supports seals "
+                "(create it with memfd_create(..., MFD_ALLOW_SEALING))",
+            ) from exc
         if seals & SEALS_REQUIRED != SEALS_REQUIRED:
-            raise ServiceError("unsealed_memory", "the memfd is not sealed against shrinking: add F_SEAL_SHRINK "
-                               "(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)) before handing it over")
+            raise ServiceError(
+                "unsealed_memory",
+                "the memfd is not sealed against shrinking: add F_SEAL_SHRINK "
+                "(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK)) before handing it over",
+            )
         if info.st_size < size:
-            raise ServiceError("out_of_bounds", f"the memfd holds {info.st_size} bytes; the registration declares {size}")
+            raise ServiceError(
+                "out_of_bounds", f"the memfd holds {info.st_size} bytes; the registration declares {size}"
+            )
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         try:
             mapping = _map_shared(fd, size, prot)
         except OSError as exc:
-            why = "the fd is not open for writing (or the memfd is write-sealed)" \
-                if exc.errno in (errno.EACCES, errno.EPERM) and writable else exc.strerror
-            raise ServiceError("shm_unavailable", f"cannot map the memfd {'read-write' if writable else 'read-only'}: "
-                               f"{why}; register it read_only or send a writable fd") from exc
+            why = (
+                "the fd is not open for writing (or the memfd is write-sealed)"
+                if exc.errno in (errno.EACCES, errno.EPERM) and writable
+                else exc.strerror
+            )
+            raise ServiceError(
+                "shm_unavailable",
+                f"cannot map the memfd {'read-write' if writable else 'read-only'}: "
+                f"{why}; register it read_only or send a writable fd",
+            ) from exc
     finally:
         os.close(fd)
     base = torch.frombuffer(mapping, dtype=torch.uint8)
@@ -101,8 +115,14 @@ def _open_cuda_ipc_torch(reg, handle: bytes, device: torch.device):
     try:
         torch.cuda._lazy_init()
         storage = torch.UntypedStorage._new_shared_cuda(
-            device.index, handle, reg.size, reg.offset, base64.b64decode(t.ref_counter_handle),
-            t.ref_counter_offset, event, bool(t.event_sync_required and t.event_handle),
+            device.index,
+            handle,
+            reg.size,
+            reg.offset,
+            base64.b64decode(t.ref_counter_handle),
+            t.ref_counter_offset,
+            event,
+            bool(t.event_sync_required and t.event_handle),
         )
     except (RuntimeError, TypeError) as exc:
         raise ServiceError("ipc_unavailable", f"torch could not open the CUDA IPC handle: {exc}") from exc
@@ -115,8 +135,13 @@ class _CudaArray:
     """The smallest object torch.as_tensor accepts for a raw device pointer."""
 
     def __init__(self, ptr: int, size: int):
-        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 def _open_cuda_ipc_runtime(reg, handle: bytes, device: torch.device):
@@ -124,8 +149,11 @@ def _open_cuda_ipc_runtime(reg, handle: bytes, device: torch.device):
     try:
         from cuda.bindings import runtime as cudart
     except ImportError as exc:
-        raise ServiceError("ipc_unavailable", "cuda.bindings is not installed here; register through torch "
-                           "(litetopk.clients does) or install cuda-bindings") from exc
+        raise ServiceError(
+            "ipc_unavailable",
+            "cuda.bindings is not installed here; register through torch "
+            "(litetopk.clients does) or install cuda-bindings",
+        ) from exc
     mem_handle = cudart.cudaIpcMemHandle_t()
     mem_handle.reserved = handle
     err, ptr = cudart.cudaIpcOpenMemHandle(mem_handle, cudart.cudaIpcMemLazyEnablePeerAccess)

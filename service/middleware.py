@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ServiceError, problem_response
 from .metrics import ServiceMetrics
@@ -92,8 +91,10 @@ class RequestGuard:
 
     async def _refuse(self, scope: Scope, send: Send, state: dict, why: str, limit: int) -> None:
         state["problem_code"] = "payload_too_large"
-        error = ServiceError("payload_too_large", f"{why}; the limit is {limit} bytes "
-                             "(register large tensors as regions instead of sending them)")
+        error = ServiceError(
+            "payload_too_large",
+            f"{why}; the limit is {limit} bytes (register large tensors as regions instead of sending them)",
+        )
         response = problem_response(error, scope.get("path", ""))
         await response(scope, _no_receive, send)
 

@@ -45,14 +45,41 @@ class WorkspaceLimits:
 class DeviceOperator:
     """litetopk_prefill on one device within `limits` (module docstring)."""
 
-    def __init__(self, device: torch.device, limits: WorkspaceLimits, backend: str, tuning=None, *,
-                 graphs: bool = True, max_graphs: int = 16):
+    def __init__(
+        self,
+        device: torch.device,
+        limits: WorkspaceLimits,
+        backend: str,
+        tuning=None,
+        *,
+        graphs: bool = True,
+        max_graphs: int = 16,
+    ):
         self.device, self.limits, self.backend, self.tuning = device, limits, backend, tuning
-        self.workspace = allocate_workspace(limits.max_rows, limits.max_keys, SUPPORTED_TOPK, device=device,
-                                            backend=backend, tuning=tuning, max_batch=limits.max_batch)
-        self.runner = LiteTopKGraphs(limits.max_rows, limits.max_keys, SUPPORTED_TOPK, device=device, backend=backend,
-                                     tuning=tuning, max_batch=limits.max_batch, max_graphs=max_graphs,
-                                     workspace=self.workspace) if graphs else None
+        self.workspace = allocate_workspace(
+            limits.max_rows,
+            limits.max_keys,
+            SUPPORTED_TOPK,
+            device=device,
+            backend=backend,
+            tuning=tuning,
+            max_batch=limits.max_batch,
+        )
+        self.runner = (
+            LiteTopKGraphs(
+                limits.max_rows,
+                limits.max_keys,
+                SUPPORTED_TOPK,
+                device=device,
+                backend=backend,
+                tuning=tuning,
+                max_batch=limits.max_batch,
+                max_graphs=max_graphs,
+                workspace=self.workspace,
+            )
+            if graphs
+            else None
+        )
         self.results = None
         if device.type != "cpu":
             _, nbytes = result_layout(RESULT_FIELDS, limits.max_rows, max(SUPPORTED_TOPK))
@@ -75,10 +102,15 @@ class DeviceOperator:
         again), or new tensors with graphs off."""
         if self.runner is not None:
             return self.runner.input_buffers(rows, tuple(table_shape), topk=topk, weights_dtype=weights_dtype)
-        shapes = {"q_fp4": ((rows, 64, 64), torch.uint8), "q_scale": ((rows, 64, 4), torch.uint8),
-                  "block_table": (tuple(table_shape), torch.int32), "weights": ((rows, 64), weights_dtype),
-                  "row_to_batch": ((rows,), torch.int32), "starts": ((rows,), torch.int32),
-                  "ends": ((rows,), torch.int32)}
+        shapes = {
+            "q_fp4": ((rows, 64, 64), torch.uint8),
+            "q_scale": ((rows, 64, 4), torch.uint8),
+            "block_table": (tuple(table_shape), torch.int32),
+            "weights": ((rows, 64), weights_dtype),
+            "row_to_batch": ((rows,), torch.int32),
+            "starts": ((rows,), torch.int32),
+            "ends": ((rows,), torch.int32),
+        }
         return {name: torch.empty(shape, dtype=dtype, device=self.device) for name, (shape, dtype) in shapes.items()}
 
     def result_buffers(self, names, rows: int, topk: int) -> dict[str, torch.Tensor]:
@@ -88,21 +120,37 @@ class DeviceOperator:
         for e in entries:
             dtype = RESULT_FIELDS[e["name"]][0]
             count = math.prod(e["shape"])
-            views[e["name"]] = self.results[e["offset"]:e["offset"] + count * 4].view(dtype).view(e["shape"])
+            views[e["name"]] = self.results[e["offset"] : e["offset"] + count * 4].view(dtype).view(e["shape"])
         return views
 
-    def __call__(self, inputs: dict[str, torch.Tensor], kv_cache: torch.Tensor, *, kv_scale, topk: int,
-                 weight_scale: float, repair: bool, out: dict[str, torch.Tensor]) -> TopKResult:
+    def __call__(
+        self,
+        inputs: dict[str, torch.Tensor],
+        kv_cache: torch.Tensor,
+        *,
+        kv_scale,
+        topk: int,
+        weight_scale: float,
+        repair: bool,
+        out: dict[str, torch.Tensor],
+    ) -> TopKResult:
         if self._stale:
             self._stale = False
             if self.runner is not None:
                 self.runner.clear()
-        options = dict(topk=topk, weight_scale=weight_scale, repair=repair, out=out, max_seq_len=self.limits.max_keys,
-                       kv_scale=kv_scale)
+        options = dict(
+            topk=topk,
+            weight_scale=weight_scale,
+            repair=repair,
+            out=out,
+            max_seq_len=self.limits.max_keys,
+            kv_scale=kv_scale,
+        )
         if self.runner is not None:
             return self.runner(kv_cache=kv_cache, **inputs, **options)
-        return litetopk_prefill(kv_cache=kv_cache, **inputs, **options, backend=self.backend, tuning=self.tuning,
-                                workspace=self.workspace)
+        return litetopk_prefill(
+            kv_cache=kv_cache, **inputs, **options, backend=self.backend, tuning=self.tuning, workspace=self.workspace
+        )
 
 
 __all__ = ["DeviceOperator", "WorkspaceLimits"]

@@ -72,13 +72,19 @@ async def get_principal(request: Request, state: ServiceState = Depends(get_stat
         pid, uid, gid = peer
         return Principal(uid=uid, gid=gid, pid=pid, via="unix")
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if state.token and scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(),
-                                                                             state.token.encode()):
+    if (
+        state.token
+        and scheme.lower() == "bearer"
+        and secrets.compare_digest(token.strip().encode(), state.token.encode())
+    ):
         return Principal(uid=os.getuid(), gid=os.getgid(), pid=None, via="token")
     where = f"the bearer token in {state.token_path}" if state.token_path else "a bearer token (none is configured)"
-    raise ServiceError("unauthenticated", f"region operations over TCP need {where} (Authorization: Bearer "
-                       "<token>; litetopk.clients sends it by default), or connect over the Unix socket",
-                       headers={"WWW-Authenticate": 'Bearer realm="litetopk"'})
+    raise ServiceError(
+        "unauthenticated",
+        f"region operations over TCP need {where} (Authorization: Bearer "
+        "<token>; litetopk.clients sends it by default), or connect over the Unix socket",
+        headers={"WWW-Authenticate": 'Bearer realm="litetopk"'},
+    )
 
 
 def write_token_file(path: Path) -> str:
@@ -89,8 +95,9 @@ def write_token_file(path: Path) -> str:
             os.unlink(path.name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
-        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+        )
         with os.fdopen(fd, "w") as out:
             out.write(token + "\n")
     return token
@@ -115,5 +122,11 @@ class _directory:
         os.close(self.fd)
 
 
-__all__ = ["PEER_SCOPE_KEY", "Principal", "get_principal", "peer_protocol_class", "remove_token_file",
-           "write_token_file"]
+__all__ = [
+    "PEER_SCOPE_KEY",
+    "Principal",
+    "get_principal",
+    "peer_protocol_class",
+    "remove_token_file",
+    "write_token_file",
+]

@@ -114,8 +114,15 @@ class Region:
     detail: str = ""
 
     def info(self) -> RegionInfo:
-        return RegionInfo(id=self.id, generation=self.generation, kind=self.kind, size=self.size,
-                          access=self.access, pid=self.pid, device=str(self.device))
+        return RegionInfo(
+            id=self.id,
+            generation=self.generation,
+            kind=self.kind,
+            size=self.size,
+            access=self.access,
+            pid=self.pid,
+            device=str(self.device),
+        )
 
     def view(self, ref: RegionSlice, what: str, key: tuple | None = None) -> torch.Tensor:
         """The tensor `ref` names inside this region (bounds and alignment checked); the views of the
@@ -129,7 +136,7 @@ class Region:
         nbytes = self.check_bounds(ref, what)
         if self.base is None:
             raise ServiceError("stale_region", f"{what}: region {self.id} was released")
-        tensor = self.base[ref.offset:ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
+        tensor = self.base[ref.offset : ref.offset + nbytes].view(DTYPES[ref.dtype]).view(ref.shape)
         if len(self.views) >= VIEWS_KEPT:
             self.views.clear()
         self.views[key] = tensor
@@ -140,19 +147,29 @@ class Region:
         dtype = DTYPES[ref.dtype]
         nbytes = math.prod(ref.shape) * dtype.itemsize
         if ref.offset % dtype.itemsize:
-            raise ServiceError("misaligned_offset", f"{what}: offset {ref.offset} is not a multiple of "
-                               f"{dtype.itemsize} ({ref.dtype}); align it")
+            raise ServiceError(
+                "misaligned_offset",
+                f"{what}: offset {ref.offset} is not a multiple of {dtype.itemsize} ({ref.dtype}); align it",
+            )
         if ref.offset + nbytes > self.size:
-            raise ServiceError("out_of_bounds", f"{what}: {nbytes} bytes at offset {ref.offset} overrun "
-                               f"region {self.id} ({self.size} bytes)")
+            raise ServiceError(
+                "out_of_bounds",
+                f"{what}: {nbytes} bytes at offset {ref.offset} overrun region {self.id} ({self.size} bytes)",
+            )
         return nbytes
 
 
 class RegionTable:
     """The registered regions of one service (thread-safe: the event loop and the device worker)."""
 
-    def __init__(self, device: torch.device, foreign_pid_namespace: str = "refuse", *,
-                 max_regions: int = 2**31, max_bytes: int = 2**62):
+    def __init__(
+        self,
+        device: torch.device,
+        foreign_pid_namespace: str = "refuse",
+        *,
+        max_regions: int = 2**31,
+        max_bytes: int = 2**62,
+    ):
         self.device = device
         self.max_regions, self.max_bytes = max_regions, max_bytes  # per principal
         self.uuid = device_uuid(device)
@@ -177,17 +194,23 @@ class RegionTable:
             os.close(fd)
             raise
         base, inode = map_memfd(fd, reg.size, reg.access == "read_write")
-        return self._add("memfd", ("memfd", owner, *inode), reg, torch.device("cpu"), owner, pid, start, base,
-                         lambda: None)
+        return self._add(
+            "memfd", ("memfd", owner, *inode), reg, torch.device("cpu"), owner, pid, start, base, lambda: None
+        )
 
     def register_cuda_ipc(self, reg: CudaIpcRegistration, owner: int) -> Region:
         """Open a CUDA IPC handle on the pinned device (blocking: call it off the event loop)."""
         if self.device.type != "cuda":
-            raise ServiceError("foreign_device", f"this service runs on {self.device} and owns no GPU; "
-                               f"GPU {reg.device_uuid} is not served here")
+            raise ServiceError(
+                "foreign_device",
+                f"this service runs on {self.device} and owns no GPU; GPU {reg.device_uuid} is not served here",
+            )
         if normalize_uuid(reg.device_uuid) != self.uuid:
-            raise ServiceError("foreign_device", f"the handle is from GPU {reg.device_uuid}; this service owns "
-                               f"GPU {self.uuid} ({self.device}); send it to the service pinned to that GPU")
+            raise ServiceError(
+                "foreign_device",
+                f"the handle is from GPU {reg.device_uuid}; this service owns "
+                f"GPU {self.uuid} ({self.device}); send it to the service pinned to that GPU",
+            )
         key = ("cuda_ipc", owner, reg.handle_bytes(), reg.offset)
         with self._lock:
             self._check_quota_locked(owner, reg.size, key)
@@ -201,12 +224,18 @@ class RegionTable:
         regions = [r for r in self._live.values() if r.owner == owner and r.key != key]
         held = sum(r.size for r in regions)
         if len(regions) + 1 > self.max_regions:
-            raise ServiceError("region_quota_exceeded", f"this principal holds {len(regions)} regions, the most it "
-                               f"may (LITETOPK_MAX_REGIONS_PER_PRINCIPAL); unregister some first")
+            raise ServiceError(
+                "region_quota_exceeded",
+                f"this principal holds {len(regions)} regions, the most it "
+                f"may (LITETOPK_MAX_REGIONS_PER_PRINCIPAL); unregister some first",
+            )
         if held + size > self.max_bytes:
-            raise ServiceError("region_quota_exceeded", f"this principal holds {held} bytes of regions; {size} more "
-                               f"would pass {self.max_bytes} (LITETOPK_MAX_REGION_BYTES_PER_PRINCIPAL); unregister "
-                               "some first")
+            raise ServiceError(
+                "region_quota_exceeded",
+                f"this principal holds {held} bytes of regions; {size} more "
+                f"would pass {self.max_bytes} (LITETOPK_MAX_REGION_BYTES_PER_PRINCIPAL); unregister "
+                "some first",
+            )
 
     def _add(self, kind, key, reg, device, owner, pid, start, base, close) -> Region:
         with self._lock:
@@ -219,9 +248,18 @@ class RegionTable:
             old_id = self._by_key.get(key)
             old = self._live.get(old_id) if old_id else None
             region = Region(
-                id=old_id or "r" + secrets.token_hex(8), generation=old.generation + 1 if old else 1,
-                kind=kind, size=reg.size, device=device, key=key, owner=owner, access=reg.access, pid=pid,
-                pid_start=start, base=base, close=close,
+                id=old_id or "r" + secrets.token_hex(8),
+                generation=old.generation + 1 if old else 1,
+                kind=kind,
+                size=reg.size,
+                device=device,
+                key=key,
+                owner=owner,
+                access=reg.access,
+                pid=pid,
+                pid_start=start,
+                base=base,
+                close=close,
             )
             if old is not None:
                 self._retire_locked(old, RetireReason.SUPERSEDED, f"superseded by generation {region.generation}")
@@ -258,8 +296,10 @@ class RegionTable:
                 raise ServiceError("stale_region", f"region {region_id} (generation {gen}) is gone: {detail}")
             raise ServiceError("unknown_region", f"no region {region_id!r} was registered here by this principal")
         if generation is not None and generation != region.generation:
-            raise ServiceError("stale_region", f"region {region_id} is at generation {region.generation}; "
-                               f"the request names generation {generation}")
+            raise ServiceError(
+                "stale_region",
+                f"region {region_id} is at generation {region.generation}; the request names generation {generation}",
+            )
         return region
 
     def find_all(self, keys, owner: int, alive: dict | None = None) -> dict[tuple, Region]:
@@ -280,8 +320,9 @@ class RegionTable:
 
     # -- leases (device worker) ---------------------------------------------------------------
 
-    def acquire(self, ref: RegionSlice, what: str, owner: int,
-                alive: dict | None = None) -> tuple[Region, torch.Tensor]:
+    def acquire(
+        self, ref: RegionSlice, what: str, owner: int, alive: dict | None = None
+    ) -> tuple[Region, torch.Tensor]:
         """Lease the region `ref` names and return (region, tensor); pair with `release`."""
         with self._lock:
             region = self._find_locked(ref.region, owner, ref.generation, alive)
@@ -300,8 +341,9 @@ class RegionTable:
                     self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
             for region in regions:
                 if not region.live:
-                    raise ServiceError("stale_region", f"region {region.id} (generation {region.generation}) is "
-                                       f"gone: {region.detail}")
+                    raise ServiceError(
+                        "stale_region", f"region {region.id} (generation {region.generation}) is gone: {region.detail}"
+                    )
             for region in regions:
                 region.leases += 1
 
@@ -328,8 +370,9 @@ class RegionTable:
 
     # -- retirement ----------------------------------------------------------------------------
 
-    def unregister(self, region_id: str, owner: int, generation: int | None = None,
-                   timeout: float | None = None) -> Region:
+    def unregister(
+        self, region_id: str, owner: int, generation: int | None = None, timeout: float | None = None
+    ) -> Region:
         """Retire a region and wait until no request uses it (blocking: call it off the event loop)."""
         with self._lock:
             region = self._find_locked(region_id, owner, generation)
@@ -383,5 +426,14 @@ class RegionTable:
             region.close()
 
 
-__all__ = ["REGION_KINDS", "Region", "RegionTable", "RetireReason", "device_uuid", "normalize_uuid", "owner_alive",
-           "pid_namespace", "view_key"]
+__all__ = [
+    "REGION_KINDS",
+    "Region",
+    "RegionTable",
+    "RetireReason",
+    "device_uuid",
+    "normalize_uuid",
+    "owner_alive",
+    "pid_namespace",
+    "view_key",
+]

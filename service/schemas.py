@@ -17,6 +17,8 @@ from litetopk.clients.owners import PID_MAX_LIMIT
 from litetopk.kernels import SUPPORTED_TOPK
 
 DTypeName = Literal["uint8", "int32", "float32", "bfloat16"]  # = litetopk.service.wire.DTYPES (tested)
+
+
 def _integral(value):
     """JSON Schema's integer includes numbers written with a zero fraction (`3.0`): such a number is
     taken as the integer, alone, in a list or in an object, at any depth (a string, a bool or a
@@ -33,10 +35,18 @@ def _integral(value):
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 RegionId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
-Pid = Annotated[int, Field(ge=1, le=PID_MAX_LIMIT, description="owner process (at most the host's pid_max); "
-                                                                     "its regions are dropped when it dies")]
-Access = Annotated[Literal["read_only", "read_write"], Field(
-    description="read_write regions may be named in `out`; read_only regions (mapped read-only) never are")]
+Pid = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=PID_MAX_LIMIT,
+        description="owner process (at most the host's pid_max); its regions are dropped when it dies",
+    ),
+]
+Access = Annotated[
+    Literal["read_only", "read_write"],
+    Field(description="read_write regions may be named in `out`; read_only regions (mapped read-only) never are"),
+]
 Ticket = Annotated[str, Field(min_length=16, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 # 64 bytes in standard base64: 88 characters, the last data character carrying 2 bits (A, Q, g or w).
 EVENT_HANDLE_PATTERN = r"^[A-Za-z0-9+/]{85}[AQgw]==$"
@@ -90,8 +100,12 @@ class MemfdRegistration(_Body):
     size: int = Field(ge=1, le=2**40, description="bytes of the memfd to map (from its start)")
     access: Access = "read_write"
     pid: Pid | None = None
-    pid_ns: int | None = Field(None, ge=1, description="the owner's pid namespace (st_ino of /proc/self/ns/pid); a "
-                               "pid from another namespace than the service's is refused (foreign_pid_namespace)")
+    pid_ns: int | None = Field(
+        None,
+        ge=1,
+        description="the owner's pid namespace (st_ino of /proc/self/ns/pid); a "
+        "pid from another namespace than the service's is refused (foreign_pid_namespace)",
+    )
 
 
 class TorchIpcFields(_Strict):
@@ -99,8 +113,13 @@ class TorchIpcFields(_Strict):
 
     ref_counter_handle: str
     ref_counter_offset: int = Field(ge=0)
-    event_handle: str | None = Field(None, min_length=88, max_length=88, pattern=EVENT_HANDLE_PATTERN,
-                                     description="base64 of the 64-byte cudaIpcEventHandle_t")
+    event_handle: str | None = Field(
+        None,
+        min_length=88,
+        max_length=88,
+        pattern=EVENT_HANDLE_PATTERN,
+        description="base64 of the 64-byte cudaIpcEventHandle_t",
+    )
     event_sync_required: bool = False
 
     @field_validator("ref_counter_handle")
@@ -125,10 +144,17 @@ class CudaIpcRegistration(_Body):
     """
 
     kind: Literal["cuda_ipc"]
-    handle: str = Field(min_length=88, max_length=96, description="base64 of the 64-byte cudaIpcMemHandle_t, or of "
-                        "torch's own handle bytes (`_share_cuda_`, 66 bytes in torch 2.11) when `torch` is set")
-    device_uuid: str = Field(pattern=GPU_UUID_PATTERN, description="the GPU's UUID (as nvidia-smi or torch prints "
-                             "it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, with or without GPU-)")
+    handle: str = Field(
+        min_length=88,
+        max_length=96,
+        description="base64 of the 64-byte cudaIpcMemHandle_t, or of "
+        "torch's own handle bytes (`_share_cuda_`, 66 bytes in torch 2.11) when `torch` is set",
+    )
+    device_uuid: str = Field(
+        pattern=GPU_UUID_PATTERN,
+        description="the GPU's UUID (as nvidia-smi or torch prints "
+        "it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, with or without GPU-)",
+    )
     size: int = Field(ge=1, le=2**40)
     offset: int = Field(0, ge=0, le=2**40)
     access: Access = "read_write"
@@ -210,23 +236,31 @@ class TopKFields(_Strict):
 
     q_fp4: RegionSlice
     q_scale: RegionSlice
-    kv_cache: RegionSlice = Field(description="uint8 [num_pages, 4352] (our format, or a view of 4352-byte pages "
-                                  "such as [num_pages, 64, 1, 68]); with kv_scale, AITER's values uint8 "
-                                  "[num_pages, 1, 4, 64, 16] (docs/cache-layouts.md)")
-    kv_scale: RegionSlice | None = Field(None, description="AITER's cache format: its scales, uint8 "
-                                         "[num_pages, 1, 4, 64], one page per kv_cache page; omitted for our "
-                                         "format (a cache is always a region, never inline)")
+    kv_cache: RegionSlice = Field(
+        description="uint8 [num_pages, 4352] (our format, or a view of 4352-byte pages "
+        "such as [num_pages, 64, 1, 68]); with kv_scale, AITER's values uint8 "
+        "[num_pages, 1, 4, 64, 16] (docs/cache-layouts.md)"
+    )
+    kv_scale: RegionSlice | None = Field(
+        None,
+        description="AITER's cache format: its scales, uint8 "
+        "[num_pages, 1, 4, 64], one page per kv_cache page; omitted for our "
+        "format (a cache is always a region, never inline)",
+    )
     weights: RegionSlice
     block_table: TensorArg
     row_to_batch: TensorArg
     starts: TensorArg
     ends: TensorArg
-    topk: int = Field(description="one of litetopk.kernels.SUPPORTED_TOPK (anything else: unsupported_topk)",
-                      json_schema_extra={"enum": list(SUPPORTED_TOPK)})
+    topk: int = Field(
+        description="one of litetopk.kernels.SUPPORTED_TOPK (anything else: unsupported_topk)",
+        json_schema_extra={"enum": list(SUPPORTED_TOPK)},
+    )
     weight_scale: float = Field(1.0, allow_inf_nan=False)
     repair: bool = True
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
-        "auto", description="'auto' or the backend this service runs (anything else: backend_unavailable)")
+        "auto", description="'auto' or the backend this service runs (anything else: backend_unavailable)"
+    )
     out: OutputRegions | None = None
 
 
@@ -277,7 +311,20 @@ class Problem(BaseModel):
 
 
 __all__ = [
-    "CudaIpcRegistration", "INLINE_VALUES_MAX", "InlineTensor", "MemfdRegistration", "OutputRegions", "Problem",
-    "RegionInfo", "RegionList", "RegionRegistration", "RegionSlice", "ServiceInfo", "TensorArg", "TopKFields",
-    "TopKJsonResponse", "TopKRequest", "TorchIpcFields",
+    "CudaIpcRegistration",
+    "INLINE_VALUES_MAX",
+    "InlineTensor",
+    "MemfdRegistration",
+    "OutputRegions",
+    "Problem",
+    "RegionInfo",
+    "RegionList",
+    "RegionRegistration",
+    "RegionSlice",
+    "ServiceInfo",
+    "TensorArg",
+    "TopKFields",
+    "TopKJsonResponse",
+    "TopKRequest",
+    "TorchIpcFields",
 ]

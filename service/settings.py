@@ -39,8 +39,10 @@ def gpu_index_by_uuid(uuid: str, visible: Sequence[str]) -> int:
         if normalize_uuid(candidate) == want:
             return index
     listing = ", ".join(f"cuda:{i} GPU-{normalize_uuid(u)}" for i, u in enumerate(visible)) or "none"
-    raise ValueError(f"device={uuid!r}: no visible GPU has this UUID (visible: {listing}); check `nvidia-smi -L` "
-                     "and CUDA_VISIBLE_DEVICES / the container's GPU reservation")
+    raise ValueError(
+        f"device={uuid!r}: no visible GPU has this UUID (visible: {listing}); check `nvidia-smi -L` "
+        "and CUDA_VISIBLE_DEVICES / the container's GPU reservation"
+    )
 
 
 def visible_gpu_uuids() -> list[str]:
@@ -64,59 +66,105 @@ class ServiceSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="TCP address to listen on ('' disables TCP)")
     port: int = Field(8471, ge=0, le=65535, description="TCP port (0: pick a free one, printed at start)")
-    uds: str = Field(default_factory=default_socket_path,
-                     description="Unix socket path; its directory is created 0700 ('' disables)")
-    uds_mode: int = Field(0o600, ge=0, le=0o777,
-                          description="permissions of the Unix socket, octal (0660: its group may connect too; "
-                                      "the directory then gets the matching search bit)")
-    uds_group: str = Field("", description="group (name or gid) of the Unix socket and its directory ('' keeps "
-                                           "the service's own)")
-    device: str = Field("auto", description="'auto' (cuda:0 when CUDA is available, else cpu), 'cpu', 'cuda:N' or "
-                                            "'GPU-<uuid>' (the visible GPU with that UUID, nvidia-smi -L)")
+    uds: str = Field(
+        default_factory=default_socket_path, description="Unix socket path; its directory is created 0700 ('' disables)"
+    )
+    uds_mode: int = Field(
+        0o600,
+        ge=0,
+        le=0o777,
+        description="permissions of the Unix socket, octal (0660: its group may connect too; "
+        "the directory then gets the matching search bit)",
+    )
+    uds_group: str = Field(
+        "", description="group (name or gid) of the Unix socket and its directory ('' keeps the service's own)"
+    )
+    device: str = Field(
+        "auto",
+        description="'auto' (cuda:0 when CUDA is available, else cpu), 'cpu', 'cuda:N' or "
+        "'GPU-<uuid>' (the visible GPU with that UUID, nvidia-smi -L)",
+    )
     backend: Literal["auto", "reference", "triton", "flydsl"] = Field(
-        "auto", description="operator backend; 'auto' picks by device (kernels.operator)")
+        "auto", description="operator backend; 'auto' picks by device (kernels.operator)"
+    )
     calibration: Literal["sample", "scan"] = Field(
-        "sample", description="where LiteTopK's thresholds come from: 'sample' (a calibration stage) or 'scan' "
-                              "(the scan calibrates itself: triton backend only; another backend fails the start)")
-    max_rows: int = Field(0, ge=0, description="query rows per request; the device workspace is sized for it "
-                                               "(larger requests: invalid_input). 0: 8192 on a GPU, 256 on the CPU")
-    max_keys: int = Field(65536, ge=1, description="longest key window (compressed positions) a row may see; the "
-                                                   "workspace is sized for it (rows beyond it: invalid_row)")
-    max_batch: int = Field(256, ge=1, description="sequences (block-table rows) per request: a decode batch; the "
-                                                  "workspace is sized for it (larger requests: invalid_input)")
-    graphs: bool = Field(True, description="replay repeated request shapes from the operator's CUDA graphs "
-                                           "(LiteTopKGraphs; on the CPU the same staging, no graphs)")
-    max_graphs: int = Field(16, ge=1, description="request shapes (graphs) kept at once; the least recently used "
-                                                  "is dropped")
+        "sample",
+        description="where LiteTopK's thresholds come from: 'sample' (a calibration stage) or 'scan' "
+        "(the scan calibrates itself: triton backend only; another backend fails the start)",
+    )
+    max_rows: int = Field(
+        0,
+        ge=0,
+        description="query rows per request; the device workspace is sized for it "
+        "(larger requests: invalid_input). 0: 8192 on a GPU, 256 on the CPU",
+    )
+    max_keys: int = Field(
+        65536,
+        ge=1,
+        description="longest key window (compressed positions) a row may see; the "
+        "workspace is sized for it (rows beyond it: invalid_row)",
+    )
+    max_batch: int = Field(
+        256,
+        ge=1,
+        description="sequences (block-table rows) per request: a decode batch; the "
+        "workspace is sized for it (larger requests: invalid_input)",
+    )
+    graphs: bool = Field(
+        True,
+        description="replay repeated request shapes from the operator's CUDA graphs "
+        "(LiteTopKGraphs; on the CPU the same staging, no graphs)",
+    )
+    max_graphs: int = Field(
+        16, ge=1, description="request shapes (graphs) kept at once; the least recently used is dropped"
+    )
     ipc: bool = Field(True, description="serve the IPC channel (msgpack frames) on ipc.sock beside the Unix socket")
-    max_regions_per_principal: int = Field(4096, ge=1, description="live regions one principal may hold "
-                                           "(region_quota_exceeded beyond)")
-    max_region_bytes_per_principal: int = Field(2**40, ge=1, description="bytes of live regions one principal may "
-                                                "hold (region_quota_exceeded beyond)")
-    resource_log_interval_s: float = Field(10.0, gt=0, description="a resource shortage (no file descriptors "
-                                           "left) is logged at most once per this interval")
+    max_regions_per_principal: int = Field(
+        4096, ge=1, description="live regions one principal may hold (region_quota_exceeded beyond)"
+    )
+    max_region_bytes_per_principal: int = Field(
+        2**40, ge=1, description="bytes of live regions one principal may hold (region_quota_exceeded beyond)"
+    )
+    resource_log_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="a resource shortage (no file descriptors left) is logged at most once per this interval",
+    )
     queue_size: int = Field(64, ge=1, description="requests waiting for the device worker before 429")
     max_request_bytes: int = Field(16 * 2**20, ge=1024, description="largest request body (413 above)")
     request_timeout_s: float = Field(60.0, gt=0, description="queue wait + device time per request (504 above)")
     json_result_max_bytes: int = Field(
-        16 * 2**10, ge=0, description="results larger than this go out binary when the client accepts it")
+        16 * 2**10, ge=0, description="results larger than this go out binary when the client accepts it"
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503")
     region_check_interval_s: float = Field(2.0, gt=0, description="how often regions of dead owners are dropped")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="grace period for in-flight requests at shutdown")
     foreign_pid_namespace: Literal["refuse", "untrack"] = Field(
-        "refuse", description="a region whose owner pid is from another pid namespace: 'refuse' "
-                              "(foreign_pid_namespace) or 'untrack' (register it with pid null)")
+        "refuse",
+        description="a region whose owner pid is from another pid namespace: 'refuse' "
+        "(foreign_pid_namespace) or 'untrack' (register it with pid null)",
+    )
     warmup: bool = Field(True, description="run a tiny warm-up problem before /readyz turns ready")
-    fault_delay_s: float = Field(0.0, ge=0, description="fault injection for tests: the worker sleeps this long "
-                                 "before each job (0 in production)")
-    fault_gate_file: str = Field("", description="fault injection for tests: the worker takes the next job from the "
-                                 "queue only while this file exists (a test orders events by creating it; '' in "
-                                 "production)")
-    token_file: str = Field("", description="where the TCP bearer token is written (0600) at start: '' beside the "
-                                            "Unix socket (<socket dir>/token), 'none' no token (TCP then refuses "
-                                            "region operations), or a path in a directory the service owns")
+    fault_delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="fault injection for tests: the worker sleeps this long before each job (0 in production)",
+    )
+    fault_gate_file: str = Field(
+        "",
+        description="fault injection for tests: the worker takes the next job from the "
+        "queue only while this file exists (a test orders events by creating it; '' in "
+        "production)",
+    )
+    token_file: str = Field(
+        "",
+        description="where the TCP bearer token is written (0600) at start: '' beside the "
+        "Unix socket (<socket dir>/token), 'none' no token (TCP then refuses "
+        "region operations), or a path in a directory the service owns",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
-        "info", description="level of the service's and uvicorn's loggers")
+        "info", description="level of the service's and uvicorn's loggers"
+    )
 
     @field_validator("device")
     @classmethod
@@ -143,8 +191,10 @@ class ServiceSettings(BaseSettings):
         from litetopk.kernels import LiteTopKTuning
 
         if self.calibration == "scan" and backend != "triton":
-            raise ValueError(f"calibration='scan' needs the triton backend; this service runs {backend!r} "
-                             "(set CALIBRATION=sample, or BACKEND=triton on an NVIDIA device)")
+            raise ValueError(
+                f"calibration='scan' needs the triton backend; this service runs {backend!r} "
+                "(set CALIBRATION=sample, or BACKEND=triton on an NVIDIA device)"
+            )
         return LiteTopKTuning(calibration=self.calibration)
 
     def torch_device(self, visible_uuids: Sequence[str] | None = None) -> torch.device:
@@ -207,19 +257,25 @@ class ServiceSettings(BaseSettings):
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             what = "a symbolic link" if os.path.islink(directory) else "not a directory"
-            raise PermissionError(f"{directory} is {what}: the socket directory must be a real directory owned "
-                                  "by this user; remove it or choose --uds elsewhere") from exc
+            raise PermissionError(
+                f"{directory} is {what}: the socket directory must be a real directory owned "
+                "by this user; remove it or choose --uds elsewhere"
+            ) from exc
         try:
             info = os.fstat(fd)
             if info.st_uid != os.getuid():
-                raise PermissionError(f"{directory} belongs to uid {info.st_uid}, not to this user (uid "
-                                      f"{os.getuid()}); choose --uds elsewhere")
+                raise PermissionError(
+                    f"{directory} belongs to uid {info.st_uid}, not to this user (uid "
+                    f"{os.getuid()}); choose --uds elsewhere"
+                )
             if gid is not None and info.st_gid != gid:
                 try:
                     os.fchown(fd, -1, gid)
                 except PermissionError as exc:
-                    raise PermissionError(f"uds_group={self.uds_group!r}: this user is not a member of gid {gid} "
-                                          "(add it: compose `group_add`), so the socket cannot be given to it") from exc
+                    raise PermissionError(
+                        f"uds_group={self.uds_group!r}: this user is not a member of gid {gid} "
+                        "(add it: compose `group_add`), so the socket cannot be given to it"
+                    ) from exc
             if stat.S_IMODE(info.st_mode) != mode:
                 os.fchmod(fd, mode)
         finally:
@@ -229,15 +285,19 @@ class ServiceSettings(BaseSettings):
 
 def cli_parser() -> argparse.ArgumentParser:
     """One flag per field (`--queue-size` for `queue_size`); `settings_from_args` reads them back."""
-    parser = argparse.ArgumentParser(prog="python -m litetopk.service",
-                                     description="GPU-pinned top-k index selection service (litetopk)")
+    parser = argparse.ArgumentParser(
+        prog="python -m litetopk.service", description="GPU-pinned top-k index selection service (litetopk)"
+    )
     for name, field in ServiceSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                                help=field.description)
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=field.description
+            )
         else:
-            parser.add_argument(flag, dest=name, default=None, help=f"{field.description} (env LITETOPK_{name.upper()})")
+            parser.add_argument(
+                flag, dest=name, default=None, help=f"{field.description} (env LITETOPK_{name.upper()})"
+            )
     return parser
 
 
@@ -252,5 +312,13 @@ def parse_cli(argv: list[str] | None = None) -> ServiceSettings:
     return settings_from_args(cli_parser().parse_args(argv))
 
 
-__all__ = ["ServiceSettings", "cli_parser", "default_socket_path", "gpu_index_by_uuid", "normalize_uuid",
-           "parse_cli", "settings_from_args", "visible_gpu_uuids"]
+__all__ = [
+    "ServiceSettings",
+    "cli_parser",
+    "default_socket_path",
+    "gpu_index_by_uuid",
+    "normalize_uuid",
+    "parse_cli",
+    "settings_from_args",
+    "visible_gpu_uuids",
+]

@@ -47,15 +47,26 @@ class ServiceState:
         from . import __version__
 
         s = self.settings
-        return dict(device=str(self.device), device_uuid=self.table.uuid, backend=self.backend,
-                    supported_topk=list(SUPPORTED_TOPK), queue_size=s.queue_size,
-                    max_request_bytes=s.max_request_bytes, request_timeout_s=s.request_timeout_s,
-                    http_url=self.http_url, fd_socket=self.fd_socket, ipc_socket=self.ipc_socket,
-                    token_file=str(self.token_path) if self.token_path else None,
-                    max_rows=s.row_limit(self.device), max_keys=s.max_keys, max_batch=s.max_batch,
-                    max_regions_per_principal=s.max_regions_per_principal,
-                    max_region_bytes_per_principal=s.max_region_bytes_per_principal, graphs=s.graphs,
-                    version=__version__)
+        return dict(
+            device=str(self.device),
+            device_uuid=self.table.uuid,
+            backend=self.backend,
+            supported_topk=list(SUPPORTED_TOPK),
+            queue_size=s.queue_size,
+            max_request_bytes=s.max_request_bytes,
+            request_timeout_s=s.request_timeout_s,
+            http_url=self.http_url,
+            fd_socket=self.fd_socket,
+            ipc_socket=self.ipc_socket,
+            token_file=str(self.token_path) if self.token_path else None,
+            max_rows=s.row_limit(self.device),
+            max_keys=s.max_keys,
+            max_batch=s.max_batch,
+            max_regions_per_principal=s.max_regions_per_principal,
+            max_region_bytes_per_principal=s.max_region_bytes_per_principal,
+            graphs=s.graphs,
+            version=__version__,
+        )
 
     def begin_shutdown(self) -> None:
         """SIGTERM/SIGINT (on the event loop): refuse new work (`shutting_down`), let queued and
@@ -68,9 +79,14 @@ class ServiceState:
 
     def _fail_queued(self) -> None:
         retry = {"Retry-After": str(self.settings.retry_after_s)}
-        error = ServiceError("shutting_down", f"the service is shutting down: the grace period of "
-                             f"{self.settings.shutdown_timeout_s:g} s ended before this request reached the device; "
-                             "retry on its successor", headers=retry, retry_after=self.settings.retry_after_s)
+        error = ServiceError(
+            "shutting_down",
+            f"the service is shutting down: the grace period of "
+            f"{self.settings.shutdown_timeout_s:g} s ended before this request reached the device; "
+            "retry on its successor",
+            headers=retry,
+            retry_after=self.settings.retry_after_s,
+        )
         failed = self.executor.fail_queued(error)
         if failed:
             log.warning("shutdown: %d queued requests answered shutting_down (grace period over)", failed)

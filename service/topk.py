@@ -194,21 +194,29 @@ def _check_cache_format(req: TopKRequest) -> None:
     aiter_values = [*AITER_VALUE_SHAPE]
     if scale is None:
         if cache.shape[1:] == aiter_values:
-            raise ServiceError("bad_shape", f"kv_cache {list(cache.shape)} is AITER's values tensor: send its scales "
-                               f"as kv_scale (uint8 [{cache.shape[0]}, {', '.join(map(str, AITER_SCALE_SHAPE))}])")
+            raise ServiceError(
+                "bad_shape",
+                f"kv_cache {list(cache.shape)} is AITER's values tensor: send its scales "
+                f"as kv_scale (uint8 [{cache.shape[0]}, {', '.join(map(str, AITER_SCALE_SHAPE))}])",
+            )
         return
     for name, ref, page in (("kv_cache", cache, aiter_values), ("kv_scale", scale, [*AITER_SCALE_SHAPE])):
         if ref.dtype != "uint8":
-            raise ServiceError("bad_dtype", f"{name} must be uint8 in AITER's format (kv_cache + kv_scale), "
-                               f"got {ref.dtype}")
+            raise ServiceError(
+                "bad_dtype", f"{name} must be uint8 in AITER's format (kv_cache + kv_scale), got {ref.dtype}"
+            )
         if len(ref.shape) != 1 + len(page) or list(ref.shape[1:]) != page:
             wanted = f"[num_pages, {', '.join(map(str, page))}]"
             hint = " (our format's kv_cache takes no kv_scale)" if name == "kv_cache" else ""
-            raise ServiceError("bad_shape", f"{name} must be {wanted} with kv_scale (AITER's format), got "
-                               f"{list(ref.shape)}{hint}")
+            raise ServiceError(
+                "bad_shape", f"{name} must be {wanted} with kv_scale (AITER's format), got {list(ref.shape)}{hint}"
+            )
     if cache.shape[0] != scale.shape[0]:
-        raise ServiceError("bad_shape", f"kv_scale must have one page per kv_cache page: kv_cache has "
-                           f"{cache.shape[0]} pages, kv_scale {scale.shape[0]}")
+        raise ServiceError(
+            "bad_shape",
+            f"kv_scale must have one page per kv_cache page: kv_cache has "
+            f"{cache.shape[0]} pages, kv_scale {scale.shape[0]}",
+        )
 
 
 def _region_args(req: TopKRequest, outs: dict[str, RegionSlice]) -> list[tuple[str, RegionSlice]]:
@@ -242,8 +250,11 @@ def admit(req: TopKRequest, state, principal: Principal) -> Admitted:
     found = state.table.find_all([(ref.region, ref.generation) for _, ref in named], principal.uid, {})
     check_topk(req.topk)
     if req.backend != "auto" and req.backend != state.backend:
-        raise ServiceError("backend_unavailable", f"this service runs the {state.backend} backend on "
-                           f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')")
+        raise ServiceError(
+            "backend_unavailable",
+            f"this service runs the {state.backend} backend on "
+            f"{state.device}; backend={req.backend!r} is served elsewhere (or send 'auto')",
+        )
     if not math.isfinite(req.weight_scale):
         raise ServiceError("validation_error", f"weight_scale must be finite, got {req.weight_scale}")
     _check_cache_format(req)
@@ -257,17 +268,24 @@ def admit(req: TopKRequest, state, principal: Principal) -> Admitted:
     for name in _METADATA:
         arg = getattr(req, name)
         if arg.data is not None and len(arg.data) != math.prod(arg.shape):
-            raise ServiceError("bad_shape", f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} "
-                               f"({math.prod(arg.shape)} values)")
+            raise ServiceError(
+                "bad_shape",
+                f"{name}: {len(arg.data)} values given for shape {list(arg.shape)} ({math.prod(arg.shape)} values)",
+            )
     rows = _rows(req)
     for name, ref in outs.items():
         _check_output(name, ref, rows, req.topk)
         if found[(ref.region, ref.generation)].access != "read_write":
-            raise ServiceError("read_only_region", f"out.{name}: region {ref.region} was registered "
-                               "read_only; results go into read_write regions only")
+            raise ServiceError(
+                "read_only_region",
+                f"out.{name}: region {ref.region} was registered read_only; results go into read_write regions only",
+            )
         if ref.region in read:
-            raise ServiceError("output_aliases_input", f"out.{name}: region {ref.region} is read by an "
-                               "input of this request; write results into a region no input reads")
+            raise ServiceError(
+                "output_aliases_input",
+                f"out.{name}: region {ref.region} is read by an "
+                "input of this request; write results into a region no input reads",
+            )
     return Admitted(req, refs, list({id(r): r for r in found.values()}.values()), outs, rows)
 
 
@@ -317,13 +335,21 @@ def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
     """(rows, block table shape, weights dtype) the staging buffers need, None when the inputs'
     shapes are not the operator's (it then says what is wrong, on the inputs as given)."""
     rows, table = _rows(req), given["block_table"].shape
-    shapes = {"q_fp4": (rows, 64, 64), "q_scale": (rows, 64, 4), "weights": (rows, 64), "row_to_batch": (rows,),
-              "starts": (rows,), "ends": (rows,)}
+    shapes = {
+        "q_fp4": (rows, 64, 64),
+        "q_scale": (rows, 64, 4),
+        "weights": (rows, 64),
+        "row_to_batch": (rows,),
+        "starts": (rows,),
+        "ends": (rows,),
+    }
     if len(req.q_fp4.shape) != 3 or len(table) != 2 or any(tuple(given[n].shape) != s for n, s in shapes.items()):
         return None
-    if given["weights"].dtype not in (torch.float32, torch.bfloat16) or any(
-            given[n].dtype != torch.int32 for n in ("block_table", "row_to_batch", "starts", "ends")) or any(
-            given[n].dtype != torch.uint8 for n in ("q_fp4", "q_scale")):
+    if (
+        given["weights"].dtype not in (torch.float32, torch.bfloat16)
+        or any(given[n].dtype != torch.int32 for n in ("block_table", "row_to_batch", "starts", "ends"))
+        or any(given[n].dtype != torch.uint8 for n in ("q_fp4", "q_scale"))
+    ):
         return None
     return rows, tuple(table), given["weights"].dtype
 
@@ -364,8 +390,15 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
         hosted = [n for n in outs if n not in direct]  # host regions of a GPU service: written from the device buffer
         staging = answer if host else operator.result_buffers([*admitted.answered, *hosted], rows, req.topk)
         mark(("views", time.perf_counter()))
-        result = operator(inputs, kv_cache, kv_scale=kv_scale, topk=req.topk, weight_scale=req.weight_scale,
-                          repair=req.repair, out={**direct, **staging})
+        result = operator(
+            inputs,
+            kv_cache,
+            kv_scale=kv_scale,
+            topk=req.topk,
+            weight_scale=req.weight_scale,
+            repair=req.repair,
+            out={**direct, **staging},
+        )
         if not host and marks is not None:
             torch.cuda.current_stream(device).synchronize()  # `op` is then the device's time
         mark(("op", time.perf_counter()))
@@ -383,8 +416,15 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
         mark(("write", time.perf_counter()))
         repaired = answer["repaired"] if "repaired" in answer else result.repaired
         candidates = answer["candidates"] if "candidates" in answer else result.candidates
-        outcome = Outcome(buffer=buffer, entries=admitted.entries, written=list(outs), rows=rows, topk=req.topk,
-                          repaired=_total(repaired), candidates=_total(candidates))
+        outcome = Outcome(
+            buffer=buffer,
+            entries=admitted.entries,
+            written=list(outs),
+            rows=rows,
+            topk=req.topk,
+            repaired=_total(repaired),
+            candidates=_total(candidates),
+        )
         mark(("counts", time.perf_counter()))
         return outcome
     finally:
@@ -396,8 +436,11 @@ def _check_owners_alive(owners: list[Region]) -> None:
     a region of each owner process, each read once)."""
     for region in owners:
         if not OWNERS.alive(region.pid, region.pid_start):
-            raise ServiceError("stale_region", f"the owner of region {region.id} (pid {region.pid}) "
-                               "died while the request ran; its memory cannot be trusted")
+            raise ServiceError(
+                "stale_region",
+                f"the owner of region {region.id} (pid {region.pid}) "
+                "died while the request ran; its memory cannot be trusted",
+            )
 
 
 # ------------------------------------------------------------------------------------ the whole life
@@ -461,5 +504,17 @@ def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> di
     return out
 
 
-__all__ = ["ADMISSIONS_KEPT", "INPUTS", "Admissions", "Admitted", "Outcome", "admit", "call_topk", "execute",
-           "from_model", "outputs", "phase_durations", "start_topk"]
+__all__ = [
+    "ADMISSIONS_KEPT",
+    "INPUTS",
+    "Admissions",
+    "Admitted",
+    "Outcome",
+    "admit",
+    "call_topk",
+    "execute",
+    "from_model",
+    "outputs",
+    "phase_durations",
+    "start_topk",
+]

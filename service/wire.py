@@ -85,8 +85,15 @@ def result_layout(names, rows: int, topk: int) -> tuple[list[dict], int]:
     for name in names:
         shape = list(result_shape(name, rows, topk))
         nbytes = math.prod(shape) * 4
-        entries.append({"name": name, "dtype": dtype_name(RESULT_FIELDS[name][0]), "shape": shape, "offset": offset,
-                        "nbytes": nbytes})
+        entries.append(
+            {
+                "name": name,
+                "dtype": dtype_name(RESULT_FIELDS[name][0]),
+                "shape": shape,
+                "offset": offset,
+                "nbytes": nbytes,
+            }
+        )
         offset += nbytes + (-nbytes % 8)
     return entries, offset
 
@@ -96,8 +103,11 @@ def fields_in(buffer, entries: list[dict]) -> dict[str, torch.Tensor]:
     fields = {}
     for e in entries:
         dtype, count = DTYPES[e["dtype"]], math.prod(e["shape"])
-        flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=e["offset"]) if count else \
-            torch.empty(0, dtype=dtype)
+        flat = (
+            torch.frombuffer(buffer, dtype=dtype, count=count, offset=e["offset"])
+            if count
+            else torch.empty(0, dtype=dtype)
+        )
         fields[e["name"]] = flat.view(e["shape"])
     return fields
 
@@ -156,8 +166,15 @@ def encode_result_binary(fields: dict[str, torch.Tensor], rows: int, topk: int, 
         # a view of the tensor's memory, not .tobytes(): the join below is the only copy
         data = memoryview(tensor.contiguous().numpy().reshape(-1)).cast("B")
         nbytes = data.nbytes
-        entries.append({"name": name, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                        "offset": offset, "nbytes": nbytes})
+        entries.append(
+            {
+                "name": name,
+                "dtype": dtype_name(tensor.dtype),
+                "shape": list(tensor.shape),
+                "offset": offset,
+                "nbytes": nbytes,
+            }
+        )
         chunks.append(data)
         pad = -nbytes % 8
         chunks.append(b"\0" * pad)
@@ -176,7 +193,7 @@ def decode_result_binary(data: bytes) -> tuple[dict[str, torch.Tensor], int, int
         version, header_len = struct.unpack_from("<II", data, 4)
         if version != VERSION:
             raise WireFormatError(f"binary result version {version}; this client reads {VERSION}")
-        header = json.loads(data[12:12 + header_len])
+        header = json.loads(data[12 : 12 + header_len])
         start = 12 + header_len
         start += -start % 8
         buffer = bytearray(memoryview(data)[start:])  # one copy: the tensors get writable memory of their own
@@ -184,8 +201,11 @@ def decode_result_binary(data: bytes) -> tuple[dict[str, torch.Tensor], int, int
         for e in header["fields"]:
             dtype = DTYPES[e["dtype"]]
             count = math.prod(e["shape"])
-            flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=e["offset"]) if count else \
-                torch.empty(0, dtype=dtype)
+            flat = (
+                torch.frombuffer(buffer, dtype=dtype, count=count, offset=e["offset"])
+                if count
+                else torch.empty(0, dtype=dtype)
+            )
             fields[e["name"]] = flat.reshape(e["shape"])
         return fields, int(header["rows"]), int(header["topk"]), list(header["written"])
     except (KeyError, TypeError, ValueError, struct.error) as exc:
@@ -271,8 +291,15 @@ ROW_FLAG_CODES = (
 def problem_body(code: str, detail: str, instance: str, **extensions) -> dict:
     """The RFC 9457 problem document of `code` (HTTP's problem+json body; an IPC ProblemAnswer's `problem`)."""
     status, title = CODES[code]
-    return {"type": f"urn:litetopk:problem:{code}", "title": title, "status": status, "detail": detail,
-            "instance": instance, "code": code, **extensions}
+    return {
+        "type": f"urn:litetopk:problem:{code}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "code": code,
+        **extensions,
+    }
 
 
 # ------------------------------------------------------------------------ sockets beside the HTTP one
@@ -325,8 +352,11 @@ class TensorArg(_Strict):
 def tensor_arg_problem(arg: TensorArg) -> str | None:
     """Why `arg` is neither a region slice nor inline data (None: it is one of them)."""
     if arg.data is None:
-        return None if arg.region is not None and arg.generation is not None else \
-            "give `region` and `generation` (a region slice) or `data` (inline int32 values)"
+        return (
+            None
+            if arg.region is not None and arg.generation is not None
+            else "give `region` and `generation` (a region slice) or `data` (inline int32 values)"
+        )
     if arg.region is not None or arg.generation is not None or arg.offset:
         return "inline data (`data`) takes no `region`, `generation` or `offset`"
     if arg.dtype != "int32" or len(arg.shape) > 2:
@@ -453,12 +483,55 @@ IpcAnswer = Union[Hello, TopKAnswer, OkAnswer, ProblemAnswer]
 
 
 __all__ = [
-    "BINARY_MEDIA_TYPE", "CODES", "DTYPES", "DTYPE_NAMES", "FD_SOCKET_NAME", "FRAME", "HANDOVER_MESSAGE",
-    "IPC_PROTOCOL", "IPC_SOCKET_NAME", "INLINE_VALUES_MAX", "JSON_MEDIA_TYPE", "RESULT_FIELDS", "ROW_FLAG_CODES",
-    "SEALS_REQUIRED", "TICKET_TTL_S", "TOKEN_FILE_NAME", "WireFormatError", "Hello", "InfoOp", "IpcAnswer",
-    "IpcRequest", "IpcRequestRaw", "MessageIdOnly", "TensorArg", "tensor_arg_problem", "OkAnswer", "OutputRegions",
-    "ProblemAnswer", "RegionOp", "RegionSlice", "ReadyOp", "RegionsOp", "RegisterOp", "ResultField", "TopKAnswer",
-    "TopKOp", "TopKOpRaw", "TopKRequest", "UnregisterOp", "assemble_result", "decode_result_binary",
-    "decode_result_json", "dtype_name", "encode_result_binary", "encode_result_json", "encode_result_prefix",
-    "fields_in", "problem_body", "result_layout", "result_nbytes", "result_shape",
+    "BINARY_MEDIA_TYPE",
+    "CODES",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "FD_SOCKET_NAME",
+    "FRAME",
+    "HANDOVER_MESSAGE",
+    "IPC_PROTOCOL",
+    "IPC_SOCKET_NAME",
+    "INLINE_VALUES_MAX",
+    "JSON_MEDIA_TYPE",
+    "RESULT_FIELDS",
+    "ROW_FLAG_CODES",
+    "SEALS_REQUIRED",
+    "TICKET_TTL_S",
+    "TOKEN_FILE_NAME",
+    "WireFormatError",
+    "Hello",
+    "InfoOp",
+    "IpcAnswer",
+    "IpcRequest",
+    "IpcRequestRaw",
+    "MessageIdOnly",
+    "TensorArg",
+    "tensor_arg_problem",
+    "OkAnswer",
+    "OutputRegions",
+    "ProblemAnswer",
+    "RegionOp",
+    "RegionSlice",
+    "ReadyOp",
+    "RegionsOp",
+    "RegisterOp",
+    "ResultField",
+    "TopKAnswer",
+    "TopKOp",
+    "TopKOpRaw",
+    "TopKRequest",
+    "UnregisterOp",
+    "assemble_result",
+    "decode_result_binary",
+    "decode_result_json",
+    "dtype_name",
+    "encode_result_binary",
+    "encode_result_json",
+    "encode_result_prefix",
+    "fields_in",
+    "problem_body",
+    "result_layout",
+    "result_nbytes",
+    "result_shape",
 ]

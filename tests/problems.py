@@ -35,7 +35,7 @@ def oracle_scores(p: RandomProblem) -> tuple[np.ndarray, np.ndarray]:
     """
     cache = p.kv_cache.cpu().numpy().reshape(-1, PAGE * 68)
     values = cache[:, : PAGE * 64].reshape(-1, PAGE, 64)
-    scales = cache[:, PAGE * 64:].reshape(-1, PAGE, 4)
+    scales = cache[:, PAGE * 64 :].reshape(-1, PAGE, 4)
     bt = p.block_table.cpu().numpy().astype(np.int64)
     q = decode_fp4(p.q_fp4.cpu().numpy(), p.q_scale.cpu().numpy())  # [rows, H, D]
     w = p.weights.float().cpu().numpy().astype(np.float64)
@@ -88,8 +88,10 @@ def scores_off_the_oracle(p: RandomProblem, scores: torch.Tensor, rows: list[int
         row = got[i]
         inside = np.isfinite(want[i])
         if np.isfinite(row[width:]).any() or not np.array_equal(np.isfinite(row[:width]), inside):
-            where = np.flatnonzero(np.isfinite(row[:width]) != inside).tolist() + \
-                (width + np.flatnonzero(np.isfinite(row[width:]))).tolist()
+            where = (
+                np.flatnonzero(np.isfinite(row[:width]) != inside).tolist()
+                + (width + np.flatnonzero(np.isfinite(row[width:]))).tolist()
+            )
             found.append(f"row {i}: finite or -inf where the window says otherwise, at {where[:5]}")
             continue
         off = float(np.abs(row[:width][inside] - want[i][inside]).max(initial=0.0))

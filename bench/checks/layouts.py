@@ -48,16 +48,34 @@ def check_point(rows: int, keys: int, topk: int, backend: str, device: str, seed
     rounded = litetopk_prefill(*pos[:4], bf16, *pos[5:], **kw, backend=backend)
     max_seq_len = int(problem["block_table"].shape[1]) * 64
     dropin = flydsl_pa_mqa_litetopk_fp4_prefill(
-        problem["q_fp4"], shuffle_q_scale_aiter(problem["q_scale"]), aiter_cache, aiter_scale,
-        problem["block_table"], bf16, problem["row_to_batch"], problem["starts"], problem["ends"], max_seq_len,
-        topk=topk, backend=backend, enforce_status=False)
+        problem["q_fp4"],
+        shuffle_q_scale_aiter(problem["q_scale"]),
+        aiter_cache,
+        aiter_scale,
+        problem["block_table"],
+        bf16,
+        problem["row_to_batch"],
+        problem["starts"],
+        problem["ends"],
+        max_seq_len,
+        topk=topk,
+        backend=backend,
+        enforce_status=False,
+    )
     torch.cuda.synchronize() if device.startswith("cuda") else None
     point = {
-        "rows": rows, "keys": keys, "topk": topk, "backend": backend, "device": device,
+        "rows": rows,
+        "keys": keys,
+        "topk": topk,
+        "backend": backend,
+        "device": device,
         "litetopk_both_formats": _equal(ours, theirs),
         "dense_both_formats": _equal(dense_ours, dense_theirs),
-        "litetopk_equals_dense": {f: bool(torch.equal(getattr(ours, f), getattr(dense_ours, f)))
-                                  for f in FIELDS if f not in ("candidates", "repaired")},  # the scan's own counts
+        "litetopk_equals_dense": {
+            f: bool(torch.equal(getattr(ours, f), getattr(dense_ours, f)))
+            for f in FIELDS
+            if f not in ("candidates", "repaired")
+        },  # the scan's own counts
         "dropin_equals_operator": {
             "physical_indices": bool(torch.equal(dropin.physical_indices, rounded.physical_indices)),
             "raw_indices": bool(torch.equal(dropin.raw_indices, rounded.raw_indices)),
@@ -84,16 +102,26 @@ def main() -> None:
     for topk in args.topk:
         point = check_point(args.rows, args.keys, topk, args.backend, args.device, args.seed)
         points.append(point)
-        print(f"rows={args.rows} keys={args.keys} topk={topk} backend={args.backend}: "
-              f"{'OK' if point['ok'] else 'MISMATCH'} "
-              + json.dumps({k: v for k, v in point.items() if isinstance(v, dict)}),
-              flush=True)
+        print(
+            f"rows={args.rows} keys={args.keys} topk={topk} backend={args.backend}: "
+            f"{'OK' if point['ok'] else 'MISMATCH'} "
+            + json.dumps({k: v for k, v in point.items() if isinstance(v, dict)}),
+            flush=True,
+        )
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "check-layouts.json")
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     with open(path, "w") as f:
-        json.dump({"command": " ".join(["python -m bench.checks.layouts", *sys.argv[1:]]), "device": name,
-                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "points": points}, f, indent=1)
+        json.dump(
+            {
+                "command": " ".join(["python -m bench.checks.layouts", *sys.argv[1:]]),
+                "device": name,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "points": points,
+            },
+            f,
+            indent=1,
+        )
     print(f"wrote {path}")
     if not all(p["ok"] for p in points):
         raise SystemExit(1)

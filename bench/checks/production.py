@@ -52,11 +52,17 @@ def check_rows(result, problem, rows, k) -> dict:
         extra = set(got.tolist()) - set(order.tolist())
         missing = set(order.tolist()) - set(got.tolist())
         slack = 2 * bound[n]
-        set_violations += (sum(1 for j in extra if s64[j] < kth - slack)
-                           + sum(1 for j in missing if s64[j] > kth + slack))
+        set_violations += sum(1 for j in extra if s64[j] < kth - slack) + sum(
+            1 for j in missing if s64[j] > kth + slack
+        )
         checked += 1
-    return {"rows_checked": checked, "max_abs_value_error": worst_value, "max_bound": float(bound.max()),
-            "set_violations": set_violations, "value_within_bound": worst_value <= float(bound.max())}
+    return {
+        "rows_checked": checked,
+        "max_abs_value_error": worst_value,
+        "max_bound": float(bound.max()),
+        "set_violations": set_violations,
+        "value_within_bound": worst_value <= float(bound.max()),
+    }
 
 
 def main() -> None:
@@ -65,8 +71,12 @@ def main() -> None:
     parser.add_argument("--sample-rows", type=int, default=32)
     parser.add_argument("--out", default=os.environ.get("OUT", str(RESULTS_DIR)))
     args = parser.parse_args()
-    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
-              "cases": []}
+    report = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "cases": [],
+    }
     for raw in (262144, 786432):
         for k in (512, 1024):
             t0 = time.time()
@@ -76,16 +86,27 @@ def main() -> None:
             dense = dense_topk_prefill(*pos, **kw, backend="triton")
             same = {f: torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS}
             rows = torch.randperm(args.rows, device="cuda")[: args.sample_rows]
-            case = {"c4_keys": raw // 4, "topk": k, "lite_equals_dense": same,
-                    "status_rows": int((lite.status != 0).sum()),
-                    "repaired_rows": int(lite.repaired.sum()), "candidates_max": int(lite.candidates.max()),
-                    **check_rows(lite, problem, rows, k), "seconds": time.time() - t0}
+            case = {
+                "c4_keys": raw // 4,
+                "topk": k,
+                "lite_equals_dense": same,
+                "status_rows": int((lite.status != 0).sum()),
+                "repaired_rows": int(lite.repaired.sum()),
+                "candidates_max": int(lite.candidates.max()),
+                **check_rows(lite, problem, rows, k),
+                "seconds": time.time() - t0,
+            }
             report["cases"].append(case)
             print(case, flush=True)
             del problem, lite, dense
             torch.cuda.empty_cache()
-    report["all_ok"] = all(all(c["lite_equals_dense"].values()) and c["set_violations"] == 0 and c["value_within_bound"]
-                           and c["status_rows"] == 0 for c in report["cases"])
+    report["all_ok"] = all(
+        all(c["lite_equals_dense"].values())
+        and c["set_violations"] == 0
+        and c["value_within_bound"]
+        and c["status_rows"] == 0
+        for c in report["cases"]
+    )
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "check-production.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -62,7 +62,7 @@ def worker(uds: str, url: str, rows: int, keys: int, device: torch.device, backe
         # No copy: rewrite the worker's cache in place (the first half of the pages get the second
         # half's bytes), call again without registering, expect the new in-process answer.
         pages = args[2].shape[0]
-        cache.tensor[: pages // 2].copy_(cache.tensor[pages - pages // 2:].clone())
+        cache.tensor[: pages // 2].copy_(cache.tensor[pages - pages // 2 :].clone())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         changed = litetopk_prefill(args[0], args[1], cache.tensor, *args[3:], **kwargs, backend=backend)
@@ -93,16 +93,40 @@ def main() -> int:
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(device), uuid=str(torch.cuda.get_device_properties(device).uuid))
     with tempfile.TemporaryDirectory(prefix="ltk-check-", dir="/tmp") as directory:
-        service = ServiceProcess(directory, device=str(device), backend=args.backend, log_level="warning",
-                                 queue_size=256, request_timeout_s=900, timeout=300)
+        service = ServiceProcess(
+            directory,
+            device=str(device),
+            backend=args.backend,
+            log_level="warning",
+            queue_size=256,
+            request_timeout_s=900,
+            timeout=300,
+        )
         child = None
         try:
             with TopKClient(service.url, token=service.token) as client:
                 summary["service"] = client.info()
-            child = subprocess.Popen([sys.executable, "-m", "bench.checks.service_gpu", "--rows", str(args.rows),
-                                      "--keys", str(args.keys), "--device", str(device), "--backend", args.backend,
-                                      "--worker", service.uds, service.url],
-                                     stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.checks.service_gpu",
+                    "--rows",
+                    str(args.rows),
+                    "--keys",
+                    str(args.keys),
+                    "--device",
+                    str(device),
+                    "--backend",
+                    args.backend,
+                    "--worker",
+                    service.uds,
+                    service.url,
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=REPO_ROOT,
+            )
             line = child.stdout.readline()
             if not line:
                 raise RuntimeError(f"the worker exited with {child.wait()} before reporting")
@@ -114,7 +138,8 @@ def main() -> int:
                 while set(report["regions"]) & {r["id"] for r in client.regions()} and time.monotonic() < deadline:
                     time.sleep(0.2)
                 summary["regions_left_after_worker_killed"] = sorted(
-                    set(report["regions"]) & {r["id"] for r in client.regions()})
+                    set(report["regions"]) & {r["id"] for r in client.regions()}
+                )
                 summary["service_ready_after"] = client.ready()
         finally:
             if child is not None and child.poll() is None:

@@ -50,9 +50,15 @@ def prefill_problem(rows: int, raw_context: int, topk: int, seed: int, device="c
     raw_pos = torch.arange(raw_context - rows, raw_context, device=device)
     ends = ((raw_pos + 1) // 4).to(torch.int32)
     return dict(
-        q_fp4=q_fp4, q_scale=q_scale, kv_cache=cache, block_table=block_table, weights=weights,
+        q_fp4=q_fp4,
+        q_scale=q_scale,
+        kv_cache=cache,
+        block_table=block_table,
+        weights=weights,
         row_to_batch=torch.zeros(rows, dtype=torch.int32, device=device),
-        starts=torch.zeros(rows, dtype=torch.int32, device=device), ends=ends, topk=topk,
+        starts=torch.zeros(rows, dtype=torch.int32, device=device),
+        ends=ends,
+        topk=topk,
     )
 
 
@@ -78,8 +84,9 @@ def paged_pages(lengths: list[int], spare_pages: int) -> int:
     return sum(-(-n // PAGE_SIZE) for n in lengths) + spare_pages
 
 
-def paged_random_cache(lengths: list[int], *, seed: int, device, spread: int = 0, spare_pages: int = 7,
-                       chunk_pages: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+def paged_random_cache(
+    lengths: list[int], *, seed: int, device, spread: int = 0, spare_pages: int = 7, chunk_pages: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_cache uint8 [num_pages, PAGE_BYTES], block_table int32 [batch, max_pages]) for sequences of
     `lengths` C4 keys: sequence b's logical pages map to physical pages drawn without replacement from a
     random permutation of the whole cache (sequences interleave, no page is where its logical index
@@ -95,7 +102,7 @@ def paged_random_cache(lengths: list[int], *, seed: int, device, spread: int = 0
     block_table = torch.full((len(lengths), max(pages)), -1, dtype=torch.int32, device=device)
     offset = 0
     for b, count in enumerate(pages):
-        block_table[b, :count] = perm[offset:offset + count]
+        block_table[b, :count] = perm[offset : offset + count]
         offset += count
     cache = torch.empty(num_pages, PAGE_BYTES, dtype=torch.uint8, device=device)
     values_end = PAGE_SIZE * VALUE_BYTES
@@ -120,5 +127,11 @@ def decode_queries(lengths: list[int], next_n: int, *, seed: int, device, spread
     length = torch.tensor(lengths, dtype=torch.int32, device=device)[row_to_batch.long()]
     step = torch.arange(rows, device=device, dtype=torch.int32) % next_n
     ends = (length - next_n + 1 + step).clamp_min(0).to(torch.int32)
-    return dict(q_fp4=q_fp4, q_scale=q_scale, weights=weights, row_to_batch=row_to_batch,
-                starts=torch.zeros(rows, dtype=torch.int32, device=device), ends=ends)
+    return dict(
+        q_fp4=q_fp4,
+        q_scale=q_scale,
+        weights=weights,
+        row_to_batch=row_to_batch,
+        starts=torch.zeros(rows, dtype=torch.int32, device=device),
+        ends=ends,
+    )

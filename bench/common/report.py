@@ -40,8 +40,13 @@ def card(device: torch.device) -> dict:
     """{"name", ...}: the GPU's name, memory, SMs and L2, or the CPU's model and core count."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return dict(name=props.name, total_memory=props.total_memory, sms=props.multi_processor_count,
-                    l2_bytes=getattr(props, "L2_cache_size", None), capability=f"{props.major}.{props.minor}")
+        return dict(
+            name=props.name,
+            total_memory=props.total_memory,
+            sms=props.multi_processor_count,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+            capability=f"{props.major}.{props.minor}",
+        )
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -54,13 +59,21 @@ def card(device: torch.device) -> dict:
 def run_info(device: torch.device, argv: list[str], module: str) -> dict:
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     commit = _git("rev-parse", "HEAD")
     dirty = None if commit is None else bool(_git("status", "--porcelain", "--untracked-files=no"))
-    return dict(command=f"python -m {module} " + " ".join(argv), card=card(device), device=str(device),
-                torch=torch.__version__, triton=triton_version, python=sys.version.split()[0],
-                commit=commit or os.environ.get("LITETOPK_COMMIT"), dirty=dirty,
-                commit_from="git" if commit else ("LITETOPK_COMMIT" if os.environ.get("LITETOPK_COMMIT") else None),
-                source_sha256=source_sha256())
+    return dict(
+        command=f"python -m {module} " + " ".join(argv),
+        card=card(device),
+        device=str(device),
+        torch=torch.__version__,
+        triton=triton_version,
+        python=sys.version.split()[0],
+        commit=commit or os.environ.get("LITETOPK_COMMIT"),
+        dirty=dirty,
+        commit_from="git" if commit else ("LITETOPK_COMMIT" if os.environ.get("LITETOPK_COMMIT") else None),
+        source_sha256=source_sha256(),
+    )

@@ -16,8 +16,9 @@ import torch
 from bench.common.timing import CallTimer
 
 
-def measure_ceilings(timer: CallTimer, *, copy_bytes: int | None = None, mm_size: int | None = None,
-                     reps: int = 10) -> dict:
+def measure_ceilings(
+    timer: CallTimer, *, copy_bytes: int | None = None, mm_size: int | None = None, reps: int = 10
+) -> dict:
     """{"copy_bytes_per_s", "int8_ops_per_s", and how each was measured}: sizes default to 1 GiB and
     8192 on a GPU, 64 MiB and 512 on the CPU."""
     device = timer.device
@@ -28,20 +29,36 @@ def measure_ceilings(timer: CallTimer, *, copy_bytes: int | None = None, mm_size
     dst = torch.empty_like(src)
     copy = timer.measure({"copy": lambda: dst.copy_(src)}, reps=reps, warm=2)["copy"]  # noqa: F821
     del src, dst
-    ceilings = dict(copy_bytes_per_s=2.0 * copy_bytes / (copy["median_us"] * 1e-6),
-                    copy=dict(bytes=copy_bytes, counted="read + write", median_us=copy["median_us"],
-                              min_us=copy["min_us"], best_bytes_per_s=2.0 * copy_bytes / (copy["min_us"] * 1e-6)))
+    ceilings = dict(
+        copy_bytes_per_s=2.0 * copy_bytes / (copy["median_us"] * 1e-6),
+        copy=dict(
+            bytes=copy_bytes,
+            counted="read + write",
+            median_us=copy["median_us"],
+            min_us=copy["min_us"],
+            best_bytes_per_s=2.0 * copy_bytes / (copy["min_us"] * 1e-6),
+        ),
+    )
     a = torch.randint(-128, 128, (mm_size, mm_size), dtype=torch.int8, device=device)
     b = torch.randint(-128, 128, (mm_size, mm_size), dtype=torch.int8, device=device)  # B^T, [N, K]
-    ops = 2.0 * mm_size ** 3
+    ops = 2.0 * mm_size**3
     try:
         mm = timer.measure({"int_mm": lambda: torch._int_mm(a, b.t())}, reps=reps, warm=2)["int_mm"]  # noqa: F821
     except RuntimeError as exc:  # this torch has no int8 matmul here: said in the report, floors from bytes only
         ceilings.update(int8_ops_per_s=None, int8=dict(op="torch._int_mm", error=f"{type(exc).__name__}: {exc}"[:300]))
     else:
-        ceilings.update(int8_ops_per_s=ops / (mm["median_us"] * 1e-6),
-                        int8=dict(m=mm_size, n=mm_size, k=mm_size, op="torch._int_mm", median_us=mm["median_us"],
-                                  min_us=mm["min_us"], best_ops_per_s=ops / (mm["min_us"] * 1e-6)))
+        ceilings.update(
+            int8_ops_per_s=ops / (mm["median_us"] * 1e-6),
+            int8=dict(
+                m=mm_size,
+                n=mm_size,
+                k=mm_size,
+                op="torch._int_mm",
+                median_us=mm["median_us"],
+                min_us=mm["min_us"],
+                best_ops_per_s=ops / (mm["min_us"] * 1e-6),
+            ),
+        )
     del a, b
     if cuda:
         torch.cuda.empty_cache()

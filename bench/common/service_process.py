@@ -52,19 +52,40 @@ def service_argv(entry: tuple[str, ...], flags: dict) -> list[str]:
 class ServiceProcess:
     """The service as a child process (module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike, *, wait_ready: bool = True, timeout: float = 120.0,
-                 entry: tuple[str, ...] = ("-m", "litetopk.service"), env: dict | None = None,
-                 log_name: str = "service.log", **settings):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        wait_ready: bool = True,
+        timeout: float = 120.0,
+        entry: tuple[str, ...] = ("-m", "litetopk.service"),
+        env: dict | None = None,
+        log_name: str = "service.log",
+        **settings,
+    ):
         self.directory = Path(directory)
         self.uds = str(settings.get("uds") or self.directory / "sock" / "litetopk.sock")
         self.log_path = self.directory / log_name
-        flags = {"host": "127.0.0.1", "port": 0, "uds": self.uds, "device": "cpu", "log_level": "info",
-                 "region_check_interval_s": 0.2, **settings}
+        flags = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "uds": self.uds,
+            "device": "cpu",
+            "log_level": "info",
+            "region_check_interval_s": 0.2,
+            **settings,
+        }
         self.settings = flags
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(service_argv(entry, flags), stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=child_env, cwd=REPO_ROOT, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(
+            service_argv(entry, flags),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=REPO_ROOT,
+            preexec_fn=_die_with_parent,
+        )
         self.url: str | None = None
         self.info: dict = {}
         try:

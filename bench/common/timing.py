@@ -118,10 +118,18 @@ class CallTimer:
             self.sync()
             for name, (start, end) in events.items():
                 timed[name].append(start.elapsed_time(end) * 1e3)
-        return {name: dict(median_us=statistics.median(times), min_us=min(times), max_us=max(times), reps_us=times,
-                           host_us=statistics.median(host[name]), spin_us=spin[name] if self.cuda else 0.0,
-                           host_bound_reps=bound[name])
-                for name, times in timed.items()}
+        return {
+            name: dict(
+                median_us=statistics.median(times),
+                min_us=min(times),
+                max_us=max(times),
+                reps_us=times,
+                host_us=statistics.median(host[name]),
+                spin_us=spin[name] if self.cuda else 0.0,
+                host_bound_reps=bound[name],
+            )
+            for name, times in timed.items()
+        }
 
 
 def gpu_activity(fn, top: int = 6) -> dict:
@@ -136,9 +144,13 @@ def gpu_activity(fn, top: int = 6) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and not e.is_user_annotation  # annotations are ranges, not work
-                   and e.time_range.end > e.time_range.start)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+        and not e.is_user_annotation  # annotations are ranges, not work
+        and e.time_range.end > e.time_range.start
+    )
     if not spans:
         return dict(span_ms=0.0, busy_ms=0.0, gaps=[], gap_count=0, activities=0, heaviest_us={})
     busy, gaps = 0.0, []
@@ -155,19 +167,27 @@ def gpu_activity(fn, top: int = 6) -> dict:
     by_name: dict[str, float] = {}
     for start, end, name in spans:
         by_name[name[:60]] = by_name.get(name[:60], 0.0) + end - start
-    heaviest = sorted(by_name.items(), key=lambda item: -item[1])[:2 * top]
-    return dict(span_ms=(hi - spans[0][0]) / 1e3, busy_ms=busy / 1e3, gaps=gaps[:top], gap_count=len(gaps),
-                activities=len(spans), heaviest_us=dict(heaviest))
+    heaviest = sorted(by_name.items(), key=lambda item: -item[1])[: 2 * top]
+    return dict(
+        span_ms=(hi - spans[0][0]) / 1e3,
+        busy_ms=busy / 1e3,
+        gaps=gaps[:top],
+        gap_count=len(gaps),
+        activities=len(spans),
+        heaviest_us=dict(heaviest),
+    )
 
 
 def json_logger(path: str, report: dict):
     """log(key, value): report[key] = value, printed, and the whole report rewritten to `path` (so a
     call cut short still leaves what it measured)."""
+
     def log(key, value):
         report[key] = value
         print(key, value, flush=True)
         with open(path, "w") as f:
             json.dump(report, f, indent=1, default=str)
+
     return log
 
 

@@ -54,8 +54,13 @@ PER_THREAD_VARIANTS = (32, 16)  # row values a thread (the default is ROW_PER_TH
 
 @triton.jit
 def calibration_keys_bisection_kernel(
-    scores_ptr, width, out_ptr, offset,
-    RANK_A: tl.constexpr, RANK_B: tl.constexpr, BLOCK: tl.constexpr,
+    scores_ptr,
+    width,
+    out_ptr,
+    offset,
+    RANK_A: tl.constexpr,
+    RANK_B: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """The previous order-statistics kernel (commit 07dcceb, KEYS=True), kept to be timed beside the
     new one: a 32-step bisection over the int32 ordered bits of the whole row, for both ranks at once."""
@@ -85,9 +90,16 @@ def calibration_keys_bisection(sample: torch.Tensor, k: int, ceiling_rank: int, 
     """The previous kernel's launcher (its launch shape), writing `out` int64 [rows, 2]."""
     rows, width = sample.shape
     block = triton.next_power_of_2(width)
-    calibration_keys_bisection_kernel[(rows,)](sample.contiguous(), width, out, 0.0, RANK_A=k, RANK_B=ceiling_rank,
-                                               BLOCK=block,
-                                               num_warps=max(4, min(16, block // 1024)))
+    calibration_keys_bisection_kernel[(rows,)](
+        sample.contiguous(),
+        width,
+        out,
+        0.0,
+        RANK_A=k,
+        RANK_B=ceiling_rank,
+        BLOCK=block,
+        num_warps=max(4, min(16, block // 1024)),
+    )
     return out[:, 0], out[:, 1]
 
 
@@ -129,8 +141,11 @@ def row_steps(sample: torch.Tensor, ranks: tuple[int, int], band: int) -> dict:
         shared += same & going_a & going_b
         same &= (lo_a == lo_b) & (hi_a == hi_b)
     own = [sum(going.float() for going, _, _ in path) for path in paths]
-    return {"row_steps": float((own[0] + own[1] - shared).mean()), "shared_steps": float(shared.mean()),
-            "band_rows": banded}
+    return {
+        "row_steps": float((own[0] + own[1] - shared).mean()),
+        "shared_steps": float(shared.mean()),
+        "band_rows": banded,
+    }
 
 
 def band_variants(sample, k, ceiling_rank, want) -> dict:
@@ -140,8 +155,12 @@ def band_variants(sample, k, ceiling_rank, want) -> dict:
         got = calibration_keys_triton(sample, k, ceiling_rank, 0.0, per_thread=per_thread)
         variants[per_thread] = {
             "equal": all(torch.equal(g, w) for g, w in zip(got, want)),
-            "ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0, per_thread=per_thread),
-                          reps=REPS, warm=WARM)}
+            "ms": cuda_ms(
+                lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0, per_thread=per_thread),
+                reps=REPS,
+                warm=WARM,
+            ),
+        }
     return variants
 
 
@@ -151,13 +170,20 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sample_size = LiteTopKTuning().sample_size
-    report = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE, "rows": ROWS,
-              "sample_size": sample_size, "warm": WARM,
-              "reps": REPS, "command": "python -m bench.probes.calibration_probe " + " ".join(sys.argv[1:]),
-              "cases": []}
+    report = {
+        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
+        "rows": ROWS,
+        "sample_size": sample_size,
+        "warm": WARM,
+        "reps": REPS,
+        "command": "python -m bench.probes.calibration_probe " + " ".join(sys.argv[1:]),
+        "cases": [],
+    }
     backend = TritonBackend()
-    header = (f"{'keys':>7} {'K':>5} {'width':>5} {'stride':>6} {'score ms':>8} {'bisect ms':>9} {'band ms':>8} "
-              f"{'torch ms':>8} {'calib ms':>8} {'equal':>5} {'steps/shared':>13} {'band A/B':>9}")
+    header = (
+        f"{'keys':>7} {'K':>5} {'width':>5} {'stride':>6} {'score ms':>8} {'bisect ms':>9} {'band ms':>8} "
+        f"{'torch ms':>8} {'calib ms':>8} {'equal':>5} {'steps/shared':>13} {'band A/B':>9}"
+    )
     print(header)
     for keys in KEYS:
         for k in TOPKS:
@@ -176,32 +202,54 @@ def main():
             band = BAND_PER_THREAD * order_tiling(width)[1]
             steps = row_steps(sample, (k, ceiling_rank), band)
             case = {
-                "keys": keys, "k": k, "width": width, "stride": stride, "ceiling_rank": ceiling_rank, "band": band,
+                "keys": keys,
+                "k": k,
+                "width": width,
+                "stride": stride,
+                "ceiling_rank": ceiling_rank,
+                "band": band,
                 "score_dense_ms": cuda_ms(lambda: backend.score_dense(problem, stride), reps=REPS, warm=WARM),  # noqa: F821 (its `del` at the loop's end)
-                "order_bisection_ms": cuda_ms(lambda: calibration_keys_bisection(sample, k, ceiling_rank, out),  # noqa: F821 (its `del` at the loop's end)
-                                              reps=REPS, warm=WARM),
-                "order_band_ms": cuda_ms(lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),  # noqa: F821 (its `del` at the loop's end)
-                                         reps=REPS, warm=WARM),
+                "order_bisection_ms": cuda_ms(
+                    lambda: calibration_keys_bisection(sample, k, ceiling_rank, out),  # noqa: F821 (its `del` at the loop's end)
+                    reps=REPS,
+                    warm=WARM,
+                ),
+                "order_band_ms": cuda_ms(
+                    lambda: calibration_keys_triton(sample, k, ceiling_rank, 0.0),  # noqa: F821 (its `del` at the loop's end)
+                    reps=REPS,
+                    warm=WARM,
+                ),
                 "order_band_variants": band_variants(sample, k, ceiling_rank, want),
-                "order_torch_ms": cuda_ms(lambda: calibration_keys_torch(sample, k, ceiling_rank),  # noqa: F821 (its `del` at the loop's end)
-                                          reps=REPS, warm=WARM),
+                "order_torch_ms": cuda_ms(
+                    lambda: calibration_keys_torch(sample, k, ceiling_rank),  # noqa: F821 (its `del` at the loop's end)
+                    reps=REPS,
+                    warm=WARM,
+                ),
                 "calibrate_ms": cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=15, warm=WARM),  # noqa: F821 (its `del` at the loop's end)
-                "equal_bisection": equal_old, "equal_band": equal_new,
+                "equal_bisection": equal_old,
+                "equal_band": equal_new,
                 **steps,
                 "no_threshold_rows": int((want[0] == NO_KEY).sum()),
             }
             report["cases"].append(case)
             with open(os.path.join(args.out, "calibration-probe.json"), "w") as f:
                 json.dump(report, f, indent=1)
-            print(f"{keys:>7} {k:>5} {width:>5} {stride:>6} {case['score_dense_ms']:>8.4f} "
-                  f"{case['order_bisection_ms']:>9.4f} {case['order_band_ms']:>8.4f} {case['order_torch_ms']:>8.4f} "
-                  f"{case['calibrate_ms']:>8.4f} {str(equal_old and equal_new):>5} "
-                  f"{steps['row_steps']:>6.1f}/{steps['shared_steps']:<6.1f} "
-                  f"{steps['band_rows'][0]:>4.2f}/{steps['band_rows'][1]:<4.2f}", flush=True)
-            print("        band kernel by values a thread: " + ", ".join(
-                f"{n}: {v['ms']:.4f} ms{'' if v['equal'] else ' NOT EQUAL'}"
-                for n, v in case["order_band_variants"].items()),
-                flush=True)
+            print(
+                f"{keys:>7} {k:>5} {width:>5} {stride:>6} {case['score_dense_ms']:>8.4f} "
+                f"{case['order_bisection_ms']:>9.4f} {case['order_band_ms']:>8.4f} {case['order_torch_ms']:>8.4f} "
+                f"{case['calibrate_ms']:>8.4f} {str(equal_old and equal_new):>5} "
+                f"{steps['row_steps']:>6.1f}/{steps['shared_steps']:<6.1f} "
+                f"{steps['band_rows'][0]:>4.2f}/{steps['band_rows'][1]:<4.2f}",
+                flush=True,
+            )
+            print(
+                "        band kernel by values a thread: "
+                + ", ".join(
+                    f"{n}: {v['ms']:.4f} ms{'' if v['equal'] else ' NOT EQUAL'}"
+                    for n, v in case["order_band_variants"].items()
+                ),
+                flush=True,
+            )
             del sample, problem, args_, kw
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()

@@ -50,17 +50,25 @@ def model_scores(n: int, generator: torch.Generator) -> np.ndarray:
     out = np.empty(n, dtype=np.float32)
     for start in range(0, n, 65536):
         k = torch.randn(min(65536, n - start), 128, generator=generator)
-        out[start:start + k.shape[0]] = (torch.relu(k @ q.T) @ w).numpy()
+        out[start : start + k.shape[0]] = (torch.relu(k @ q.T) @ w).numpy()
     return out
 
 
-def walk(scores: np.ndarray, tiles, thr: float, lo: float, width: float, k: int, kept: int = 0,
-         hist: np.ndarray | None = None) -> int:
+def walk(
+    scores: np.ndarray,
+    tiles,
+    thr: float,
+    lo: float,
+    width: float,
+    k: int,
+    kept: int = 0,
+    hist: np.ndarray | None = None,
+) -> int:
     """Keys kept after walking `tiles` (tile indices) from threshold `thr` with the histogram
     [lo, lo + NUM_BINS width) (width 0: none); `kept` and `hist` carry what came before."""
     hist = np.zeros(NUM_BINS, np.int64) if hist is None else hist
     for i, t in enumerate(tiles):
-        tile = scores[t * TILE:(t + 1) * TILE]
+        tile = scores[t * TILE : (t + 1) * TILE]
         passing = tile[tile >= thr]
         kept += passing.size
         if width > 0:
@@ -84,9 +92,10 @@ def with_sample_stage(scores: np.ndarray, k: int, sample_size: int) -> int:
 def with_self_calibration(scores: np.ndarray, k: int, sample_size: int, capacity: int) -> int:
     """Candidates of a row of the self-calibrating scan (module docstring)."""
     n_tiles = -(-scores.size // TILE)
-    n_sample = min(max(-(-sample_size // TILE), -(-n_tiles // MAX_SAMPLE_STRIDE), -(-2 * k // TILE)), n_tiles,
-                   capacity // TILE)
-    sample = scores[(n_tiles - n_sample) * TILE:]
+    n_sample = min(
+        max(-(-sample_size // TILE), -(-n_tiles // MAX_SAMPLE_STRIDE), -(-2 * k // TILE)), n_tiles, capacity // TILE
+    )
+    sample = scores[(n_tiles - n_sample) * TILE :]
 
     def bracket(rank: int) -> float:
         lo, hi = np.float32(sample.min()), np.float32(sample.max())
@@ -114,9 +123,13 @@ def draw(report: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{c['keys'] // 1024}K, K={c['k']}" for c in cases]
     for i, mode in enumerate(("sample", "scan")):
-        ax.bar([x + (i - 0.5) * 0.38 for x in range(len(cases))], [c[mode]["mean"] for c in cases], 0.38,
-               yerr=[[0] * len(cases), [c[mode]["max"] - c[mode]["mean"] for c in cases]],
-               label=f"calibration={mode!r}")
+        ax.bar(
+            [x + (i - 0.5) * 0.38 for x in range(len(cases))],
+            [c[mode]["mean"] for c in cases],
+            0.38,
+            yerr=[[0] * len(cases), [c[mode]["max"] - c[mode]["mean"] for c in cases]],
+            label=f"calibration={mode!r}",
+        )
     ax.plot(range(len(cases)), [c["capacity"] for c in cases], "k_", markersize=30, label="buffer (8 K)")
     ax.set_xticks(range(len(cases)), labels, fontsize=8)
     ax.set_ylabel("candidates a row (mean, bar to max)")
@@ -134,23 +147,38 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tuning = LiteTopKTuning()
-    report = {"rows": args.rows, "sample_size": tuning.sample_size, "refresh": REFRESH, "num_bins": NUM_BINS,
-              "command": "python -m bench.probes.candidate_model " + " ".join(sys.argv[1:]), "cases": []}
+    report = {
+        "rows": args.rows,
+        "sample_size": tuning.sample_size,
+        "refresh": REFRESH,
+        "num_bins": NUM_BINS,
+        "command": "python -m bench.probes.candidate_model " + " ".join(sys.argv[1:]),
+        "cases": [],
+    }
     generator = torch.Generator().manual_seed(2)
     print(f"{'keys':>7} {'K':>5} {'buffer':>6} | {'sample: mean':>12} {'max':>5} | {'scan: mean':>10} {'max':>5}")
     for keys in args.keys:
         rows = [model_scores(keys, generator) for _ in range(args.rows)]
         for k in TOPKS:
             capacity = tuning.capacity(k)
-            counts = {"sample": [with_sample_stage(s, k, tuning.sample_size) for s in rows],
-                      "scan": [with_self_calibration(s, k, tuning.sample_size, capacity) for s in rows]}
-            case = {"keys": keys, "k": k, "capacity": capacity,
-                    **{mode: {"mean": float(np.mean(c)), "max": int(max(c)), "rows": c} for mode, c in counts.items()}}
+            counts = {
+                "sample": [with_sample_stage(s, k, tuning.sample_size) for s in rows],
+                "scan": [with_self_calibration(s, k, tuning.sample_size, capacity) for s in rows],
+            }
+            case = {
+                "keys": keys,
+                "k": k,
+                "capacity": capacity,
+                **{mode: {"mean": float(np.mean(c)), "max": int(max(c)), "rows": c} for mode, c in counts.items()},
+            }
             report["cases"].append(case)
             with open(os.path.join(args.out, "candidate-model.json"), "w") as f:
                 json.dump(report, f, indent=1)
-            print(f"{keys:>7} {k:>5} {capacity:>6} | {case['sample']['mean']:>12.0f} {case['sample']['max']:>5} | "
-                  f"{case['scan']['mean']:>10.0f} {case['scan']['max']:>5}", flush=True)
+            print(
+                f"{keys:>7} {k:>5} {capacity:>6} | {case['sample']['mean']:>12.0f} {case['sample']['max']:>5} | "
+                f"{case['scan']['mean']:>10.0f} {case['scan']['max']:>5}",
+                flush=True,
+            )
     draw(report, os.path.join(args.out, "candidate-model.png"))
 
 

@@ -28,18 +28,17 @@ def main() -> None:
     FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
-
     log = json_logger(os.path.join(OUT, "gluon-probe.json"), report)
-
 
     def same_result(a, b) -> bool:
         return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
 
-
     def kernels():
-        return {"gluon": TritonBackend(scoring_kernel="gluon"), "triton_br2": TritonBackend(scoring_kernel="triton"),
-                "triton_br4": TritonBackend(block_rows=4, scoring_kernel="triton")}
-
+        return {
+            "gluon": TritonBackend(scoring_kernel="gluon"),
+            "triton_br2": TritonBackend(scoring_kernel="triton"),
+            "triton_br4": TritonBackend(block_rows=4, scoring_kernel="triton"),
+        }
 
     # 1. bit-for-bit agreement of the two kernels, and LiteTopK == dense for each
     for topk, rows, raw in ((512, 256, 65536), (1024, 130, 131072), (512, 8192, 262144), (1024, 8192, 262144)):
@@ -50,8 +49,9 @@ def main() -> None:
         found = {}
         backends = kernels()
         dense_scores = {name: be.score_dense(problem) for name, be in list(backends.items())[:2]}
-        found["dense_scores_equal"] = all(torch.equal(x, y)
-                                          for x, y in zip(dense_scores["gluon"], dense_scores["triton_br2"]))
+        found["dense_scores_equal"] = all(
+            torch.equal(x, y) for x, y in zip(dense_scores["gluon"], dense_scores["triton_br2"])
+        )
         del dense_scores
         strided = {name: be.score_dense(problem, stride=13) for name, be in list(backends.items())[:2]}
         found["strided_scores_equal"] = all(torch.equal(x, y) for x, y in zip(strided["gluon"], strided["triton_br2"]))

@@ -61,24 +61,44 @@ def _half_partial(acc, wq_half, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constex
 
 @gluon.jit
 def score_split_dense_kernel(
-    k_lo_ptr, kfac_ptr, q_lo_ptr, wq_ptr, rowfac_ptr, prog_rows_ptr, prog_batch_ptr, starts_ptr, ends_ptr, s_pad,
-    out_ptr, out_width, max_pos, nonfinite_ptr,
-    BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr,
-    NUM_BUFFERS: gl.constexpr, num_warps: gl.constexpr,
+    k_lo_ptr,
+    kfac_ptr,
+    q_lo_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    prog_rows_ptr,
+    prog_batch_ptr,
+    starts_ptr,
+    ends_ptr,
+    s_pad,
+    out_ptr,
+    out_width,
+    max_pos,
+    nonfinite_ptr,
+    BLOCK_KEYS: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     N: gl.constexpr = BLOCK_ROWS * H
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, HALF, 32])
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
-                                        warps_per_cta=[num_warps, 1], order=[1, 0])
-    partial: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BLOCK_KEYS, HALF], gl.float32, mma),
-                                              [BLOCK_KEYS, HALF // 8, 4, BLOCK_ROWS]), axis=1).type.layout
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HALF, 32]
+    )
+    ld: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
+    partial: gl.constexpr = gl.sum(
+        gl.reshape(gl.zeros([BLOCK_KEYS, HALF], gl.float32, mma), [BLOCK_KEYS, HALF // 8, 4, BLOCK_ROWS]), axis=1
+    ).type.layout
     tile: gl.constexpr = gl.sum(gl.zeros([BLOCK_KEYS, 4, BLOCK_ROWS], gl.float32, partial), axis=1).type.layout
     key_of_tile: gl.constexpr = gl.SliceLayout(1, tile)
     row_of_tile: gl.constexpr = gl.SliceLayout(0, tile)
     pid = gl.program_id(0)
-    ring = gl.allocate_shared_memory(gl.int8, [NUM_BUFFERS, BLOCK_KEYS, D],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
+    ring = gl.allocate_shared_memory(
+        gl.int8, [NUM_BUFFERS, BLOCK_KEYS, D], gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8)
+    )
     q_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
 
     rows, row_ok, starts, ends = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_tile)
@@ -99,14 +119,16 @@ def score_split_dense_kernel(
     n_steps = gl.cdiv(out_width, BLOCK_KEYS)
     offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
     for s in gl.static_range(NUM_BUFFERS - 1):
-        _issue_key_tile(s, n_steps, lo, 1, k_base, k_lo_ptr, max_pos, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, False, NUM_BUFFERS)
+        _issue_key_tile(
+            s, n_steps, lo, 1, k_base, k_lo_ptr, max_pos, ring, offs_k, offs_d, BLOCK_KEYS, D, False, NUM_BUFFERS
+        )
     async_copy.wait_group(NUM_BUFFERS - 2)
     fence_async_shared()
     gl.thread_barrier()
     zeros = gl.zeros([BLOCK_KEYS, HALF], gl.int32, mma)
-    part_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_KEYS, 4, BLOCK_ROWS],
-                                          gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+    part_smem = gl.allocate_shared_memory(
+        gl.float32, [BLOCK_KEYS, 4, BLOCK_ROWS], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    )
     offs_tk = gl.arange(0, BLOCK_KEYS, layout=key_of_tile)
     probe = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.float32, tile)
     for step in range(n_steps):
@@ -117,8 +139,22 @@ def score_split_dense_kernel(
         acc_a = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_a, zeros, use_acc=False, is_async=True)
         acc_b = warpgroup_mma(ring.index(step % NUM_BUFFERS), q_b, zeros, use_acc=False, is_async=True)
         # The copy of tile step + NUM_BUFFERS - 1 reuses the slot of tile step - 1, whose wgmmas completed.
-        _issue_key_tile(step + NUM_BUFFERS - 1, n_steps, lo, 1, k_base, k_lo_ptr, max_pos, ring, offs_k, offs_d,
-                        BLOCK_KEYS, D, False, NUM_BUFFERS)
+        _issue_key_tile(
+            step + NUM_BUFFERS - 1,
+            n_steps,
+            lo,
+            1,
+            k_base,
+            k_lo_ptr,
+            max_pos,
+            ring,
+            offs_k,
+            offs_d,
+            BLOCK_KEYS,
+            D,
+            False,
+            NUM_BUFFERS,
+        )
         acc_a = warpgroup_mma_wait(num_outstanding=1, deps=(acc_a,))
         part_smem.store(_half_partial(acc_a, wq_a, BLOCK_KEYS, BLOCK_ROWS))  # while B runs
         acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_b,))
@@ -128,16 +164,32 @@ def score_split_dense_kernel(
         scores = scores * rowfac[None, :] * gl.load(kfac_ptr + k_base + pos)[:, None]
         in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
         probe += gl.where(in_window, scores, 0.0) * 0.0
-        gl.store(out_ptr + rows.to(gl.int64)[None, :] * out_width + pos[:, None],
-                 gl.where(in_window, scores, float("-inf")), mask=(pos < out_width)[:, None] & row_ok[None, :])
+        gl.store(
+            out_ptr + rows.to(gl.int64)[None, :] * out_width + pos[:, None],
+            gl.where(in_window, scores, float("-inf")),
+            mask=(pos < out_width)[:, None] & row_ok[None, :],
+        )
     async_copy.wait_group(0)
     nonfinite = gl.sum(probe, axis=0)
     gl.store(nonfinite_ptr + rows, (nonfinite != nonfinite).to(gl.int8), mask=row_ok)
 
 
-TYPES = dict(k_lo_ptr="*i8", kfac_ptr="*fp32", q_lo_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32",
-             prog_rows_ptr="*i32", prog_batch_ptr="*i32", starts_ptr="*i32", ends_ptr="*i32", s_pad="i32",
-             out_ptr="*fp32", out_width="i32", max_pos="i32", nonfinite_ptr="*i8")
+TYPES = dict(
+    k_lo_ptr="*i8",
+    kfac_ptr="*fp32",
+    q_lo_ptr="*i8",
+    wq_ptr="*fp32",
+    rowfac_ptr="*fp32",
+    prog_rows_ptr="*i32",
+    prog_batch_ptr="*i32",
+    starts_ptr="*i32",
+    ends_ptr="*i32",
+    s_pad="i32",
+    out_ptr="*fp32",
+    out_width="i32",
+    max_pos="i32",
+    nonfinite_ptr="*i8",
+)
 CONSTANTS = dict(BLOCK_KEYS=64, BLOCK_ROWS=2, H=64, D=128, NUM_BUFFERS=SPLIT_BUFFERS)
 OPTIONS = dict(num_warps=4, maxnreg=128)
 
@@ -152,8 +204,9 @@ def offline(out_dir: str) -> dict:
     path = os.path.join(out_dir, "split_dense")
     sass = sm90.compile_sm90(score_split_dense_kernel, TYPES, CONSTANTS, OPTIONS, path, source=GluonASTSource)
     loop = sm90.innermost_mma_loop(sass)
-    return dict(sm90.resource_usage(path), loop_instructions=len(loop),
-                loop_opcodes=dict(sm90.opcode_mix(loop).most_common(16)))
+    return dict(
+        sm90.resource_usage(path), loop_instructions=len(loop), loop_opcodes=dict(sm90.opcode_mix(loop).most_common(16))
+    )
 
 
 def on_device(out_dir: str) -> dict:
@@ -174,17 +227,34 @@ def on_device(out_dir: str) -> dict:
         out = torch.empty(problem.num_rows, width, dtype=torch.float32, device="cuda")
         nonfinite = torch.zeros(problem.num_rows, dtype=torch.int8, device="cuda")
         score_split_dense_kernel[(rows_.shape[0],)](
-            ops.keys.k_lo, ops.keys.kfac, ops.q_lo, ops.wq, ops.rowfac, rows_, batch_, problem.starts, problem.ends,
+            ops.keys.k_lo,
+            ops.keys.kfac,
+            ops.q_lo,
+            ops.wq,
+            ops.rowfac,
+            rows_,
+            batch_,
+            problem.starts,
+            problem.ends,
             ops.keys.s_pad,
-            out, width, problem.max_end, nonfinite, **CONSTANTS, **OPTIONS)
+            out,
+            width,
+            problem.max_end,
+            nonfinite,
+            **CONSTANTS,
+            **OPTIONS,
+        )
         return out
 
     want, _ = backend.score_dense(problem)
     got = split()
     live = torch.isfinite(want)
-    report = {"same_window": bool(torch.equal(live, torch.isfinite(got))),
-              "max_rel_diff": float(((got - want).abs()[live] / want.abs()[live].clamp_min(1e-30)).max()),
-              "split_ms": [], "gluon_ms": []}
+    report = {
+        "same_window": bool(torch.equal(live, torch.isfinite(got))),
+        "max_rel_diff": float(((got - want).abs()[live] / want.abs()[live].clamp_min(1e-30)).max()),
+        "split_ms": [],
+        "gluon_ms": [],
+    }
     for _ in range(3):
         report["split_ms"].append(cuda_ms(split))
         report["gluon_ms"].append(cuda_ms(lambda: backend.score_dense(problem)))

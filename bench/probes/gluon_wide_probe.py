@@ -46,9 +46,13 @@ from litetopk.kernels.validation import validate_prefill
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 # case -> (variant, wide key tiles kept, wide query rows kept)
-CASES = {"narrow": ("narrow", False, False), "wide_all": ("wide", True, True),
-         "wide_no_keys": ("wide", False, True), "wide_no_queries": ("wide", True, False),
-         "wide_none": ("wide", False, False)}
+CASES = {
+    "narrow": ("narrow", False, False),
+    "wide_all": ("wide", True, True),
+    "wide_no_keys": ("wide", False, True),
+    "wide_no_queries": ("wide", True, False),
+    "wide_none": ("wide", False, False),
+}
 
 
 def forced_operands(ops, variant: str, keep_keys: bool, keep_queries: bool):
@@ -58,10 +62,14 @@ def forced_operands(ops, variant: str, keep_keys: bool, keep_queries: bool):
     live, idle = (s.rows, s.span), (torch.full_like(s.rows, -1), torch.zeros_like(s.span))
     keys = ops.keys
     if not keep_keys:
-        keys = dataclasses.replace(keys, tile_wide=torch.zeros_like(keys.tile_wide),
-                                   batch_wide=torch.zeros_like(keys.batch_wide))
-    schedule = dataclasses.replace(s, variants=(live, idle) if variant == "narrow" else (idle, live),
-                                   q_wide=s.q_wide if keep_queries else torch.zeros_like(s.q_wide))
+        keys = dataclasses.replace(
+            keys, tile_wide=torch.zeros_like(keys.tile_wide), batch_wide=torch.zeros_like(keys.batch_wide)
+        )
+    schedule = dataclasses.replace(
+        s,
+        variants=(live, idle) if variant == "narrow" else (idle, live),
+        q_wide=s.q_wide if keep_queries else torch.zeros_like(s.q_wide),
+    )
     return dataclasses.replace(ops, keys=keys, schedule=schedule)
 
 
@@ -89,13 +97,20 @@ def wide_counts(problem, ops) -> dict:
     crossed = (prefix[b, last] - prefix[b, first]).float()
     q_flags = decode_queries_fp4_triton(problem.q_fp4, problem.q_scale)[3]
     heads = ((q_flags & FLAG_WIDE) != 0).sum(dim=1)[ops.q_wide]
-    return dict(programs=int(used.sum()), wide_programs=int(((s.q_wide != 0) & used).sum()),
-                tiles=tiles * keys.tile_wide.shape[0], wide_tiles=int((keys.tile_wide != 0).sum()),
-                wide_keys=int(((keys.flags_of_keys & FLAG_WIDE) != 0).sum()),
-                wide_tiles_per_scan_program=round(float(crossed.mean()), 2) if crossed.numel() else 0.0,
-                rows=int(ops.q_wide.numel()), wide_rows=int(ops.q_wide.sum()),
-                wide_heads_per_wide_row=dict(mean=round(float(heads.float().mean()), 3) if heads.numel() else 0.0,
-                                             max=int(heads.max()) if heads.numel() else 0))
+    return dict(
+        programs=int(used.sum()),
+        wide_programs=int(((s.q_wide != 0) & used).sum()),
+        tiles=tiles * keys.tile_wide.shape[0],
+        wide_tiles=int((keys.tile_wide != 0).sum()),
+        wide_keys=int(((keys.flags_of_keys & FLAG_WIDE) != 0).sum()),
+        wide_tiles_per_scan_program=round(float(crossed.mean()), 2) if crossed.numel() else 0.0,
+        rows=int(ops.q_wide.numel()),
+        wide_rows=int(ops.q_wide.sum()),
+        wide_heads_per_wide_row=dict(
+            mean=round(float(heads.float().mean()), 3) if heads.numel() else 0.0,
+            max=int(heads.max()) if heads.numel() else 0,
+        ),
+    )
 
 
 def split_times(problem, backend: TritonBackend, tuning, topk: int) -> dict:
@@ -108,8 +123,9 @@ def split_times(problem, backend: TritonBackend, tuning, topk: int) -> dict:
         with operands_of(backend, problem, forced_operands(ops, variant, keep_keys, keep_queries)):
             same = torch.equal(backend.score_dense(problem)[0], exact)
             dense = cuda_ms(lambda: backend.score_dense(problem), reps=5, warm=1)
-            scan = cuda_ms(lambda: backend.scan_candidates(problem, thr, tuning.capacity(topk), ceilings=ceil),
-                           reps=5, warm=1)
+            scan = cuda_ms(
+                lambda: backend.scan_candidates(problem, thr, tuning.capacity(topk), ceilings=ceil), reps=5, warm=1
+            )
         out[case] = dict(dense_ms=round(dense, 3), scan_ms=round(scan, 3), exact=same)
     del exact
     return out
@@ -127,10 +143,14 @@ def occupancy(topk: int = 512) -> dict:
         kernel = build_sm90(score_fp4_gluon_kernel, SCORE_TYPES, constants, options, source=GluonASTSource)
         kernel._init_handles()  # loads it (and sets its shared memory limit, as a launch does)
         err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            driver.CUfunction(kernel.function), 32 * GLUON_NUM_WARPS, kernel.metadata.shared)
-        out[name] = dict(registers=kernel.n_regs, spilled_bytes=4 * kernel.n_spills,
-                         dynamic_shared=kernel.metadata.shared,
-                         programs_per_sm=int(per_sm) if err == driver.CUresult.CUDA_SUCCESS else f"error {err}")
+            driver.CUfunction(kernel.function), 32 * GLUON_NUM_WARPS, kernel.metadata.shared
+        )
+        out[name] = dict(
+            registers=kernel.n_regs,
+            spilled_bytes=4 * kernel.n_spills,
+            dynamic_shared=kernel.metadata.shared,
+            programs_per_sm=int(per_sm) if err == driver.CUresult.CUDA_SUCCESS else f"error {err}",
+        )
         print(f"{name:14s} {out[name]}", flush=True)
     return out
 
@@ -140,15 +160,20 @@ def print_table(name: str, counts: dict, times: dict) -> None:
     base = times["narrow"]
     print(f"{'case':16s} {'dense ms':>9s} {'vs narrow':>9s} {'scan ms':>8s} {'vs narrow':>9s}  exact")
     for case, t in times.items():
-        print(f"{case:16s} {t['dense_ms']:9.3f} {t['dense_ms'] / base['dense_ms']:9.3f} "
-              f"{t['scan_ms']:8.3f} {t['scan_ms'] / base['scan_ms']:9.3f}  {t['exact']}", flush=True)
+        print(
+            f"{case:16s} {t['dense_ms']:9.3f} {t['dense_ms'] / base['dense_ms']:9.3f} "
+            f"{t['scan_ms']:8.3f} {t['scan_ms'] / base['scan_ms']:9.3f}  {t['exact']}",
+            flush=True,
+        )
 
 
 def main() -> None:
     out_dir = os.environ.get("OUT", "/tmp")
-    report = {"device": torch.cuda.get_device_name(0),
-              "note": "cases other than wide_all (and wide_none / narrow on spread 0) score wide vectors narrow: "
-                      "their times are timing only, their scores wrong ('exact' false)"}
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "note": "cases other than wide_all (and wide_none / narrow on spread 0) score wide vectors narrow: "
+        "their times are timing only, their scores wrong ('exact' false)",
+    }
     log = json_logger(os.path.join(out_dir, "gluon-wide.json"), report)
     tuning = LiteTopKTuning()
     for topk, spread, twin_check in ((512, 0, False), (512, 1, True), (1024, 1, False)):

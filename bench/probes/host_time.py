@@ -47,11 +47,48 @@ from bench.common.problems import prefill_problem
 from litetopk.kernels import LiteTopKTuning, litetopk_prefill
 
 #: torch ops that launch no device kernel (views and allocations).
-NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
-    "empty", "empty_like", "empty_strided", "view", "_unsafe_view", "reshape", "as_strided", "slice", "select",
-    "unbind", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute", "narrow", "alias", "detach", "lift_fresh",
-    "contiguous", "resize_", "set_", "to", "_reshape_alias", "split", "chunk", "view_as", "expand_as", "flatten",
-    "unflatten", "diagonal", "result_type", "is_nonzero", "_local_scalar_dense", "item", "numpy_T"))
+NO_KERNEL_OPS = frozenset(
+    f"aten::{name}"
+    for name in (
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "as_strided",
+        "slice",
+        "select",
+        "unbind",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "t",
+        "transpose",
+        "permute",
+        "narrow",
+        "alias",
+        "detach",
+        "lift_fresh",
+        "contiguous",
+        "resize_",
+        "set_",
+        "to",
+        "_reshape_alias",
+        "split",
+        "chunk",
+        "view_as",
+        "expand_as",
+        "flatten",
+        "unflatten",
+        "diagonal",
+        "result_type",
+        "is_nonzero",
+        "_local_scalar_dense",
+        "item",
+        "numpy_T",
+    )
+)
 CUDA_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 TRITON_RANGE = "triton:"
 
@@ -102,8 +139,11 @@ def triton_stages_on_cpu():
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--cpu needs TRITON_INTERPRET=1 in the environment (set before triton is imported)")
-    patched = [(m, m.runs_triton_stages) for name, m in list(sys.modules.items())
-               if name.startswith("litetopk.kernels") and hasattr(m, "runs_triton_stages")]
+    patched = [
+        (m, m.runs_triton_stages)
+        for name, m in list(sys.modules.items())
+        if name.startswith("litetopk.kernels") and hasattr(m, "runs_triton_stages")
+    ]
     run = InterpretedFunction.run
 
     def counted_run(self, *args, **kwargs):
@@ -121,8 +161,9 @@ def triton_stages_on_cpu():
             module.runs_triton_stages = original
 
 
-def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: int = 3,
-                       calibration: str = "sample") -> Counter:
+def count_launches_cpu(
+    rows: int = 4, keys: int = 2048, topk: int = 512, seed: int = 3, calibration: str = "sample"
+) -> Counter:
     """Launches per stage of one LiteTopK call on the CPU with the Triton stages (module docstring),
     calibrated from a sample of keys // 4 (the production path's stages) by a calibration stage or
     in the scan (`calibration`, LiteTopKTuning); the counts do not depend on the sizes (the grids do),
@@ -138,8 +179,9 @@ def count_launches_cpu(rows: int = 4, keys: int = 2048, topk: int = 512, seed: i
     return launches_by_stage(prof.events(), on_cpu=True)
 
 
-def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: int = 30,
-                 calibration: str = "sample") -> dict:
+def glue_host_ms(
+    rows: int, keys: int, topk: int, workspace: bool = True, reps: int = 30, calibration: str = "sample"
+) -> dict:
     """Host ms of the LiteTopK call's glue with launches as no-ops (module docstring, --glue), with
     LiteTopKTuning(calibration=calibration)."""
     import cProfile
@@ -161,8 +203,10 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
 
     def no_launch(self, *args, **kwargs):
         if this_call["scan"] is None and self.fn.__name__ == "score_fp4_kernel" and kwargs.get("DENSE") is False:
-            this_call["scan"] = ((time.perf_counter() - this_call["t0"]) * 1e3,
-                                 counts["launches"] - this_call["launches"])
+            this_call["scan"] = (
+                (time.perf_counter() - this_call["t0"]) * 1e3,
+                counts["launches"] - this_call["launches"],
+            )
         counts["launches"] += 1
 
     def counted_carve(self, shape, dtype):
@@ -173,8 +217,12 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
         InterpretedFunction.run, Scratch.empty = no_launch, counted_carve  # undone by triton_stages_on_cpu / below
         try:
             ws = allocate_workspace(rows, keys, k, device="cpu", backend="triton", tuning=tuning) if workspace else None
-            call = lambda: litetopk_prefill(**problem, topk=k, max_seq_len=keys, backend="triton",  # noqa: E731
-                                            workspace=ws, tuning=tuning)
+
+            def call(ws=ws, k=k, keys=keys):
+                return litetopk_prefill(
+                    **problem, topk=k, max_seq_len=keys, backend="triton", workspace=ws, tuning=tuning
+                )
+
             for _ in range(3):
                 call()
             counts.clear()
@@ -195,11 +243,19 @@ def glue_host_ms(rows: int, keys: int, topk: int, workspace: bool = True, reps: 
             Scratch.empty = carve
     buffer = io.StringIO()
     pstats.Stats(profiler, stream=buffer).strip_dirs().sort_stats("tottime").print_stats(15)
-    return dict(rows=rows, keys=keys, topk=topk, workspace=workspace, calibration=calibration,
-                host_ms=sorted(host)[reps // 2],
-                # the part of it before the scan's first launch, and the launches before that
-                to_scan_ms=sorted(ms for ms, _ in scan_started)[reps // 2], launches_before_scan=scan_started[0][1],
-                **per_call, cprofile_top=buffer.getvalue())
+    return dict(
+        rows=rows,
+        keys=keys,
+        topk=topk,
+        workspace=workspace,
+        calibration=calibration,
+        host_ms=sorted(host)[reps // 2],
+        # the part of it before the scan's first launch, and the launches before that
+        to_scan_ms=sorted(ms for ms, _ in scan_started)[reps // 2],
+        launches_before_scan=scan_started[0][1],
+        **per_call,
+        cprofile_top=buffer.getvalue(),
+    )
 
 
 def _print_stages(counts: Counter) -> None:
@@ -237,16 +293,23 @@ def runner_phases(rows: int, keys: int, topk: int, reps: int = 50) -> dict:
         t3 = time.perf_counter()
         graphs._publish(captured, None)
         t4 = time.perf_counter()
-        for name, (a, b) in (("check_prefill", (t0, t1)), ("staging copies", (t1, t2)), ("replay", (t2, t3)),
-                             ("publish", (t3, t4))):
+        for name, (a, b) in (
+            ("check_prefill", (t0, t1)),
+            ("staging copies", (t1, t2)),
+            ("replay", (t2, t3)),
+            ("publish", (t3, t4)),
+        ):
             phases[name].append(b - a)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()
-    top = [dict(name=e.key, calls=e.count, self_cpu_us=e.self_cpu_time_total)
-           for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]]
-    return dict(rows=rows, keys=keys, topk=topk,
-                phases_ms={k: sorted(v)[len(v) // 2] * 1e3 for k, v in phases.items()}, top=top)
+    top = [
+        dict(name=e.key, calls=e.count, self_cpu_us=e.self_cpu_time_total)
+        for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
+    ]
+    return dict(
+        rows=rows, keys=keys, topk=topk, phases_ms={k: sorted(v)[len(v) // 2] * 1e3 for k, v in phases.items()}, top=top
+    )
 
 
 def _pstats_text(profiler, sort: str, limit: int) -> str:
@@ -269,13 +332,16 @@ def cprofile_calls(rows: int, keys: int, topk: int, out_dir: str, reps: int = 30
     problem = prefill_problem(rows, keys * 4, topk, 3)
     problem.pop("topk")
     graphs = LiteTopKGraphs(rows, keys, topk, device="cuda")
-    views = graphs.input_buffers(rows, tuple(problem["block_table"].shape), topk=topk,
-                                 weights_dtype=problem["weights"].dtype)
+    views = graphs.input_buffers(
+        rows, tuple(problem["block_table"].shape), topk=topk, weights_dtype=problem["weights"].dtype
+    )
     for name, view in views.items():
         view.copy_(problem[name])
-    calls = dict(eager=lambda: litetopk_prefill(**problem, topk=topk, max_seq_len=keys),
-                 runner=lambda: graphs(**problem, topk=topk, max_seq_len=keys),
-                 runner_in_place=lambda: graphs(**{**problem, **views}, topk=topk, max_seq_len=keys))
+    calls = dict(
+        eager=lambda: litetopk_prefill(**problem, topk=topk, max_seq_len=keys),
+        runner=lambda: graphs(**problem, topk=topk, max_seq_len=keys),
+        runner_in_place=lambda: graphs(**{**problem, **views}, topk=topk, max_seq_len=keys),
+    )
     report, text = dict(rows=rows, keys=keys, topk=topk, reps=reps), []
     for name, call in calls.items():
         for _ in range(3):
@@ -297,12 +363,15 @@ def cprofile_calls(rows: int, keys: int, topk: int, out_dir: str, reps: int = 30
             host.append(time.perf_counter() - t0)
             torch.cuda.synchronize()
         activity = gpu_activity(call, top=80)
-        report[name] = dict(host_ms=sorted(plain)[reps // 2] * 1e3, host_ms_profiled=sorted(host)[reps // 2] * 1e3,
-                            activity=activity)
-        text.append(f"==== {name}: median host ms {report[name]['host_ms']:.3f} (under cProfile "
-                    f"{report[name]['host_ms_profiled']:.3f}); "
-                    f"{activity['activities']} device activities, {activity['gap_count']} gaps, "
-                    f"span {activity['span_ms']:.3f} busy {activity['busy_ms']:.3f} ms")
+        report[name] = dict(
+            host_ms=sorted(plain)[reps // 2] * 1e3, host_ms_profiled=sorted(host)[reps // 2] * 1e3, activity=activity
+        )
+        text.append(
+            f"==== {name}: median host ms {report[name]['host_ms']:.3f} (under cProfile "
+            f"{report[name]['host_ms_profiled']:.3f}); "
+            f"{activity['activities']} device activities, {activity['gap_count']} gaps, "
+            f"span {activity['span_ms']:.3f} busy {activity['busy_ms']:.3f} ms"
+        )
         text += [f"  gap {g['gap_us']:8.1f} us  {g['before']}  ->  {g['after']}" for g in activity["gaps"]]
         text.append(_pstats_text(profiler, "tottime", 45))
         text.append(_pstats_text(profiler, "cumulative", 70))
@@ -323,21 +392,32 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", action="store_true", help="count launches on the CPU (module docstring); no JSON")
     parser.add_argument("--runner", action="store_true", help="phases of a LiteTopKGraphs call (module docstring)")
     parser.add_argument("--cprofile", action="store_true", help="cProfile + device gaps (module docstring)")
-    parser.add_argument("--glue", action="store_true", help="host glue without a GPU, launches as no-ops (module "
-                                                               "docstring); needs TRITON_INTERPRET=1")
+    parser.add_argument(
+        "--glue",
+        action="store_true",
+        help="host glue without a GPU, launches as no-ops (module docstring); needs TRITON_INTERPRET=1",
+    )
     parser.add_argument("--no-workspace", action="store_true", help="--glue: buffers from the allocator")
-    parser.add_argument("--calibration", choices=("sample", "scan"), default="sample",
-                        help="--glue / --cpu: LiteTopKTuning(calibration=...): a calibration stage, or the scan's own")
+    parser.add_argument(
+        "--calibration",
+        choices=("sample", "scan"),
+        default="sample",
+        help="--glue / --cpu: LiteTopKTuning(calibration=...): a calibration stage, or the scan's own",
+    )
     args = parser.parse_args(argv)
     if args.cprofile:
         report = cprofile_calls(args.rows, args.keys, args.topk, args.out)
         for name in ("eager", "runner", "runner_in_place"):
-            print(f"{name}: host ms {report[name]['host_ms']:.3f} (cProfile {report[name]['host_ms_profiled']:.3f}), "
-                  f"gaps {report[name]['activity']['gap_count']}")
+            print(
+                f"{name}: host ms {report[name]['host_ms']:.3f} (cProfile {report[name]['host_ms_profiled']:.3f}), "
+                f"gaps {report[name]['activity']['gap_count']}"
+            )
         return 0
     if args.runner:
-        report = dict(command="python -m bench.probes.host_time --runner",
-                      results=[runner_phases(args.rows, args.keys, k) for k in (512, 1024)])
+        report = dict(
+            command="python -m bench.probes.host_time --runner",
+            results=[runner_phases(args.rows, args.keys, k) for k in (512, 1024)],
+        )
         for r in report["results"]:
             print(f"K={r['topk']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in r["phases_ms"].items()))
             for t in r["top"][:12]:
@@ -347,17 +427,24 @@ def main(argv=None) -> int:
             json.dump(report, fh, indent=1)
         return 0
     if args.glue:
-        report = dict(command="TRITON_INTERPRET=1 python -m bench.probes.host_time --glue" +
-                      (" --no-workspace" if args.no_workspace else "") + f" --calibration {args.calibration}",
-                      **glue_host_ms(args.rows, args.keys, args.topk, workspace=not args.no_workspace,
-                                     calibration=args.calibration))
-        print(f"glue host ms {report['host_ms']:.3f} ({report['launches']:.0f} launches as no-ops, "
-              f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']}); before the scan "
-              f"{report['to_scan_ms']:.3f} ms, {report['launches_before_scan']} launches")
+        report = dict(
+            command="TRITON_INTERPRET=1 python -m bench.probes.host_time --glue"
+            + (" --no-workspace" if args.no_workspace else "")
+            + f" --calibration {args.calibration}",
+            **glue_host_ms(
+                args.rows, args.keys, args.topk, workspace=not args.no_workspace, calibration=args.calibration
+            ),
+        )
+        print(
+            f"glue host ms {report['host_ms']:.3f} ({report['launches']:.0f} launches as no-ops, "
+            f"{report['buffers']:.0f} buffers a call, workspace {report['workspace']}); before the scan "
+            f"{report['to_scan_ms']:.3f} ms, {report['launches_before_scan']} launches"
+        )
         print(report["cprofile_top"])
         os.makedirs(args.out, exist_ok=True)
-        suffix = ("" if args.calibration == "sample" else f"-{args.calibration}") + \
-            ("-no-workspace" if args.no_workspace else "")
+        suffix = ("" if args.calibration == "sample" else f"-{args.calibration}") + (
+            "-no-workspace" if args.no_workspace else ""
+        )
         with open(os.path.join(args.out, f"host-glue-cpu{suffix}.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         return 0
@@ -378,10 +465,21 @@ def main(argv=None) -> int:
         call()
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    top = [dict(name=e.key, calls=e.count, self_cpu_ms=e.self_cpu_time_total / 1e3, cpu_ms=e.cpu_time_total / 1e3,
-                cuda_ms=e.device_time_total / 1e3) for e in rows[:40]]
-    ranges = [dict(name=e.key, cpu_ms=e.cpu_time_total / 1e3, cuda_ms=e.device_time_total / 1e3)
-              for e in prof.key_averages() if e.key.startswith("litetopk.")]
+    top = [
+        dict(
+            name=e.key,
+            calls=e.count,
+            self_cpu_ms=e.self_cpu_time_total / 1e3,
+            cpu_ms=e.cpu_time_total / 1e3,
+            cuda_ms=e.device_time_total / 1e3,
+        )
+        for e in rows[:40]
+    ]
+    ranges = [
+        dict(name=e.key, cpu_ms=e.cpu_time_total / 1e3, cuda_ms=e.device_time_total / 1e3)
+        for e in prof.key_averages()
+        if e.key.startswith("litetopk.")
+    ]
     by_stage = launches_by_stage(prof.events(), on_cpu=False)
     launches = sum(by_stage.values())
     print(f"host ms (unprofiled) {host:.2f}")
@@ -392,8 +490,18 @@ def main(argv=None) -> int:
         print(f"  {r['name'][:60]:<60} x{r['calls']:<5} self cpu {r['self_cpu_ms']:8.3f} ms")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host-time-h200.json"), "w") as fh:
-        json.dump(dict(command="python -m bench.probes.host_time", host_ms=host, launches=launches,
-                       launches_by_stage=dict(by_stage), ranges=ranges, top=top), fh, indent=1)
+        json.dump(
+            dict(
+                command="python -m bench.probes.host_time",
+                host_ms=host,
+                launches=launches,
+                launches_by_stage=dict(by_stage),
+                ranges=ranges,
+                top=top,
+            ),
+            fh,
+            indent=1,
+        )
     return 0
 
 

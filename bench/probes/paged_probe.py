@@ -30,8 +30,7 @@ from ..common.report import run_info
 from ..common.timing import gpu_activity
 
 MODES = {("always", "auto"): "paged", ("always", "triton"): "paged-triton", ("never", "auto"): "prefill"}
-SHAPES = ("1x1x65536x512", "8x1x65536x512", "64x1x65536x512", "128x2x32768x1024", "32x4x65536x1024",
-          "256x1x8192x512")
+SHAPES = ("1x1x65536x512", "8x1x65536x512", "64x1x65536x512", "128x2x32768x1024", "32x4x65536x1024", "256x1x8192x512")
 
 
 def _call(fn_name, args, kw):
@@ -70,8 +69,9 @@ def probe_shape(shape: str, device: torch.device, seed: int) -> dict:
     for mode in MODES.values():
         lite, dense = answers[f"litetopk-{mode}"], answers[f"dense-{mode}"]
         record[f"exact-{mode}"] = all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in fields)
-    record["gluon_equals_triton"] = all(torch.equal(getattr(answers["litetopk-paged"], f),
-                                                    getattr(answers["litetopk-paged-triton"], f)) for f in fields)
+    record["gluon_equals_triton"] = all(
+        torch.equal(getattr(answers["litetopk-paged"], f), getattr(answers["litetopk-paged-triton"], f)) for f in fields
+    )
     a, b = answers["litetopk-paged"], answers["litetopk-prefill"]
     record["modes_same_values"] = bool(torch.equal(a.values, b.values))
     record["modes_index_agreement"] = float((a.raw_indices == b.raw_indices).float().mean())
@@ -90,8 +90,10 @@ def main(argv=None) -> int:
     report = dict(run_info(device, sys.argv, "bench.probes.paged_probe"), shapes={})
     tag = torch.cuda.get_device_name(device).split()[1].lower() if " " in torch.cuda.get_device_name(device) else "gpu"
     path = os.path.join(args.out, f"paged-probe-{tag}.json")
-    print(f"{'shape':<18} {'mode':<12} {'lite busy':>10} {'lite span':>10} {'dense busy':>10} {'cands':>7} "
-          "exact  heaviest (us)")
+    print(
+        f"{'shape':<18} {'mode':<12} {'lite busy':>10} {'lite span':>10} {'dense busy':>10} {'cands':>7} "
+        "exact  heaviest (us)"
+    )
     for shape in args.shapes:
         record = probe_shape(shape, device, args.seed)
         report["shapes"][shape] = record
@@ -100,13 +102,17 @@ def main(argv=None) -> int:
         for mode in MODES.values():
             lite, dense = record[f"litetopk-{mode}"], record[f"dense-{mode}"]
             heavy = ", ".join(f"{k[:28]} {v:.0f}" for k, v in list(lite["heaviest_us"].items())[:4])
-            print(f"{shape:<18} {mode:<12} {lite['busy_ms'] * 1e3:>9.1f}u {lite['span_ms'] * 1e3:>9.1f}u "
-                  f"{dense['busy_ms'] * 1e3:>9.1f}u {lite['candidates_mean']:>7.0f} "
-                  f"{record[f'exact-{mode}']!s:<6} {heavy}",
-                  flush=True)
-        print(f"{'':<18} modes: same values {record['modes_same_values']}, index agreement "
-              f"{record['modes_index_agreement']:.4f}; gluon == triton (paged) {record['gluon_equals_triton']}",
-              flush=True)
+            print(
+                f"{shape:<18} {mode:<12} {lite['busy_ms'] * 1e3:>9.1f}u {lite['span_ms'] * 1e3:>9.1f}u "
+                f"{dense['busy_ms'] * 1e3:>9.1f}u {lite['candidates_mean']:>7.0f} "
+                f"{record[f'exact-{mode}']!s:<6} {heavy}",
+                flush=True,
+            )
+        print(
+            f"{'':<18} modes: same values {record['modes_same_values']}, index agreement "
+            f"{record['modes_index_agreement']:.4f}; gluon == triton (paged) {record['gluon_equals_triton']}",
+            flush=True,
+        )
     print("wrote", path)
     return 0
 

@@ -28,9 +28,11 @@ from ..common.report import run_info
 from ..common.timing import gpu_activity
 
 #: name -> GLUON_PAGED_OPTIONS of each variant (the first is the reference of the bit-for-bit check)
-VARIANTS = {"smem A, load at top": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False),
-            "smem A, load after fence": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True),
-            "register A": dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True)}
+VARIANTS = {
+    "smem A, load at top": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False),
+    "smem A, load after fence": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True),
+    "register A": dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True),
+}
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
@@ -53,13 +55,21 @@ def probe_shape(shape: str, reps: int) -> dict:
                 first = first or result
                 equal = all(torch.equal(getattr(result, f), getattr(first, f)) for f in FIELDS)
                 runs = [gpu_activity(call, top=4) for _ in range(reps)]
-                kernel = [sum(us for kernel_name, us in r["heaviest_us"].items()
-                              if kernel_name.startswith("score_fp4_paged")) for r in runs]
-                record[name] = dict(busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
-                                    scoring_us=statistics.median(kernel), equal_to_first=equal,
-                                    candidates=float(result.candidates.float().mean()))
-                print(f"{shape:>18} {name:>26} busy {record[name]['busy_us']:8.1f} us  scoring "
-                      f"{record[name]['scoring_us']:8.1f} us  equal {equal}", flush=True)
+                kernel = [
+                    sum(us for kernel_name, us in r["heaviest_us"].items() if kernel_name.startswith("score_fp4_paged"))
+                    for r in runs
+                ]
+                record[name] = dict(
+                    busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
+                    scoring_us=statistics.median(kernel),
+                    equal_to_first=equal,
+                    candidates=float(result.candidates.float().mean()),
+                )
+                print(
+                    f"{shape:>18} {name:>26} busy {record[name]['busy_us']:8.1f} us  scoring "
+                    f"{record[name]['scoring_us']:8.1f} us  equal {equal}",
+                    flush=True,
+                )
     finally:
         GLUON_PAGED_OPTIONS.clear()
         GLUON_PAGED_OPTIONS.update(saved)

@@ -42,21 +42,33 @@ WARM, REPS = 5, 30
 # programs an SM) and 155 at K = 1024 (13); capped at 80 (K = 512) it has no stack (25 an SM), and
 # (8, 2, 6) at K = 1024 takes 128 registers, 96 capped without stack (20 warps an SM). Is the kernel
 # latency-bound (more resident warps, faster)?
-VARIANTS = {512: [(8, 1, 5, 16, None), (8, 2, 5, 16, None), (8, 1, 6, 16, None), (4, 1, 5, 16, 96),
-                  (4, 1, 5, 16, 80)],
-            1024: [(8, 2, 6, 16, None), (4, 1, 6, 16, None), (8, 1, 7, 16, None), (8, 2, 6, 16, 96),
-                   (8, 1, 6, 16, 128)]}
+VARIANTS = {
+    512: [(8, 1, 5, 16, None), (8, 2, 5, 16, None), (8, 1, 6, 16, None), (4, 1, 5, 16, 96), (4, 1, 5, 16, 80)],
+    1024: [(8, 2, 6, 16, None), (4, 1, 6, 16, None), (8, 1, 7, 16, None), (8, 2, 6, 16, 96), (8, 1, 6, 16, 128)],
+}
 # A decode step's few rows (--rows 64-256): one program a row leaves most SMs idle; wider programs.
-DECODE_VARIANTS = {512: [(4, 4, 5, 16, None), (2, 4, 5, 16, None), (4, 8, 5, 16, None), (2, 8, 5, 16, None)],
-                   1024: [(8, 4, 6, 16, None), (4, 4, 6, 16, None), (4, 8, 6, 16, None), (2, 8, 6, 16, None)]}
+DECODE_VARIANTS = {
+    512: [(4, 4, 5, 16, None), (2, 4, 5, 16, None), (4, 8, 5, 16, None), (2, 8, 5, 16, None)],
+    1024: [(8, 4, 6, 16, None), (4, 4, 6, 16, None), (4, 8, 6, 16, None), (2, 8, 6, 16, None)],
+}
 V1_CONFIG = {512: (256, 1, 5), 1024: (512, 2, 5)}  # (chunk, num_warps, digit): the v1 kernel's best
 NO_KEY_C = tl.constexpr(NO_KEY)
 
 
 @triton.jit
 def select_topk_candidates_radix_v1_kernel(
-    keys_ptr, stride_kr, kept_ptr, thr_ptr, scratch_ptr, out_ptr, stride_or, stride_oc,
-    TOPK: tl.constexpr, SMALL: tl.constexpr, CHUNK: tl.constexpr, DIGIT: tl.constexpr,
+    keys_ptr,
+    stride_kr,
+    kept_ptr,
+    thr_ptr,
+    scratch_ptr,
+    out_ptr,
+    stride_or,
+    stride_oc,
+    TOPK: tl.constexpr,
+    SMALL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    DIGIT: tl.constexpr,
 ):
     """The previous selection kernel (commit a644944), kept to be timed beside the new one: pass 1
     compacts the passing keys with 1-D prefix sums, radix passes of DIGIT bits (tl.histogram) narrow
@@ -122,8 +134,20 @@ def select_topk_candidates_radix_v1(keys, kept, thresholds, k, out):
     chunk, num_warps, digit = V1_CONFIG[k]
     scratch = torch.empty(keys.shape[0], 2 * k, dtype=torch.int64, device=keys.device)
     select_topk_candidates_radix_v1_kernel[(keys.shape[0],)](
-        keys, keys.stride(0), kept, thresholds, scratch, out, out.stride(0), out.stride(1),
-        TOPK=k, SMALL=2 * k, CHUNK=chunk, DIGIT=digit, num_warps=num_warps)
+        keys,
+        keys.stride(0),
+        kept,
+        thresholds,
+        scratch,
+        out,
+        out.stride(0),
+        out.stride(1),
+        TOPK=k,
+        SMALL=2 * k,
+        CHUNK=chunk,
+        DIGIT=digit,
+        num_warps=num_warps,
+    )
     return out
 
 
@@ -165,9 +189,11 @@ def path_shares(keys, kept, thresholds, want, k):
     live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
     passing = live & (keys >= thresholds.clamp(min=NO_KEY + 1)[:, None])
     low = torch.where(passing, keys >> 32, 2**31).min(dim=1, keepdim=True).values
+
     def bucket(x):
         bits = ((x >> 32) - low).clamp(min=0).to(torch.float32).view(torch.int32)
         return ((bits >> (23 - mantissa)) - ((127 << mantissa) - 1)).clamp(0, nbins - 1).long()
+
     counts = torch.zeros(keys.shape[0], nbins, dtype=torch.int64, device="cuda")
     counts.scatter_add_(1, bucket(keys), passing.long())
     chosen = bucket(want[:, k - 1 : k])
@@ -181,25 +207,43 @@ def path_shares(keys, kept, thresholds, want, k):
     def share(m):
         return float(m.float().mean())
 
-    return {"n<=K": share(small), "narrowed": share(narrowed), "windows": share(windows),
-            "sorted": share(~small & ~narrowed & ~windows)}
+    return {
+        "n<=K": share(small),
+        "narrowed": share(narrowed),
+        "windows": share(windows),
+        "sorted": share(~small & ~narrowed & ~windows),
+    }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for radix-select-probe.json")
-    parser.add_argument("--rows", type=int, default=ROWS,
-                        help="rows of the candidate buffer (8192: a prefill; 64-256: a decode step, where wider "
-                             "programs are timed too)")
-    parser.add_argument("--kept-factor", type=float, default=1.0,
-                        help="scale the kept keys a row (7: a one-row decode step's ~15,000 at K = 512)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=ROWS,
+        help="rows of the candidate buffer (8192: a prefill; 64-256: a decode step, where wider "
+        "programs are timed too)",
+    )
+    parser.add_argument(
+        "--kept-factor",
+        type=float,
+        default=1.0,
+        help="scale the kept keys a row (7: a one-row decode step's ~15,000 at K = 512)",
+    )
     args = parser.parse_args()
     rows = args.rows
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(15)
-    report = {"device": torch.cuda.get_device_name(0), "rows": rows, "kept_factor": args.kept_factor, "warm": WARM,
-              "reps": REPS, "cases": []}
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "rows": rows,
+        "kept_factor": args.kept_factor,
+        "warm": WARM,
+        "reps": REPS,
+        "cases": [],
+    }
     print(f"{'K':>5} {'threshold':>9} {'passing':>8} {'variant':>28} {'ms':>8} {'equal':>5}")
     for k in (512, 1024):
         keys, kept, scan_thresholds = candidate_buffer(k, gen, rows, args.kept_factor)
@@ -207,17 +251,35 @@ def main():
             want = torch_top(keys, kept, thresholds, k)
             live = torch.arange(keys.shape[1], device="cuda")[None, :] < kept[:, None]
             passing = float((live & (keys >= thresholds[:, None])).sum(1).float().mean())
-            case = {"k": k, "threshold": thr_name, "kept_mean": float(kept.float().mean()), "passing_mean": passing,
-                    "paths": path_shares(keys, kept, thresholds, want, k), "variants": {}}
+            case = {
+                "k": k,
+                "threshold": thr_name,
+                "kept_mean": float(kept.float().mean()),
+                "passing_mean": passing,
+                "paths": path_shares(keys, kept, thresholds, want, k),
+                "variants": {},
+            }
             print(f"{k:>5} {thr_name:>9} rows by path: {case['paths']}", flush=True)
             out = torch.empty(rows, k, dtype=torch.int64, device="cuda")
-            runs = {"radix v1 (previous)": lambda: select_topk_candidates_radix_v1(keys, kept, thresholds, k, out),
-                    "bucket (CONFIG)": lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out)}
+            runs = {
+                "radix v1 (previous)": lambda: select_topk_candidates_radix_v1(keys, kept, thresholds, k, out),
+                "bucket (CONFIG)": lambda: select_topk_candidates_radix(keys, kept, thresholds, k, out=out),
+            }
             for tile_rows, warps, mantissa, window, regs in VARIANTS[k] + (DECODE_VARIANTS[k] if rows <= 1024 else []):
                 runs[f"bucket r{tile_rows} w{warps} m{mantissa} win{window}" + (f" reg{regs}" if regs else "")] = (
                     lambda t=tile_rows, w=warps, m=mantissa, n=window, r=regs: select_topk_candidates_radix(
-                        keys, kept, thresholds, k, out=out, tile_rows=t, num_warps=w, mantissa=m, window=n,
-                        max_registers=r))
+                        keys,
+                        kept,
+                        thresholds,
+                        k,
+                        out=out,
+                        tile_rows=t,
+                        num_warps=w,
+                        mantissa=m,
+                        window=n,
+                        max_registers=r,
+                    )
+                )
             for name, fn in runs.items():
                 out.fill_(7)  # a variant that leaves slots unwritten must not inherit the last one's answer
                 got = fn()

@@ -20,15 +20,17 @@ from litetopk.kernels.compile import sm90
 from litetopk.kernels.compile.sm90 import BIN, SCORE_TYPES, innermost_mma_loop, opcode_mix  # noqa: F401
 
 
-def compile_sm90(kernel, types: dict, constants: dict, num_warps: int, num_stages: int, path: str,
-                 source=ASTSource) -> str:
+def compile_sm90(
+    kernel, types: dict, constants: dict, num_warps: int, num_stages: int, path: str, source=ASTSource
+) -> str:
     """kernels/compile/sm90.compile_sm90 with the warps and stages as arguments."""
-    return sm90.compile_sm90(kernel, types, constants, dict(num_warps=num_warps, num_stages=num_stages), path,
-                             source=source)
+    return sm90.compile_sm90(
+        kernel, types, constants, dict(num_warps=num_warps, num_stages=num_stages), path, source=source
+    )
 
 
 def resources(path: str) -> str:
-    """"REG:n STACK:n SHARED:n" of path.cubin."""
+    """ "REG:n STACK:n SHARED:n" of path.cubin."""
     return " ".join(f"{k}:{v}" for k, v in sm90.resource_usage(path).items())
 
 
@@ -44,13 +46,25 @@ def main():
     out = os.environ.get("OUT", "/tmp/litetopk-sass")
     os.makedirs(out, exist_ok=True)
     for mode in ("dense", "scan"):
-        constants = dict(TOPK=512, BLOCK_KEYS=args.keys, BLOCK_ROWS=args.rows, DENSE=mode == "dense", STRIDED=False,
-                         ANY_WIDE=False, REFRESH=16, H=64, D=128, NB=32)
+        constants = dict(
+            TOPK=512,
+            BLOCK_KEYS=args.keys,
+            BLOCK_ROWS=args.rows,
+            DENSE=mode == "dense",
+            STRIDED=False,
+            ANY_WIDE=False,
+            REFRESH=16,
+            H=64,
+            D=128,
+            NB=32,
+        )
         path = os.path.join(out, f"score_{mode}_r{args.rows}_k{args.keys}_w{args.warps}_s{args.stages}")
         loop = innermost_mma_loop(compile_sm90(score_fp4_kernel, SCORE_TYPES, constants, args.warps, args.stages, path))
         mix = opcode_mix(loop)
-        print(f"{mode}: {resources(path)}; loop {len(loop)} instructions per warp and step, "
-              f"{mix['BAR']} BAR; {dict(mix.most_common(12))}")
+        print(
+            f"{mode}: {resources(path)}; loop {len(loop)} instructions per warp and step, "
+            f"{mix['BAR']} BAR; {dict(mix.most_common(12))}"
+        )
 
 
 if __name__ == "__main__":

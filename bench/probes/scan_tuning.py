@@ -41,13 +41,18 @@ def measure(args, kw, topk: int, sample_size: int, refresh: int, dense) -> dict:
     scan = backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings)
     lite = run_litetopk(validate_prefill(*args, **kw), backend, repair=True, tuning=tuning, check=True)
     return dict(
-        topk=topk, sample_size=sample_size, refresh=refresh, capacity=capacity,
+        topk=topk,
+        sample_size=sample_size,
+        refresh=refresh,
+        capacity=capacity,
         calibrate_ms=cuda_ms(lambda: calibrate(problem, backend, sample_size), reps=7),
         scan_ms=cuda_ms(lambda: backend.scan_candidates(problem, thresholds, capacity, ceilings=ceilings), reps=7),
-        candidates_mean=float(scan.appended.float().mean()), candidates_max=int(scan.appended.max()),
+        candidates_mean=float(scan.appended.float().mean()),
+        candidates_max=int(scan.appended.max()),
         rows_over_capacity=int((scan.appended > capacity).sum()),
-        lite_ms=cuda_ms(lambda: run_litetopk(validate_prefill(*args, **kw), backend, repair=True, tuning=tuning),
-                        reps=7),
+        lite_ms=cuda_ms(
+            lambda: run_litetopk(validate_prefill(*args, **kw), backend, repair=True, tuning=tuning), reps=7
+        ),
         repaired=int(lite.repaired.sum()),
         equals_dense=all(torch.equal(getattr(lite, f), getattr(dense, f)) for f in FIELDS),
     )
@@ -59,10 +64,14 @@ def main():
     parser.add_argument("--topk", type=int, nargs="+", default=[512, 1024])
     cli = parser.parse_args()
     out = os.environ.get("OUT", "/tmp")
-    log = json_logger(os.path.join(out, "scan-tuning.json"),
-                      dict(gpu=torch.cuda.get_device_name(0),
-                           command="python -m bench.probes.scan_tuning " + " ".join(
-                               ["--keys", *map(str, cli.keys), "--topk", *map(str, cli.topk)])))
+    log = json_logger(
+        os.path.join(out, "scan-tuning.json"),
+        dict(
+            gpu=torch.cuda.get_device_name(0),
+            command="python -m bench.probes.scan_tuning "
+            + " ".join(["--keys", *map(str, cli.keys), "--topk", *map(str, cli.topk)]),
+        ),
+    )
     results = []
     for keys in cli.keys:
         for topk in cli.topk:
@@ -73,14 +82,36 @@ def main():
                 results.append(row)
                 log("results", results)
     table = Table(title="calibration sample and threshold refresh, Q = 8192")
-    for col in ("keys", "K", "sample", "refresh", "calib ms", "scan ms", "cand mean", "cand max", "capacity",
-                "rows over", "lite ms", "exact"):
+    for col in (
+        "keys",
+        "K",
+        "sample",
+        "refresh",
+        "calib ms",
+        "scan ms",
+        "cand mean",
+        "cand max",
+        "capacity",
+        "rows over",
+        "lite ms",
+        "exact",
+    ):
         table.add_column(col)
     for r in results:
-        table.add_row(str(r["keys"]), str(r["topk"]), str(r["sample_size"]), str(r["refresh"]),
-                      f"{r['calibrate_ms']:.3f}", f"{r['scan_ms']:.2f}", f"{r['candidates_mean']:.0f}",
-                      str(r["candidates_max"]), str(r["capacity"]), str(r["rows_over_capacity"]),
-                      f"{r['lite_ms']:.2f}", str(r["equals_dense"]))
+        table.add_row(
+            str(r["keys"]),
+            str(r["topk"]),
+            str(r["sample_size"]),
+            str(r["refresh"]),
+            f"{r['calibrate_ms']:.3f}",
+            f"{r['scan_ms']:.2f}",
+            f"{r['candidates_mean']:.0f}",
+            str(r["candidates_max"]),
+            str(r["capacity"]),
+            str(r["rows_over_capacity"]),
+            f"{r['lite_ms']:.2f}",
+            str(r["equals_dense"]),
+        )
     Console(width=150).print(table)
 
 

@@ -75,12 +75,15 @@ def stage_calls(args_, kw, tunings: dict) -> dict:
     for mode, tuning in tunings.items():
         capacity = tuning.capacity(problem.topk)
         if mode == "scan":  # no thresholds: the scan's own sample sets them
-            calls[mode] = lambda c=capacity, t=tuning: backend.scan_candidates(problem, None, c,
-                                                                               sample_size=t.sample_size)
+            calls[mode] = lambda c=capacity, t=tuning: backend.scan_candidates(
+                problem, None, c, sample_size=t.sample_size
+            )
         else:
+
             def sample_then_scan(c=capacity, t=tuning):
                 thresholds, ceilings = calibrate(problem, backend, t.sample_size)
                 return backend.scan_candidates(problem, thresholds, c, ceilings=ceilings)
+
             calls[mode] = sample_then_scan
     return calls
 
@@ -96,8 +99,12 @@ def draw(report: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cases)), 4))
     width = 0.38
     for i, mode in enumerate(MODES):
-        ax.bar([x + (i - 0.5) * width for x in range(len(cases))], [c["call_ms"][mode] for c in cases], width,
-               label=f"calibration={mode!r}")
+        ax.bar(
+            [x + (i - 0.5) * width for x in range(len(cases))],
+            [c["call_ms"][mode] for c in cases],
+            width,
+            label=f"calibration={mode!r}",
+        )
     ax.set_xticks(range(len(cases)), labels, fontsize=8)
     ax.set_ylabel("LiteTopK call, ms (median)")
     ax.set_title(f"calibration='scan' vs 'sample', {report['device']}, Q={report['rows']}", fontsize=10)
@@ -123,44 +130,74 @@ def _main(argv=None):
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--warm", type=int, default=WARM)
     parser.add_argument("--pairs", type=int, default=PAIRS)
-    parser.add_argument("--sample-size", type=int, default=LiteTopKTuning().sample_size,
-                        help="LiteTopKTuning.sample_size of both modes (the CPU smoke run uses a small one)")
+    parser.add_argument(
+        "--sample-size",
+        type=int,
+        default=LiteTopKTuning().sample_size,
+        help="LiteTopKTuning.sample_size of both modes (the CPU smoke run uses a small one)",
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run under TRITON_INTERPRET=1 (tests)
     os.makedirs(args.out, exist_ok=True)
     tunings = {mode: LiteTopKTuning(calibration=mode, sample_size=args.sample_size) for mode in MODES}
-    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)", "rows": args.rows,
-              "warm": args.warm, "pairs": args.pairs,
-              "command": "python -m bench.probes.self_calibration_probe "
-                         + " ".join(sys.argv[1:] if argv is None else argv),
-              "cases": []}
-    print(f"{'keys':>7} {'K':>5} {'s':>2} | {'call sample':>11} {'call scan':>9} | {'stages sample':>13} "
-          f"{'stages scan':>11} | {'cand sample':>13} {'cand scan':>13} | exact repaired")
+    report = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)",
+        "rows": args.rows,
+        "warm": args.warm,
+        "pairs": args.pairs,
+        "command": "python -m bench.probes.self_calibration_probe " + " ".join(sys.argv[1:] if argv is None else argv),
+        "cases": [],
+    }
+    print(
+        f"{'keys':>7} {'K':>5} {'s':>2} | {'call sample':>11} {'call scan':>9} | {'stages sample':>13} "
+        f"{'stages scan':>11} | {'cand sample':>13} {'cand scan':>13} | exact repaired"
+    )
     for keys in args.keys:
         for k in args.topk:
             for spread in args.spread:
                 args_, kw = call_args(prefill_problem(args.rows, keys * 4, k, seed=11, device=device, spread=spread))
                 dense = dense_topk_prefill(*args_, **kw, backend="triton")
-                results = {mode: litetopk_prefill(*args_, **kw, backend="triton", tuning=t) for mode,
-                           t in tunings.items()}
-                exact = {mode: all(torch.equal(getattr(r, f), getattr(dense, f)) for f in FIELDS)
-                         for mode, r in results.items()}
+                results = {
+                    mode: litetopk_prefill(*args_, **kw, backend="triton", tuning=t) for mode, t in tunings.items()
+                }
+                exact = {
+                    mode: all(torch.equal(getattr(r, f), getattr(dense, f)) for f in FIELDS)
+                    for mode, r in results.items()
+                }
                 repaired = {mode: int(r.repaired.sum()) for mode, r in results.items()}
-                candidates = {mode: [float(r.candidates.float().mean()), int(r.candidates.max())]
-                              for mode, r in results.items()}
-                calls = alternating_ms({mode: (lambda t=t: litetopk_prefill(*args_, **kw, backend="triton", tuning=t))  # noqa: F821 (its `del` at the loop's end)
-                                        for mode, t in tunings.items()}, args.warm, args.pairs)
+                candidates = {
+                    mode: [float(r.candidates.float().mean()), int(r.candidates.max())] for mode, r in results.items()
+                }
+                calls = alternating_ms(
+                    {
+                        mode: (lambda t=t: litetopk_prefill(*args_, **kw, backend="triton", tuning=t))  # noqa: F821 (its `del` at the loop's end)
+                        for mode, t in tunings.items()
+                    },
+                    args.warm,
+                    args.pairs,
+                )
                 stages = alternating_ms(stage_calls(args_, kw, tunings), args.warm, args.pairs)
-                case = dict(keys=keys, k=k, spread=spread, call_ms=calls, stages_ms=stages, exact=exact,
-                            repaired=repaired, candidates=candidates)
+                case = dict(
+                    keys=keys,
+                    k=k,
+                    spread=spread,
+                    call_ms=calls,
+                    stages_ms=stages,
+                    exact=exact,
+                    repaired=repaired,
+                    candidates=candidates,
+                )
                 report["cases"].append(case)
                 with open(os.path.join(args.out, "self-calibration.json"), "w") as f:
                     json.dump(report, f, indent=1)
-                print(f"{keys:>7} {k:>5} {spread:>2} | {calls['sample']:>11.3f} {calls['scan']:>9.3f} | "
-                      f"{stages['sample']:>13.3f} {stages['scan']:>11.3f} | "
-                      f"{candidates['sample'][0]:>7.0f}/{candidates['sample'][1]:<5} "
-                      f"{candidates['scan'][0]:>7.0f}/{candidates['scan'][1]:<5} | "
-                      f"{exact['sample'] and exact['scan']} {repaired['sample']}/{repaired['scan']}", flush=True)
+                print(
+                    f"{keys:>7} {k:>5} {spread:>2} | {calls['sample']:>11.3f} {calls['scan']:>9.3f} | "
+                    f"{stages['sample']:>13.3f} {stages['scan']:>11.3f} | "
+                    f"{candidates['sample'][0]:>7.0f}/{candidates['sample'][1]:<5} "
+                    f"{candidates['scan'][0]:>7.0f}/{candidates['scan'][1]:<5} | "
+                    f"{exact['sample'] and exact['scan']} {repaired['sample']}/{repaired['scan']}",
+                    flush=True,
+                )
                 del dense, results, args_, kw
                 if device == "cuda":
                     torch.cuda.empty_cache()

@@ -26,8 +26,14 @@ CALL = "bench.call"
 
 
 def _spans(events: list[dict], category: str, name: str | None = None, prefix: str | None = None) -> list[dict]:
-    picked = [e for e in events if e.get("ph") == "X" and e.get("cat") == category
-              and (name is None or e.get("name") == name) and (prefix is None or e.get("name", "").startswith(prefix))]
+    picked = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == category
+        and (name is None or e.get("name") == name)
+        and (prefix is None or e.get("name", "").startswith(prefix))
+    ]
     return sorted(picked, key=lambda e: e["ts"])
 
 
@@ -50,8 +56,11 @@ def _busy_us(kernels: list[dict], start: float, end: float) -> float:
 def _device_activities(events: list[dict]) -> list[tuple[dict, dict]]:
     """(device activity, its host launch) pairs, sorted by the activity's start: kernels, copies and
     memsets joined to the runtime / driver call that launched them by Kineto's correlation id."""
-    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
-                and "correlation" in e.get("args", {})}
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
     device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     pairs = [(e, launches.get(e.get("args", {}).get("correlation"))) for e in device]
     return sorted(((e, launch) for e, launch in pairs if launch is not None), key=lambda pair: pair[0]["ts"])
@@ -73,20 +82,23 @@ def call_stages(trace: dict) -> list[dict]:
         stages: dict[str, dict] = {}
         inside = [span for span in ranges if _inside(span, t0, t1)]
         for span in inside:
-            row = stages.setdefault(span["name"][len(PREFIX):], {"host_start": (span["ts"] - t0) / 1e3,
-                                                                 "host_ms": 0.0, "calls": 0})
+            row = stages.setdefault(
+                span["name"][len(PREFIX) :], {"host_start": (span["ts"] - t0) / 1e3, "host_ms": 0.0, "calls": 0}
+            )
             row["host_ms"] += span["dur"] / 1e3
             row["calls"] += 1
         if not stages:
-            raise ValueError(f"call {i}: no '{PREFIX}<stage>' range inside it: "
-                             "does this commit's pipeline mark its stages?")
+            raise ValueError(
+                f"call {i}: no '{PREFIX}<stage>' range inside it: does this commit's pipeline mark its stages?"
+            )
         mine = [(e, launch) for e, launch in activities if t0 <= launch["ts"] <= t1]
         by_stage: dict[str, list[dict]] = {}
         for e, launch in mine:
-            around = [s for s in inside
-                      if s.get("tid") == launch.get("tid") and _inside(launch, s["ts"], s["ts"] + s["dur"])]
+            around = [
+                s for s in inside if s.get("tid") == launch.get("tid") and _inside(launch, s["ts"], s["ts"] + s["dur"])
+            ]
             if around:
-                by_stage.setdefault(min(around, key=lambda s: s["dur"])["name"][len(PREFIX):], []).append(e)
+                by_stage.setdefault(min(around, key=lambda s: s["dur"])["name"][len(PREFIX) :], []).append(e)
         for name, kernels in by_stage.items():
             row = stages[name]
             row["gpu_start"] = (kernels[0]["ts"] - t0) / 1e3
@@ -98,8 +110,13 @@ def call_stages(trace: dict) -> list[dict]:
             kernels = [e for e, _ in mine]
             g0, g1 = kernels[0]["ts"], max(k["ts"] + k.get("dur", 0) for k in kernels)
             busy = _busy_us(kernels, g0, g1) / 1e3
-            summary.update(gpu_start=(g0 - t0) / 1e3, gpu_end=(g1 - t0) / 1e3, gpu_busy_ms=busy,
-                           gpu_idle_ms=(g1 - g0) / 1e3 - busy, launches=len(kernels))
+            summary.update(
+                gpu_start=(g0 - t0) / 1e3,
+                gpu_end=(g1 - t0) / 1e3,
+                gpu_busy_ms=busy,
+                gpu_idle_ms=(g1 - g0) / 1e3 - busy,
+                launches=len(kernels),
+            )
         calls.append({"call": summary, "stages": stages})
     return calls
 
@@ -117,12 +134,19 @@ def median_table(calls: list[dict]) -> dict:
 
 def print_table(title: str, table: dict) -> None:
     call = table["call"]
-    gpu = (f"GPU {call['gpu_start']:.3f} -> {call['gpu_end']:.3f} (busy {call['gpu_busy_ms']:.3f}, "
-           f"idle {call['gpu_idle_ms']:.3f})" if "gpu_start" in call else "no GPU activity")
+    gpu = (
+        f"GPU {call['gpu_start']:.3f} -> {call['gpu_end']:.3f} (busy {call['gpu_busy_ms']:.3f}, "
+        f"idle {call['gpu_idle_ms']:.3f})"
+        if "gpu_start" in call
+        else "no GPU activity"
+    )
     print(f"\n{title}: call host {call['host_ms']:.3f} ms, {gpu}; ms from the call's start")
     for name, row in sorted(table["stages"].items(), key=lambda item: item[1]["host_start"]):
-        gpu = (f"gpu {row['gpu_start']:7.3f} -> {row['gpu_end']:7.3f} busy {row['gpu_busy_ms']:6.3f}"
-               if "gpu_start" in row else "gpu -")
+        gpu = (
+            f"gpu {row['gpu_start']:7.3f} -> {row['gpu_end']:7.3f} busy {row['gpu_busy_ms']:6.3f}"
+            if "gpu_start" in row
+            else "gpu -"
+        )
         print(f"  {name:12s} host {row['host_start']:7.3f} +{row['host_ms']:6.3f}   {gpu}")
 
 
@@ -156,8 +180,12 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--tag", default=os.environ.get("TAG", "new"))
     parser.add_argument("--reps", type=int, default=int(os.environ.get("REPS", "7")))
-    parser.add_argument("--calibration", choices=("sample", "scan"), default=os.environ.get("CALIBRATION", "sample"),
-                        help="LiteTopKTuning(calibration=...) of the profiled calls")
+    parser.add_argument(
+        "--calibration",
+        choices=("sample", "scan"),
+        default=os.environ.get("CALIBRATION", "sample"),
+        help="LiteTopKTuning(calibration=...) of the profiled calls",
+    )
     args = parser.parse_args()
     report: dict = {"tag": args.tag, "reps": args.reps, "calibration": args.calibration}
     if args.trace:

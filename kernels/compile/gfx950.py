@@ -57,9 +57,15 @@ def placeholder_problem(cache_format: str, rows: int = 4, num_pages: int = 2):
     row_ints = torch.zeros(rows, dtype=torch.int32)
     return validate_prefill(
         torch.zeros(rows, NUM_HEADS, VALUE_BYTES, dtype=torch.uint8),
-        torch.zeros(rows, NUM_HEADS, SCALE_BYTES, dtype=torch.uint8), kv_cache,
-        torch.arange(num_pages, dtype=torch.int32)[None], torch.zeros(rows, NUM_HEADS), row_ints, row_ints,
-        torch.full((rows,), num_pages * PAGE_SIZE, dtype=torch.int32), topk=512, kv_scale=kv_scale,
+        torch.zeros(rows, NUM_HEADS, SCALE_BYTES, dtype=torch.uint8),
+        kv_cache,
+        torch.arange(num_pages, dtype=torch.int32)[None],
+        torch.zeros(rows, NUM_HEADS),
+        row_ints,
+        row_ints,
+        torch.full((rows,), num_pages * PAGE_SIZE, dtype=torch.int32),
+        topk=512,
+        kv_scale=kv_scale,
     )
 
 

@@ -29,12 +29,37 @@ from triton.compiler import ASTSource
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 # Argument types of score_fp4_kernel and score_fp4_gluon_kernel (the same signature).
 SCORE_TYPES = dict(
-    k_lo_ptr="*i8", k_hi_ptr="*i8", kfac_ptr="*fp32", tile_wide_ptr="*i8", tile_cols="i32", q_lo_ptr="*i8",
-    q_hi_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32", prog_rows_ptr="*i32", prog_batch_ptr="*i32",
-    prog_span_ptr="*i32", prog_q_wide_ptr="*i8", starts_ptr="*i32", ends_ptr="*i32", s_pad="i32",
-    out_ptr="*fp32", out_width="i32", max_pos="i32", position_stride="i32", thr_ptr="*fp32",
-    hist_lo_ptr="*fp32", hist_width_ptr="*fp32", hist_ptr="*i32", buf_ptr="*i64", capacity="i32",
-    appended_ptr="*i32", thr_out_ptr="*fp32", nonfinite_ptr="*i8", sample_tiles="i32", sample_stride="i32",
+    k_lo_ptr="*i8",
+    k_hi_ptr="*i8",
+    kfac_ptr="*fp32",
+    tile_wide_ptr="*i8",
+    tile_cols="i32",
+    q_lo_ptr="*i8",
+    q_hi_ptr="*i8",
+    wq_ptr="*fp32",
+    rowfac_ptr="*fp32",
+    prog_rows_ptr="*i32",
+    prog_batch_ptr="*i32",
+    prog_span_ptr="*i32",
+    prog_q_wide_ptr="*i8",
+    starts_ptr="*i32",
+    ends_ptr="*i32",
+    s_pad="i32",
+    out_ptr="*fp32",
+    out_width="i32",
+    max_pos="i32",
+    position_stride="i32",
+    thr_ptr="*fp32",
+    hist_lo_ptr="*fp32",
+    hist_width_ptr="*fp32",
+    hist_ptr="*i32",
+    buf_ptr="*i64",
+    capacity="i32",
+    appended_ptr="*i32",
+    thr_out_ptr="*fp32",
+    nonfinite_ptr="*i8",
+    sample_tiles="i32",
+    sample_stride="i32",
 )
 
 
@@ -45,8 +70,9 @@ def build_sm90(kernel, types: dict, constants: dict, options: dict, source=ASTSo
         constants = dict(constants, num_warps=options["num_warps"])
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in types.items() if t.startswith("*")}
-    return triton.compile(source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=options)
+    return triton.compile(
+        source(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32), options=options
+    )
 
 
 def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str, source=ASTSource) -> str:
@@ -60,8 +86,9 @@ def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str,
     for ext in ("ptx", "ttgir"):
         with open(f"{path}.{ext}", "w") as f:
             f.write(compiled.asm[ext])
-    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-sass", path + ".cubin"],
-                          capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run(
+        [os.path.join(BIN, "cuobjdump"), "--dump-sass", path + ".cubin"], capture_output=True, text=True, check=True
+    ).stdout
     with open(path + ".sass", "w") as f:
         f.write(sass)
     return sass
@@ -70,8 +97,12 @@ def compile_sm90(kernel, types: dict, constants: dict, options: dict, path: str,
 def resource_usage(path: str) -> dict[str, int]:
     """{"REG", "STACK", "SHARED"} of path.cubin's kernel, as cuobjdump reports them, and
     "DYNAMIC_SHARED": the dynamic shared memory its launches ask for (bytes)."""
-    usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path + ".cubin"],
-                           capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run(
+        [os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", path + ".cubin"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     found = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED):(\d+)", usage)}
     with open(path + ".shared") as f:
         return dict(found, DYNAMIC_SHARED=int(f.read()))
@@ -107,13 +138,16 @@ def opcode_mix(loop: list[str]) -> collections.Counter:
     return mix
 
 
-GLUON_VARIANTS = {"dense": dict(DENSE=True, STRIDED=False), "strided": dict(DENSE=True, STRIDED=True),
-                  "scan": dict(DENSE=False, STRIDED=False),
-                  "dense_wide": dict(DENSE=True, STRIDED=False, ANY_WIDE=True),
-                  "strided_wide": dict(DENSE=True, STRIDED=True, ANY_WIDE=True),
-                  "scan_wide": dict(DENSE=False, STRIDED=False, ANY_WIDE=True),
-                  "scan_calibrating": dict(DENSE=False, STRIDED=False, SELF_CALIBRATE=True),
-                  "scan_wide_calibrating": dict(DENSE=False, STRIDED=False, ANY_WIDE=True, SELF_CALIBRATE=True)}
+GLUON_VARIANTS = {
+    "dense": dict(DENSE=True, STRIDED=False),
+    "strided": dict(DENSE=True, STRIDED=True),
+    "scan": dict(DENSE=False, STRIDED=False),
+    "dense_wide": dict(DENSE=True, STRIDED=False, ANY_WIDE=True),
+    "strided_wide": dict(DENSE=True, STRIDED=True, ANY_WIDE=True),
+    "scan_wide": dict(DENSE=False, STRIDED=False, ANY_WIDE=True),
+    "scan_calibrating": dict(DENSE=False, STRIDED=False, SELF_CALIBRATE=True),
+    "scan_wide_calibrating": dict(DENSE=False, STRIDED=False, ANY_WIDE=True, SELF_CALIBRATE=True),
+}
 
 
 def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
@@ -131,9 +165,13 @@ def compile_gluon_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
         path = os.path.join(out_dir, name)
         sass = compile_sm90(score_fp4_gluon_kernel, SCORE_TYPES, constants, options, path, source=GluonASTSource)
         loop = innermost_mma_loop(sass)
-        summary[name] = dict(resource_usage(path), loop_instructions=len(loop), loop_opcodes=opcode_mix(loop),
-                             mma_loop_instructions=[len(body) for body in mma_loops(sass)],
-                             wgmma=sorted({w for line in loop for w in line.split() if w.startswith("IGMMA")}))
+        summary[name] = dict(
+            resource_usage(path),
+            loop_instructions=len(loop),
+            loop_opcodes=opcode_mix(loop),
+            mma_loop_instructions=[len(body) for body in mma_loops(sass)],
+            wgmma=sorted({w for line in loop for w in line.split() if w.startswith("IGMMA")}),
+        )
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary

@@ -22,62 +22,176 @@ from .. import calibration, certify, dense_selection, repair, row_checks
 from ..triton import operands, paged, scan_outputs, schedule, split_schedule, subset
 from .sm90 import compile_sm90, resource_usage
 
-_KEYS = dict(KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1,
-             INTERLEAVED=False)
+_KEYS = dict(
+    KEY_VB=64, PAGE=64, TOKEN_STRIDE=64, GROUP_STRIDE=16, SCALE_OFFSET=4096, SCALE_GROUP_STRIDE=1, INTERLEAVED=False
+)
 _SCHEDULE = dict(BLOCK_ROWS=2, LANES=2)
 #: kernel -> (constexpr arguments, argument types that are not int32 pointers / int32 scalars)
 KERNELS = {
-    row_checks.row_checks_kernel: (dict(INVALID_ROW=1, INVALID_PAGE=2, NONFINITE=4, SLOT_OVERFLOW=8, H=64, PAGE=64,
-                                         BLOCK_PAGES=row_checks.BLOCK_PAGES, FIRST_UNMAPPABLE=2**25, ZEROED=4,
-                                         BLOCK_ROWS=row_checks.BLOCK_ROWS), dict(weights_ptr="*fp32")),
-    operands.decode_kernel: (dict(_KEYS, KEYS=True, QUERIES=True, WEIGHTS=True, QUERY_VB=64), dict(
-        values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64", scale_page_stride="i64", k_lo_ptr="*i16",
-        k_hi_ptr="*i16", k_flags_ptr="*i8", kfac_ptr="*fp32", tile_wide_ptr="*i8", q_ptr="*u8", qs_ptr="*u8",
-        q_lo_ptr="*i16", q_hi_ptr="*i16", q_flags_ptr="*i8", w_ptr="*fp32", wq_ptr="*fp32", rowfac_ptr="*fp32",
-        range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8", q_unsupported_ptr="*i8")),
-    operands.unsupported_rows_kernel: (dict(BLOCK=256, STATUS=True), dict(key_flags_ptr="*i8", q_unsupported_ptr="*i8",
-                                                                        nonfinite_ptr="*i8")),
-    schedule.schedule_rank_kernel: (dict(BLOCK_ROWS=2, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE,
-                                         SCAN=schedule.SCAN, FAST_PATHS=True), dict(first_at_ptr="*i8")),
-    schedule.schedule_programs_kernel: (dict(_SCHEDULE, BLOCK=schedule.BLOCK, FLAGS=schedule.FLAGS),
-                                        dict(first_at_ptr="*i8", q_wide_ptr="*i8", prog_q_wide_ptr="*i8")),
-    schedule.schedule_order_kernel: (dict(_SCHEDULE, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE,
-                                          SCAN=schedule.SCAN, WIDE=operands.FLAG_WIDE, FAST_PATHS=True),
-                                     dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8")),
-    repair.repair_slots_kernel: (dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK), dict(
-        overflow_ptr="*i8", top_ptr="*i64", q_ptr="*u8", qs_ptr="*u8", w_ptr="*fp32", chosen_ptr="*i64",
-        picked_ptr="*i64", safe_ptr="*i64", sub_q_ptr="*u8", sub_qs_ptr="*u8", sub_w_ptr="*fp32")),
-    subset.subset_operands_kernel: (dict(_SCHEDULE, WIDE=operands.FLAG_WIDE), dict(
-        parent_rows_ptr="*i64", q_lo_ptr="*i8", q_hi_ptr="*i8", wq_ptr="*fp32", rowfac_ptr="*fp32",
-        q_wide_ptr="*i8", q_unsupported_ptr="*i8", sub_lo_ptr="*i8", sub_hi_ptr="*i8", sub_wq_ptr="*fp32",
-        sub_rowfac_ptr="*fp32", sub_wide_ptr="*i8", sub_unsupported_ptr="*i8", prog_wide_ptr="*i8")),
-    repair.repair_scatter_kernel: (dict(TOPK=512, SELECTOR_FAILURE=32), dict(
-        chosen_ptr="*i64", sub_top_ptr="*i64", appended_ptr="*i64", nonfinite_ptr="*i8", top_ptr="*i64")),
-    scan_outputs.finish_scan_kernel: (dict(BLOCK=scan_outputs.BLOCK, HAS_THRESHOLDS=True), dict(
-        thresholds_ptr="*i64", thr_ptr="*fp32", raised_ptr="*fp32", nonfinite_ptr="*i8", final_ptr="*i64",
-        appended64_ptr="*i64", nonfinite_out_ptr="*i8")),
-    certify.certificate_kernel: (dict(TOPK=512, OVERFLOW=1, UNDERFILLED=2, BLOCK=certify.BLOCK), dict(
-        appended_ptr="*i64", kept_ptr="*i64", overflow_ptr="*i8")),
-    dense_selection.settle_ties_kernel: (dict(TOPK=512, LANES=512, BLOCK=dense_selection.BLOCK), dict(
-        scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64")),
-    split_schedule.split_schedule_kernel: (dict(BLOCK_ROWS=2, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32), dict(
-        faults_ptr="*i8", raised_ptr="*fp32")),
-    paged.paged_prologue_kernel: (dict(WEIGHTS=True, BLOCK_ROWS=1, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32,
-                                       QUERY_VB=64), dict(
-        q_ptr="*u8", qs_ptr="*u8", q_lo_ptr="*i16", q_hi_ptr="*i16", q_flags_ptr="*i8", w_ptr="*fp32",
-        wq_ptr="*fp32", rowfac_ptr="*fp32", range_ptr="*i8", weight_scale="fp32", q_wide_ptr="*i8",
-        q_unsupported_ptr="*i8", faults_ptr="*i8", raised_ptr="*fp32")),
-    paged.paged_faults_kernel: (dict(BLOCK=256), dict(nonfinite_ptr="*i8", unsupported_ptr="*i8",
-                                                      q_unsupported_ptr="*i8")),
-    calibration.calibration_order_kernel: (dict(RANK_A=512, RANK_B=8, ROWS=16, LANES=128, BAND=512, KEYS=True), dict(
-        scores_ptr="*fp32", out_ptr="*i64", offset="fp32")),
+    row_checks.row_checks_kernel: (
+        dict(
+            INVALID_ROW=1,
+            INVALID_PAGE=2,
+            NONFINITE=4,
+            SLOT_OVERFLOW=8,
+            H=64,
+            PAGE=64,
+            BLOCK_PAGES=row_checks.BLOCK_PAGES,
+            FIRST_UNMAPPABLE=2**25,
+            ZEROED=4,
+            BLOCK_ROWS=row_checks.BLOCK_ROWS,
+        ),
+        dict(weights_ptr="*fp32"),
+    ),
+    operands.decode_kernel: (
+        dict(_KEYS, KEYS=True, QUERIES=True, WEIGHTS=True, QUERY_VB=64),
+        dict(
+            values_ptr="*u8",
+            scales_ptr="*u8",
+            value_page_stride="i64",
+            scale_page_stride="i64",
+            k_lo_ptr="*i16",
+            k_hi_ptr="*i16",
+            k_flags_ptr="*i8",
+            kfac_ptr="*fp32",
+            tile_wide_ptr="*i8",
+            q_ptr="*u8",
+            qs_ptr="*u8",
+            q_lo_ptr="*i16",
+            q_hi_ptr="*i16",
+            q_flags_ptr="*i8",
+            w_ptr="*fp32",
+            wq_ptr="*fp32",
+            rowfac_ptr="*fp32",
+            range_ptr="*i8",
+            weight_scale="fp32",
+            q_wide_ptr="*i8",
+            q_unsupported_ptr="*i8",
+        ),
+    ),
+    operands.unsupported_rows_kernel: (
+        dict(BLOCK=256, STATUS=True),
+        dict(key_flags_ptr="*i8", q_unsupported_ptr="*i8", nonfinite_ptr="*i8"),
+    ),
+    schedule.schedule_rank_kernel: (
+        dict(BLOCK_ROWS=2, BLOCK=schedule.RANK_BLOCK, TILE=schedule.RANK_TILE, SCAN=schedule.SCAN, FAST_PATHS=True),
+        dict(first_at_ptr="*i8"),
+    ),
+    schedule.schedule_programs_kernel: (
+        dict(_SCHEDULE, BLOCK=schedule.BLOCK, FLAGS=schedule.FLAGS),
+        dict(first_at_ptr="*i8", q_wide_ptr="*i8", prog_q_wide_ptr="*i8"),
+    ),
+    schedule.schedule_order_kernel: (
+        dict(
+            _SCHEDULE,
+            BLOCK=schedule.RANK_BLOCK,
+            TILE=schedule.RANK_TILE,
+            SCAN=schedule.SCAN,
+            WIDE=operands.FLAG_WIDE,
+            FAST_PATHS=True,
+        ),
+        dict(prog_q_wide_ptr="*i8", out_q_wide_ptr="*i8"),
+    ),
+    repair.repair_slots_kernel: (
+        dict(TOPK=512, CAPACITY=3, BLOCK=repair.BLOCK),
+        dict(
+            overflow_ptr="*i8",
+            top_ptr="*i64",
+            q_ptr="*u8",
+            qs_ptr="*u8",
+            w_ptr="*fp32",
+            chosen_ptr="*i64",
+            picked_ptr="*i64",
+            safe_ptr="*i64",
+            sub_q_ptr="*u8",
+            sub_qs_ptr="*u8",
+            sub_w_ptr="*fp32",
+        ),
+    ),
+    subset.subset_operands_kernel: (
+        dict(_SCHEDULE, WIDE=operands.FLAG_WIDE),
+        dict(
+            parent_rows_ptr="*i64",
+            q_lo_ptr="*i8",
+            q_hi_ptr="*i8",
+            wq_ptr="*fp32",
+            rowfac_ptr="*fp32",
+            q_wide_ptr="*i8",
+            q_unsupported_ptr="*i8",
+            sub_lo_ptr="*i8",
+            sub_hi_ptr="*i8",
+            sub_wq_ptr="*fp32",
+            sub_rowfac_ptr="*fp32",
+            sub_wide_ptr="*i8",
+            sub_unsupported_ptr="*i8",
+            prog_wide_ptr="*i8",
+        ),
+    ),
+    repair.repair_scatter_kernel: (
+        dict(TOPK=512, SELECTOR_FAILURE=32),
+        dict(chosen_ptr="*i64", sub_top_ptr="*i64", appended_ptr="*i64", nonfinite_ptr="*i8", top_ptr="*i64"),
+    ),
+    scan_outputs.finish_scan_kernel: (
+        dict(BLOCK=scan_outputs.BLOCK, HAS_THRESHOLDS=True),
+        dict(
+            thresholds_ptr="*i64",
+            thr_ptr="*fp32",
+            raised_ptr="*fp32",
+            nonfinite_ptr="*i8",
+            final_ptr="*i64",
+            appended64_ptr="*i64",
+            nonfinite_out_ptr="*i8",
+        ),
+    ),
+    certify.certificate_kernel: (
+        dict(TOPK=512, OVERFLOW=1, UNDERFILLED=2, BLOCK=certify.BLOCK),
+        dict(appended_ptr="*i64", kept_ptr="*i64", overflow_ptr="*i8"),
+    ),
+    dense_selection.settle_ties_kernel: (
+        dict(TOPK=512, LANES=512, BLOCK=dense_selection.BLOCK),
+        dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
+    ),
+    split_schedule.split_schedule_kernel: (
+        dict(BLOCK_ROWS=2, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32),
+        dict(faults_ptr="*i8", raised_ptr="*fp32"),
+    ),
+    paged.paged_prologue_kernel: (
+        dict(WEIGHTS=True, BLOCK_ROWS=1, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32, QUERY_VB=64),
+        dict(
+            q_ptr="*u8",
+            qs_ptr="*u8",
+            q_lo_ptr="*i16",
+            q_hi_ptr="*i16",
+            q_flags_ptr="*i8",
+            w_ptr="*fp32",
+            wq_ptr="*fp32",
+            rowfac_ptr="*fp32",
+            range_ptr="*i8",
+            weight_scale="fp32",
+            q_wide_ptr="*i8",
+            q_unsupported_ptr="*i8",
+            faults_ptr="*i8",
+            raised_ptr="*fp32",
+        ),
+    ),
+    paged.paged_faults_kernel: (
+        dict(BLOCK=256),
+        dict(nonfinite_ptr="*i8", unsupported_ptr="*i8", q_unsupported_ptr="*i8"),
+    ),
+    calibration.calibration_order_kernel: (
+        dict(RANK_A=512, RANK_B=8, ROWS=16, LANES=128, BAND=512, KEYS=True),
+        dict(scores_ptr="*fp32", out_ptr="*i64", offset="fp32"),
+    ),
 }
 
 
 def argument_types(kernel, constants: dict, types: dict) -> dict:
     """Every non-constexpr argument's type: `types`, else int32 pointer (*_ptr) or int32 scalar."""
-    return {name: types.get(name, "*i32" if name.endswith("_ptr") else "i32")
-            for name in kernel.arg_names if name not in constants}
+    return {
+        name: types.get(name, "*i32" if name.endswith("_ptr") else "i32")
+        for name in kernel.arg_names
+        if name not in constants
+    }
 
 
 def main(out_dir: str) -> int:

@@ -33,28 +33,58 @@ from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, resou
 
 #: Argument types of both paged kernels (the same signature).
 PAGED_TYPES = dict(
-    values_ptr="*u8", scales_ptr="*u8", value_page_stride="i64", scale_page_stride="i64", num_pages="i32",
-    block_table_ptr="*i32", bt_stride="i32", rtb_ptr="*i32", q_lo_ptr="*i8", q_hi_ptr="*i8", wq_ptr="*fp32",
-    rowfac_ptr="*fp32", q_wide_ptr="*i8", query_row_ptr="*i64", groups_ptr="*i32", group_row_ptr="*i32",
-    group_count_ptr="*i32", group_span_ptr="*i32", tile_offset_ptr="*i32", starts_ptr="*i32", ends_ptr="*i32",
-    out_ptr="*fp32", out_width="i32", position_stride="i32", thr_keys_ptr="*i64", ceil_keys_ptr="*i64",
-    hist_ptr="*i32", buf_ptr="*i64", capacity="i32", appended_ptr="*i32", raised_ptr="*fp32", nonfinite_ptr="*i8",
-    unsupported_ptr="*i8", num_programs="i32",
+    values_ptr="*u8",
+    scales_ptr="*u8",
+    value_page_stride="i64",
+    scale_page_stride="i64",
+    num_pages="i32",
+    block_table_ptr="*i32",
+    bt_stride="i32",
+    rtb_ptr="*i32",
+    q_lo_ptr="*i8",
+    q_hi_ptr="*i8",
+    wq_ptr="*fp32",
+    rowfac_ptr="*fp32",
+    q_wide_ptr="*i8",
+    query_row_ptr="*i64",
+    groups_ptr="*i32",
+    group_row_ptr="*i32",
+    group_count_ptr="*i32",
+    group_span_ptr="*i32",
+    tile_offset_ptr="*i32",
+    starts_ptr="*i32",
+    ends_ptr="*i32",
+    out_ptr="*fp32",
+    out_width="i32",
+    position_stride="i32",
+    thr_keys_ptr="*i64",
+    ceil_keys_ptr="*i64",
+    hist_ptr="*i32",
+    buf_ptr="*i64",
+    capacity="i32",
+    appended_ptr="*i32",
+    raised_ptr="*fp32",
+    nonfinite_ptr="*i8",
+    unsupported_ptr="*i8",
+    num_programs="i32",
 )
 #: variant -> paged_launch_options' mode arguments (the launches of a call: the sample, the scan, the dense
 #: path; one row a group and two)
 PAGED_VARIANTS = {
     f"{mode}{rows}": dict(block_rows=rows, dense=mode != "scan", strided=mode == "strided", has_ceilings=mode == "scan")
-    for mode in ("scan", "dense", "strided") for rows in (1, 2)
+    for mode in ("scan", "dense", "strided")
+    for rows in (1, 2)
 }
 
 
 def _source(base):
     """An AST source that declares the page strides multiples of 16 (besides the pointers)."""
+
     def source(kernel, signature, constants, attrs):
         for name in ("value_page_stride", "scale_page_stride"):
             attrs[(kernel.arg_names.index(name),)] = [["tt.divisibility", 16]]
         return base(kernel, signature, constants, attrs)
+
     return source
 
 
@@ -71,22 +101,31 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
         gluon_constants = dict(constants, **GLUON_PAGED_OPTIONS, num_warps=GLUON_PAGED_WARPS)
         builds = {
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
-            "gluon": (score_fp4_paged_gluon_kernel, gluon_constants,
-                      dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]]),
-                      GluonASTSource),
+            "gluon": (
+                score_fp4_paged_gluon_kernel,
+                gluon_constants,
+                dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]]),
+                GluonASTSource,
+            ),
             # the variant with the key operand in registers (GLUON_PAGED_OPTIONS' A_IN_REGISTERS)
-            "gluonregs": (score_fp4_paged_gluon_kernel,
-                          dict(gluon_constants, A_IN_REGISTERS=True),
-                          dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]]),
-                          GluonASTSource),
+            "gluonregs": (
+                score_fp4_paged_gluon_kernel,
+                dict(gluon_constants, A_IN_REGISTERS=True),
+                dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]]),
+                GluonASTSource,
+            ),
         }
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)
             sass = compile_sm90(kernel, PAGED_TYPES, kernel_constants, options, path, source=_source(base))
             loop = innermost_mma_loop(sass)
-            summary[name] = dict(resource_usage(path), loop_instructions=len(loop), loop_opcodes=opcode_mix(loop),
-                                 mma_loop_instructions=[len(body) for body in mma_loops(sass)])
+            summary[name] = dict(
+                resource_usage(path),
+                loop_instructions=len(loop),
+                loop_opcodes=opcode_mix(loop),
+                mma_loop_instructions=[len(body) for body in mma_loops(sass)],
+            )
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary

@@ -42,7 +42,8 @@ def _kernel_module():
         from . import score_fp4
     except ImportError as exc:
         raise BackendUnavailableError(
-            f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}") from exc
+            f"backend='flydsl' needs {REQUIREMENT}; flydsl cannot be imported: {exc}"
+        ) from exc
     return score_fp4
 
 
@@ -53,8 +54,11 @@ class FlyDSLBackend(ScoringBackend):
 
     def check_device(self, device: torch.device) -> None:
         if not is_gfx950(device):
-            vendor = ("ROCm " + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip
-                      else "NVIDIA CUDA") if device.type == "cuda" else ""
+            vendor = (
+                ("ROCm " + torch.cuda.get_device_properties(device).gcnArchName if torch.version.hip else "NVIDIA CUDA")
+                if device.type == "cuda"
+                else ""
+            )
             found = device.type if device.type != "cuda" else f"{device} ({vendor})"
             raise BackendUnavailableError(f"backend='flydsl' needs {REQUIREMENT}; the inputs are on {found}")
         _kernel_module()
@@ -73,14 +77,27 @@ class FlyDSLBackend(ScoringBackend):
         scores = scratch.full((rows, columns), float("-inf"), torch.float32)
         nonfinite = scratch.zeros(rows, torch.int32)
         unused = scratch.zeros(max(rows, 1), torch.int64)
-        self._launch(problem, scan=False, out=scores, out_cols=columns, stride=stride,
-                     thresholds_in=unused, thresholds=unused, appended=unused,
-                     histogram=scratch.zeros(1, torch.int32), nonfinite=nonfinite)
+        self._launch(
+            problem,
+            scan=False,
+            out=scores,
+            out_cols=columns,
+            stride=stride,
+            thresholds_in=unused,
+            thresholds=unused,
+            appended=unused,
+            histogram=scratch.zeros(1, torch.int32),
+            nonfinite=nonfinite,
+        )
         return scores, nonfinite.bool()
 
     def scan_candidates(
-        self, problem: PrefillProblem, thresholds: torch.Tensor, capacity: int,
-        ceilings: torch.Tensor | None = None, sample_size: int = 0,
+        self,
+        problem: PrefillProblem,
+        thresholds: torch.Tensor,
+        capacity: int,
+        ceilings: torch.Tensor | None = None,
+        sample_size: int = 0,
     ) -> CandidateScan:
         """Fused scan (score_fp4.py, SCAN=True) of every position of each window; the kernel
         ranges its histogram from the threshold itself and does not use `ceilings`. No
@@ -94,15 +111,34 @@ class FlyDSLBackend(ScoringBackend):
         raised = scratch.empty(rows, torch.int64).copy_(thresholds)
         histogram = scratch.zeros(rows * 64, torch.int32)
         nonfinite = scratch.zeros(rows, torch.int32)
-        self._launch(problem, scan=True, out=keys, out_cols=capacity, stride=1,
-                     thresholds_in=thresholds.to(torch.int64).contiguous(), thresholds=raised,
-                     appended=appended, histogram=histogram, nonfinite=nonfinite)
+        self._launch(
+            problem,
+            scan=True,
+            out=keys,
+            out_cols=capacity,
+            stride=1,
+            thresholds_in=thresholds.to(torch.int64).contiguous(),
+            thresholds=raised,
+            appended=appended,
+            histogram=histogram,
+            nonfinite=nonfinite,
+        )
         return CandidateScan(keys=keys, appended=appended, thresholds=raised, nonfinite=nonfinite.bool())
 
 
-def launch_arguments(problem: PrefillProblem, *, scan: bool, out: torch.Tensor, out_cols: int, stride: int,
-                     thresholds_in: torch.Tensor, thresholds: torch.Tensor, appended: torch.Tensor,
-                     histogram: torch.Tensor, nonfinite: torch.Tensor) -> dict | None:
+def launch_arguments(
+    problem: PrefillProblem,
+    *,
+    scan: bool,
+    out: torch.Tensor,
+    out_cols: int,
+    stride: int,
+    thresholds_in: torch.Tensor,
+    thresholds: torch.Tensor,
+    appended: torch.Tensor,
+    histogram: torch.Tensor,
+    nonfinite: torch.Tensor,
+) -> dict | None:
     """The arguments of score_fp4.score_fp4_flydsl, by name, for one call over `problem` (None when
     there is nothing to score): the cache of either format is passed in place as the operands of
     key_addressing.cache_operands (InputError for value pages that are not 4-byte aligned), its
@@ -116,15 +152,31 @@ def launch_arguments(problem: PrefillProblem, *, scan: bool, out: torch.Tensor, 
     return dict(
         q_words=problem.q_fp4.view(torch.int32).reshape(-1),
         q_scale_words=problem.q_scale.view(torch.int32).reshape(-1),
-        kv_value_words=value_words, kv_scale_bytes=scale_bytes, block_table=problem.block_table.reshape(-1),
-        weights=problem.weights.reshape(-1), row_to_batch=problem.row_to_batch, starts=problem.starts,
-        ends=problem.ends, out=out.reshape(-1), thresholds_in=thresholds_in, thresholds=thresholds,
-        appended=appended, histogram=histogram, nonfinite=nonfinite,
-        num_rows=rows, max_pages=problem.block_table.shape[1], value_page_words=value_page_words,
-        scale_page_stride=scale_page_stride, out_cols=out_cols, stride=stride, topk=problem.topk,
+        kv_value_words=value_words,
+        kv_scale_bytes=scale_bytes,
+        block_table=problem.block_table.reshape(-1),
+        weights=problem.weights.reshape(-1),
+        row_to_batch=problem.row_to_batch,
+        starts=problem.starts,
+        ends=problem.ends,
+        out=out.reshape(-1),
+        thresholds_in=thresholds_in,
+        thresholds=thresholds,
+        appended=appended,
+        histogram=histogram,
+        nonfinite=nonfinite,
+        num_rows=rows,
+        max_pages=problem.block_table.shape[1],
+        value_page_words=value_page_words,
+        scale_page_stride=scale_page_stride,
+        out_cols=out_cols,
+        stride=stride,
+        topk=problem.topk,
         weight_scale=float(torch.tensor(problem.weight_scale, dtype=torch.float32)),
-        grid_x=-(-rows // kernel.WAVES_PER_BLOCK), grid_y=-(-sampled // kernel.KEYS_PER_CHUNK),
-        SCAN=scan, CACHE_FORMAT=problem.cache.format,
+        grid_x=-(-rows // kernel.WAVES_PER_BLOCK),
+        grid_y=-(-sampled // kernel.KEYS_PER_CHUNK),
+        SCAN=scan,
+        CACHE_FORMAT=problem.cache.format,
     )
 
 
@@ -139,8 +191,9 @@ def _stream(device: torch.device):
 def compiled_configurations() -> tuple[dict, ...]:
     """The fixed configurations compiled per process (the JIT caches one binary for each): the
     dense and the scan epilogue, each for both cache formats."""
-    return tuple({"SCAN": scan, "CACHE_FORMAT": cache_format}
-                 for cache_format in CACHE_FORMATS for scan in (False, True))
+    return tuple(
+        {"SCAN": scan, "CACHE_FORMAT": cache_format} for cache_format in CACHE_FORMATS for scan in (False, True)
+    )
 
 
 __all__ = ["REQUIREMENT", "FlyDSLBackend", "compiled_configurations", "launch_arguments"]

@@ -56,10 +56,20 @@ class KeyAddressing:
 
 
 KEY_ADDRESSING = {
-    "litetopk": KeyAddressing(token_words=VALUE_BYTES // WORD_BYTES, group_words=GROUP_BYTES // WORD_BYTES,
-                              scale_offset=PAGE_VALUE_BYTES, scale_group_stride=1, interleaved_scales=False),
-    "aiter": KeyAddressing(token_words=GROUP_BYTES // WORD_BYTES, group_words=PAGE_SIZE * GROUP_BYTES // WORD_BYTES,
-                           scale_offset=0, scale_group_stride=PAGE_SIZE, interleaved_scales=True),
+    "litetopk": KeyAddressing(
+        token_words=VALUE_BYTES // WORD_BYTES,
+        group_words=GROUP_BYTES // WORD_BYTES,
+        scale_offset=PAGE_VALUE_BYTES,
+        scale_group_stride=1,
+        interleaved_scales=False,
+    ),
+    "aiter": KeyAddressing(
+        token_words=GROUP_BYTES // WORD_BYTES,
+        group_words=PAGE_SIZE * GROUP_BYTES // WORD_BYTES,
+        scale_offset=0,
+        scale_group_stride=PAGE_SIZE,
+        interleaved_scales=True,
+    ),
 }
 
 
@@ -70,8 +80,12 @@ def key_value_word(addressing: KeyAddressing, page, token, group, value_page_wor
 
 def key_scale_byte(addressing: KeyAddressing, page, token, group, scale_page_stride):
     """Byte of the scale of group `group` of key (page, token) in the scale operand."""
-    return (page * scale_page_stride + addressing.scale_offset
-            + token_scale_offsets(token, addressing.interleaved_scales) + group * addressing.scale_group_stride)
+    return (
+        page * scale_page_stride
+        + addressing.scale_offset
+        + token_scale_offsets(token, addressing.interleaved_scales)
+        + group * addressing.scale_group_stride
+    )
 
 
 def _flat_bytes(pages: torch.Tensor) -> torch.Tensor:

@@ -185,8 +185,9 @@ def score_fp4_flydsl_kernel(
         valid = m < m_hi
         pos = valid.select(m, m_lo) * stride  # invalid lanes re-read a valid key
         pos64 = fx.Int64(pos)
-        page = fx.Int64(_load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE),
-                              fx.Int32))
+        page = fx.Int64(
+            _load(fx.get_iter(block_table) + (batch64 * fx.Int64(max_pages) + pos64 // PAGE_SIZE), fx.Int32)
+        )
         token = pos64 % PAGE_SIZE
         value_word = key_value_word(addressing, page, token, group64, value_page_words)
         k_op = _load(fx.get_iter(kv_value_words) + value_word, fx.Int32, 4)
@@ -234,8 +235,9 @@ def score_fp4_flydsl_kernel(
                 if taken < out_cols:
                     fxllvm.generic_store(fx.get_iter(out) + (row64 * out_cols + taken), key)
                 hist_bin = fx.min(fx.max((ordered - hist_base) >> hist_shift, fx.Int64(0)), fx.Int64(HIST_BINS - 1))
-                fxllvm.atomic_add(fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1),
-                                  syncscope="agent")
+                fxllvm.atomic_add(
+                    fx.get_iter(histogram) + (row64 * HIST_BINS + hist_bin), fx.Int32(1), syncscope="agent"
+                )
 
     if fx.const_expr(SCAN):
         if num_tiles > 0:
@@ -289,8 +291,29 @@ def score_fp4_flydsl(
     one binary per (SCAN, CACHE_FORMAT). The cache operands and page strides come from
     key_addressing.cache_operands."""
     score_fp4_flydsl_kernel(
-        q_words, q_scale_words, kv_value_words, kv_scale_bytes, block_table, weights, row_to_batch, starts,
-        ends, out, thresholds_in, thresholds, appended, histogram, nonfinite,
-        num_rows, max_pages, value_page_words, scale_page_stride, out_cols, stride, topk, weight_scale,
-        SCAN, CACHE_FORMAT,
+        q_words,
+        q_scale_words,
+        kv_value_words,
+        kv_scale_bytes,
+        block_table,
+        weights,
+        row_to_batch,
+        starts,
+        ends,
+        out,
+        thresholds_in,
+        thresholds,
+        appended,
+        histogram,
+        nonfinite,
+        num_rows,
+        max_pages,
+        value_page_words,
+        scale_page_stride,
+        out_cols,
+        stride,
+        topk,
+        weight_scale,
+        SCAN,
+        CACHE_FORMAT,
     ).launch(grid=(grid_x, grid_y, 1), block=(WAVE * WAVES_PER_BLOCK, 1, 1), stream=stream)

@@ -80,8 +80,11 @@ def interpreting() -> bool:
 
 def is_sm90(device: torch.device) -> bool:
     """True for a compiled (not interpreted) CUDA device of compute capability 9.0 (H100, H200)."""
-    return (is_cuda(device) and not interpreting()
-            and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
+    return (
+        is_cuda(device)
+        and not interpreting()
+        and _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,14 +92,34 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def gluon_launch_options(*, topk: int, DENSE: bool, STRIDED: bool, ANY_WIDE: bool = False, refresh: int = 16,
-                         num_bins: int = NUM_BINS, defer_appends: bool = True,
-                         SELF_CALIBRATE: bool = False) -> tuple[dict, dict]:
+def gluon_launch_options(
+    *,
+    topk: int,
+    DENSE: bool,
+    STRIDED: bool,
+    ANY_WIDE: bool = False,
+    refresh: int = 16,
+    num_bins: int = NUM_BINS,
+    defer_appends: bool = True,
+    SELF_CALIBRATE: bool = False,
+) -> tuple[dict, dict]:
     """(constexpr arguments, compiler options) of one score_fp4_gluon_kernel variant, as launched
     (shared with compile/sm90.py's offline check, so CI compiles what the H200 runs)."""
-    constants = dict(TOPK=topk, BLOCK_KEYS=GLUON_BLOCK_KEYS, BLOCK_ROWS=GLUON_BLOCK_ROWS, DENSE=DENSE,
-                     STRIDED=STRIDED, ANY_WIDE=ANY_WIDE, REFRESH=refresh, H=HEADS, D=HEAD_DIM, NB=num_bins,
-                     NUM_BUFFERS=NUM_BUFFERS, DEFER_APPENDS=defer_appends, SELF_CALIBRATE=SELF_CALIBRATE)
+    constants = dict(
+        TOPK=topk,
+        BLOCK_KEYS=GLUON_BLOCK_KEYS,
+        BLOCK_ROWS=GLUON_BLOCK_ROWS,
+        DENSE=DENSE,
+        STRIDED=STRIDED,
+        ANY_WIDE=ANY_WIDE,
+        REFRESH=refresh,
+        H=HEADS,
+        D=HEAD_DIM,
+        NB=num_bins,
+        NUM_BUFFERS=NUM_BUFFERS,
+        DEFER_APPENDS=defer_appends,
+        SELF_CALIBRATE=SELF_CALIBRATE,
+    )
     return constants, dict(num_warps=GLUON_NUM_WARPS, maxnreg=GLUON_MAX_REGISTERS)
 
 
@@ -134,21 +157,39 @@ class TritonBackend(ScoringBackend):
 
     name = "triton"
 
-    def __init__(self, block_rows: int = GLUON_BLOCK_ROWS, block_keys: int = GLUON_BLOCK_KEYS,
-                 num_warps: int = GLUON_NUM_WARPS, num_stages: int = 3, refresh: int = 16, num_bins: int = NUM_BINS,
-                 max_registers: int | None = None, scoring_kernel: str = "auto", paged: str = "auto"):
+    def __init__(
+        self,
+        block_rows: int = GLUON_BLOCK_ROWS,
+        block_keys: int = GLUON_BLOCK_KEYS,
+        num_warps: int = GLUON_NUM_WARPS,
+        num_stages: int = 3,
+        refresh: int = 16,
+        num_bins: int = NUM_BINS,
+        max_registers: int | None = None,
+        scoring_kernel: str = "auto",
+        paged: str = "auto",
+    ):
         if scoring_kernel not in SCORING_KERNELS:
             raise ValueError(f"scoring_kernel={scoring_kernel!r} is not one of {SCORING_KERNELS}")
         if paged not in PAGED_MODES:
             raise ValueError(f"paged={paged!r} is not one of {PAGED_MODES}")
         self.paged = paged  # paged.py: "auto" decides by the call's shapes; "never" / "always" force a mode
-        self._options = dict(block_rows=block_rows, block_keys=block_keys, num_warps=num_warps, num_stages=num_stages,
-                             refresh=refresh, num_bins=num_bins, max_registers=max_registers,
-                             scoring_kernel=scoring_kernel)
+        self._options = dict(
+            block_rows=block_rows,
+            block_keys=block_keys,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            refresh=refresh,
+            num_bins=num_bins,
+            max_registers=max_registers,
+            scoring_kernel=scoring_kernel,
+        )
         gluon_tile = (block_rows, block_keys, num_warps) == (GLUON_BLOCK_ROWS, GLUON_BLOCK_KEYS, GLUON_NUM_WARPS)
         if scoring_kernel == "gluon" and not gluon_tile:
-            raise ValueError(f"the gluon scoring kernel has one tile: block_rows={GLUON_BLOCK_ROWS}, "
-                             f"block_keys={GLUON_BLOCK_KEYS}, num_warps={GLUON_NUM_WARPS}")
+            raise ValueError(
+                f"the gluon scoring kernel has one tile: block_rows={GLUON_BLOCK_ROWS}, "
+                f"block_keys={GLUON_BLOCK_KEYS}, num_warps={GLUON_NUM_WARPS}"
+            )
         self.scoring_kernel = scoring_kernel
         self._gluon_tile = gluon_tile
         self.block_rows = block_rows
@@ -204,14 +245,32 @@ class TritonBackend(ScoringBackend):
         # summary (OR of the key flags, of the query flags, weights refused: operands.py) and batch_wide.
         summary, batch_wide = problem.zeroed[:ZEROED_WORDS], problem.zeroed[ZEROED_WORDS:]
         key_outputs, query_outputs = decode_operands_triton(
-            problem.cache, problem.block_table, problem.sequence_ends, s_pad, summary, batch_wide, problem.q_fp4,
-            problem.q_scale, problem.weights, (problem.starts, problem.ends), problem.weight_scale,
-            block_keys=self.block_keys, scratch=scratch)
+            problem.cache,
+            problem.block_table,
+            problem.sequence_ends,
+            s_pad,
+            summary,
+            batch_wide,
+            problem.q_fp4,
+            problem.q_scale,
+            problem.weights,
+            (problem.starts, problem.ends),
+            problem.weight_scale,
+            block_keys=self.block_keys,
+            scratch=scratch,
+        )
         k_lo, k_hi, _, k_flags, kfac, tile_wide, batch_wide = key_outputs
         q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = query_outputs
-        keys = KeyOperands(k_lo, k_hi, kfac, s_pad, tile_wide=tile_wide,
-                           batch_wide=batch_wide.view(torch.int8).view(batch, 4),
-                           flags_of_keys=k_flags, flags=summary[0:2])
+        keys = KeyOperands(
+            k_lo,
+            k_hi,
+            kfac,
+            s_pad,
+            tile_wide=tile_wide,
+            batch_wide=batch_wide.view(torch.int8).view(batch, 4),
+            flags_of_keys=k_flags,
+            flags=summary[0:2],
+        )
         return self._with_schedule(problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported)
 
     def _subset_operands(self, problem: PrefillProblem, parent: Operands) -> Operands:
@@ -219,15 +278,41 @@ class TritonBackend(ScoringBackend):
         its parent's (subset.py)."""
         with stage_range("litetopk.schedule"):
             q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule = subset_operands(problem, parent, self.block_rows)
-        return Operands(parent.keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported,
-                        gluon=self._use_gluon(problem.device), schedule=schedule)
+        return Operands(
+            parent.keys,
+            q_lo,
+            q_hi,
+            wq,
+            rowfac,
+            q_wide,
+            q_unsupported,
+            gluon=self._use_gluon(problem.device),
+            schedule=schedule,
+        )
 
     def _with_schedule(self, problem, keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported) -> Operands:
         with stage_range("litetopk.schedule"):
-            schedule = build_schedule(problem.row_to_batch, problem.starts, problem.ends, problem.block_table.shape[0],
-                                      self.block_rows, q_wide, keys.flags, problem.scratch)
-        return Operands(keys, q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, gluon=self._use_gluon(problem.device),
-                        schedule=schedule)
+            schedule = build_schedule(
+                problem.row_to_batch,
+                problem.starts,
+                problem.ends,
+                problem.block_table.shape[0],
+                self.block_rows,
+                q_wide,
+                keys.flags,
+                problem.scratch,
+            )
+        return Operands(
+            keys,
+            q_lo,
+            q_hi,
+            wq,
+            rowfac,
+            q_wide,
+            q_unsupported,
+            gluon=self._use_gluon(problem.device),
+            schedule=schedule,
+        )
 
     def sizing_calls(self, max_rows: int, max_batch: int) -> list[tuple[ScoringBackend, int, int]]:
         """ScoringBackend.sizing_calls: with paged="auto", the largest call of each mode: paged at
@@ -265,8 +350,15 @@ class TritonBackend(ScoringBackend):
         if isinstance(ops, PagedOperands):
             return paged_unsupported_rows(problem, ops)
         if runs_triton_stages(problem.device):
-            return unsupported_rows_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
-                                           problem.ends, ops.q_unsupported, problem.scratch)
+            return unsupported_rows_triton(
+                ops.keys.flags_of_keys,
+                ops.keys.flags,
+                problem.row_to_batch,
+                problem.starts,
+                problem.ends,
+                ops.q_unsupported,
+                problem.scratch,
+            )
         unsupported_keys = ((ops.keys.flags_of_keys & FLAG_UNSUPPORTED) != 0).to(torch.int32)
         prefix = torch.nn.functional.pad(unsupported_keys.cumsum(dim=1), (1, 0))
         b = problem.row_to_batch.long()
@@ -281,8 +373,17 @@ class TritonBackend(ScoringBackend):
             return paged_scoring_faults(problem, ops, nonfinite)
         if not runs_triton_stages(problem.device):
             return super().scoring_faults(problem, nonfinite)
-        return scoring_faults_triton(ops.keys.flags_of_keys, ops.keys.flags, problem.row_to_batch, problem.starts,
-                                     problem.ends, ops.q_unsupported, problem.row_status, nonfinite, problem.scratch)
+        return scoring_faults_triton(
+            ops.keys.flags_of_keys,
+            ops.keys.flags,
+            problem.row_to_batch,
+            problem.starts,
+            problem.ends,
+            ops.q_unsupported,
+            problem.row_status,
+            nonfinite,
+            problem.scratch,
+        )
 
     def _use_gluon(self, device: torch.device) -> bool:
         """Whether this problem's scores come from the Gluon kernel (module docstring)."""
@@ -293,7 +394,8 @@ class TritonBackend(ScoringBackend):
         if not is_sm90(device):
             raise BackendUnavailableError(
                 f"scoring_kernel='gluon' runs on a compiled sm_90 CUDA device (got {device}"
-                f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'")
+                f"{', interpreted' if interpreting() else ''}); use scoring_kernel='auto' or 'triton'"
+            )
         return True
 
     def _paged_kernel(self, problem: PrefillProblem) -> tuple[bool, bool]:
@@ -310,13 +412,31 @@ class TritonBackend(ScoringBackend):
                 raise BackendUnavailableError(
                     "the Gluon paged kernel reads the cache in 16-byte words: its pages must start on 16 bytes "
                     f"(data pointer {problem.cache.values.data_ptr()} and page stride "
-                    f"{problem.cache.value_page_stride} bytes); use scoring_kernel='auto' or 'triton'")
+                    f"{problem.cache.value_page_stride} bytes); use scoring_kernel='auto' or 'triton'"
+                )
         return self.scoring_kernel != "triton" and sm90 and words, sm90
 
     # -- launches --------------------------------------------------------------------------
-    def _launch(self, problem, ops, *, dense, out=None, out_width=0, stride=1, thresholds=None, hist_lo=None,
-                hist_width=None, hist=None, buffer=None, capacity=0, appended=None, thr_out=None,
-                nonfinite=None, sample_tiles=0):
+    def _launch(
+        self,
+        problem,
+        ops,
+        *,
+        dense,
+        out=None,
+        out_width=0,
+        stride=1,
+        thresholds=None,
+        hist_lo=None,
+        hist_width=None,
+        hist=None,
+        buffer=None,
+        capacity=0,
+        appended=None,
+        thr_out=None,
+        nonfinite=None,
+        sample_tiles=0,
+    ):
         """Launch the narrow and the wide variant of the scoring kernel over the schedule's fixed grid;
         the device flag in ops.schedule.variants leaves one of them without work (Operands)."""
         schedule = ops.schedule
@@ -329,30 +449,63 @@ class TritonBackend(ScoringBackend):
         grid = (schedule.programs,)
         for any_wide, (variant_rows, span) in zip((False, True), schedule.variants):
             args = (
-                keys.k_lo, keys.k_hi, keys.kfac, tile_wide, tile_wide.shape[1], ops.q_lo, ops.q_hi, ops.wq,
-                ops.rowfac, variant_rows, schedule.batch, span, schedule.q_wide, problem.starts, problem.ends,
+                keys.k_lo,
+                keys.k_hi,
+                keys.kfac,
+                tile_wide,
+                tile_wide.shape[1],
+                ops.q_lo,
+                ops.q_hi,
+                ops.wq,
+                ops.rowfac,
+                variant_rows,
+                schedule.batch,
+                span,
+                schedule.q_wide,
+                problem.starts,
+                problem.ends,
                 keys.s_pad,
-                out if out is not None else unused32, out_width, problem.max_end, stride,
+                out if out is not None else unused32,
+                out_width,
+                problem.max_end,
+                stride,
                 thresholds if thresholds is not None else unused32,
                 hist_lo if hist_lo is not None else unused32,
                 hist_width if hist_width is not None else unused32,
                 hist if hist is not None else unused64,
-                buffer if buffer is not None else unused64, capacity,
+                buffer if buffer is not None else unused64,
+                capacity,
                 appended if appended is not None else unused64,
                 thr_out if thr_out is not None else unused32,
-                nonfinite, sample_tiles, MAX_SAMPLE_STRIDE,
+                nonfinite,
+                sample_tiles,
+                MAX_SAMPLE_STRIDE,
             )
             if ops.gluon:
-                constants, options = gluon_launch_options(topk=problem.topk, DENSE=dense, STRIDED=stride != 1,
-                                                          ANY_WIDE=any_wide, refresh=self.refresh,
-                                                          num_bins=self.num_bins, SELF_CALIBRATE=sample_tiles > 0)
+                constants, options = gluon_launch_options(
+                    topk=problem.topk,
+                    DENSE=dense,
+                    STRIDED=stride != 1,
+                    ANY_WIDE=any_wide,
+                    refresh=self.refresh,
+                    num_bins=self.num_bins,
+                    SELF_CALIBRATE=sample_tiles > 0,
+                )
                 score_fp4_gluon_kernel[grid](*args, **constants, **options)
                 continue
             score_fp4_kernel[grid](
                 *args,
-                TOPK=problem.topk, BLOCK_KEYS=self.block_keys, BLOCK_ROWS=self.block_rows, DENSE=dense,
-                STRIDED=stride != 1, ANY_WIDE=any_wide, SELF_CALIBRATE=sample_tiles > 0,
-                REFRESH=self.refresh, NB=self.num_bins, num_warps=self.num_warps, num_stages=self.num_stages,
+                TOPK=problem.topk,
+                BLOCK_KEYS=self.block_keys,
+                BLOCK_ROWS=self.block_rows,
+                DENSE=dense,
+                STRIDED=stride != 1,
+                ANY_WIDE=any_wide,
+                SELF_CALIBRATE=sample_tiles > 0,
+                REFRESH=self.refresh,
+                NB=self.num_bins,
+                num_warps=self.num_warps,
+                num_stages=self.num_stages,
                 **({} if self.max_registers is None else {"maxnreg": self.max_registers}),
             )
 
@@ -362,10 +515,23 @@ class TritonBackend(ScoringBackend):
         if isinstance(ops, PagedOperands):  # every row of a group is written across all columns
             out = problem.scratch.empty((problem.num_rows, width), torch.float32)
             fault_set = FAULT_SAMPLE if stride != 1 else FAULT_DENSE
-            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, ops.schedule,
-                                 problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=fault_set, use_asm=ops.use_asm, gluon=ops.gluon, out=out, stride=stride,
-                                 query_rows=ops.query_rows)
+            launch_paged_scoring(
+                problem.cache,
+                problem.block_table,
+                problem.row_to_batch,
+                ops.queries,
+                ops.schedule,
+                problem.starts,
+                problem.ends,
+                topk=problem.topk,
+                programs=ops.programs,
+                fault_set=fault_set,
+                use_asm=ops.use_asm,
+                gluon=ops.gluon,
+                out=out,
+                stride=stride,
+                query_rows=ops.query_rows,
+            )
             faults = ops.schedule.faults[fault_set]
             if stride == 1:
                 ops.faults = faults
@@ -377,8 +543,14 @@ class TritonBackend(ScoringBackend):
         self._launch(problem, ops, dense=True, out=out, out_width=width, stride=stride, nonfinite=nonfinite)
         return out, nonfinite.view(torch.bool)  # the kernel writes 0 or 1
 
-    def scan_candidates(self, problem: PrefillProblem, thresholds: torch.Tensor | None, capacity: int,
-                        ceilings: torch.Tensor | None = None, sample_size: int = 0) -> CandidateScan:
+    def scan_candidates(
+        self,
+        problem: PrefillProblem,
+        thresholds: torch.Tensor | None,
+        capacity: int,
+        ceilings: torch.Tensor | None = None,
+        sample_size: int = 0,
+    ) -> CandidateScan:
         sample_tiles = -(-sample_size // self.block_keys)  # > 0: the scan calibrates itself (scan_calibration.py)
         if not sample_tiles and thresholds is None:
             raise ValueError("a scan without thresholds calibrates itself: give sample_size > 0")
@@ -394,13 +566,27 @@ class TritonBackend(ScoringBackend):
         if isinstance(ops, PagedOperands):  # its state is the schedule's (set up by its launch: none here)
             reset_scan_state(ops)
             schedule = ops.schedule
-            launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
-                                 problem.starts, problem.ends, topk=problem.topk, programs=ops.programs,
-                                 fault_set=FAULT_SCAN, use_asm=ops.use_asm, gluon=ops.gluon,
-                                 thresholds=thresholds.contiguous(),
-                                 ceilings=ceilings.contiguous() if ceilings is not None else None, buffer=buffer,
-                                 capacity=capacity, refresh=self.paged_refresh, num_bins=self.num_bins,
-                                 query_rows=ops.query_rows)
+            launch_paged_scoring(
+                problem.cache,
+                problem.block_table,
+                problem.row_to_batch,
+                ops.queries,
+                schedule,
+                problem.starts,
+                problem.ends,
+                topk=problem.topk,
+                programs=ops.programs,
+                fault_set=FAULT_SCAN,
+                use_asm=ops.use_asm,
+                gluon=ops.gluon,
+                thresholds=thresholds.contiguous(),
+                ceilings=ceilings.contiguous() if ceilings is not None else None,
+                buffer=buffer,
+                capacity=capacity,
+                refresh=self.paged_refresh,
+                num_bins=self.num_bins,
+                query_rows=ops.query_rows,
+            )
             ops.faults = schedule.faults[FAULT_SCAN]
             scan = dict(raised=schedule.raised, appended=schedule.appended, nonfinite=ops.faults[0])
         else:
@@ -410,10 +596,20 @@ class TritonBackend(ScoringBackend):
                 scan = scan_buffers(rows, self.num_bins, problem.scratch, self_calibrating=True)
             else:
                 scan = prepare_scan_triton(thresholds, ceilings, self.num_bins, problem.scratch)
-            self._launch(problem, ops, dense=False, thresholds=scan.get("thr"), hist_lo=scan.get("hist_lo"),
-                         hist_width=scan.get("hist_width"), hist=scan["hist"], buffer=buffer, capacity=capacity,
-                         appended=scan["appended"], thr_out=scan["raised"], nonfinite=scan["nonfinite"],
-                         sample_tiles=sample_tiles)
+            self._launch(
+                problem,
+                ops,
+                dense=False,
+                thresholds=scan.get("thr"),
+                hist_lo=scan.get("hist_lo"),
+                hist_width=scan.get("hist_width"),
+                hist=scan["hist"],
+                buffer=buffer,
+                capacity=capacity,
+                appended=scan["appended"],
+                thr_out=scan["raised"],
+                nonfinite=scan["nonfinite"],
+                sample_tiles=sample_tiles,
+            )
         final, appended, nonfinite = finish_scan(thresholds, scan, problem.scratch)
         return CandidateScan(keys=buffer, appended=appended, thresholds=final, nonfinite=nonfinite)
-

@@ -77,8 +77,21 @@ def _e2m1_times_two(nibble):
 
 
 @triton.jit
-def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr, out_vec,
-                    VB: tl.constexpr, GROUP_STRIDE: tl.constexpr = 16, SCALE_STRIDE: tl.constexpr = 1):
+def _decode_vectors(
+    packed_ptr,
+    scale_ptr,
+    packed_off,
+    scale_off,
+    live,
+    lo_ptr,
+    hi_ptr,
+    exp_ptr,
+    flags_ptr,
+    out_vec,
+    VB: tl.constexpr,
+    GROUP_STRIDE: tl.constexpr = 16,
+    SCALE_STRIDE: tl.constexpr = 1,
+):
     """Decode VB vectors whose bytes start at packed_off / scale_off (int64 [VB]) into row out_vec;
     group g's 16 packed bytes lie at packed_off + g * GROUP_STRIDE, its scale at
     scale_off + g * SCALE_STRIDE (16 and 1: one contiguous 64-byte vector and 4 scale bytes).
@@ -102,16 +115,21 @@ def _decode_vectors(packed_ptr, scale_ptr, packed_off, scale_off, live, lo_ptr, 
     z1 = (tl.max(tl.where(block == 1, nonzero, 0), axis=1) > 0) & (s1 != 255)
     z2 = (tl.max(tl.where(block == 2, nonzero, 0), axis=1) > 0) & (s2 != 255)
     z3 = (tl.max(tl.where(block == 3, nonzero, 0), axis=1) > 0) & (s3 != 255)
-    m = tl.minimum(tl.minimum(tl.where(z0, s0, 255), tl.where(z1, s1, 255)),
-                   tl.minimum(tl.where(z2, s2, 255), tl.where(z3, s3, 255)))
+    m = tl.minimum(
+        tl.minimum(tl.where(z0, s0, 255), tl.where(z1, s1, 255)),
+        tl.minimum(tl.where(z2, s2, 255), tl.where(z3, s3, 255)),
+    )
     m = tl.where(z0 | z1 | z2 | z3, m, 127)
     d0 = tl.where(z0, s0 - m, 0)
     d1 = tl.where(z1, s1 - m, 0)
     d2 = tl.where(z2, s2 - m, 0)
     d3 = tl.where(z3, s3 - m, 0)
     spread = tl.maximum(tl.maximum(d0, d1), tl.maximum(d2, d3))
-    d = tl.where(block[None, :] == 0, d0[:, None], tl.where(block[None, :] == 1, d1[:, None],
-                 tl.where(block[None, :] == 2, d2[:, None], d3[:, None])))  # [VB, 64]
+    d = tl.where(
+        block[None, :] == 0,
+        d0[:, None],
+        tl.where(block[None, :] == 1, d1[:, None], tl.where(block[None, :] == 2, d2[:, None], d3[:, None])),
+    )  # [VB, 64]
     low_shift = tl.minimum(d, 3)
     high_shift = tl.minimum(tl.maximum(d - 4, 0), 3)
     in_lo = d <= 3
@@ -140,11 +158,34 @@ def _summarize_flags(summary_ptr, flags, live):
 
 
 @triton.jit
-def _decode_key_tile(tile, b, values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride,
-                     need_ptr, num_pages, s_pad, lo_ptr, hi_ptr, exp_ptr, flags_ptr, kfac_ptr, summary_ptr,
-                     tile_wide_ptr, batch_wide_ptr, VB: tl.constexpr, PAGE: tl.constexpr, TOKEN_STRIDE: tl.constexpr,
-                     GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr, SCALE_GROUP_STRIDE: tl.constexpr,
-                     INTERLEAVED: tl.constexpr):
+def _decode_key_tile(
+    tile,
+    b,
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    block_table_ptr,
+    bt_stride,
+    need_ptr,
+    num_pages,
+    s_pad,
+    lo_ptr,
+    hi_ptr,
+    exp_ptr,
+    flags_ptr,
+    kfac_ptr,
+    summary_ptr,
+    tile_wide_ptr,
+    batch_wide_ptr,
+    VB: tl.constexpr,
+    PAGE: tl.constexpr,
+    TOKEN_STRIDE: tl.constexpr,
+    GROUP_STRIDE: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr,
+    SCALE_GROUP_STRIDE: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
     """Decode key tile `tile` (positions [tile * VB, tile * VB + VB)) of sequence b."""
     pos = tile * VB + tl.arange(0, VB)
     need = tl.load(need_ptr + b)
@@ -159,8 +200,21 @@ def _decode_key_tile(tile, b, values_ptr, scales_ptr, value_page_stride, scale_p
         token_scale = token * 4
     scale_off = page * scale_page_stride.to(tl.int64) + SCALE_OFFSET + token_scale
     out_vec = b.to(tl.int64) * s_pad + pos
-    m, flags = _decode_vectors(values_ptr, scales_ptr, packed_off, scale_off, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr,
-                               out_vec, VB, GROUP_STRIDE, SCALE_GROUP_STRIDE)
+    m, flags = _decode_vectors(
+        values_ptr,
+        scales_ptr,
+        packed_off,
+        scale_off,
+        live,
+        lo_ptr,
+        hi_ptr,
+        exp_ptr,
+        flags_ptr,
+        out_vec,
+        VB,
+        GROUP_STRIDE,
+        SCALE_GROUP_STRIDE,
+    )
     # The key's factor 2^(m - 127) as float32 bits (2^-127 is the subnormal 2^22 * 2^-149), NaN for a NaN scale.
     kfac_bits = tl.where(m >= 1, m << 23, 4194304)
     kfac_bits = tl.where((flags & FLAG_NAN_SCALE_C) != 0, 0x7FC00000, kfac_bits)
@@ -191,8 +245,9 @@ def _scale_head_weights(w, m):
     any_counted = top > -(2**30)
     shift = tl.where(any_counted, 127 - top, 149)  # a row of zero weights: rowfac 1
     scaled = exponent + shift
-    out_of_range = (tl.max((counted & (scaled < MIN_SCALED_EXPONENT_C + 1)).to(tl.int32), axis=0) > 0) \
-        | (top > MAX_WEIGHT_EXPONENT_C)
+    out_of_range = (tl.max((counted & (scaled < MIN_SCALED_EXPONENT_C + 1)).to(tl.int32), axis=0) > 0) | (
+        top > MAX_WEIGHT_EXPONENT_C
+    )
     total = m - 129 + shift  # wq = w * 2^total, applied in three exact steps of at most 2^127
     first = tl.minimum(tl.maximum(total, -126), 127)
     second = tl.minimum(tl.maximum(total - first, -126), 127)
@@ -202,16 +257,36 @@ def _scale_head_weights(w, m):
 
 
 @triton.jit
-def _decode_query_block(block, q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_ptr, flags_ptr, summary_ptr,
-                        w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr,
-                        q_unsupported_ptr, VB: tl.constexpr, WEIGHTS: tl.constexpr):
+def _decode_query_block(
+    block,
+    q_ptr,
+    qs_ptr,
+    num_vectors,
+    lo_ptr,
+    hi_ptr,
+    exp_ptr,
+    flags_ptr,
+    summary_ptr,
+    w_ptr,
+    starts_ptr,
+    ends_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    range_ptr,
+    weight_scale,
+    q_wide_ptr,
+    q_unsupported_ptr,
+    VB: tl.constexpr,
+    WEIGHTS: tl.constexpr,
+):
     """Decode query vectors [block * VB, block * VB + VB); with WEIGHTS (VB = 64 heads) also query row
     `block`'s head weights and row flags."""
     vec = block * VB + tl.arange(0, VB)
     live = vec < num_vectors
     vec = tl.where(live, vec, num_vectors)  # the output has one spare row for masked lanes
-    m, flags = _decode_vectors(q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live,
-                               lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB)
+    m, flags = _decode_vectors(
+        q_ptr, qs_ptr, vec.to(tl.int64) * 64, vec.to(tl.int64) * 4, live, lo_ptr, hi_ptr, exp_ptr, flags_ptr, vec, VB
+    )
     _summarize_flags(summary_ptr, flags, live)
     if WEIGHTS:  # VB = 64 heads: this block is exactly one query row
         row = block
@@ -234,14 +309,51 @@ def _decode_query_block(block, q_ptr, qs_ptr, num_vectors, lo_ptr, hi_ptr, exp_p
 
 @triton.jit
 def decode_kernel(
-    key_programs,                                   # programs [0, key_programs) decode keys, the rest queries
-    values_ptr, scales_ptr, value_page_stride, scale_page_stride, block_table_ptr, bt_stride, need_ptr, num_pages,
-    s_pad, k_lo_ptr, k_hi_ptr, k_exp_ptr, k_flags_ptr, kfac_ptr, k_summary_ptr, tile_wide_ptr, batch_wide_ptr,
-    q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr,
-    ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,
-    KEYS: tl.constexpr, QUERIES: tl.constexpr, KEY_VB: tl.constexpr = VECTORS_PER_PROGRAM, PAGE: tl.constexpr = 64,
-    TOKEN_STRIDE: tl.constexpr = 64, GROUP_STRIDE: tl.constexpr = 16, SCALE_OFFSET: tl.constexpr = 0,
-    SCALE_GROUP_STRIDE: tl.constexpr = 1, INTERLEAVED: tl.constexpr = False, WEIGHTS: tl.constexpr = False,
+    key_programs,  # programs [0, key_programs) decode keys, the rest queries
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    block_table_ptr,
+    bt_stride,
+    need_ptr,
+    num_pages,
+    s_pad,
+    k_lo_ptr,
+    k_hi_ptr,
+    k_exp_ptr,
+    k_flags_ptr,
+    kfac_ptr,
+    k_summary_ptr,
+    tile_wide_ptr,
+    batch_wide_ptr,
+    q_ptr,
+    qs_ptr,
+    num_vectors,
+    q_lo_ptr,
+    q_hi_ptr,
+    q_exp_ptr,
+    q_flags_ptr,
+    q_summary_ptr,
+    w_ptr,
+    starts_ptr,
+    ends_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    range_ptr,
+    weight_scale,
+    q_wide_ptr,
+    q_unsupported_ptr,
+    KEYS: tl.constexpr,
+    QUERIES: tl.constexpr,
+    KEY_VB: tl.constexpr = VECTORS_PER_PROGRAM,
+    PAGE: tl.constexpr = 64,
+    TOKEN_STRIDE: tl.constexpr = 64,
+    GROUP_STRIDE: tl.constexpr = 16,
+    SCALE_OFFSET: tl.constexpr = 0,
+    SCALE_GROUP_STRIDE: tl.constexpr = 1,
+    INTERLEAVED: tl.constexpr = False,
+    WEIGHTS: tl.constexpr = False,
     QUERY_VB: tl.constexpr = VECTORS_PER_PROGRAM,
 ):
     """Keys and queries in one launch: key tile t of sequence b in program b * (s_pad / KEY_VB) + t
@@ -251,15 +363,58 @@ def decode_kernel(
     if pid < key_programs:
         if KEYS:
             tiles = s_pad // KEY_VB
-            _decode_key_tile(pid % tiles, pid // tiles, values_ptr, scales_ptr, value_page_stride, scale_page_stride,
-                             block_table_ptr, bt_stride, need_ptr, num_pages, s_pad, k_lo_ptr, k_hi_ptr, k_exp_ptr,
-                             k_flags_ptr, kfac_ptr, k_summary_ptr, tile_wide_ptr, batch_wide_ptr, KEY_VB, PAGE,
-                             TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+            _decode_key_tile(
+                pid % tiles,
+                pid // tiles,
+                values_ptr,
+                scales_ptr,
+                value_page_stride,
+                scale_page_stride,
+                block_table_ptr,
+                bt_stride,
+                need_ptr,
+                num_pages,
+                s_pad,
+                k_lo_ptr,
+                k_hi_ptr,
+                k_exp_ptr,
+                k_flags_ptr,
+                kfac_ptr,
+                k_summary_ptr,
+                tile_wide_ptr,
+                batch_wide_ptr,
+                KEY_VB,
+                PAGE,
+                TOKEN_STRIDE,
+                GROUP_STRIDE,
+                SCALE_OFFSET,
+                SCALE_GROUP_STRIDE,
+                INTERLEAVED,
+            )
     else:
         if QUERIES:
-            _decode_query_block(pid - key_programs, q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr,
-                                q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr,
-                                weight_scale, q_wide_ptr, q_unsupported_ptr, QUERY_VB, WEIGHTS)
+            _decode_query_block(
+                pid - key_programs,
+                q_ptr,
+                qs_ptr,
+                num_vectors,
+                q_lo_ptr,
+                q_hi_ptr,
+                q_exp_ptr,
+                q_flags_ptr,
+                q_summary_ptr,
+                w_ptr,
+                starts_ptr,
+                ends_ptr,
+                wq_ptr,
+                rowfac_ptr,
+                range_ptr,
+                weight_scale,
+                q_wide_ptr,
+                q_unsupported_ptr,
+                QUERY_VB,
+                WEIGHTS,
+            )
 
 
 @dataclass(frozen=True)
@@ -284,13 +439,27 @@ def _launch_decode(keys: _Side | None, queries: _Side | None) -> None:
     key_programs = keys.programs if keys else 0
     programs = key_programs + (queries.programs if queries else 0)
     if programs:
-        decode_kernel[(programs,)](key_programs, *key_args, *query_args, KEYS=keys is not None,
-                                   QUERIES=queries is not None, **(keys.constants if keys else {}),
-                                   **(queries.constants if queries else {}))
+        decode_kernel[(programs,)](
+            key_programs,
+            *key_args,
+            *query_args,
+            KEYS=keys is not None,
+            QUERIES=queries is not None,
+            **(keys.constants if keys else {}),
+            **(queries.constants if queries else {}),
+        )
 
 
-def _key_side(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int, summary: torch.Tensor | None,
-              batch_wide: torch.Tensor | None, block_keys: int, scratch: Scratch) -> tuple[tuple, _Side]:
+def _key_side(
+    cache: KVCache,
+    block_table: torch.Tensor,
+    need: torch.Tensor,
+    s_pad: int,
+    summary: torch.Tensor | None,
+    batch_wide: torch.Tensor | None,
+    block_keys: int,
+    scratch: Scratch,
+) -> tuple[tuple, _Side]:
     """(decode_keys_fp4_triton's outputs, the launch's key side)."""
     batch = block_table.shape[0]
     lo = scratch.empty((batch, s_pad, 128), torch.int8)
@@ -301,18 +470,46 @@ def _key_side(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_p
     tile_wide = scratch.empty((batch, s_pad // block_keys), torch.int8)
     summary = summary if summary is not None else scratch.zeros(1, torch.int32)
     batch_wide = batch_wide if batch_wide is not None else scratch.zeros(batch, torch.int32)
-    args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, block_table,
-            block_table.stride(0), need, cache.num_pages, s_pad, lo.view(torch.int16), hi.view(torch.int16), exp,
-            flags, kfac, summary, tile_wide, batch_wide)
-    constants = dict(KEY_VB=block_keys, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
-                     GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
-                     SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales)
+    args = (
+        cache.values,
+        cache.scales,
+        cache.value_page_stride,
+        cache.scale_page_stride,
+        block_table,
+        block_table.stride(0),
+        need,
+        cache.num_pages,
+        s_pad,
+        lo.view(torch.int16),
+        hi.view(torch.int16),
+        exp,
+        flags,
+        kfac,
+        summary,
+        tile_wide,
+        batch_wide,
+    )
+    constants = dict(
+        KEY_VB=block_keys,
+        PAGE=PAGE_SIZE,
+        TOKEN_STRIDE=cache.value_token_stride,
+        GROUP_STRIDE=cache.value_group_stride,
+        SCALE_OFFSET=cache.scale_offset,
+        SCALE_GROUP_STRIDE=cache.scale_group_stride,
+        INTERLEAVED=cache.interleaved_scales,
+    )
     return (lo, hi, exp, flags, kfac, tile_wide, batch_wide), _Side(args, constants, (s_pad // block_keys) * batch)
 
 
-def _query_side(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None,
-                windows: tuple[torch.Tensor, torch.Tensor] | None, summary: torch.Tensor | None, weight_scale: float,
-                scratch: Scratch) -> tuple[tuple, _Side]:
+def _query_side(
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor | None,
+    windows: tuple[torch.Tensor, torch.Tensor] | None,
+    summary: torch.Tensor | None,
+    weight_scale: float,
+    scratch: Scratch,
+) -> tuple[tuple, _Side]:
     """(prepare_queries_fp4_triton's outputs, the launch's query side)."""
     if (weights is None) != (windows is None):
         raise ValueError("prepare_queries_fp4_triton takes weights and windows together (the live rows' head weights)")
@@ -331,19 +528,46 @@ def _query_side(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tenso
     else:
         wq = rowfac = exp
         refused = q_wide = q_unsupported = flags
-    args = (q_fp4, q_scale, n, lo.view(torch.int16), hi.view(torch.int16), exp, flags, summary,
-            weights if with_weights else exp, *(windows if with_weights else (exp, exp)), wq, rowfac, refused,
-            float(weight_scale), q_wide, q_unsupported)
-    decoded = (lo[:n].view(rows, heads, 128), hi[:n].view(rows, heads, 128),
-               exp[:n].view(rows, heads), flags[:n].view(rows, heads))
+    args = (
+        q_fp4,
+        q_scale,
+        n,
+        lo.view(torch.int16),
+        hi.view(torch.int16),
+        exp,
+        flags,
+        summary,
+        weights if with_weights else exp,
+        *(windows if with_weights else (exp, exp)),
+        wq,
+        rowfac,
+        refused,
+        float(weight_scale),
+        q_wide,
+        q_unsupported,
+    )
+    decoded = (
+        lo[:n].view(rows, heads, 128),
+        hi[:n].view(rows, heads, 128),
+        exp[:n].view(rows, heads),
+        flags[:n].view(rows, heads),
+    )
     if with_weights:
         decoded += (wq, rowfac, refused, q_wide.view(torch.bool), q_unsupported.view(torch.bool))
     return decoded, _Side(args, dict(WEIGHTS=with_weights), triton.cdiv(max(n, 1), VECTORS_PER_PROGRAM))
 
 
-def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
-                           summary: torch.Tensor | None = None, batch_wide: torch.Tensor | None = None, *,
-                           block_keys: int = VECTORS_PER_PROGRAM, scratch: Scratch | None = None):
+def decode_keys_fp4_triton(
+    cache: KVCache,
+    block_table: torch.Tensor,
+    need: torch.Tensor,
+    s_pad: int,
+    summary: torch.Tensor | None = None,
+    batch_wide: torch.Tensor | None = None,
+    *,
+    block_keys: int = VECTORS_PER_PROGRAM,
+    scratch: Scratch | None = None,
+):
     """Decode positions [0, need[b]) of every sequence b of `cache` (either format, read in place) into
     (lo, hi int8 [B, s_pad, 128], exponent int32 [B, s_pad], flags int8 [B, s_pad], kfac float32
     [B, s_pad] = 2^(exponent - 127) or NaN for a NaN scale, tile_wide int8 [B, s_pad / block_keys]: a
@@ -351,8 +575,9 @@ def decode_keys_fp4_triton(cache: KVCache, block_table: torch.Tensor, need: torc
     module docstring. s_pad is a multiple of block_keys (a power of two >= 16). The flags of the decoded
     vectors are ORed into the int32 `summary[0]` and the tiles' wide bits into `batch_wide`, which must
     be zeroed when given (the row checks' zeroed words)."""
-    outputs, keys = _key_side(cache, block_table, need, s_pad, summary, batch_wide, block_keys,
-                              scratch or Scratch(cache.device))
+    outputs, keys = _key_side(
+        cache, block_table, need, s_pad, summary, batch_wide, block_keys, scratch or Scratch(cache.device)
+    )
     _launch_decode(keys, None)
     return outputs
 
@@ -364,10 +589,15 @@ def decode_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, summar
     return prepare_queries_fp4_triton(q_fp4, q_scale, summary=summary)[:4]
 
 
-def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weights: torch.Tensor | None = None,
-                               windows: tuple[torch.Tensor, torch.Tensor] | None = None,
-                               summary: torch.Tensor | None = None,
-                               weight_scale: float = 1.0, scratch: Scratch | None = None):
+def prepare_queries_fp4_triton(
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    windows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    summary: torch.Tensor | None = None,
+    weight_scale: float = 1.0,
+    scratch: Scratch | None = None,
+):
     """decode_queries_fp4_triton's outputs, and with float32 `weights [rows, 64]` and the rows' `windows`
     (starts, ends int32 [rows]; a live row: end > start) also the scoring kernel's head weights and
     row flags: (wq float32 [rows, 64], rowfac float32 [rows] (times weight_scale, in float32),
@@ -375,16 +605,29 @@ def prepare_queries_fp4_triton(q_fp4: torch.Tensor, q_scale: torch.Tensor, weigh
     defines them (NaN where a scale byte is NaN); refused marks the live rows outside the supported
     weight range, and `summary[1]` (int32, when given) gets 1 when there is one; q_wide: a live row
     with a wide head vector; q_unsupported: a row with a head vector of spread > 7, or refused."""
-    outputs, queries = _query_side(q_fp4, q_scale, weights, windows, summary, weight_scale,
-                                   scratch or Scratch(q_fp4.device))
+    outputs, queries = _query_side(
+        q_fp4, q_scale, weights, windows, summary, weight_scale, scratch or Scratch(q_fp4.device)
+    )
     _launch_decode(None, queries)
     return outputs
 
 
-def decode_operands_triton(cache: KVCache, block_table: torch.Tensor, need: torch.Tensor, s_pad: int,
-                           summary: torch.Tensor, batch_wide: torch.Tensor, q_fp4: torch.Tensor, q_scale: torch.Tensor,
-                           weights: torch.Tensor, windows: tuple[torch.Tensor, torch.Tensor], weight_scale: float, *,
-                           block_keys: int, scratch: Scratch) -> tuple[tuple, tuple]:
+def decode_operands_triton(
+    cache: KVCache,
+    block_table: torch.Tensor,
+    need: torch.Tensor,
+    s_pad: int,
+    summary: torch.Tensor,
+    batch_wide: torch.Tensor,
+    q_fp4: torch.Tensor,
+    q_scale: torch.Tensor,
+    weights: torch.Tensor,
+    windows: tuple[torch.Tensor, torch.Tensor],
+    weight_scale: float,
+    *,
+    block_keys: int,
+    scratch: Scratch,
+) -> tuple[tuple, tuple]:
     """decode_keys_fp4_triton (summary[0], batch_wide) and prepare_queries_fp4_triton with weights
     (summary[1:3]) in one launch: (the keys' outputs, the queries' outputs), the same bits."""
     key_outputs, keys = _key_side(cache, block_table, need, s_pad, summary[0:1], batch_wide, block_keys, scratch)
@@ -394,8 +637,20 @@ def decode_operands_triton(cache: KVCache, block_table: torch.Tensor, need: torc
 
 
 @triton.jit
-def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_ptr, ends_ptr, q_unsupported_ptr,
-                            out_ptr, status_ptr, nonfinite_ptr, BLOCK: tl.constexpr, STATUS: tl.constexpr):
+def unsupported_rows_kernel(
+    key_flags_ptr,
+    s_pad,
+    summary_ptr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    q_unsupported_ptr,
+    out_ptr,
+    status_ptr,
+    nonfinite_ptr,
+    BLOCK: tl.constexpr,
+    STATUS: tl.constexpr,
+):
     """unsupported[row] = a live row whose query is unsupported or whose window holds an unsupported key;
     the window is read only when the key summary says some decoded key is unsupported. STATUS: out
     gets int32 status[row] | NONFINITE where nonfinite[row] | UNSUPPORTED where unsupported, instead of
@@ -419,20 +674,37 @@ def unsupported_rows_kernel(key_flags_ptr, s_pad, summary_ptr, rtb_ptr, starts_p
         tl.store(out_ptr + row, bad.to(tl.int8))
 
 
-def _unsupported_rows_launch(key_flags, summary, row_to_batch, starts, ends, q_unsupported, out, status=None,
-                             nonfinite=None) -> None:
+def _unsupported_rows_launch(
+    key_flags, summary, row_to_batch, starts, ends, q_unsupported, out, status=None, nonfinite=None
+) -> None:
     rows = starts.shape[0]
     if rows:
         with_status = status is not None
-        unsupported_rows_kernel[(rows,)](key_flags, key_flags.shape[1], summary, row_to_batch, starts, ends,
-                                         q_unsupported.view(torch.int8), out, status if with_status else out,
-                                         nonfinite.view(torch.int8) if with_status else out, BLOCK=256,
-                                         STATUS=with_status)
+        unsupported_rows_kernel[(rows,)](
+            key_flags,
+            key_flags.shape[1],
+            summary,
+            row_to_batch,
+            starts,
+            ends,
+            q_unsupported.view(torch.int8),
+            out,
+            status if with_status else out,
+            nonfinite.view(torch.int8) if with_status else out,
+            BLOCK=256,
+            STATUS=with_status,
+        )
 
 
-def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
-                            starts: torch.Tensor, ends: torch.Tensor, q_unsupported: torch.Tensor,
-                            scratch: Scratch) -> torch.Tensor:
+def unsupported_rows_triton(
+    key_flags: torch.Tensor,
+    summary: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    q_unsupported: torch.Tensor,
+    scratch: Scratch,
+) -> torch.Tensor:
     """bool [rows]: TritonBackend.unsupported_rows in one launch, from the keys' decode flags int8
     [B, s_pad], the decode summary (int32, summary[0]: OR of the key flags) and the rows' q_unsupported."""
     out = scratch.empty(starts.shape[0], torch.int8)
@@ -440,9 +712,17 @@ def unsupported_rows_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_
     return out.view(torch.bool)
 
 
-def scoring_faults_triton(key_flags: torch.Tensor, summary: torch.Tensor, row_to_batch: torch.Tensor,
-                          starts: torch.Tensor, ends: torch.Tensor, q_unsupported: torch.Tensor, status: torch.Tensor,
-                          nonfinite: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+def scoring_faults_triton(
+    key_flags: torch.Tensor,
+    summary: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    q_unsupported: torch.Tensor,
+    status: torch.Tensor,
+    nonfinite: torch.Tensor,
+    scratch: Scratch,
+) -> torch.Tensor:
     """int32 [rows]: `status` | NONFINITE where bool `nonfinite` | UNSUPPORTED where unsupported_rows_triton
     is true, in the same one launch (ScoringBackend.scoring_faults)."""
     out = scratch.empty(starts.shape[0], torch.int32)

@@ -112,24 +112,91 @@ class PagedOperands:
 @triton.jit
 def paged_prologue_kernel(
     query_programs,
-    q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr, q_summary_ptr, w_ptr, starts_ptr,
-    ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale, q_wide_ptr, q_unsupported_ptr,  # operands.py's query side
-    rtb_ptr, s_starts_ptr, s_ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
-    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,  # split_schedule.py's
-    WEIGHTS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr,
+    q_ptr,
+    qs_ptr,
+    num_vectors,
+    q_lo_ptr,
+    q_hi_ptr,
+    q_exp_ptr,
+    q_flags_ptr,
+    q_summary_ptr,
+    w_ptr,
+    starts_ptr,
+    ends_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    range_ptr,
+    weight_scale,
+    q_wide_ptr,
+    q_unsupported_ptr,  # operands.py's query side
+    rtb_ptr,
+    s_starts_ptr,
+    s_ends_ptr,
+    rows,
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,
+    faults_ptr,
+    fault_words,
+    appended_ptr,
+    hist_ptr,
+    raised_ptr,  # split_schedule.py's
+    WEIGHTS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KEYS: tl.constexpr,
+    NB: tl.constexpr,
     QUERY_VB: tl.constexpr = VECTORS_PER_PROGRAM,
 ):
     """The paged mode's first launch after the row checks: program 0 builds the split schedule (its one
     long program first in the grid), programs 1..query_programs decode one query row each."""
     pid = tl.program_id(0)
     if pid == 0:
-        _split_schedule(rtb_ptr, s_starts_ptr, s_ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr,
-                        group_span_ptr, tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
-                        BLOCK_ROWS, BLOCK, KEYS, NB)
+        _split_schedule(
+            rtb_ptr,
+            s_starts_ptr,
+            s_ends_ptr,
+            rows,
+            groups_ptr,
+            group_row_ptr,
+            group_count_ptr,
+            group_span_ptr,
+            tile_offset_ptr,
+            faults_ptr,
+            fault_words,
+            appended_ptr,
+            hist_ptr,
+            raised_ptr,
+            BLOCK_ROWS,
+            BLOCK,
+            KEYS,
+            NB,
+        )
     else:
-        _decode_query_block(pid - 1, q_ptr, qs_ptr, num_vectors, q_lo_ptr, q_hi_ptr, q_exp_ptr, q_flags_ptr,
-                            q_summary_ptr, w_ptr, starts_ptr, ends_ptr, wq_ptr, rowfac_ptr, range_ptr, weight_scale,
-                            q_wide_ptr, q_unsupported_ptr, QUERY_VB, WEIGHTS)
+        _decode_query_block(
+            pid - 1,
+            q_ptr,
+            qs_ptr,
+            num_vectors,
+            q_lo_ptr,
+            q_hi_ptr,
+            q_exp_ptr,
+            q_flags_ptr,
+            q_summary_ptr,
+            w_ptr,
+            starts_ptr,
+            ends_ptr,
+            wq_ptr,
+            rowfac_ptr,
+            range_ptr,
+            weight_scale,
+            q_wide_ptr,
+            q_unsupported_ptr,
+            QUERY_VB,
+            WEIGHTS,
+        )
 
 
 def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool, num_bins: int) -> PagedOperands:
@@ -140,51 +207,114 @@ def paged_operands(problem, block_rows: int, *, use_asm: bool, gluon: bool, num_
     windows = (problem.starts, problem.ends)
     # the flag summary's query words (operands.py) are zeroed by the row checks' launch (problem.zeroed)
     if runs_triton_stages(problem.device):
-        decoded, queries = _query_side(problem.q_fp4, problem.q_scale, problem.weights, windows, problem.zeroed[1:3],
-                                       problem.weight_scale, scratch)
-        schedule, schedule_args, constants = split_schedule_launch(problem.row_to_batch, problem.starts,
-                                                                   problem.ends, block_rows, num_bins, scratch)
-        paged_prologue_kernel[(queries.programs + 1,)](queries.programs, *queries.args, *schedule_args,
-                                                       **queries.constants, **constants, num_warps=4)
+        decoded, queries = _query_side(
+            problem.q_fp4, problem.q_scale, problem.weights, windows, problem.zeroed[1:3], problem.weight_scale, scratch
+        )
+        schedule, schedule_args, constants = split_schedule_launch(
+            problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins, scratch
+        )
+        paged_prologue_kernel[(queries.programs + 1,)](
+            queries.programs, *queries.args, *schedule_args, **queries.constants, **constants, num_warps=4
+        )
     else:
-        decoded = prepare_queries_fp4_triton(problem.q_fp4, problem.q_scale, problem.weights, windows,
-                                             summary=problem.zeroed[1:3], weight_scale=problem.weight_scale,
-                                             scratch=scratch)
-        schedule = build_split_schedule(problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins,
-                                        scratch)
+        decoded = prepare_queries_fp4_triton(
+            problem.q_fp4,
+            problem.q_scale,
+            problem.weights,
+            windows,
+            summary=problem.zeroed[1:3],
+            weight_scale=problem.weight_scale,
+            scratch=scratch,
+        )
+        schedule = build_split_schedule(
+            problem.row_to_batch, problem.starts, problem.ends, block_rows, num_bins, scratch
+        )
     q_lo, q_hi, _, _, wq, rowfac, _, q_wide, q_unsupported = decoded
-    return PagedOperands(q_lo, q_hi, wq, rowfac, q_wide, q_unsupported, schedule,
-                         paged_programs(problem.device, block_rows, gluon), use_asm, gluon)
+    return PagedOperands(
+        q_lo,
+        q_hi,
+        wq,
+        rowfac,
+        q_wide,
+        q_unsupported,
+        schedule,
+        paged_programs(problem.device, block_rows, gluon),
+        use_asm,
+        gluon,
+    )
 
 
 def paged_subset_operands(sub, parent: PagedOperands) -> PagedOperands:
     """The operands of a subset of a paged problem (the repair's rows, sub.parent_rows into the parent's):
     the parent's queries, read through sub.parent_rows (query_rows: nothing gathered), and a split schedule
     of its own with the parent's group size (one launch)."""
-    schedule = build_split_schedule(sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows,
-                                    parent.schedule.hist.shape[1], sub.scratch)
+    schedule = build_split_schedule(
+        sub.row_to_batch, sub.starts, sub.ends, parent.schedule.block_rows, parent.schedule.hist.shape[1], sub.scratch
+    )
     return replace(parent, schedule=schedule, query_rows=sub.parent_rows, faults=None, scanned=False)
 
 
-def paged_launch_options(cache: KVCache, *, topk: int, block_rows: int, dense: bool, strided: bool,
-                         use_asm: bool, indirect: bool = False, has_ceilings: bool = False, refresh: int = 4,
-                         num_bins: int = NUM_BINS) -> dict:
+def paged_launch_options(
+    cache: KVCache,
+    *,
+    topk: int,
+    block_rows: int,
+    dense: bool,
+    strided: bool,
+    use_asm: bool,
+    indirect: bool = False,
+    has_ceilings: bool = False,
+    refresh: int = 4,
+    num_bins: int = NUM_BINS,
+) -> dict:
     """The constexpr arguments of one score_fp4_paged_kernel variant, as launched (shared with the
     offline compile check, so CI compiles what the GPU runs)."""
-    return dict(TOPK=topk, BLOCK_ROWS=block_rows, DENSE=dense, STRIDED=strided, REFRESH=refresh, NB=num_bins,
-                H=HEADS, D=HEAD_DIM, PAGE=PAGE_SIZE, TOKEN_STRIDE=cache.value_token_stride,
-                GROUP_STRIDE=cache.value_group_stride, SCALE_OFFSET=cache.scale_offset,
-                SCALE_GROUP_STRIDE=cache.scale_group_stride, INTERLEAVED=cache.interleaved_scales, USE_ASM=use_asm,
-                INDIRECT=indirect, HAS_CEILINGS=has_ceilings)
+    return dict(
+        TOPK=topk,
+        BLOCK_ROWS=block_rows,
+        DENSE=dense,
+        STRIDED=strided,
+        REFRESH=refresh,
+        NB=num_bins,
+        H=HEADS,
+        D=HEAD_DIM,
+        PAGE=PAGE_SIZE,
+        TOKEN_STRIDE=cache.value_token_stride,
+        GROUP_STRIDE=cache.value_group_stride,
+        SCALE_OFFSET=cache.scale_offset,
+        SCALE_GROUP_STRIDE=cache.scale_group_stride,
+        INTERLEAVED=cache.interleaved_scales,
+        USE_ASM=use_asm,
+        INDIRECT=indirect,
+        HAS_CEILINGS=has_ceilings,
+    )
 
 
-def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch: torch.Tensor,
-                         queries: tuple, schedule: SplitSchedule, starts: torch.Tensor, ends: torch.Tensor, *,
-                         topk: int, programs: int, fault_set: int, use_asm: bool, gluon: bool = False,
-                         num_warps: int = 4, out: torch.Tensor | None = None, stride: int = 1,
-                         thresholds: torch.Tensor | None = None, ceilings: torch.Tensor | None = None,
-                         buffer: torch.Tensor | None = None, capacity: int = 0, refresh: int = 4,
-                         num_bins: int = NUM_BINS, query_rows: torch.Tensor | None = None) -> None:
+def launch_paged_scoring(
+    cache: KVCache,
+    block_table: torch.Tensor,
+    row_to_batch: torch.Tensor,
+    queries: tuple,
+    schedule: SplitSchedule,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    *,
+    topk: int,
+    programs: int,
+    fault_set: int,
+    use_asm: bool,
+    gluon: bool = False,
+    num_warps: int = 4,
+    out: torch.Tensor | None = None,
+    stride: int = 1,
+    thresholds: torch.Tensor | None = None,
+    ceilings: torch.Tensor | None = None,
+    buffer: torch.Tensor | None = None,
+    capacity: int = 0,
+    refresh: int = 4,
+    num_bins: int = NUM_BINS,
+    query_rows: torch.Tensor | None = None,
+) -> None:
     """Launch score_fp4_paged_kernel (its Gluon twin with `gluon`: paged_scoring_gluon.py, sm_90 compiled,
     the same bits) over `programs` programs: dense (`out` float32 [rows, width], column c = position
     c * stride), or scan (`out` None): every key >= its row's threshold key (`thresholds` int64 [rows],
@@ -197,35 +327,85 @@ def launch_paged_scoring(cache: KVCache, block_table: torch.Tensor, row_to_batch
     dense = out is not None
     unused = schedule.tile_offset  # never read in the other mode
     faults = schedule.faults[fault_set]
-    args = (cache.values, cache.scales, cache.value_page_stride, cache.scale_page_stride, cache.num_pages,
-            block_table, block_table.stride(0), row_to_batch, q_lo, q_hi, wq, rowfac, q_wide.view(torch.int8),
-            query_rows if query_rows is not None else unused,
-            schedule.groups, schedule.group_row, schedule.group_count, schedule.group_span, schedule.tile_offset,
-            starts, ends,
-            out if dense else rowfac, out.shape[1] if dense else 0, stride,
-            thresholds if not dense else unused, ceilings if ceilings is not None else unused, schedule.hist,
-            buffer if buffer is not None else unused, capacity, schedule.appended, schedule.raised,
-            faults[0], faults[1], programs)
+    args = (
+        cache.values,
+        cache.scales,
+        cache.value_page_stride,
+        cache.scale_page_stride,
+        cache.num_pages,
+        block_table,
+        block_table.stride(0),
+        row_to_batch,
+        q_lo,
+        q_hi,
+        wq,
+        rowfac,
+        q_wide.view(torch.int8),
+        query_rows if query_rows is not None else unused,
+        schedule.groups,
+        schedule.group_row,
+        schedule.group_count,
+        schedule.group_span,
+        schedule.tile_offset,
+        starts,
+        ends,
+        out if dense else rowfac,
+        out.shape[1] if dense else 0,
+        stride,
+        thresholds if not dense else unused,
+        ceilings if ceilings is not None else unused,
+        schedule.hist,
+        buffer if buffer is not None else unused,
+        capacity,
+        schedule.appended,
+        schedule.raised,
+        faults[0],
+        faults[1],
+        programs,
+    )
     if starts.shape[0]:
-        constants = paged_launch_options(cache, topk=topk, block_rows=schedule.block_rows, dense=dense,
-                                         strided=stride != 1, use_asm=use_asm, indirect=query_rows is not None,
-                                         has_ceilings=ceilings is not None, refresh=refresh, num_bins=num_bins)
+        constants = paged_launch_options(
+            cache,
+            topk=topk,
+            block_rows=schedule.block_rows,
+            dense=dense,
+            strided=stride != 1,
+            use_asm=use_asm,
+            indirect=query_rows is not None,
+            has_ceilings=ceilings is not None,
+            refresh=refresh,
+            num_bins=num_bins,
+        )
         if gluon:
-            score_fp4_paged_gluon_kernel[(programs,)](*args, **constants, **GLUON_PAGED_OPTIONS,
-                                                      num_warps=GLUON_PAGED_WARPS,
-                                                      maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows])
+            score_fp4_paged_gluon_kernel[(programs,)](
+                *args,
+                **constants,
+                **GLUON_PAGED_OPTIONS,
+                num_warps=GLUON_PAGED_WARPS,
+                maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows],
+            )
         else:
             score_fp4_paged_kernel[(programs,)](*args, **constants, num_warps=num_warps)
 
 
 @triton.jit
-def paged_faults_kernel(status_ptr, nonfinite_ptr, unsupported_ptr, q_unsupported_ptr, starts_ptr, ends_ptr, out_ptr,
-                        rows, BLOCK: tl.constexpr):
+def paged_faults_kernel(
+    status_ptr,
+    nonfinite_ptr,
+    unsupported_ptr,
+    q_unsupported_ptr,
+    starts_ptr,
+    ends_ptr,
+    out_ptr,
+    rows,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < rows
     live = tl.load(ends_ptr + offs, mask=mask, other=0) > tl.load(starts_ptr + offs, mask=mask, other=0)
-    unsupported = (tl.load(unsupported_ptr + offs, mask=mask, other=0) != 0) \
-        | (tl.load(q_unsupported_ptr + offs, mask=mask, other=0) != 0)
+    unsupported = (tl.load(unsupported_ptr + offs, mask=mask, other=0) != 0) | (
+        tl.load(q_unsupported_ptr + offs, mask=mask, other=0) != 0
+    )
     status = tl.load(status_ptr + offs, mask=mask, other=0)
     status |= tl.where(tl.load(nonfinite_ptr + offs, mask=mask, other=0) != 0, STATUS_NONFINITE_C, 0)
     status |= tl.where(live & unsupported, STATUS_UNSUPPORTED_C, 0)
@@ -255,8 +435,16 @@ def paged_scoring_faults(problem, ops: PagedOperands, nonfinite: torch.Tensor) -
         if rows:
             block = 256
             paged_faults_kernel[(triton.cdiv(rows, block),)](
-                problem.row_status, nonfinite.view(torch.int8), unsupported_keys, q_unsupported.view(torch.int8),
-                problem.starts, problem.ends, out, rows, BLOCK=block)
+                problem.row_status,
+                nonfinite.view(torch.int8),
+                unsupported_keys,
+                q_unsupported.view(torch.int8),
+                problem.starts,
+                problem.ends,
+                out,
+                rows,
+                BLOCK=block,
+            )
         return out
     live = problem.ends > problem.starts
     status = torch.where(nonfinite, problem.row_status | int(RowStatus.NONFINITE), problem.row_status)
@@ -275,7 +463,18 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
     return live & ((ops.faults[1] != 0) | q_unsupported)
 
 
-__all__ = ["PAGED_MODES", "PAGED_ROWS_PER_SEQUENCE", "PagedOperands", "cache_in_words", "launch_paged_scoring",
-           "paged_block_rows", "reset_scan_state",
-           "paged_launch_options", "paged_operands", "paged_programs",
-           "paged_scoring_faults", "paged_subset_operands", "paged_unsupported_rows"]
+__all__ = [
+    "PAGED_MODES",
+    "PAGED_ROWS_PER_SEQUENCE",
+    "PagedOperands",
+    "cache_in_words",
+    "launch_paged_scoring",
+    "paged_block_rows",
+    "reset_scan_state",
+    "paged_launch_options",
+    "paged_operands",
+    "paged_programs",
+    "paged_scoring_faults",
+    "paged_subset_operands",
+    "paged_unsupported_rows",
+]

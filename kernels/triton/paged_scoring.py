@@ -95,8 +95,9 @@ def _e2m1_halves_asm(packed, shift):
     """(a, b) int8 [BLOCK_KEYS, 64]: the int8 values 2 * E2M1 << shift of packed uint8 [BLOCK_KEYS, 64]
     (shift uint8, the same for the 4 bytes of each word); a[4i + c] is value 8i + c of the key, b[4i + c]
     value 8i + 4 + c (module docstring)."""
-    return tl.inline_asm_elementwise(E2M1_ASM, "=r,=r,r,r", [packed, shift], dtype=(tl.int8, tl.int8),
-                                     is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        E2M1_ASM, "=r,=r,r,r", [packed, shift], dtype=(tl.int8, tl.int8), is_pure=True, pack=4
+    )
 
 
 @triton.jit
@@ -150,11 +151,35 @@ def _bytes_of_groups(d, BLOCK_KEYS: tl.constexpr):
 
 
 @triton.jit
-def _score_keys(pos, live, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-                value_page_stride, scale_page_stride, q_a, q_b, q_hi_a, q_hi_b, q_wide, wq, rowfac,
-                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
-                TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr,
-                SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr, USE_ASM: tl.constexpr):
+def _score_keys(
+    pos,
+    live,
+    b64,
+    bt_stride,
+    block_table_ptr,
+    num_pages,
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    q_a,
+    q_b,
+    q_hi_a,
+    q_hi_b,
+    q_wide,
+    wq,
+    rowfac,
+    BLOCK_KEYS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    H: tl.constexpr,
+    PAGE: tl.constexpr,
+    TOKEN_STRIDE: tl.constexpr,
+    GROUP_STRIDE: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr,
+    SCALE_GROUP_STRIDE: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
     """(scores float32 [BK, BLOCK_ROWS], unsupported bool [BK]) of the keys at positions `pos` (int32 [BK])
     of sequence b64 (those not `live` read nothing and score 0)."""
     offs_byte = tl.arange(0, 64)
@@ -174,8 +199,9 @@ def _score_keys(pos, live, b64, bt_stride, block_table_ptr, num_pages, values_pt
     else:
         token_scale = token * 4
     scale_at = page * scale_page_stride + SCALE_OFFSET + token_scale
-    scales = tl.load(scales_ptr + scale_at[:, None] + (offs_group * SCALE_GROUP_STRIDE)[None, :],
-                     mask=live[:, None], other=127).to(tl.int32)
+    scales = tl.load(
+        scales_ptr + scale_at[:, None] + (offs_group * SCALE_GROUP_STRIDE)[None, :], mask=live[:, None], other=127
+    ).to(tl.int32)
     d, spread, kfac = _key_exponents(packed, scales, BLOCK_KEYS)
     d_bytes = _bytes_of_groups(d, BLOCK_KEYS)
     if q_wide | (tl.max(spread, axis=0) >= 4):  # rare: a hi operand on either side (operands.py)
@@ -215,9 +241,23 @@ def _query_row(row, query_row_ptr, INDIRECT: tl.constexpr):
 
 
 @triton.jit
-def _group_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr,
-                   query_row_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
-                   INDIRECT: tl.constexpr):
+def _group_queries(
+    group,
+    group_row_ptr,
+    group_count_ptr,
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    q_wide_ptr,
+    query_row_ptr,
+    starts_ptr,
+    ends_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    INDIRECT: tl.constexpr,
+):
     """Group `group`'s rows and query operands: (rows int64 [BLOCK_ROWS] (0 past its count), row_ok,
     starts, ends, q_a, q_b, q_hi_a, q_hi_b int8 [64, N] (the halves of the K order: module docstring),
     q_wide (a row needs q_hi), wq float32 [N], rowfac float32 [BLOCK_ROWS])."""
@@ -286,29 +326,81 @@ def _first_group(t, tile_offset_ptr, groups):
 
 @triton.jit
 def score_fp4_paged_kernel(
-    values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,  # the cache (KVCache), in place
-    block_table_ptr, bt_stride, rtb_ptr,                                      # int32 [B, max_pages]; [rows]
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,        # operands.py's query outputs; INDIRECT
-    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,  # split_schedule.py
-    starts_ptr, ends_ptr,                                                     # int32 [rows] windows
-    out_ptr, out_width, position_stride,                                      # dense: float32 [rows, out_width]
-    thr_keys_ptr, ceil_keys_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,  # scan
-    nonfinite_ptr, unsupported_ptr,                                           # int8 [rows] fault flags (set to 1)
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    num_pages,  # the cache (KVCache), in place
+    block_table_ptr,
+    bt_stride,
+    rtb_ptr,  # int32 [B, max_pages]; [rows]
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    q_wide_ptr,
+    query_row_ptr,  # operands.py's query outputs; INDIRECT
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,  # split_schedule.py
+    starts_ptr,
+    ends_ptr,  # int32 [rows] windows
+    out_ptr,
+    out_width,
+    position_stride,  # dense: float32 [rows, out_width]
+    thr_keys_ptr,
+    ceil_keys_ptr,
+    hist_ptr,
+    buf_ptr,
+    capacity,
+    appended_ptr,
+    raised_ptr,  # scan
+    nonfinite_ptr,
+    unsupported_ptr,  # int8 [rows] fault flags (set to 1)
     num_programs,
-    TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr, STRIDED: tl.constexpr,
-    REFRESH: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    TOKEN_STRIDE: tl.constexpr, GROUP_STRIDE: tl.constexpr, SCALE_OFFSET: tl.constexpr,
-    SCALE_GROUP_STRIDE: tl.constexpr, INTERLEAVED: tl.constexpr, USE_ASM: tl.constexpr, INDIRECT: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    DENSE: tl.constexpr,
+    STRIDED: tl.constexpr,
+    REFRESH: tl.constexpr,
+    NB: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    TOKEN_STRIDE: tl.constexpr,
+    GROUP_STRIDE: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr,
+    SCALE_GROUP_STRIDE: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    INDIRECT: tl.constexpr,
     HAS_CEILINGS: tl.constexpr,
 ):
     BK: tl.constexpr = 64
     offs_k = tl.arange(0, BK)
-    t, t_end, group, group_tiles = _program_share(tl.program_id(0), num_programs, groups_ptr, tile_offset_ptr,
-                                                  out_width, BK, DENSE)
+    t, t_end, group, group_tiles = _program_share(
+        tl.program_id(0), num_programs, groups_ptr, tile_offset_ptr, out_width, BK, DENSE
+    )
     while t < t_end:
         rows, row_ok, starts, ends, q_a, q_b, q_hi_a, q_hi_b, q_wide, wq, rowfac = _group_queries(
-            group, group_row_ptr, group_count_ptr, q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,
-            starts_ptr, ends_ptr, BLOCK_ROWS, H, D, INDIRECT)
+            group,
+            group_row_ptr,
+            group_count_ptr,
+            q_lo_ptr,
+            q_hi_ptr,
+            wq_ptr,
+            rowfac_ptr,
+            q_wide_ptr,
+            query_row_ptr,
+            starts_ptr,
+            ends_ptr,
+            BLOCK_ROWS,
+            H,
+            D,
+            INDIRECT,
+        )
         b64 = tl.load(rtb_ptr + tl.load(group_row_ptr + group)).to(tl.int64)
         span_lo = tl.load(group_span_ptr + 2 * group)
         span_hi = tl.load(group_span_ptr + 2 * group + 1)
@@ -340,28 +432,63 @@ def score_fp4_paged_kernel(
                     pos = (first_tile + tile) * BK + offs_k
                     live = (pos >= span_lo) & (pos < span_hi)
                 scores, unsupported = _score_keys(
-                    pos, live, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-                    value_page_stride, scale_page_stride, q_a, q_b, q_hi_a, q_hi_b, q_wide, wq, rowfac,
-                    BK, BLOCK_ROWS, H, PAGE, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE,
-                    INTERLEAVED, USE_ASM)
+                    pos,
+                    live,
+                    b64,
+                    bt_stride,
+                    block_table_ptr,
+                    num_pages,
+                    values_ptr,
+                    scales_ptr,
+                    value_page_stride,
+                    scale_page_stride,
+                    q_a,
+                    q_b,
+                    q_hi_a,
+                    q_hi_b,
+                    q_wide,
+                    wq,
+                    rowfac,
+                    BK,
+                    BLOCK_ROWS,
+                    H,
+                    PAGE,
+                    TOKEN_STRIDE,
+                    GROUP_STRIDE,
+                    SCALE_OFFSET,
+                    SCALE_GROUP_STRIDE,
+                    INTERLEAVED,
+                    USE_ASM,
+                )
                 in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :]) & row_ok[None, :]
                 probe += tl.where(in_window, scores, 0.0) * 0.0
                 bad_keys |= (unsupported[:, None] & in_window).to(tl.int32)
                 if DENSE:
                     at = rows[None, :] * out_width + column[:, None]
-                    tl.store(out_ptr + at, tl.where(in_window, scores, float("-inf")),
-                             mask=(column < out_width)[:, None] & row_ok[None, :])
+                    tl.store(
+                        out_ptr + at,
+                        tl.where(in_window, scores, float("-inf")),
+                        mask=(column < out_width)[:, None] & row_ok[None, :],
+                    )
                 else:
                     windowed = tl.where(in_window, scores, float("nan"))
                     passing = windowed >= thr[None, :]
-                    slot = tl.atomic_add(appended_ptr + rows[None, :] + 0 * pos[:, None], 1, mask=passing,
-                                         sem="relaxed")
-                    tl.store(buf_ptr + rows[None, :] * capacity + slot, _ordering_keys(windowed, pos[:, None]),
-                             mask=passing & (slot < capacity))
+                    slot = tl.atomic_add(
+                        appended_ptr + rows[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed"
+                    )
+                    tl.store(
+                        buf_ptr + rows[None, :] * capacity + slot,
+                        _ordering_keys(windowed, pos[:, None]),
+                        mask=passing & (slot < capacity),
+                    )
                     bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
                     bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-                    tl.atomic_add(hist_ptr + rows[None, :] * NB + bin_of, 1,
-                                  mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+                    tl.atomic_add(
+                        hist_ptr + rows[None, :] * NB + bin_of,
+                        1,
+                        mask=passing & (hist_width[None, :] > 0),
+                        sem="relaxed",
+                    )
             if not DENSE:
                 thr = tl.maximum(thr, tl.load(raised_ptr + rows, mask=row_ok, other=0.0, volatile=True))
                 thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)

@@ -68,15 +68,34 @@ def _add(a, b):
 def _e2m1_halves(words, shift):
     """(a, b) int32 words of int8x4: paged_scoring.E2M1_ASM on int32 `words` of packed E2M1 bytes (4 bytes
     of one group each) with the group's `shift` (int32, 0..3)."""
-    return gl.inline_asm_elementwise(E2M1_ASM, "=r,=r,r,r", [words, shift], dtype=(gl.int32, gl.int32),
-                                     is_pure=True, pack=1)
+    return gl.inline_asm_elementwise(
+        E2M1_ASM, "=r,=r,r,r", [words, shift], dtype=(gl.int32, gl.int32), is_pure=True, pack=1
+    )
 
 
 @gluon.jit
-def _load_page(pos, live, tile_page, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-               value_page_stride, scale_page_stride, W3: gl.constexpr, G: gl.constexpr, PAGE: gl.constexpr,
-               STRIDED: gl.constexpr, TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr,
-               SCALE_OFFSET: gl.constexpr, SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr):
+def _load_page(
+    pos,
+    live,
+    tile_page,
+    b64,
+    bt_stride,
+    block_table_ptr,
+    num_pages,
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    W3: gl.constexpr,
+    G: gl.constexpr,
+    PAGE: gl.constexpr,
+    STRIDED: gl.constexpr,
+    TOKEN_STRIDE: gl.constexpr,
+    GROUP_STRIDE: gl.constexpr,
+    SCALE_OFFSET: gl.constexpr,
+    SCALE_GROUP_STRIDE: gl.constexpr,
+    INTERLEAVED: gl.constexpr,
+):
     """(words int32 [64, 4, 4] in W3: each key's packed E2M1 bytes, one group of 16 a thread; scales int32
     [64, 4] in G; live bool [64]) of the keys at positions `pos` ([64] in G's key slice) of sequence b64.
     Contiguous tiles are one page (logical page `tile_page`: one block-table read); strided ones read a
@@ -88,10 +107,12 @@ def _load_page(pos, live, tile_page, b64, bt_stride, block_table_ptr, num_pages,
         token_scale = (token % 16) * 4 + token // 16
     else:
         token_scale = token * 4
-    in_page_w = gl.convert_layout((token * (TOKEN_STRIDE // 4))[:, None] + (offs_g * (GROUP_STRIDE // 4))[None, :],
-                                  gl.SliceLayout(2, W3))
-    in_page_w = gl.max_contiguous(gl.multiple_of(in_page_w[:, :, None] + offs_word[None, None, :], [1, 1, 4]),
-                                  [1, 1, 4])
+    in_page_w = gl.convert_layout(
+        (token * (TOKEN_STRIDE // 4))[:, None] + (offs_g * (GROUP_STRIDE // 4))[None, :], gl.SliceLayout(2, W3)
+    )
+    in_page_w = gl.max_contiguous(
+        gl.multiple_of(in_page_w[:, :, None] + offs_word[None, None, :], [1, 1, 4]), [1, 1, 4]
+    )
     in_page_s = token_scale[:, None] + (offs_g * SCALE_GROUP_STRIDE)[None, :]
     if STRIDED:  # a page a key (the calibration sample): 64-bit page addresses per key
         page = gl.load(block_table_ptr + b64 * bt_stride + pos // PAGE, mask=live, other=-1).to(gl.int64)
@@ -149,8 +170,9 @@ def _register_operand(half_a, half_b, DOT: gl.constexpr):
 
 
 @gluon.jit
-def _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: gl.constexpr,
-                layout: gl.constexpr):
+def _group_rows(
+    group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: gl.constexpr, layout: gl.constexpr
+):
     """(rows int64, row_ok, starts, ends) [BLOCK_ROWS] of row group `group` in `layout`."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
@@ -172,9 +194,22 @@ def _query_row(row, query_row_ptr, INDIRECT: gl.constexpr):
 
 
 @gluon.jit
-def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, qa_smem, qb_smem, N: gl.constexpr,
-                   BLOCK_ROWS: gl.constexpr, H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr,
-                   INDIRECT: gl.constexpr, A_IN_REGISTERS: gl.constexpr):
+def _stage_queries(
+    group,
+    group_row_ptr,
+    group_count_ptr,
+    q_ptr,
+    query_row_ptr,
+    qa_smem,
+    qb_smem,
+    N: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    layout: gl.constexpr,
+    INDIRECT: gl.constexpr,
+    A_IN_REGISTERS: gl.constexpr,
+):
     """Store the group's queries (row n = head n // BLOCK_ROWS of row lane n % BLOCK_ROWS; lanes past the
     group's count read zeros) of operand q_ptr (q_lo or q_hi) in the key operand's K order: with the key
     operand in registers, [N, 128] in qa_smem (column 4 q + e, q = 16 h + 4 j + g: dimension 32 g + 8 j +
@@ -199,20 +234,59 @@ def _stage_queries(group, group_row_ptr, group_count_ptr, q_ptr, query_row_ptr, 
 
 @gluon.jit
 def score_fp4_paged_gluon_kernel(
-    values_ptr, scales_ptr, value_page_stride, scale_page_stride, num_pages,
-    block_table_ptr, bt_stride, rtb_ptr,
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, query_row_ptr,
-    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr,
-    starts_ptr, ends_ptr,
-    out_ptr, out_width, position_stride,
-    thr_keys_ptr, ceil_keys_ptr, hist_ptr, buf_ptr, capacity, appended_ptr, raised_ptr,
-    nonfinite_ptr, unsupported_ptr,
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    num_pages,
+    block_table_ptr,
+    bt_stride,
+    rtb_ptr,
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    q_wide_ptr,
+    query_row_ptr,
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,
+    starts_ptr,
+    ends_ptr,
+    out_ptr,
+    out_width,
+    position_stride,
+    thr_keys_ptr,
+    ceil_keys_ptr,
+    hist_ptr,
+    buf_ptr,
+    capacity,
+    appended_ptr,
+    raised_ptr,
+    nonfinite_ptr,
+    unsupported_ptr,
     num_programs,
-    TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr, STRIDED: gl.constexpr,
-    REFRESH: gl.constexpr, NB: gl.constexpr, H: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr,
-    TOKEN_STRIDE: gl.constexpr, GROUP_STRIDE: gl.constexpr, SCALE_OFFSET: gl.constexpr,
-    SCALE_GROUP_STRIDE: gl.constexpr, INTERLEAVED: gl.constexpr, USE_ASM: gl.constexpr, INDIRECT: gl.constexpr,
-    HAS_CEILINGS: gl.constexpr, A_IN_REGISTERS: gl.constexpr, LOAD_AFTER_FENCE: gl.constexpr,
+    TOPK: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    DENSE: gl.constexpr,
+    STRIDED: gl.constexpr,
+    REFRESH: gl.constexpr,
+    NB: gl.constexpr,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    PAGE: gl.constexpr,
+    TOKEN_STRIDE: gl.constexpr,
+    GROUP_STRIDE: gl.constexpr,
+    SCALE_OFFSET: gl.constexpr,
+    SCALE_GROUP_STRIDE: gl.constexpr,
+    INTERLEAVED: gl.constexpr,
+    USE_ASM: gl.constexpr,
+    INDIRECT: gl.constexpr,
+    HAS_CEILINGS: gl.constexpr,
+    A_IN_REGISTERS: gl.constexpr,
+    LOAD_AFTER_FENCE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
@@ -221,43 +295,58 @@ def score_fp4_paged_gluon_kernel(
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
     N: gl.constexpr = BLOCK_ROWS * H
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, N, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 32])
     # one thread = one (key, group): keys on 8 lanes x 4 warps (two keys a thread), groups on 4 lanes
     if A_IN_REGISTERS:  # key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5 (the A operand's rows)
         W3: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[BK, 4, 4])
+            warp_bases=[[16, 0, 0], [32, 0, 0]],
+            block_bases=[],
+            shape=[BK, 4, 4],
+        )
         G: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[8, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
-            block_bases=[], shape=[BK, 4])
+            reg_bases=[[8, 0]],
+            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[BK, 4],
+        )
     else:  # key k: lanes / 4 its bits 0-2, warps bits 3-4, a register bit 5
-        W3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1],
-                                            warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0])
-        G: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[8, 4],
-                                           warps_per_cta=[num_warps, 1], order=[1, 0])
+        W3: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1], warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0]
+        )
+        G: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 1], threads_per_warp=[8, 4], warps_per_cta=[num_warps, 1], order=[1, 0]
+        )
     DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     KEY: gl.constexpr = gl.SliceLayout(1, G)
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
-                                        warps_per_cta=[num_warps, 1], order=[1, 0])
+    ld: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
     tile: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BK, N], gl.float32, mma), [BK, H, BLOCK_ROWS]), axis=1).type.layout
     key_of_tile: gl.constexpr = gl.SliceLayout(1, tile)
     row_of_tile: gl.constexpr = gl.SliceLayout(0, tile)
     # a [64, 2] tile with each element in one lane only (lane bit 0: the row, lane bit 1: key + 8)
     flat: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[], lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
-        block_bases=[], shape=[BK, 2])
+        reg_bases=[],
+        lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]],
+        block_bases=[],
+        shape=[BK, 2],
+    )
     row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
-    hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
-                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+    hist_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
     row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
     flat_1d: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 64], gl.int8)
     # the same bytes as int32 words (the decode writes 4 int8 a word): the same 64-byte swizzle
-    A32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=a_layout.swizzle_byte_width, element_bitwidth=32,
-                                             rank=2)
+    A32: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=a_layout.swizzle_byte_width, element_bitwidth=32, rank=2
+    )
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 64], gl.int8)
     a_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
     b_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
@@ -278,8 +367,9 @@ def score_fp4_paged_gluon_kernel(
     bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
     wide_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
 
-    t, t_end, group, group_tiles = _program_share(gl.program_id(0), num_programs, groups_ptr, tile_offset_ptr,
-                                                  out_width, BK, DENSE)
+    t, t_end, group, group_tiles = _program_share(
+        gl.program_id(0), num_programs, groups_ptr, tile_offset_ptr, out_width, BK, DENSE
+    )
     offs_key = gl.arange(0, BK, layout=KEY)
     offs_tk = gl.arange(0, BK, layout=key_of_tile)
     offs_fk = gl.arange(0, BK, layout=gl.SliceLayout(1, flat))
@@ -299,22 +389,56 @@ def score_fp4_paged_gluon_kernel(
             group_first = gl.load(tile_offset_ptr + group)
             stop = gl.minimum(t_end, gl.load(tile_offset_ptr + group + 1))
             first_tile = span_lo // BK
-        rows, row_ok, starts, ends = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr,
-                                                 BLOCK_ROWS, row_of_tile)
+        rows, row_ok, starts, ends = _group_rows(
+            group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS, row_of_tile
+        )
         rowfac = gl.load(rowfac_ptr + _query_row(rows, query_row_ptr, INDIRECT), mask=row_ok, other=0.0)
         n_ok = (offs_n % BLOCK_ROWS) < count
         n_rows = _query_row((first_row + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
         wq = gl.load(wq_ptr + n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS, mask=n_ok, other=0.0)
         # the scan's rows: two lanes (a second, masked one at BLOCK_ROWS = 1), as the flat layout holds them
         h_rows, h_ok, _, _ = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2, row_of_hist)
-        q_wide = gl.max(gl.load(q_wide_ptr + _query_row(h_rows, query_row_ptr, INDIRECT), mask=h_ok,
-                                other=0).to(gl.int32), axis=0) != 0
+        q_wide = (
+            gl.max(
+                gl.load(q_wide_ptr + _query_row(h_rows, query_row_ptr, INDIRECT), mask=h_ok, other=0).to(gl.int32),
+                axis=0,
+            )
+            != 0
+        )
         gl.thread_barrier()  # the previous group's last MMA has read the query operands
-        _stage_queries(group, group_row_ptr, group_count_ptr, q_lo_ptr, query_row_ptr, qa, qb, N, BLOCK_ROWS, H, D, ld,
-                       INDIRECT, A_IN_REGISTERS)
+        _stage_queries(
+            group,
+            group_row_ptr,
+            group_count_ptr,
+            q_lo_ptr,
+            query_row_ptr,
+            qa,
+            qb,
+            N,
+            BLOCK_ROWS,
+            H,
+            D,
+            ld,
+            INDIRECT,
+            A_IN_REGISTERS,
+        )
         if q_wide:
-            _stage_queries(group, group_row_ptr, group_count_ptr, q_hi_ptr, query_row_ptr, qa_hi, qb_hi, N, BLOCK_ROWS,
-                           H, D, ld, INDIRECT, A_IN_REGISTERS)
+            _stage_queries(
+                group,
+                group_row_ptr,
+                group_count_ptr,
+                q_hi_ptr,
+                query_row_ptr,
+                qa_hi,
+                qb_hi,
+                N,
+                BLOCK_ROWS,
+                H,
+                D,
+                ld,
+                INDIRECT,
+                A_IN_REGISTERS,
+            )
         if A_IN_REGISTERS:  # (with the key operand in shared memory, each step's fence and barrier order these)
             fence_async_shared()
             gl.thread_barrier()
@@ -322,18 +446,25 @@ def score_fp4_paged_gluon_kernel(
             probe = gl.zeros([BK, BLOCK_ROWS], gl.float32, tile)
             bad_rows = gl.zeros([BK, BLOCK_ROWS], gl.int32, tile)
         else:
-            rows_f, ok_f, starts_f, ends_f = _group_rows(group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2,
-                                                         row_of_flat)
+            rows_f, ok_f, starts_f, ends_f = _group_rows(
+                group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, 2, row_of_flat
+            )
             # thresholds and histogram ranges from the calibration's keys (paged_scoring.py), raised to what
             # the row's other programs published
             thr_h, hist_lo_h, hist_width_h = _histogram_range(
                 gl.load(thr_keys_ptr + h_rows, mask=h_ok, other=NO_KEY_C),
-                gl.load(ceil_keys_ptr + h_rows, mask=h_ok & HAS_CEILINGS, other=NO_KEY_C), NB, HAS_CEILINGS)
+                gl.load(ceil_keys_ptr + h_rows, mask=h_ok & HAS_CEILINGS, other=NO_KEY_C),
+                NB,
+                HAS_CEILINGS,
+            )
             thr_h = gl.maximum(thr_h, gl.load(raised_ptr + h_rows, mask=h_ok, other=float("-inf"), volatile=True))
             thr = gl.convert_layout(thr_h, row_of_flat)
             _, hist_lo, hist_width = _histogram_range(
                 gl.load(thr_keys_ptr + rows_f, mask=ok_f, other=NO_KEY_C),
-                gl.load(ceil_keys_ptr + rows_f, mask=ok_f & HAS_CEILINGS, other=NO_KEY_C), NB, HAS_CEILINGS)
+                gl.load(ceil_keys_ptr + rows_f, mask=ok_f & HAS_CEILINGS, other=NO_KEY_C),
+                NB,
+                HAS_CEILINGS,
+            )
             hist_inv = gl.where(hist_width > 0, 1.0 / gl.where(hist_width > 0, hist_width, 1.0), 0.0)
             probe = gl.zeros([BK, 2], gl.float32, flat)
             bad_rows = gl.zeros([BK, 2], gl.int32, flat)
@@ -348,9 +479,27 @@ def score_fp4_paged_gluon_kernel(
             pos = (first_tile + first_local) * BK + offs_key
             live = (pos >= span_lo) & (pos < span_hi)
         words, scales, live = _load_page(
-            pos, live, first_tile + first_local, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-            value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET,
-            SCALE_GROUP_STRIDE, INTERLEAVED)
+            pos,
+            live,
+            first_tile + first_local,
+            b64,
+            bt_stride,
+            block_table_ptr,
+            num_pages,
+            values_ptr,
+            scales_ptr,
+            value_page_stride,
+            scale_page_stride,
+            W3,
+            G,
+            PAGE,
+            STRIDED,
+            TOKEN_STRIDE,
+            GROUP_STRIDE,
+            SCALE_OFFSET,
+            SCALE_GROUP_STRIDE,
+            INTERLEAVED,
+        )
         for tile_index in range(first_local, n_local):
             more = tile_index + 1 < n_local
             if DENSE:
@@ -363,9 +512,27 @@ def score_fp4_paged_gluon_kernel(
             page_n = gl.where(more, first_tile + tile_index + 1, first_tile + tile_index)
             if A_IN_REGISTERS or not LOAD_AFTER_FENCE:
                 words_n, scales_n, live_n = _load_page(
-                    pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-                    value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
-                    SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+                    pos_n,
+                    live_n,
+                    page_n,
+                    b64,
+                    bt_stride,
+                    block_table_ptr,
+                    num_pages,
+                    values_ptr,
+                    scales_ptr,
+                    value_page_stride,
+                    scale_page_stride,
+                    W3,
+                    G,
+                    PAGE,
+                    STRIDED,
+                    TOKEN_STRIDE,
+                    GROUP_STRIDE,
+                    SCALE_OFFSET,
+                    SCALE_GROUP_STRIDE,
+                    INTERLEAVED,
+                )
             d, spread, kfac = _key_exponents(words, scales, W3, G)
             if A_IN_REGISTERS:
                 shift = _shift_words(d, W3)
@@ -390,8 +557,12 @@ def score_fp4_paged_gluon_kernel(
                 else:
                     half_a, half_b = _e2m1_halves(words, shift)
                     # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
-                    acc = warpgroup_mma(_register_operand(half_a, half_b, DOT), qa.permute((1, 0)),
-                                        gl.zeros([BK, N], gl.int32, mma), use_acc=False)
+                    acc = warpgroup_mma(
+                        _register_operand(half_a, half_b, DOT),
+                        qa.permute((1, 0)),
+                        gl.zeros([BK, N], gl.int32, mma),
+                        use_acc=False,
+                    )
                     relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
             else:
                 # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
@@ -405,9 +576,27 @@ def score_fp4_paged_gluon_kernel(
                 fence_async_shared()
                 if LOAD_AFTER_FENCE:  # (ptxas makes the fence a MEMBAR.ALL.CTA, which would wait for these loads)
                     words_n, scales_n, live_n = _load_page(
-                        pos_n, live_n, page_n, b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr,
-                        value_page_stride, scale_page_stride, W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE,
-                        SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED)
+                        pos_n,
+                        live_n,
+                        page_n,
+                        b64,
+                        bt_stride,
+                        block_table_ptr,
+                        num_pages,
+                        values_ptr,
+                        scales_ptr,
+                        value_page_stride,
+                        scale_page_stride,
+                        W3,
+                        G,
+                        PAGE,
+                        STRIDED,
+                        TOKEN_STRIDE,
+                        GROUP_STRIDE,
+                        SCALE_OFFSET,
+                        SCALE_GROUP_STRIDE,
+                        INTERLEAVED,
+                    )
                 k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
                 if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
                     in_lo = shift <= 3
@@ -429,8 +618,9 @@ def score_fp4_paged_gluon_kernel(
                     acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc)
                     relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
                 else:
-                    acc = warpgroup_mma(a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False,
-                                        is_async=True)
+                    acc = warpgroup_mma(
+                        a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False, is_async=True
+                    )
                     acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                     relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
@@ -451,9 +641,11 @@ def score_fp4_paged_gluon_kernel(
                 else:
                     bad_t = bad_smem.load(key_of_tile)
                 bad_rows |= (bad_t[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
-                gl.store(out_ptr + rows[None, :] * out_width + column_t[:, None],
-                         gl.where(in_window, scores, float("-inf")),
-                         mask=(column_t < out_width)[:, None] & row_ok[None, :])
+                gl.store(
+                    out_ptr + rows[None, :] * out_width + column_t[:, None],
+                    gl.where(in_window, scores, float("-inf")),
+                    mask=(column_t < out_width)[:, None] & row_ok[None, :],
+                )
             else:
                 # One element a thread (the flat layout picks, in each lane, one of the four it holds): no
                 # replicated atomics. At BLOCK_ROWS = 1 the second column is a masked copy of the first.
@@ -471,19 +663,22 @@ def score_fp4_paged_gluon_kernel(
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
                 one = gl.full([BK, 2], 1, gl.int32, flat)
-                slot = gl.atomic_add(appended_ptr + rows_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
-                                     sem="relaxed")
+                slot = gl.atomic_add(
+                    appended_ptr + rows_f[None, :] + 0 * pos_f[:, None], one, mask=passing, sem="relaxed"
+                )
                 keys = _ordering_keys(windowed, pos_f[:, None])
                 gl.store(buf_ptr + rows_f[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
                 bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
-                gl.atomic_add(hist_ptr + rows_f[None, :] * NB + bin_of, one,
-                              mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
+                gl.atomic_add(
+                    hist_ptr + rows_f[None, :] * NB + bin_of, one, mask=passing & (hist_inv[None, :] > 0), sem="relaxed"
+                )
                 if ((tile_index + 1 - first_local) % REFRESH == 0) | (tile_index + 1 == n_local):
                     gl.thread_barrier()
                     thr_h = gl.maximum(thr_h, gl.load(raised_ptr + h_rows, mask=h_ok, other=0.0, volatile=True))
-                    hist = gl.load(hist_ptr + h_rows[:, None] * NB + offs_bin[None, :], mask=h_ok[:, None], other=0,
-                                   volatile=True)
+                    hist = gl.load(
+                        hist_ptr + h_rows[:, None] * NB + offs_bin[None, :], mask=h_ok[:, None], other=0, volatile=True
+                    )
                     at_or_above = gl.associative_scan(hist, 1, _add, reverse=True)
                     best_bin = gl.max(gl.where(at_or_above >= TOPK, offs_bin[None, :], -1), axis=1)
                     edge = hist_lo_h + (best_bin - 1).to(gl.float32) * hist_width_h

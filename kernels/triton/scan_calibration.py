@@ -43,8 +43,9 @@ def _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.const
     ceil(n_steps / sample_stride), ceil(2 K / BLOCK_KEYS)) (at least 2 K keys: a K-th best of fewer
     would be the sample's bottom), at most n_steps and at most the tiles the candidate buffer holds
     whole (capacity // BLOCK_KEYS: phase A appends every key of its tiles)."""
-    wanted = tl.maximum(tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)),
-                        (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS)
+    wanted = tl.maximum(
+        tl.maximum(sample_tiles, tl.cdiv(n_steps, sample_stride)), (2 * TOPK + BLOCK_KEYS - 1) // BLOCK_KEYS
+    )
     return tl.minimum(tl.minimum(wanted, n_steps), capacity // BLOCK_KEYS)
 
 
@@ -78,9 +79,22 @@ def _first_sample_tile(lo, n_steps, n_sample, earliest_end, BLOCK_KEYS: tl.const
 
 
 @triton.jit
-def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
-                       ceiling_rank, TOPK: tl.constexpr, BLOCK_ROWS: tl.constexpr, NB: tl.constexpr,
-                       CHUNK: tl.constexpr):
+def _calibrate_in_scan(
+    buf_ptr,
+    appended_ptr,
+    hist_ptr,
+    rows64,
+    row_ok,
+    capacity,
+    thr,
+    hist_lo,
+    hist_width,
+    ceiling_rank,
+    TOPK: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    NB: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """A self-calibrating scan's threshold from phase A (module docstring): the
     n <= capacity keys of each row's buffer are every in-window key of the sample tiles. Where n >= K
     and the scores are finite: thr = the lower end of a bisection bracket [lo, hi] of the K-th best
@@ -122,7 +136,8 @@ def _calibrate_in_scan(buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity
         lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
         lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
     calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
-        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
+        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB
+    )
     tl.debug_barrier()  # every thread has read the counts (n) before one of them resets its row's
     # Compaction in place, chunk by chunk: every thread reads a chunk before any survivor is written,
     # and survivors only take slots below the chunk's end (fewer survivors than keys read so far).
@@ -159,22 +174,43 @@ def _calibration(n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK: tl.
     width = tl.div_rn(lo_c - lo_k, lo_k * 0.0 + NB)
     ranged = calibrated & (width > 2.0**-16 * tl.maximum(tl.abs(lo_k), tl.abs(lo_c)))
     hist_inv = tl.where(ranged, 1.0 / tl.where(ranged, width, 1.0), 0.0)
-    return (calibrated, ranged, tl.where(calibrated, lo_k, thr), tl.where(ranged, lo_k, hist_lo),
-            tl.where(ranged, width, hist_width), hist_inv)
+    return (
+        calibrated,
+        ranged,
+        tl.where(calibrated, lo_k, thr),
+        tl.where(ranged, lo_k, hist_lo),
+        tl.where(ranged, width, hist_width),
+        hist_inv,
+    )
 
 
 @gluon.jit
-def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h,
-                             hist_width_h, ceiling_rank, TOPK: gl.constexpr, BLOCK_ROWS: gl.constexpr,
-                             NB: gl.constexpr, num_warps: gl.constexpr, row_layout: gl.constexpr):
+def _calibrate_in_scan_gluon(
+    buf_ptr,
+    appended_ptr,
+    hist_ptr,
+    prog_rows_ptr,
+    pid,
+    capacity,
+    thr_h,
+    hist_lo_h,
+    hist_width_h,
+    ceiling_rank,
+    TOPK: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    NB: gl.constexpr,
+    num_warps: gl.constexpr,
+    row_layout: gl.constexpr,
+):
     """_calibrate_in_scan (the same steps and arithmetic, so the same calibrated thresholds) over the
     program's rows, in a [BLOCK_ROWS, CALIBRATION_CHUNK] layout without replicas (each buffer slot
     read by one thread, so no atomic of the compaction is repeated); inputs and results
     [BLOCK_ROWS] in `row_layout`."""
     gl.static_assert((BLOCK_ROWS == 2) & (num_warps == 4), "the chunk layout below is for 2 rows x 4 warps")
     CHUNK: gl.constexpr = CALIBRATION_CHUNK
-    cal: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CHUNK // 64], threads_per_warp=[1, 32],
-                                         warps_per_cta=[2, 2], order=[1, 0])
+    cal: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, CHUNK // 64], threads_per_warp=[1, 32], warps_per_cta=[2, 2], order=[1, 0]
+    )
     rows_of: gl.constexpr = gl.SliceLayout(1, cal)
     rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=rows_of))
     row_ok = rows >= 0
@@ -217,7 +253,8 @@ def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid
         lo_k, hi_k = _bracket_step(lo_k, hi_k, mid_k, count_k, TOPK)
         lo_c, hi_c = _bracket_step(lo_c, hi_c, mid_c, count_c, ceiling_rank)
     calibrated, ranged, thr, hist_lo, hist_width, hist_inv = _calibration(
-        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB)
+        n, least, most, lo_k, lo_c, thr, hist_lo, hist_width, TOPK, NB
+    )
     gl.thread_barrier()  # every thread has read the counts (n) before one of them resets its row's
     # Compaction in place, chunk by chunk (_calibrate_in_scan).
     gl.atomic_xchg(appended_ptr + rows64, gl.zeros([BLOCK_ROWS], gl.int32, rows_of), mask=calibrated)
@@ -234,5 +271,8 @@ def _calibrate_in_scan_gluon(buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid
         bin_of = gl.minimum(gl.maximum(((scores - hist_lo[:, None]) * hist_inv[:, None]).to(gl.int32), 0), NB - 1)
         gl.atomic_add(hist_ptr + rows64[:, None] * NB + bin_of, one, mask=kept & ranged[:, None], sem="relaxed")
         gl.thread_barrier()
-    return (gl.convert_layout(thr, row_layout), gl.convert_layout(hist_lo, row_layout),
-            gl.convert_layout(hist_width, row_layout))
+    return (
+        gl.convert_layout(thr, row_layout),
+        gl.convert_layout(hist_lo, row_layout),
+        gl.convert_layout(hist_width, row_layout),
+    )

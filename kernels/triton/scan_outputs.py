@@ -27,8 +27,19 @@ BLOCK = 256
 
 
 @triton.jit
-def finish_scan_kernel(thresholds_ptr, threshold_stride, raised_ptr, appended_ptr, nonfinite_ptr, rows,
-                       final_ptr, appended64_ptr, nonfinite_out_ptr, BLOCK: tl.constexpr, HAS_THRESHOLDS: tl.constexpr):
+def finish_scan_kernel(
+    thresholds_ptr,
+    threshold_stride,
+    raised_ptr,
+    appended_ptr,
+    nonfinite_ptr,
+    rows,
+    final_ptr,
+    appended64_ptr,
+    nonfinite_out_ptr,
+    BLOCK: tl.constexpr,
+    HAS_THRESHOLDS: tl.constexpr,
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < rows
     if HAS_THRESHOLDS:
@@ -53,9 +64,18 @@ def finish_scan_triton(thresholds: torch.Tensor | None, scan: dict, scratch: Scr
     nonfinite = scratch.empty(rows, torch.int8)
     if rows:
         finish_scan_kernel[(triton.cdiv(rows, BLOCK),)](
-            thresholds if thresholds is not None else final, thresholds.stride(0) if thresholds is not None else 0,
-            scan["raised"], scan["appended"], scan["nonfinite"], rows, final, appended, nonfinite, BLOCK=BLOCK,
-            HAS_THRESHOLDS=thresholds is not None)
+            thresholds if thresholds is not None else final,
+            thresholds.stride(0) if thresholds is not None else 0,
+            scan["raised"],
+            scan["appended"],
+            scan["nonfinite"],
+            rows,
+            final,
+            appended,
+            nonfinite,
+            BLOCK=BLOCK,
+            HAS_THRESHOLDS=thresholds is not None,
+        )
     return final, appended, nonfinite.view(torch.bool)
 
 

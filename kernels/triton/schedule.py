@@ -90,8 +90,16 @@ def max_programs(rows: int, batch: int, block_rows: int) -> int:
     return (rows + groups * (block_rows - 1)) // block_rows
 
 
-def build_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, batch: int,
-                   block_rows: int, q_wide: torch.Tensor, flags: torch.Tensor, scratch: Scratch) -> Schedule:
+def build_schedule(
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    batch: int,
+    block_rows: int,
+    q_wide: torch.Tensor,
+    flags: torch.Tensor,
+    scratch: Scratch,
+) -> Schedule:
     """The Schedule (module docstring) of effective row metadata (int32 [rows] each; rows with an
     empty window have row_to_batch 0), bool `q_wide` [rows] (a live row with a wide query vector)
     and the decode summary `flags` int32 [2] (the variant is wide where FLAG_WIDE is in flags[0] |
@@ -101,14 +109,16 @@ def build_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch
     return build_schedule_torch(row_to_batch, starts, ends, batch, block_rows, q_wide, flags)
 
 
-def with_variants(rows: torch.Tensor, batch: torch.Tensor, span: torch.Tensor, q_wide: torch.Tensor,
-                  flags: torch.Tensor) -> Schedule:
+def with_variants(
+    rows: torch.Tensor, batch: torch.Tensor, span: torch.Tensor, q_wide: torch.Tensor, flags: torch.Tensor
+) -> Schedule:
     """A Schedule from its rows, batch and span (torch): q_wide [rows] gathered per program, and the
     narrow / wide variants from the decode summary `flags`."""
     prog_q_wide = torch.where(rows >= 0, q_wide[rows.clamp_min(0).long()], False).any(dim=1)
     wide = (((flags[0] | flags[1]) & FLAG_WIDE) != 0).to(torch.int32).view(1, 1)
-    variants = tuple((torch.where(on.bool(), rows, -1).contiguous(), (span * on).contiguous())
-                     for on in (1 - wide, wide))
+    variants = tuple(
+        (torch.where(on.bool(), rows, -1).contiguous(), (span * on).contiguous()) for on in (1 - wide, wide)
+    )
     return Schedule(rows, batch, span, prog_q_wide.to(torch.int8).contiguous(), variants)
 
 
@@ -144,8 +154,13 @@ def build_schedule_torch(row_to_batch, starts, ends, batch: int, block_rows: int
     prog_end = torch.where(empty_group[:programs], 1, prog_end)
     span = torch.stack([prog_start[:programs], prog_end], dim=1)
     by_work = torch.argsort(span[:, 0] - span[:, 1], stable=True)  # longest first; unused programs (0) last
-    return with_variants(prog_rows[by_work].contiguous(), prog_batch[:programs][by_work].to(torch.int32).contiguous(),
-                         span[by_work].to(torch.int32).contiguous(), q_wide, flags)
+    return with_variants(
+        prog_rows[by_work].contiguous(),
+        prog_batch[:programs][by_work].to(torch.int32).contiguous(),
+        span[by_work].to(torch.int32).contiguous(),
+        q_wide,
+        flags,
+    )
 
 
 @triton.jit
@@ -161,8 +176,9 @@ def _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs, mask, batch):
 @triton.jit
 def _count_before(key_i, group_i, offs_i, key_j, group_j, offs_j, mask_j):
     """Of the rows j (one tile), per row i: (rows before it in (key, row) order, rows of earlier groups)."""
-    before = ((key_j[None, :] < key_i[:, None])
-              | ((key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None])))
+    before = (key_j[None, :] < key_i[:, None]) | (
+        (key_j[None, :] == key_i[:, None]) & (offs_j[None, :] < offs_i[:, None])
+    )
     place = tl.sum((before & mask_j[None, :]).to(tl.int32), axis=1)
     lower = tl.sum(((group_j[None, :] < group_i[:, None]) & mask_j[None, :]).to(tl.int32), axis=1)
     return place, lower
@@ -190,13 +206,16 @@ def _rows_around_in_order(rtb_ptr, starts_ptr, ends_ptr, n, batch, row0, row1, k
         live_j, group_j, key_j = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_j, offs_j < n, batch)
         out_of_order |= (live_j & ((key_j < key_max) | (key_j >= empty_key))).to(tl.int32)
         live_after += live_j.to(tl.int32)
-    return (tl.max(out_of_order, axis=0) == 0, tl.sum(live_before, axis=0), tl.sum(group0_before, axis=0),
-            tl.sum(live_after, axis=0))
+    return (
+        tl.max(out_of_order, axis=0) == 0,
+        tl.sum(live_before, axis=0),
+        tl.sum(group0_before, axis=0),
+        tl.sum(live_after, axis=0),
+    )
 
 
 @triton.jit
-def _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK: tl.constexpr,
-                      TILE: tl.constexpr):
+def _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK: tl.constexpr, TILE: tl.constexpr):
     """_count_before over all n rows, TILE at a time: per row i its place and the rows of earlier groups."""
     live_i, group_i, key_i = _group_and_key(rtb_ptr, starts_ptr, ends_ptr, offs_i, offs_i < n, batch)
     place = tl.zeros([BLOCK], dtype=tl.int32)
@@ -213,9 +232,18 @@ def _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK: tl
 
 @triton.jit
 def schedule_rank_kernel(
-    rtb_ptr, starts_ptr, ends_ptr, n, batch,        # int32 [n] x3 (effective metadata); ints
-    order_ptr, group_at_ptr, first_at_ptr,          # int32 [n] x2, int8 [n], by place: row, group, first lane
-    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, SCAN: tl.constexpr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    n,
+    batch,  # int32 [n] x3 (effective metadata); ints
+    order_ptr,
+    group_at_ptr,
+    first_at_ptr,  # int32 [n] x2, int8 [n], by place: row, group, first lane
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
+    SCAN: tl.constexpr,
     FAST_PATHS: tl.constexpr,
 ):
     row0 = tl.program_id(0) * BLOCK
@@ -229,8 +257,9 @@ def schedule_rank_kernel(
         empty_key = (tl.full([], 0, tl.int64) + batch) << 32  # an empty row's key, above every live row's
         place, lower = _count_before(key_i, group_i, offs_i, key_i, group_i, offs_i, mask_i)
         live_ahead = tl.cumsum(live_i.to(tl.int32), axis=0) - live_i.to(tl.int32)
-        in_order = tl.max((live_i & ((place != live_ahead) | (key_i < 0) | (key_i >= empty_key))).to(tl.int32),
-                          axis=0) == 0
+        in_order = (
+            tl.max((live_i & ((place != live_ahead) | (key_i < 0) | (key_i >= empty_key))).to(tl.int32), axis=0) == 0
+        )
         key_min = tl.min(tl.where(live_i, key_i, empty_key - 1), axis=0)
         key_max = tl.max(tl.where(live_i, key_i, 0), axis=0)
         live_before = tl.full([], 0, tl.int32)
@@ -238,14 +267,16 @@ def schedule_rank_kernel(
         live_after = tl.full([], 0, tl.int32)
         if in_order:
             in_order, live_before, group0_before, live_after = _rows_around_in_order(
-                rtb_ptr, starts_ptr, ends_ptr, n, batch, row0, row0 + BLOCK, key_min, key_max, SCAN)
+                rtb_ptr, starts_ptr, ends_ptr, n, batch, row0, row0 + BLOCK, key_min, key_max, SCAN
+            )
         if in_order:
             # Before a live row: the live rows before the block (of earlier groups: those not in the block's
             # first live group when it is in it); before an empty row: the rows before the block and the live
             # rows after it (of earlier groups: every live row).
             place += tl.where(live_i, live_before, row0 + live_after)
-            lower += tl.where(live_i, live_before - tl.where(group_i == (key_min >> 32), group0_before, 0),
-                              live_before + live_after)
+            lower += tl.where(
+                live_i, live_before - tl.where(group_i == (key_min >> 32), group0_before, 0), live_before + live_after
+            )
         else:
             place, lower = _count_before_all(rtb_ptr, starts_ptr, ends_ptr, n, batch, offs_i, BLOCK, TILE)
     else:
@@ -257,12 +288,25 @@ def schedule_rank_kernel(
 
 @triton.jit
 def schedule_programs_kernel(
-    order_ptr, group_at_ptr, first_at_ptr, n, batch,   # schedule_rank_kernel's outputs (first_at int8)
-    starts_ptr, ends_ptr, q_wide_ptr,                   # int32 [n] x2, int8 [n]
-    rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
+    order_ptr,
+    group_at_ptr,
+    first_at_ptr,
+    n,
+    batch,  # schedule_rank_kernel's outputs (first_at int8)
+    starts_ptr,
+    ends_ptr,
+    q_wide_ptr,  # int32 [n] x2, int8 [n]
+    rows_ptr,
+    prog_batch_ptr,
+    span_ptr,
+    prog_q_wide_ptr,  # by program (sort order): [P, BLOCK_ROWS], [P], [P, 2], [P]
     # int32 [P]: span length (0: empty rows); int32 [1]: programs used
-    length_ptr, used_ptr,
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr,
+    length_ptr,
+    used_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FLAGS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_r = pid * BLOCK + tl.arange(0, BLOCK)
@@ -287,8 +331,11 @@ def schedule_programs_kernel(
     first_row = tl.load(order_ptr + offs_r, mask=opens, other=0)  # the smallest start of its program
     prog_start = tl.where(empty, 0, tl.load(starts_ptr + first_row, mask=opens, other=0))
     q_wide = tl.max(tl.load(q_wide_ptr + rows, mask=lane_ok, other=0).to(tl.int32), axis=1)
-    tl.store(rows_ptr + program[:, None] * BLOCK_ROWS + offs_l[None, :], rows,
-             mask=opens[:, None] & (offs_l[None, :] < BLOCK_ROWS))
+    tl.store(
+        rows_ptr + program[:, None] * BLOCK_ROWS + offs_l[None, :],
+        rows,
+        mask=opens[:, None] & (offs_l[None, :] < BLOCK_ROWS),
+    )
     tl.store(prog_batch_ptr + program, tl.where(empty, 0, group), mask=opens)
     tl.store(span_ptr + program * 2, prog_start, mask=opens)
     tl.store(span_ptr + program * 2 + 1, prog_end, mask=opens)
@@ -313,8 +360,9 @@ def _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, at, start, end, wide, 
 @triton.jit
 def _count_longer(length_p, offs_p, length_q, offs_q):
     """Of the programs q (one tile), per program p: those with longer spans, or as long and earlier."""
-    before = (length_q[None, :] > length_p[:, None]) | ((length_q[None, :] == length_p[:, None])
-                                                        & (offs_q[None, :] < offs_p[:, None]))
+    before = (length_q[None, :] > length_p[:, None]) | (
+        (length_q[None, :] == length_p[:, None]) & (offs_q[None, :] < offs_p[:, None])
+    )
     return tl.sum(before.to(tl.int32), axis=1)
 
 
@@ -350,18 +398,39 @@ def _lengths_around_in_order(length_ptr, used, p0, p1, length_min, length_max, S
         out_of_order |= ((length_q > 0) & (length_q < length_max)).to(tl.int32)
         longer_after += (length_q > length_max).to(tl.int32)
         at_max_after += (length_q == length_max).to(tl.int32)
-    return (tl.max(out_of_order, axis=0) == 0, tl.sum(at_min_before, axis=0), tl.sum(longer_after, axis=0),
-            tl.sum(at_max_after, axis=0))
+    return (
+        tl.max(out_of_order, axis=0) == 0,
+        tl.sum(at_min_before, axis=0),
+        tl.sum(longer_after, axis=0),
+        tl.sum(at_max_after, axis=0),
+    )
 
 
 @triton.jit
 def schedule_order_kernel(
-    length_ptr, used_ptr, programs, flags_ptr,         # schedule_programs_kernel's; int; int32 [2] (decode summary)
-    rows_ptr, prog_batch_ptr, span_ptr, prog_q_wide_ptr,  # schedule_programs_kernel's outputs
-    out_rows_ptr, out_batch_ptr, out_span_ptr, out_q_wide_ptr,  # the Schedule, by place
-    narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, SCAN: tl.constexpr,
-    WIDE: tl.constexpr, FAST_PATHS: tl.constexpr,
+    length_ptr,
+    used_ptr,
+    programs,
+    flags_ptr,  # schedule_programs_kernel's; int; int32 [2] (decode summary)
+    rows_ptr,
+    prog_batch_ptr,
+    span_ptr,
+    prog_q_wide_ptr,  # schedule_programs_kernel's outputs
+    out_rows_ptr,
+    out_batch_ptr,
+    out_span_ptr,
+    out_q_wide_ptr,  # the Schedule, by place
+    narrow_rows_ptr,
+    narrow_span_ptr,
+    wide_rows_ptr,
+    wide_span_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
+    SCAN: tl.constexpr,
+    WIDE: tl.constexpr,
+    FAST_PATHS: tl.constexpr,
 ):
     p0 = tl.program_id(0) * BLOCK
     offs_p = p0 + tl.arange(0, BLOCK)
@@ -386,12 +455,16 @@ def schedule_order_kernel(
         at_max_after = tl.full([], 0, tl.int32)
         if in_order:
             in_order, at_min_before, longer_after, at_max_after = _lengths_around_in_order(
-                length_ptr, used, p0, p0 + BLOCK, length_min, length_max, SCAN)
+                length_ptr, used, p0, p0 + BLOCK, length_min, length_max, SCAN
+            )
         if in_order:
             # Before the block: none longer, the ones as long as the block's shortest; after it: every live one
             # longer than its longest, and the ones as long unless the program is the longest.
-            place += tl.where(length_p == length_min, at_min_before, 0) + longer_after \
+            place += (
+                tl.where(length_p == length_min, at_min_before, 0)
+                + longer_after
                 + tl.where(length_p < length_max, at_max_after, 0)
+            )
         else:
             place = _count_longer_all(length_ptr, used, length_p, offs_p, BLOCK, TILE)
     else:
@@ -412,31 +485,81 @@ def schedule_order_kernel(
     _store_span(out_span_ptr, narrow_span_ptr, wide_span_ptr, place, start_p, end_p, wide, mask_p)
 
 
-def build_schedule_triton(row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags,
-                          scratch: Scratch, *, fast_paths: bool = True) -> Schedule:
+def build_schedule_triton(
+    row_to_batch, starts, ends, batch: int, block_rows: int, q_wide, flags, scratch: Scratch, *, fast_paths: bool = True
+) -> Schedule:
     """build_schedule in three launches (module docstring); buffers from `scratch`. fast_paths=False
     compiles the kernels without their ordered-input paths (tests: the general ranks on any input)."""
     n = row_to_batch.shape[0]
     programs = max_programs(n, batch, block_rows)
     i32 = torch.int32
-    out = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32), scratch.empty((programs, 2), i32),
-           scratch.empty(programs, torch.int8)]
+    out = [
+        scratch.empty((programs, block_rows), i32),
+        scratch.empty(programs, i32),
+        scratch.empty((programs, 2), i32),
+        scratch.empty(programs, torch.int8),
+    ]
     variants = tuple((scratch.empty((programs, block_rows), i32), scratch.empty((programs, 2), i32)) for _ in range(2))
     if n:
         order, group_at = scratch.empty(n, i32), scratch.empty(n, i32)
         first_at = scratch.empty(n, torch.int8)
-        by_program = [scratch.empty((programs, block_rows), i32), scratch.empty(programs, i32),
-                      scratch.empty((programs, 2), i32), scratch.empty(programs, torch.int8)]
+        by_program = [
+            scratch.empty((programs, block_rows), i32),
+            scratch.empty(programs, i32),
+            scratch.empty((programs, 2), i32),
+            scratch.empty(programs, torch.int8),
+        ]
         length, used = scratch.empty(programs, i32), scratch.empty(1, i32)
         lanes = triton.next_power_of_2(block_rows)
-        schedule_rank_kernel[(triton.cdiv(n, RANK_BLOCK),)](row_to_batch, starts, ends, n, batch, order, group_at,
-                                                            first_at, BLOCK_ROWS=block_rows, BLOCK=RANK_BLOCK,
-                                                            TILE=RANK_TILE, SCAN=SCAN, FAST_PATHS=fast_paths)
+        schedule_rank_kernel[(triton.cdiv(n, RANK_BLOCK),)](
+            row_to_batch,
+            starts,
+            ends,
+            n,
+            batch,
+            order,
+            group_at,
+            first_at,
+            BLOCK_ROWS=block_rows,
+            BLOCK=RANK_BLOCK,
+            TILE=RANK_TILE,
+            SCAN=SCAN,
+            FAST_PATHS=fast_paths,
+        )
         schedule_programs_kernel[(triton.cdiv(n, BLOCK),)](
-            order, group_at, first_at, n, batch, starts, ends, q_wide.view(torch.int8), *by_program, length, used,
-            BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=BLOCK, FLAGS=FLAGS)
+            order,
+            group_at,
+            first_at,
+            n,
+            batch,
+            starts,
+            ends,
+            q_wide.view(torch.int8),
+            *by_program,
+            length,
+            used,
+            BLOCK_ROWS=block_rows,
+            LANES=lanes,
+            BLOCK=BLOCK,
+            FLAGS=FLAGS,
+        )
         schedule_order_kernel[(triton.cdiv(programs, RANK_BLOCK),)](
-            length, used, programs, flags, *by_program, *out, variants[0][0], variants[0][1], variants[1][0],
-            variants[1][1], BLOCK_ROWS=block_rows, LANES=lanes, BLOCK=RANK_BLOCK, TILE=RANK_TILE, SCAN=SCAN,
-            WIDE=FLAG_WIDE, FAST_PATHS=fast_paths)
+            length,
+            used,
+            programs,
+            flags,
+            *by_program,
+            *out,
+            variants[0][0],
+            variants[0][1],
+            variants[1][0],
+            variants[1][1],
+            BLOCK_ROWS=block_rows,
+            LANES=lanes,
+            BLOCK=RANK_BLOCK,
+            TILE=RANK_TILE,
+            SCAN=SCAN,
+            WIDE=FLAG_WIDE,
+            FAST_PATHS=fast_paths,
+        )
     return Schedule(*out, variants=variants)

@@ -75,24 +75,51 @@ SUBNORMAL_UNIT = tl.constexpr(2.0**-149)  # the smallest positive float32
 
 @triton.jit
 def score_fp4_kernel(
-    k_lo_ptr, k_hi_ptr, kfac_ptr,                    # [B, s_pad, 128] int8 x2, [B, s_pad] float32
-    tile_wide_ptr, tile_cols,                        # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr,          # [rows, 64, 128] int8 x2, [rows, 64] float32, [rows] float32
-    prog_rows_ptr, prog_batch_ptr,                   # [programs, BLOCK_ROWS] int32 (-1 pad); [programs] int32
-    prog_span_ptr, prog_q_wide_ptr,                  # [programs, 2] int32: min start, max end of its rows;
-                                                     # [programs] int8: a row of the program needs q_hi
-    starts_ptr, ends_ptr,                            # [rows] int32 windows
+    k_lo_ptr,
+    k_hi_ptr,
+    kfac_ptr,  # [B, s_pad, 128] int8 x2, [B, s_pad] float32
+    tile_wide_ptr,
+    tile_cols,  # int8 [B, tile_cols]: a key tile needs k_hi (see launcher)
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,  # [rows, 64, 128] int8 x2, [rows, 64] float32, [rows] float32
+    prog_rows_ptr,
+    prog_batch_ptr,  # [programs, BLOCK_ROWS] int32 (-1 pad); [programs] int32
+    prog_span_ptr,
+    prog_q_wide_ptr,  # [programs, 2] int32: min start, max end of its rows;
+    # [programs] int8: a row of the program needs q_hi
+    starts_ptr,
+    ends_ptr,  # [rows] int32 windows
     s_pad,
-    out_ptr, out_width, max_pos, position_stride,    # dense: float32 [rows, out_width], column c = position
-                                                     # c * position_stride (< max_pos)
-    thr_ptr, hist_lo_ptr, hist_width_ptr,            # scan: float32 [rows] x3 (threshold score; width <= 0: off)
-    hist_ptr, buf_ptr, capacity, appended_ptr,       # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
-    thr_out_ptr, nonfinite_ptr,                      # scan: float32 [rows]; int8 [rows]
-    sample_tiles, sample_stride,                     # scan, SELF_CALIBRATE: the calibration sample (module docstring)
-    TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, DENSE: tl.constexpr,
-    STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr, REFRESH: tl.constexpr = 16,
-    H: tl.constexpr = HEADS, D: tl.constexpr = HEAD_DIM, NB: tl.constexpr = NUM_BINS,
-    SELF_CALIBRATE: tl.constexpr = False, CHUNK: tl.constexpr = 256,
+    out_ptr,
+    out_width,
+    max_pos,
+    position_stride,  # dense: float32 [rows, out_width], column c = position
+    # c * position_stride (< max_pos)
+    thr_ptr,
+    hist_lo_ptr,
+    hist_width_ptr,  # scan: float32 [rows] x3 (threshold score; width <= 0: off)
+    hist_ptr,
+    buf_ptr,
+    capacity,
+    appended_ptr,  # scan: int32 [rows, NB], int64 [rows, capacity], int32 [rows]
+    thr_out_ptr,
+    nonfinite_ptr,  # scan: float32 [rows]; int8 [rows]
+    sample_tiles,
+    sample_stride,  # scan, SELF_CALIBRATE: the calibration sample (module docstring)
+    TOPK: tl.constexpr,
+    BLOCK_KEYS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    DENSE: tl.constexpr,
+    STRIDED: tl.constexpr,
+    ANY_WIDE: tl.constexpr,
+    REFRESH: tl.constexpr = 16,
+    H: tl.constexpr = HEADS,
+    D: tl.constexpr = HEAD_DIM,
+    NB: tl.constexpr = NUM_BINS,
+    SELF_CALIBRATE: tl.constexpr = False,
+    CHUNK: tl.constexpr = 256,
 ):
     pid = tl.program_id(0)
     N: tl.constexpr = BLOCK_ROWS * H
@@ -151,14 +178,39 @@ def score_fp4_kernel(
     if DENSE:
         for step in range(0, n_steps):
             pos, scores, in_window = _score_tile(
-                step, lo, hi, position_stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
-                tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
-                BLOCK_KEYS, BLOCK_ROWS, STRIDED, ANY_WIDE, H, D)
+                step,
+                lo,
+                hi,
+                position_stride,
+                batch,
+                k_base,
+                k_lo_ptr,
+                k_hi_ptr,
+                kfac_ptr,
+                tile_wide_ptr,
+                tile_cols,
+                q_lo,
+                q_hi,
+                q_wide,
+                wq,
+                rowfac,
+                starts,
+                ends,
+                BLOCK_KEYS,
+                BLOCK_ROWS,
+                STRIDED,
+                ANY_WIDE,
+                H,
+                D,
+            )
             probe += tl.where(in_window, scores, 0.0) * 0.0
             column = step * BLOCK_KEYS + offs_k
             out_off = rows64[None, :] * out_width + column[:, None]
-            tl.store(out_ptr + out_off, tl.where(in_window, scores, float("-inf")),
-                     mask=(column < out_width)[:, None] & row_ok[None, :])
+            tl.store(
+                out_ptr + out_off,
+                tl.where(in_window, scores, float("-inf")),
+                mask=(column < out_width)[:, None] & row_ok[None, :],
+            )
     else:
         # Inner loops of REFRESH steps hold only loads, MMAs and predicated appends (so they pipeline);
         # the threshold is raised from the histogram between them. A step's appended keys are stored
@@ -177,15 +229,60 @@ def score_fp4_kernel(
             sample_lo, _ = _phase_bounds(0, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
             for step in range(0, n_sample):
                 probe, pending_slot, pending_key, pending = _scan_step(
-                    step, sample_lo, probe, pending_slot, pending_key, pending, thr, hist_lo,
-                    hist_inv, hist_width, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                    q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
-                    BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
+                    step,
+                    sample_lo,
+                    probe,
+                    pending_slot,
+                    pending_key,
+                    pending,
+                    thr,
+                    hist_lo,
+                    hist_inv,
+                    hist_width,
+                    batch,
+                    k_base,
+                    k_lo_ptr,
+                    k_hi_ptr,
+                    kfac_ptr,
+                    tile_wide_ptr,
+                    tile_cols,
+                    q_lo,
+                    q_hi,
+                    q_wide,
+                    wq,
+                    rowfac,
+                    starts,
+                    ends,
+                    rows64,
+                    buf_ptr,
+                    capacity,
+                    appended_ptr,
+                    hist_ptr,
+                    BLOCK_KEYS,
+                    BLOCK_ROWS,
+                    ANY_WIDE,
+                    H,
+                    D,
+                    NB,
+                )
             _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
             pending = tl.zeros([BLOCK_KEYS, BLOCK_ROWS], dtype=tl.int1)
             thr, hist_lo, hist_width, hist_inv = _calibrate_in_scan(
-                buf_ptr, appended_ptr, hist_ptr, rows64, row_ok, capacity, thr, hist_lo, hist_width,
-                _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, CHUNK)
+                buf_ptr,
+                appended_ptr,
+                hist_ptr,
+                rows64,
+                row_ok,
+                capacity,
+                thr,
+                hist_lo,
+                hist_width,
+                _ceiling_rank(n_sample, n_steps, TOPK),
+                TOPK,
+                BLOCK_ROWS,
+                NB,
+                CHUNK,
+            )
         for part in tl.static_range(2 if SELF_CALIBRATE else 1):
             if SELF_CALIBRATE:  # phases 1 and 2 (_phase_bounds)
                 part_lo, part_steps = _phase_bounds(part + 1, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
@@ -195,10 +292,42 @@ def score_fp4_kernel(
             for chunk_start in range(0, part_steps, REFRESH):
                 for step in range(chunk_start, tl.minimum(chunk_start + REFRESH, part_steps)):
                     probe, pending_slot, pending_key, pending = _scan_step(
-                        step, part_lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
-                        batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                        q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr,
-                        hist_ptr, BLOCK_KEYS, BLOCK_ROWS, ANY_WIDE, H, D, NB)
+                        step,
+                        part_lo,
+                        probe,
+                        pending_slot,
+                        pending_key,
+                        pending,
+                        thr,
+                        hist_lo,
+                        hist_inv,
+                        hist_width,
+                        batch,
+                        k_base,
+                        k_lo_ptr,
+                        k_hi_ptr,
+                        kfac_ptr,
+                        tile_wide_ptr,
+                        tile_cols,
+                        q_lo,
+                        q_hi,
+                        q_wide,
+                        wq,
+                        rowfac,
+                        starts,
+                        ends,
+                        rows64,
+                        buf_ptr,
+                        capacity,
+                        appended_ptr,
+                        hist_ptr,
+                        BLOCK_KEYS,
+                        BLOCK_ROWS,
+                        ANY_WIDE,
+                        H,
+                        D,
+                        NB,
+                    )
                 thr = _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK, NB)
     if not DENSE:
         _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
@@ -215,18 +344,72 @@ def _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending
 
 
 @triton.jit
-def _scan_step(step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo, hist_inv, hist_width,
-               batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-               q_lo, q_hi, q_wide, wq, rowfac, starts, ends, rows64, buf_ptr, capacity, appended_ptr, hist_ptr,
-               BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, ANY_WIDE: tl.constexpr,
-               H: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+def _scan_step(
+    step,
+    lo,
+    probe,
+    pending_slot,
+    pending_key,
+    pending,
+    thr,
+    hist_lo,
+    hist_inv,
+    hist_width,
+    batch,
+    k_base,
+    k_lo_ptr,
+    k_hi_ptr,
+    kfac_ptr,
+    tile_wide_ptr,
+    tile_cols,
+    q_lo,
+    q_hi,
+    q_wide,
+    wq,
+    rowfac,
+    starts,
+    ends,
+    rows64,
+    buf_ptr,
+    capacity,
+    appended_ptr,
+    hist_ptr,
+    BLOCK_KEYS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    ANY_WIDE: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    NB: tl.constexpr,
+):
     """One step of the scan over the tiles from position `lo` (module docstring): score the step's
     tile, store the previous step's appended keys, append this step's passing keys (their stores
     pending) and count them in the histogram. Returns (probe, pending_slot, pending_key, pending)."""
     pos, scores, in_window = _score_tile(
-        step, lo, 0, 1, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr,
-        tile_cols, q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
-        BLOCK_KEYS, BLOCK_ROWS, False, ANY_WIDE, H, D)
+        step,
+        lo,
+        0,
+        1,
+        batch,
+        k_base,
+        k_lo_ptr,
+        k_hi_ptr,
+        kfac_ptr,
+        tile_wide_ptr,
+        tile_cols,
+        q_lo,
+        q_hi,
+        q_wide,
+        wq,
+        rowfac,
+        starts,
+        ends,
+        BLOCK_KEYS,
+        BLOCK_ROWS,
+        False,
+        ANY_WIDE,
+        H,
+        D,
+    )
     probe += tl.where(in_window, scores, 0.0) * 0.0
     _store_pending(buf_ptr, rows64, capacity, pending_slot, pending_key, pending)
     # Everything below derives from one [BLOCK_KEYS, BLOCK_ROWS] float tile (NaN outside the
@@ -237,8 +420,7 @@ def _scan_step(step, lo, probe, pending_slot, pending_key, pending, thr, hist_lo
     slot = tl.atomic_add(appended_ptr + rows64[None, :] + 0 * pos[:, None], 1, mask=passing, sem="relaxed")
     bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(tl.int32)
     bin_of = tl.minimum(tl.maximum(bin_of, 0), NB - 1)
-    tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1,
-                  mask=passing & (hist_width[None, :] > 0), sem="relaxed")
+    tl.atomic_add(hist_ptr + rows64[None, :] * NB + bin_of, 1, mask=passing & (hist_width[None, :] > 0), sem="relaxed")
     return probe, slot, _ordering_keys(windowed, pos[:, None]), passing
 
 
@@ -257,10 +439,32 @@ def _raised_threshold(hist_rows, thr, hist_lo, hist_width, TOPK: tl.constexpr, N
 
 
 @triton.jit
-def _score_tile(step, lo, hi, stride, batch, k_base, k_lo_ptr, k_hi_ptr, kfac_ptr, tile_wide_ptr, tile_cols,
-                q_lo, q_hi, q_wide, wq, rowfac, starts, ends,
-                BLOCK_KEYS: tl.constexpr, BLOCK_ROWS: tl.constexpr, STRIDED: tl.constexpr, ANY_WIDE: tl.constexpr,
-                H: tl.constexpr, D: tl.constexpr):
+def _score_tile(
+    step,
+    lo,
+    hi,
+    stride,
+    batch,
+    k_base,
+    k_lo_ptr,
+    k_hi_ptr,
+    kfac_ptr,
+    tile_wide_ptr,
+    tile_cols,
+    q_lo,
+    q_hi,
+    q_wide,
+    wq,
+    rowfac,
+    starts,
+    ends,
+    BLOCK_KEYS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    STRIDED: tl.constexpr,
+    ANY_WIDE: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+):
     """Scores float32 [BLOCK_KEYS, BLOCK_ROWS] of key step `step` (module docstring), with the
     positions and the in-window mask."""
     offs_k = tl.arange(0, BLOCK_KEYS)
@@ -311,8 +515,9 @@ def _histogram_range(thr_keys, ceil_keys, NB: tl.constexpr, HAS_CEILINGS: tl.con
         # (NB as a tensor of lo's shape and layout, built from lo: this helper also runs in Gluon kernels;
         # where lo is -inf the width is not finite either way, so the range is unusable)
         width = tl.div_rn(hi - lo, lo * 0.0 + NB)
-        usable = ((width == width) & (tl.abs(width) != float("inf"))
-                  & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi))))
+        usable = (
+            (width == width) & (tl.abs(width) != float("inf")) & (width > 2.0**-16 * tl.maximum(tl.abs(lo), tl.abs(hi)))
+        )
         hist_lo = tl.where(usable, lo, 0.0)
         hist_width = tl.where(usable, width, 0.0)
     else:
@@ -323,10 +528,19 @@ def _histogram_range(thr_keys, ceil_keys, NB: tl.constexpr, HAS_CEILINGS: tl.con
 
 @triton.jit
 def prepare_scan_kernel(
-    thr_keys_ptr, ceil_keys_ptr, rows,              # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
-    thr_ptr, hist_lo_ptr, hist_width_ptr, raised_ptr,   # float32 [rows] x4
-    appended_ptr, hist_ptr, nonfinite_ptr,          # int32 [rows], int32 [rows, NB], int8 [rows]: zeroed
-    NB: tl.constexpr, HAS_CEILINGS: tl.constexpr, BLOCK: tl.constexpr,
+    thr_keys_ptr,
+    ceil_keys_ptr,
+    rows,  # int64 [rows] x2 (ceilings unused without HAS_CEILINGS)
+    thr_ptr,
+    hist_lo_ptr,
+    hist_width_ptr,
+    raised_ptr,  # float32 [rows] x4
+    appended_ptr,
+    hist_ptr,
+    nonfinite_ptr,  # int32 [rows], int32 [rows, NB], int8 [rows]: zeroed
+    NB: tl.constexpr,
+    HAS_CEILINGS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < rows
@@ -340,8 +554,11 @@ def prepare_scan_kernel(
     tl.store(appended_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=live)
     tl.store(nonfinite_ptr + offs, tl.zeros([BLOCK], tl.int8), mask=live)
     offs_bin = tl.arange(0, NB)
-    tl.store(hist_ptr + offs.to(tl.int64)[:, None] * NB + offs_bin[None, :], tl.zeros([BLOCK, NB], tl.int32),
-             mask=live[:, None])
+    tl.store(
+        hist_ptr + offs.to(tl.int64)[:, None] * NB + offs_bin[None, :],
+        tl.zeros([BLOCK, NB], tl.int32),
+        mask=live[:, None],
+    )
 
 
 def scan_buffers(rows: int, num_bins: int, scratch: Scratch, *, self_calibrating: bool) -> dict:
@@ -352,13 +569,17 @@ def scan_buffers(rows: int, num_bins: int, scratch: Scratch, *, self_calibrating
     up its rows itself (scan_calibration.py): no launch before it."""
     names = ("raised",) if self_calibrating else ("thr", "raised", "hist_lo", "hist_width")
     made = {name: scratch.empty(rows, torch.float32) for name in names}
-    made.update(appended=scratch.empty(rows, torch.int32), hist=scratch.empty((rows, num_bins), torch.int32),
-                nonfinite=scratch.empty(rows, torch.int8))
+    made.update(
+        appended=scratch.empty(rows, torch.int32),
+        hist=scratch.empty((rows, num_bins), torch.int32),
+        nonfinite=scratch.empty(rows, torch.int8),
+    )
     return made
 
 
-def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS,
-                        scratch: Scratch | None = None) -> dict:
+def prepare_scan_triton(
+    thresholds: torch.Tensor, ceilings: torch.Tensor | None, num_bins: int = NUM_BINS, scratch: Scratch | None = None
+) -> dict:
     """scan_buffers, set up from the calibration's int64 keys in one launch: thr (float32: the
     threshold key's score, -inf for NO_KEY: the kernel admits every score >= it), raised (its copy,
     which the scan raises), hist_lo and hist_width (float32: NUM_BINS linear bins from the threshold's
@@ -372,7 +593,19 @@ def prepare_scan_triton(thresholds: torch.Tensor, ceilings: torch.Tensor | None,
         block = 128
         keys = thresholds.contiguous()
         prepare_scan_kernel[(triton.cdiv(rows, block),)](
-            keys, (ceilings.contiguous() if ceilings is not None else keys), rows,
-            made["thr"], made["hist_lo"], made["hist_width"], made["raised"], made["appended"], made["hist"],
-            made["nonfinite"], NB=num_bins, HAS_CEILINGS=ceilings is not None, BLOCK=block, num_warps=4)
+            keys,
+            (ceilings.contiguous() if ceilings is not None else keys),
+            rows,
+            made["thr"],
+            made["hist_lo"],
+            made["hist_width"],
+            made["raised"],
+            made["appended"],
+            made["hist"],
+            made["nonfinite"],
+            NB=num_bins,
+            HAS_CEILINGS=ceilings is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
     return made

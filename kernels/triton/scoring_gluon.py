@@ -85,8 +85,19 @@ def _add(a, b):
 
 
 @gluon.jit
-def _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS: gl.constexpr, D: gl.constexpr,
-              STRIDED: gl.constexpr):
+def _key_rows(
+    step,
+    n_steps,
+    lo,
+    stride,
+    k_base,
+    hi,
+    offs_k,
+    offs_d,
+    BLOCK_KEYS: gl.constexpr,
+    D: gl.constexpr,
+    STRIDED: gl.constexpr,
+):
     """(element offsets [BLOCK_KEYS, D], row mask [BLOCK_KEYS, 1]) of key step `step`'s tile in a
     [B, s_pad, D] operand (nothing past the last step; contiguous tiles lie inside [0, s_pad))."""
     live = step < n_steps
@@ -101,8 +112,21 @@ def _key_rows(step, n_steps, lo, stride, k_base, hi, offs_k, offs_d, BLOCK_KEYS:
 
 
 @gluon.jit
-def _issue_key_tile(step, n_steps, lo, stride, k_base, k_ptr, hi, smem, offs_k, offs_d,
-                    BLOCK_KEYS: gl.constexpr, D: gl.constexpr, STRIDED: gl.constexpr):
+def _issue_key_tile(
+    step,
+    n_steps,
+    lo,
+    stride,
+    k_base,
+    k_ptr,
+    hi,
+    smem,
+    offs_k,
+    offs_d,
+    BLOCK_KEYS: gl.constexpr,
+    D: gl.constexpr,
+    STRIDED: gl.constexpr,
+):
     """Start the cp.async of key step `step`'s tile of operand k_ptr (k_lo or k_hi) into `smem`
     (nothing past the last step), then close the copy group (an empty group keeps the wait counts
     uniform)."""
@@ -119,8 +143,17 @@ def _tile_flag(flags_at, step, n_steps, STRIDED: gl.constexpr):
 
 
 @gluon.jit
-def _wide_int_dots(lo_tile, hi_tile, q_smem, q_hi_smem, q_wide, k_wide, acc_layout: gl.constexpr,
-                   BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
+def _wide_int_dots(
+    lo_tile,
+    hi_tile,
+    q_smem,
+    q_hi_smem,
+    q_wide,
+    k_wide,
+    acc_layout: gl.constexpr,
+    BLOCK_KEYS: gl.constexpr,
+    N: gl.constexpr,
+):
     """int_dot = k_lo.q_lo + 16 (k_lo.q_hi + k_hi.q_lo) + 256 k_hi.q_hi of one key step (operands.py),
     as int32 by Horner's rule over the hi terms a tile or program holds: every wgmma accumulates
     into the same registers and a product by 16 rescales between them (exact: |int_dot| < 2^29).
@@ -139,8 +172,9 @@ def _wide_int_dots(lo_tile, hi_tile, q_smem, q_hi_smem, q_wide, k_wide, acc_layo
 def _narrow_relu_bits(lo_tile, q_smem, acc_layout: gl.constexpr, BLOCK_KEYS: gl.constexpr, N: gl.constexpr):
     """relu(k_lo . q_lo) of one key step (no hi operand), as float32: the int8 wgmma's int32 dots,
     0 <= relu(x) < 2^21, whose bits read as float32 are relu(x) * 2^-149 exactly (scoring.py)."""
-    acc = warpgroup_mma(lo_tile, q_smem.permute((1, 0)), gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout),
-                        use_acc=False, is_async=True)
+    acc = warpgroup_mma(
+        lo_tile, q_smem.permute((1, 0)), gl.zeros([BLOCK_KEYS, N], gl.int32, acc_layout), use_acc=False, is_async=True
+    )
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     return gl.maximum(acc, 0).to(gl.float32, bitcast=True)
 
@@ -158,8 +192,18 @@ def _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS: gl.const
 
 
 @gluon.jit
-def _stage_query_operand(q_lo_ptr, prog_rows_ptr, pid, q_smem, offs_d, N: gl.constexpr, BLOCK_ROWS: gl.constexpr,
-                         H: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+def _stage_query_operand(
+    q_lo_ptr,
+    prog_rows_ptr,
+    pid,
+    q_smem,
+    offs_d,
+    N: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    layout: gl.constexpr,
+):
     """Store the program's query operand [N, D] in q_smem (column n = head n // BLOCK_ROWS, row
     n % BLOCK_ROWS; padding lanes read row 0) and return each column's vector index (int64 [N])."""
     offs_qn = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
@@ -179,44 +223,79 @@ def _store_keys(buf_ptr, rows64, capacity, slot, scores, positions, passing):
 
 @gluon.jit
 def score_fp4_gluon_kernel(
-    k_lo_ptr, k_hi_ptr, kfac_ptr,
-    tile_wide_ptr, tile_cols,
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr,
-    prog_rows_ptr, prog_batch_ptr,
-    prog_span_ptr, prog_q_wide_ptr,
-    starts_ptr, ends_ptr,
+    k_lo_ptr,
+    k_hi_ptr,
+    kfac_ptr,
+    tile_wide_ptr,
+    tile_cols,
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    prog_rows_ptr,
+    prog_batch_ptr,
+    prog_span_ptr,
+    prog_q_wide_ptr,
+    starts_ptr,
+    ends_ptr,
     s_pad,
-    out_ptr, out_width, max_pos, position_stride,
-    thr_ptr, hist_lo_ptr, hist_width_ptr,
-    hist_ptr, buf_ptr, capacity, appended_ptr,
-    thr_out_ptr, nonfinite_ptr,
-    sample_tiles, sample_stride,
-    TOPK: gl.constexpr, BLOCK_KEYS: gl.constexpr, BLOCK_ROWS: gl.constexpr, DENSE: gl.constexpr,
-    STRIDED: gl.constexpr, ANY_WIDE: gl.constexpr, REFRESH: gl.constexpr,
-    H: gl.constexpr, D: gl.constexpr, NB: gl.constexpr, NUM_BUFFERS: gl.constexpr, DEFER_APPENDS: gl.constexpr,
-    num_warps: gl.constexpr, SELF_CALIBRATE: gl.constexpr = False,
+    out_ptr,
+    out_width,
+    max_pos,
+    position_stride,
+    thr_ptr,
+    hist_lo_ptr,
+    hist_width_ptr,
+    hist_ptr,
+    buf_ptr,
+    capacity,
+    appended_ptr,
+    thr_out_ptr,
+    nonfinite_ptr,
+    sample_tiles,
+    sample_stride,
+    TOPK: gl.constexpr,
+    BLOCK_KEYS: gl.constexpr,
+    BLOCK_ROWS: gl.constexpr,
+    DENSE: gl.constexpr,
+    STRIDED: gl.constexpr,
+    ANY_WIDE: gl.constexpr,
+    REFRESH: gl.constexpr,
+    H: gl.constexpr,
+    D: gl.constexpr,
+    NB: gl.constexpr,
+    NUM_BUFFERS: gl.constexpr,
+    DEFER_APPENDS: gl.constexpr,
+    num_warps: gl.constexpr,
+    SELF_CALIBRATE: gl.constexpr = False,
 ):
     """scoring.score_fp4_kernel's arguments and outputs (the k_hi / q_hi / wide arguments unused)."""
     gl.static_assert((BLOCK_KEYS == 64) & (BLOCK_ROWS == 2) & (num_warps == 4), "the layouts below are for 64 x 2 x 4")
     N: gl.constexpr = BLOCK_ROWS * H
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, N, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 32])
     # global -> shared copies of [*, 128] int8 tiles: 16 bytes per thread and row segment
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
-                                        warps_per_cta=[num_warps, 1], order=[1, 0])
+    ld: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
     # the layout of a [BLOCK_KEYS, BLOCK_ROWS] tile after the head sum (a reduction the compiler drops)
-    tile: gl.constexpr = gl.sum(gl.reshape(gl.zeros([BLOCK_KEYS, N], gl.float32, mma), [BLOCK_KEYS, H, BLOCK_ROWS]),
-                                axis=1).type.layout
+    tile: gl.constexpr = gl.sum(
+        gl.reshape(gl.zeros([BLOCK_KEYS, N], gl.float32, mma), [BLOCK_KEYS, H, BLOCK_ROWS]), axis=1
+    ).type.layout
     # the same tile with each element in one lane only (lane bit 0: the row, lane bit 1: key + 8)
     flat: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[], lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[16, 0], [32, 0]],
-        block_bases=[], shape=[BLOCK_KEYS, BLOCK_ROWS])
+        reg_bases=[],
+        lane_bases=[[0, 1], [8, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]],
+        block_bases=[],
+        shape=[BLOCK_KEYS, BLOCK_ROWS],
+    )
     key_of_tile: gl.constexpr = gl.SliceLayout(1, tile)
     row_of_tile: gl.constexpr = gl.SliceLayout(0, tile)
     pid = gl.program_id(0)
 
-    ring = gl.allocate_shared_memory(gl.int8, [NUM_BUFFERS, BLOCK_KEYS, D],
-                                     gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8))
+    ring = gl.allocate_shared_memory(
+        gl.int8, [NUM_BUFFERS, BLOCK_KEYS, D], gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, D], gl.int8)
+    )
     q_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
 
     rows, row_ok, starts, ends = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_tile)
@@ -230,12 +309,14 @@ def score_fp4_gluon_kernel(
     if ANY_WIDE:  # the hi operands (operands.py): q_hi staged where a row of the program needs it
         q_wide = gl.load(prog_q_wide_ptr + pid) != 0
         q_hi_smem = gl.allocate_shared_memory(gl.int8, [N, D], gl.NVMMASharedLayout.get_default_for([N, D], gl.int8))
-        q_hi_smem.store(gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide,
-                                other=0))
+        q_hi_smem.store(
+            gl.load(q_hi_ptr + q_vec[:, None] * D + offs_d[None, :], mask=(offs_d[None, :] >= 0) & q_wide, other=0)
+        )
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(0, mma))
     n_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS + offs_n % BLOCK_ROWS)
-    wq = gl.load(wq_ptr + gl.where(n_rows >= 0, n_rows, 0).to(gl.int64) * H + offs_n // BLOCK_ROWS,
-                 mask=n_rows >= 0, other=0.0)
+    wq = gl.load(
+        wq_ptr + gl.where(n_rows >= 0, n_rows, 0).to(gl.int64) * H + offs_n // BLOCK_ROWS, mask=n_rows >= 0, other=0.0
+    )
 
     if DENSE:
         lo = 0
@@ -248,10 +329,12 @@ def score_fp4_gluon_kernel(
         hi = gl.load(prog_span_ptr + 2 * pid + 1)
         stride = 1
         n_steps = gl.cdiv(hi - lo, BLOCK_KEYS)
-        hist_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
-                                                     warps_per_cta=[num_warps, 1], order=[1, 0])
-        h_rows = gl.load(prog_rows_ptr + pid * BLOCK_ROWS
-                         + gl.arange(0, BLOCK_ROWS, layout=gl.SliceLayout(1, hist_layout)))
+        hist_layout: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[num_warps, 1], order=[1, 0]
+        )
+        h_rows = gl.load(
+            prog_rows_ptr + pid * BLOCK_ROWS + gl.arange(0, BLOCK_ROWS, layout=gl.SliceLayout(1, hist_layout))
+        )
         h_ok = h_rows >= 0
         h_rows64 = gl.where(h_ok, h_rows, 0).to(gl.int64)
         offs_bin = gl.arange(0, NB, layout=gl.SliceLayout(0, hist_layout))
@@ -264,16 +347,19 @@ def score_fp4_gluon_kernel(
             hist_lo_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
             hist_width_h = gl.zeros([BLOCK_ROWS], gl.float32, row_of_hist)
             gl.store(appended_ptr + h_rows64, gl.zeros([BLOCK_ROWS], gl.int32, row_of_hist), mask=h_ok)
-            gl.store(hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :],
-                     gl.zeros([BLOCK_ROWS, NB], gl.int32, hist_layout),
-                     mask=h_ok[:, None])
+            gl.store(
+                hist_ptr + h_rows64[:, None] * NB + offs_bin[None, :],
+                gl.zeros([BLOCK_ROWS, NB], gl.int32, hist_layout),
+                mask=h_ok[:, None],
+            )
         else:
             thr_h = gl.load(thr_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_lo_h = gl.load(hist_lo_ptr + h_rows64, mask=h_ok, other=0.0)
             hist_width_h = gl.load(hist_width_ptr + h_rows64, mask=h_ok, other=0.0)
         row_of_flat: gl.constexpr = gl.SliceLayout(0, flat)
-        rows_f, ok_f, starts_f, ends_f = _program_rows(prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS,
-                                                       row_of_flat)
+        rows_f, ok_f, starts_f, ends_f = _program_rows(
+            prog_rows_ptr, starts_ptr, ends_ptr, pid, BLOCK_ROWS, row_of_flat
+        )
         rows64_f = rows_f.to(gl.int64)
         if SELF_CALIBRATE:
             hist_lo = gl.zeros([BLOCK_ROWS], gl.float32, row_of_flat)
@@ -291,8 +377,7 @@ def score_fp4_gluon_kernel(
     if SELF_CALIBRATE:
         gl.static_assert(not DENSE, "the self-calibrating variant is a scan")
         n_sample = _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS)
-        first_sample = _first_sample_tile(lo, n_steps, n_sample, gl.min(gl.where(row_ok, ends, hi), axis=0),
-                                          BLOCK_KEYS)
+        first_sample = _first_sample_tile(lo, n_steps, n_sample, gl.min(gl.where(row_ok, ends, hi), axis=0), BLOCK_KEYS)
     for phase in gl.static_range(3 if SELF_CALIBRATE else 1):
         if SELF_CALIBRATE:  # (the long phase last: nothing of the phases stays live through it)
             phase_lo, phase_steps = _phase_bounds(phase, lo, n_steps, n_sample, first_sample, BLOCK_KEYS)
@@ -303,9 +388,21 @@ def score_fp4_gluon_kernel(
             phase_steps = n_steps
         offs_k = gl.arange(0, BLOCK_KEYS, layout=gl.SliceLayout(1, ld))
         for s in gl.static_range(NUM_BUFFERS - 1):
-            _issue_key_tile(s, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi, ring.index(s % NUM_BUFFERS),
-                            offs_k, offs_d,
-                            BLOCK_KEYS, D, STRIDED)
+            _issue_key_tile(
+                s,
+                phase_steps,
+                phase_lo,
+                stride,
+                k_base,
+                k_lo_ptr,
+                hi,
+                ring.index(s % NUM_BUFFERS),
+                offs_k,
+                offs_d,
+                BLOCK_KEYS,
+                D,
+                STRIDED,
+            )
         if ANY_WIDE:
             # A wide tile's k_hi takes the ring's other slot (no shared memory of its own: 4 programs
             # still fit an SM), so the next lo tile is copied after the wide tile's MMA instead of at
@@ -318,8 +415,21 @@ def score_fp4_gluon_kernel(
             flags_at = tile_wide_ptr + batch * tile_cols + (0 if STRIDED else phase_lo // BLOCK_KEYS)
             k_wide = _tile_flag(flags_at, 0, phase_steps, STRIDED)
             if k_wide:
-                _issue_key_tile(0, phase_steps, phase_lo, stride, k_base, k_hi_ptr, hi, ring.index(1), offs_k, offs_d,
-                                BLOCK_KEYS, D, STRIDED)
+                _issue_key_tile(
+                    0,
+                    phase_steps,
+                    phase_lo,
+                    stride,
+                    k_base,
+                    k_hi_ptr,
+                    hi,
+                    ring.index(1),
+                    offs_k,
+                    offs_d,
+                    BLOCK_KEYS,
+                    D,
+                    STRIDED,
+                )
         gl.thread_barrier()
         fence_async_shared()  # the query operand, written by plain stores, is read by wgmma
 
@@ -342,13 +452,37 @@ def score_fp4_gluon_kernel(
             fence_async_shared()
             if ANY_WIDE:
                 if not k_wide:  # (a wide tile's k_hi holds the other slot until its MMA is done)
-                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
-                                    ring.index((step + 1) % 2),
-                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                    _issue_key_tile(
+                        step + 1,
+                        phase_steps,
+                        phase_lo,
+                        stride,
+                        k_base,
+                        k_lo_ptr,
+                        hi,
+                        ring.index((step + 1) % 2),
+                        offs_k,
+                        offs_d,
+                        BLOCK_KEYS,
+                        D,
+                        STRIDED,
+                    )
             else:
-                _issue_key_tile(step + NUM_BUFFERS - 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
-                                ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS), offs_k, offs_d, BLOCK_KEYS, D,
-                                STRIDED)
+                _issue_key_tile(
+                    step + NUM_BUFFERS - 1,
+                    phase_steps,
+                    phase_lo,
+                    stride,
+                    k_base,
+                    k_lo_ptr,
+                    hi,
+                    ring.index((step + NUM_BUFFERS - 1) % NUM_BUFFERS),
+                    offs_k,
+                    offs_d,
+                    BLOCK_KEYS,
+                    D,
+                    STRIDED,
+                )
             gl.thread_barrier()
             # the keys' factors are loaded before the MMA, so that their latency overlaps it
             pos = phase_lo + (step * BLOCK_KEYS + offs_tk) * stride
@@ -359,20 +493,54 @@ def score_fp4_gluon_kernel(
             if ANY_WIDE:
                 k_wide_next = _tile_flag(flags_at, step + 1, phase_steps, STRIDED)  # latency: overlaps the MMA below
                 if k_wide | q_wide:
-                    acc = _wide_int_dots(ring.index(step % 2), ring.index((step + 1) % 2), q_smem, q_hi_smem, q_wide,
-                                         k_wide, mma, BLOCK_KEYS, N)
+                    acc = _wide_int_dots(
+                        ring.index(step % 2),
+                        ring.index((step + 1) % 2),
+                        q_smem,
+                        q_hi_smem,
+                        q_wide,
+                        k_wide,
+                        mma,
+                        BLOCK_KEYS,
+                        N,
+                    )
                     # |int_dot| < 2^29: converted once (round to nearest even), then scaled by 2^-149 exactly
                     relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
                 else:  # a narrow tile of a narrow program: the common case's step, bit for bit the same value
                     relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
                 # this step's MMA, the last reader of both slots, has completed
                 if k_wide:  # the next phase_lo tile into the slot this tile's k_hi held
-                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_lo_ptr, hi,
-                                    ring.index((step + 1) % 2),
-                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                    _issue_key_tile(
+                        step + 1,
+                        phase_steps,
+                        phase_lo,
+                        stride,
+                        k_base,
+                        k_lo_ptr,
+                        hi,
+                        ring.index((step + 1) % 2),
+                        offs_k,
+                        offs_d,
+                        BLOCK_KEYS,
+                        D,
+                        STRIDED,
+                    )
                 if k_wide_next:  # the next tile's k_hi into this tile's phase_lo slot
-                    _issue_key_tile(step + 1, phase_steps, phase_lo, stride, k_base, k_hi_ptr, hi, ring.index(step % 2),
-                                    offs_k, offs_d, BLOCK_KEYS, D, STRIDED)
+                    _issue_key_tile(
+                        step + 1,
+                        phase_steps,
+                        phase_lo,
+                        stride,
+                        k_base,
+                        k_hi_ptr,
+                        hi,
+                        ring.index(step % 2),
+                        offs_k,
+                        offs_d,
+                        BLOCK_KEYS,
+                        D,
+                        STRIDED,
+                    )
                 k_wide = k_wide_next
             else:
                 relu_sub = _narrow_relu_bits(ring.index(step % NUM_BUFFERS), q_smem, mma, BLOCK_KEYS, N)
@@ -383,9 +551,11 @@ def score_fp4_gluon_kernel(
                 in_window = (pos[:, None] >= starts[None, :]) & (pos[:, None] < ends[None, :])
                 probe += gl.where(in_window, scores, 0.0) * 0.0
                 column = step * BLOCK_KEYS + offs_tk
-                gl.store(out_ptr + rows64[None, :] * out_width + column[:, None],
-                         gl.where(in_window, scores, float("-inf")),
-                         mask=(column < out_width)[:, None] & row_ok[None, :])
+                gl.store(
+                    out_ptr + rows64[None, :] * out_width + column[:, None],
+                    gl.where(in_window, scores, float("-inf")),
+                    mask=(column < out_width)[:, None] & row_ok[None, :],
+                )
             else:
                 # One element per thread (the flat layout picks, in each lane, one of the four elements the
                 # lane already holds): no replicated atomics, so no shared-memory broadcast of their results.
@@ -396,8 +566,9 @@ def score_fp4_gluon_kernel(
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
                 one = gl.full([BLOCK_KEYS, BLOCK_ROWS], 1, gl.int32, flat)
-                slot = gl.atomic_add(appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing,
-                                     sem="relaxed")
+                slot = gl.atomic_add(
+                    appended_ptr + rows64_f[None, :] + 0 * pos_f[:, None], one, mask=passing, sem="relaxed"
+                )
                 if DEFER_APPENDS:  # store the previous step's keys: the slot's round trip overlaps a step
                     # (the slot is first read there: no instruction of this step waits for the atomic)
                     _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score, pos_f - BLOCK_KEYS, pending)
@@ -408,8 +579,12 @@ def score_fp4_gluon_kernel(
                     _store_keys(buf_ptr, rows64_f, capacity, slot, windowed, pos_f, passing)
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
                 bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
-                gl.atomic_add(hist_ptr + rows64_f[None, :] * NB + bin_of, one,
-                              mask=passing & (hist_inv[None, :] > 0), sem="relaxed")
+                gl.atomic_add(
+                    hist_ptr + rows64_f[None, :] * NB + bin_of,
+                    one,
+                    mask=passing & (hist_inv[None, :] > 0),
+                    sem="relaxed",
+                )
                 if not (SELF_CALIBRATE and phase == 0):  # (no raise from the sample: the twin's phase A)
                     if ((step + 1) % REFRESH == 0) | (step + 1 == phase_steps):
                         gl.thread_barrier()
@@ -422,17 +597,37 @@ def score_fp4_gluon_kernel(
         async_copy.wait_group(0)
         if not DENSE:
             if DEFER_APPENDS:
-                _store_keys(buf_ptr, rows64_f, capacity, pending_slot, pending_score,
-                            phase_lo + phase_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS, pending)
+                _store_keys(
+                    buf_ptr,
+                    rows64_f,
+                    capacity,
+                    pending_slot,
+                    pending_score,
+                    phase_lo + phase_steps * BLOCK_KEYS + offs_fk - BLOCK_KEYS,
+                    pending,
+                )
         if SELF_CALIBRATE:
             # Flushed: nothing is pending into the next phase (whose first step stores the pending keys
             # again, at positions it derives from its own tiles).
             pending = gl.zeros([BLOCK_KEYS, BLOCK_ROWS], gl.int1, flat)
             if phase == 0:  # end of phase A: thresholds from the sample (scan_calibration.py)
                 thr_h, hist_lo_h, hist_width_h = _calibrate_in_scan_gluon(
-                    buf_ptr, appended_ptr, hist_ptr, prog_rows_ptr, pid, capacity, thr_h, hist_lo_h, hist_width_h,
-                    _ceiling_rank(n_sample, n_steps, TOPK), TOPK, BLOCK_ROWS, NB, num_warps,
-                    gl.SliceLayout(1, hist_layout))
+                    buf_ptr,
+                    appended_ptr,
+                    hist_ptr,
+                    prog_rows_ptr,
+                    pid,
+                    capacity,
+                    thr_h,
+                    hist_lo_h,
+                    hist_width_h,
+                    _ceiling_rank(n_sample, n_steps, TOPK),
+                    TOPK,
+                    BLOCK_ROWS,
+                    NB,
+                    num_warps,
+                    gl.SliceLayout(1, hist_layout),
+                )
                 thr = gl.convert_layout(thr_h, row_of_flat)
                 hist_lo = gl.convert_layout(hist_lo_h, row_of_flat)
                 hist_width = gl.convert_layout(hist_width_h, row_of_flat)

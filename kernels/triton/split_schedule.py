@@ -75,20 +75,68 @@ def _max(a, b):
 
 @triton.jit
 def split_schedule_kernel(
-    rtb_ptr, starts_ptr, ends_ptr, rows,                        # int32 [rows] x3: effective row metadata
-    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,  # outputs (module docstring)
-    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
-    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    rows,  # int32 [rows] x3: effective row metadata
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,  # outputs (module docstring)
+    tile_offset_ptr,
+    faults_ptr,
+    fault_words,
+    appended_ptr,
+    hist_ptr,
+    raised_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KEYS: tl.constexpr,
+    NB: tl.constexpr,
 ):
-    _split_schedule(rtb_ptr, starts_ptr, ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
-                    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr, BLOCK_ROWS, BLOCK,
-                    KEYS, NB)
+    _split_schedule(
+        rtb_ptr,
+        starts_ptr,
+        ends_ptr,
+        rows,
+        groups_ptr,
+        group_row_ptr,
+        group_count_ptr,
+        group_span_ptr,
+        tile_offset_ptr,
+        faults_ptr,
+        fault_words,
+        appended_ptr,
+        hist_ptr,
+        raised_ptr,
+        BLOCK_ROWS,
+        BLOCK,
+        KEYS,
+        NB,
+    )
 
 
 @triton.jit
-def _split_schedule(rtb_ptr, starts_ptr, ends_ptr, rows, groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr,
-                    tile_offset_ptr, faults_ptr, fault_words, appended_ptr, hist_ptr, raised_ptr,
-                    BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr, NB: tl.constexpr):
+def _split_schedule(
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    rows,
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,
+    faults_ptr,
+    fault_words,
+    appended_ptr,
+    hist_ptr,
+    raised_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KEYS: tl.constexpr,
+    NB: tl.constexpr,
+):
     """The schedule in one program (module docstring): split_schedule_kernel's, and the paged mode's
     prologue's first program (paged.py: beside the queries' decode, one launch)."""
     offs = tl.arange(0, BLOCK)
@@ -155,25 +203,48 @@ def _split_schedule(rtb_ptr, starts_ptr, ends_ptr, rows, groups_ptr, group_row_p
 
 def _buffers(rows: int, num_bins: int, scratch: Scratch) -> tuple[torch.Tensor, ...]:
     i32 = torch.int32
-    return (scratch.empty(1, i32), scratch.empty(rows, i32), scratch.empty(rows, i32), scratch.empty((rows, 2), i32),
-            scratch.empty(rows + 1, i32), scratch.empty((FAULT_SETS, 2, rows), torch.int8), scratch.empty(rows, i32),
-            scratch.empty((rows, num_bins), i32), scratch.empty(rows, torch.float32))
+    return (
+        scratch.empty(1, i32),
+        scratch.empty(rows, i32),
+        scratch.empty(rows, i32),
+        scratch.empty((rows, 2), i32),
+        scratch.empty(rows + 1, i32),
+        scratch.empty((FAULT_SETS, 2, rows), torch.int8),
+        scratch.empty(rows, i32),
+        scratch.empty((rows, num_bins), i32),
+        scratch.empty(rows, torch.float32),
+    )
 
 
-def split_schedule_launch(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, block_rows: int,
-                          num_bins: int, scratch: Scratch) -> tuple[SplitSchedule, tuple, dict]:
+def split_schedule_launch(
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    block_rows: int,
+    num_bins: int,
+    scratch: Scratch,
+) -> tuple[SplitSchedule, tuple, dict]:
     """(the SplitSchedule's buffers from `scratch`, not yet written; the arguments and constexprs of
     _split_schedule that write them): for split_schedule_kernel, and for a launch that runs the schedule
     beside other work (paged.py's prologue)."""
     rows = row_to_batch.shape[0]
     out = _buffers(rows, num_bins, scratch)
     args = (row_to_batch, starts, ends, rows, *out[:5], out[5], out[5].numel(), *out[6:])
-    return (SplitSchedule(*out, block_rows=block_rows), args,
-            dict(BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, NB=num_bins))
+    return (
+        SplitSchedule(*out, block_rows=block_rows),
+        args,
+        dict(BLOCK_ROWS=block_rows, BLOCK=BLOCK, KEYS=PAGE_SIZE, NB=num_bins),
+    )
 
 
-def build_split_schedule_triton(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                                block_rows: int, num_bins: int, scratch: Scratch) -> SplitSchedule:
+def build_split_schedule_triton(
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    block_rows: int,
+    num_bins: int,
+    scratch: Scratch,
+) -> SplitSchedule:
     """The SplitSchedule (module docstring) of effective row metadata (int32 [rows] each) in one launch
     of one program; buffers from `scratch`."""
     schedule, args, constants = split_schedule_launch(row_to_batch, starts, ends, block_rows, num_bins, scratch)
@@ -181,8 +252,9 @@ def build_split_schedule_triton(row_to_batch: torch.Tensor, starts: torch.Tensor
     return schedule
 
 
-def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                               block_rows: int, num_bins: int) -> SplitSchedule:
+def build_split_schedule_torch(
+    row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, block_rows: int, num_bins: int
+) -> SplitSchedule:
     """build_split_schedule in torch ops (any device; the same values)."""
     rows = row_to_batch.shape[0]
     dev = row_to_batch.device
@@ -209,14 +281,28 @@ def build_split_schedule_torch(row_to_batch: torch.Tensor, starts: torch.Tensor,
     tiles = torch.where(any_window, -(-hi // PAGE_SIZE) - lo // PAGE_SIZE, 0)
     tile_offset = torch.nn.functional.pad(torch.cumsum(tiles, dim=0), (1, 0)).to(torch.int32)
     faults = torch.zeros((FAULT_SETS, 2, rows), dtype=torch.int8, device=dev)
-    return SplitSchedule(groups, group_row, group_count, torch.stack([lo, hi], dim=1).contiguous(), tile_offset,
-                         faults, torch.zeros(rows, dtype=torch.int32, device=dev),
-                         torch.zeros((rows, num_bins), dtype=torch.int32, device=dev),
-                         torch.full((rows,), float("-inf"), device=dev), block_rows=block_rows)
+    return SplitSchedule(
+        groups,
+        group_row,
+        group_count,
+        torch.stack([lo, hi], dim=1).contiguous(),
+        tile_offset,
+        faults,
+        torch.zeros(rows, dtype=torch.int32, device=dev),
+        torch.zeros((rows, num_bins), dtype=torch.int32, device=dev),
+        torch.full((rows,), float("-inf"), device=dev),
+        block_rows=block_rows,
+    )
 
 
-def build_split_schedule(row_to_batch: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, block_rows: int,
-                         num_bins: int, scratch: Scratch) -> SplitSchedule:
+def build_split_schedule(
+    row_to_batch: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    block_rows: int,
+    num_bins: int,
+    scratch: Scratch,
+) -> SplitSchedule:
     """The SplitSchedule of effective row metadata (with the scan's state for `num_bins` histogram bins):
     the Triton kernel where devices.runs_triton_stages says so, the torch code elsewhere."""
     if block_rows not in (1, 2):

@@ -28,11 +28,34 @@ from .schedule import Schedule, _store_span, with_variants
 
 @triton.jit
 def subset_operands_kernel(
-    parent_rows_ptr, rtb_ptr, starts_ptr, ends_ptr, flags_ptr,   # int64 [slots]; int32 [slots] x3; int32 [2]
-    q_lo_ptr, q_hi_ptr, wq_ptr, rowfac_ptr, q_wide_ptr, q_unsupported_ptr,  # the parent's operands
-    sub_lo_ptr, sub_hi_ptr, sub_wq_ptr, sub_rowfac_ptr, sub_wide_ptr, sub_unsupported_ptr,
-    rows_ptr, batch_ptr, span_ptr, prog_wide_ptr, narrow_rows_ptr, narrow_span_ptr, wide_rows_ptr, wide_span_ptr,
-    BLOCK_ROWS: tl.constexpr, LANES: tl.constexpr, WIDE: tl.constexpr,
+    parent_rows_ptr,
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    flags_ptr,  # int64 [slots]; int32 [slots] x3; int32 [2]
+    q_lo_ptr,
+    q_hi_ptr,
+    wq_ptr,
+    rowfac_ptr,
+    q_wide_ptr,
+    q_unsupported_ptr,  # the parent's operands
+    sub_lo_ptr,
+    sub_hi_ptr,
+    sub_wq_ptr,
+    sub_rowfac_ptr,
+    sub_wide_ptr,
+    sub_unsupported_ptr,
+    rows_ptr,
+    batch_ptr,
+    span_ptr,
+    prog_wide_ptr,
+    narrow_rows_ptr,
+    narrow_span_ptr,
+    wide_rows_ptr,
+    wide_span_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    LANES: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     slot = tl.program_id(0)
     row = tl.load(parent_rows_ptr + slot)
@@ -58,8 +81,9 @@ def subset_operands_kernel(
     tl.store(wide_rows_ptr + slot * BLOCK_ROWS + offs_l, tl.where(wide, lane_rows, -1), mask=lanes)
     tl.store(batch_ptr + slot, tl.load(rtb_ptr + slot))
     tl.store(prog_wide_ptr + slot, q_wide.to(tl.int8))
-    _store_span(span_ptr, narrow_span_ptr, wide_span_ptr, slot, tl.where(live, start, 0), tl.where(live, end, 0), wide,
-                True)
+    _store_span(
+        span_ptr, narrow_span_ptr, wide_span_ptr, slot, tl.where(live, start, 0), tl.where(live, end, 0), wide, True
+    )
 
 
 def subset_operands_triton(problem, parent, block_rows: int):
@@ -68,22 +92,54 @@ def subset_operands_triton(problem, parent, block_rows: int):
     scratch: Scratch = problem.scratch
     n = problem.num_rows
     i32 = torch.int32
-    gathered = [scratch.empty((n, 64, 128), torch.int8), scratch.empty((n, 64, 128), torch.int8),
-                scratch.empty((n, 64), torch.float32), scratch.empty(n, torch.float32), scratch.empty(n, torch.int8),
-                scratch.empty(n, torch.int8)]
-    schedule = [scratch.empty((n, block_rows), i32), scratch.empty(n, i32), scratch.empty((n, 2), i32),
-                scratch.empty(n, torch.int8)]
+    gathered = [
+        scratch.empty((n, 64, 128), torch.int8),
+        scratch.empty((n, 64, 128), torch.int8),
+        scratch.empty((n, 64), torch.float32),
+        scratch.empty(n, torch.float32),
+        scratch.empty(n, torch.int8),
+        scratch.empty(n, torch.int8),
+    ]
+    schedule = [
+        scratch.empty((n, block_rows), i32),
+        scratch.empty(n, i32),
+        scratch.empty((n, 2), i32),
+        scratch.empty(n, torch.int8),
+    ]
     variants = tuple((scratch.empty((n, block_rows), i32), scratch.empty((n, 2), i32)) for _ in range(2))
     if n:
         subset_operands_kernel[(n,)](
-            problem.parent_rows, problem.row_to_batch, problem.starts, problem.ends, parent.keys.flags,
-            parent.q_lo, parent.q_hi, parent.wq, parent.rowfac, parent.q_wide.view(torch.int8),
-            parent.q_unsupported.view(torch.int8), *gathered, *schedule, variants[0][0], variants[0][1],
-            variants[1][0], variants[1][1], BLOCK_ROWS=block_rows, LANES=triton.next_power_of_2(block_rows),
-            WIDE=FLAG_WIDE)
+            problem.parent_rows,
+            problem.row_to_batch,
+            problem.starts,
+            problem.ends,
+            parent.keys.flags,
+            parent.q_lo,
+            parent.q_hi,
+            parent.wq,
+            parent.rowfac,
+            parent.q_wide.view(torch.int8),
+            parent.q_unsupported.view(torch.int8),
+            *gathered,
+            *schedule,
+            variants[0][0],
+            variants[0][1],
+            variants[1][0],
+            variants[1][1],
+            BLOCK_ROWS=block_rows,
+            LANES=triton.next_power_of_2(block_rows),
+            WIDE=FLAG_WIDE,
+        )
     q_lo, q_hi, wq, rowfac, q_wide, q_unsupported = gathered
-    return (q_lo, q_hi, wq, rowfac, q_wide.view(torch.bool), q_unsupported.view(torch.bool),
-            Schedule(*schedule, variants=variants))
+    return (
+        q_lo,
+        q_hi,
+        wq,
+        rowfac,
+        q_wide.view(torch.bool),
+        q_unsupported.view(torch.bool),
+        Schedule(*schedule, variants=variants),
+    )
 
 
 def subset_operands_torch(problem, parent, block_rows: int):
@@ -95,11 +151,22 @@ def subset_operands_torch(problem, parent, block_rows: int):
     prog_rows = torch.full((n, block_rows), -1, dtype=torch.int32, device=rows.device)
     prog_rows[:, 0] = torch.arange(n, dtype=torch.int32, device=rows.device)
     span = torch.stack([torch.where(live, problem.starts, 0), torch.where(live, problem.ends, 0)], dim=1)
-    schedule = with_variants(prog_rows, problem.row_to_batch.to(torch.int32).contiguous(),
-                             span.to(torch.int32).contiguous(),
-                             q_wide, parent.keys.flags)
-    return (parent.q_lo[rows], parent.q_hi[rows], parent.wq[rows], parent.rowfac[rows], q_wide,
-            parent.q_unsupported[rows], schedule)
+    schedule = with_variants(
+        prog_rows,
+        problem.row_to_batch.to(torch.int32).contiguous(),
+        span.to(torch.int32).contiguous(),
+        q_wide,
+        parent.keys.flags,
+    )
+    return (
+        parent.q_lo[rows],
+        parent.q_hi[rows],
+        parent.wq[rows],
+        parent.rowfac[rows],
+        q_wide,
+        parent.q_unsupported[rows],
+        schedule,
+    )
 
 
 def subset_operands(problem, parent, block_rows: int):

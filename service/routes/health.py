@@ -16,8 +16,11 @@ async def livez() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="The backend has run its warm-up and the queue is open",
-            responses={503: {"model": Problem, "content": {PROBLEM_JSON: {}}}})
+@router.get(
+    "/readyz",
+    summary="The backend has run its warm-up and the queue is open",
+    responses={503: {"model": Problem, "content": {PROBLEM_JSON: {}}}},
+)
 async def readyz(state: ServiceState = Depends(get_state)) -> dict:
     return state.readiness()
 

@@ -16,15 +16,18 @@ from ..principals import Principal, get_principal
 from ..schemas import CudaIpcRegistration, Problem, RegionId, RegionInfo, RegionList, RegionRegistration
 from ..state import ServiceState, get_state
 
-_PROBLEMS = {status: {"model": Problem, "content": {PROBLEM_JSON: {}}}
-             for status in (400, 401, 404, 409, 413, 422, 429, 500, 503)}
+_PROBLEMS = {
+    status: {"model": Problem, "content": {PROBLEM_JSON: {}}}
+    for status in (400, 401, 404, 409, 413, 422, 429, 500, 503)
+}
 
 router = APIRouter(prefix="/v1/regions", tags=["regions"], responses=_PROBLEMS)
 
 
 @router.post("", status_code=201, response_model=RegionInfo, summary="Register a region")
 async def register_region(
-    registration: Annotated[RegionRegistration, Body()], state: ServiceState = Depends(get_state),
+    registration: Annotated[RegionRegistration, Body()],
+    state: ServiceState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> RegionInfo:
     """Map a sealed memfd (named by the ticket the fd socket gave for it) or open a CUDA IPC
@@ -42,14 +45,16 @@ async def register_region(
 
 
 @router.get("", response_model=RegionList, summary="List the caller's live regions")
-async def list_regions(state: ServiceState = Depends(get_state),
-                       principal: Principal = Depends(get_principal)) -> RegionList:
+async def list_regions(
+    state: ServiceState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> RegionList:
     return RegionList(regions=[r.info() for r in state.table.list(principal.uid)])
 
 
 @router.get("/{region_id}", response_model=RegionInfo, summary="Describe one of the caller's regions")
-async def get_region(region_id: RegionId, state: ServiceState = Depends(get_state),
-                     principal: Principal = Depends(get_principal)) -> RegionInfo:
+async def get_region(
+    region_id: RegionId, state: ServiceState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> RegionInfo:
     return state.table.get(region_id, principal.uid).info()
 
 
@@ -62,6 +67,7 @@ async def unregister_region(
 ) -> Response:
     """Retire the region at once (queued requests naming it get `stale_region`) and return once
     no running request uses it: from then on the exporter may free or reuse the memory."""
-    await asyncio.to_thread(state.table.unregister, region_id, principal.uid, generation,
-                            state.settings.request_timeout_s)
+    await asyncio.to_thread(
+        state.table.unregister, region_id, principal.uid, generation, state.settings.request_timeout_s
+    )
     return Response(status_code=204)

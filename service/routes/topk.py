@@ -1,10 +1,10 @@
 """/v1/topk over HTTP: parse the body, hand it to the request's life (service/topk.py), encode.
 
-    parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
-                         are validated in the parser process (service/body_parser.py): pydantic
-                         holds the GIL while it parses, so a thread would stall the loop too
-    admit, execute       service/topk.py (the same for the IPC channel)
-    answer (event loop)  JSON for small results, binary (service/wire.py) for large ones
+parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
+                     are validated in the parser process (service/body_parser.py): pydantic
+                     holds the GIL while it parses, so a thread would stall the loop too
+admit, execute       service/topk.py (the same for the IPC channel)
+answer (event loop)  JSON for small results, binary (service/wire.py) for large ones
 """
 
 from __future__ import annotations
@@ -28,14 +28,18 @@ from ..topk import Outcome, call_topk, from_model, phase_durations
 from ..wire import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, encode_result_json, encode_result_prefix
 from ..wire import TopKRequest as WireTopKRequest
 
-_PROBLEMS = {s: {"model": Problem, "content": {PROBLEM_JSON: {}}}
-             for s in (400, 401, 404, 409, 413, 422, 429, 500, 503, 504)}
+_PROBLEMS = {
+    s: {"model": Problem, "content": {PROBLEM_JSON: {}}} for s in (400, 401, 404, 409, 413, 422, 429, 500, 503, 504)
+}
 # The request body's schema (the route parses the body itself, see `parse_request`).
-_BODY = {"requestBody": {"required": True, "content": {JSON_MEDIA_TYPE: {
-    "schema": {"$ref": "#/components/schemas/TopKRequest"}}}}}
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {JSON_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/TopKRequest"}}},
+    }
+}
 PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
-
 
 
 @contextlib.asynccontextmanager
@@ -106,10 +110,15 @@ async def parse_request(request: Request) -> WireTopKRequest:
     return parsed
 
 
-@router.post("/topk", summary="Top-k index selection (litetopk_prefill) on the pinned device",
-             responses={200: _OK}, openapi_extra=_BODY)
-async def topk(request: Request, state: ServiceState = Depends(get_state),
-               principal: Principal = Depends(get_principal)) -> Response:
+@router.post(
+    "/topk",
+    summary="Top-k index selection (litetopk_prefill) on the pinned device",
+    responses={200: _OK},
+    openapi_extra=_BODY,
+)
+async def topk(
+    request: Request, state: ServiceState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> Response:
     """Answers the K best keys of every query row (CONTRACT.md §1-§3).
 
     Results named in `out` are written into those regions (zero copy) and left out of the body;

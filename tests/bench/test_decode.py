@@ -35,13 +35,13 @@ def test_decode_problem_is_a_paged_mtp_batch(lengths, next_n, seed):
     # The keys lie where the block table says (the contract's layout): packing what unpack reads
     # gives back the cache's bytes on every live page.
     for b, n in enumerate(lengths):
-        k_fp4, k_scale = unpack_kv_cache(cache, table[b:b + 1], n)
-        repacked = pack_kv_cache(k_fp4, k_scale, table[b:b + 1], cache.shape[0])
+        k_fp4, k_scale = unpack_kv_cache(cache, table[b : b + 1], n)
+        repacked = pack_kv_cache(k_fp4, k_scale, table[b : b + 1], cache.shape[0])
         for p in range(pages[b]):
             slots = min(PAGE_SIZE, n - p * PAGE_SIZE)
             page = table[b, p]
-            assert torch.equal(repacked[page, :slots * 64], cache[page, :slots * 64]), case
-            assert torch.equal(repacked[page, 4096:4096 + slots * 4], cache[page, 4096:4096 + slots * 4]), case
+            assert torch.equal(repacked[page, : slots * 64], cache[page, : slots * 64]), case
+            assert torch.equal(repacked[page, 4096 : 4096 + slots * 4], cache[page, 4096 : 4096 + slots * 4]), case
 
 
 def test_mixed_lengths_are_log_uniform_in_the_range():
@@ -53,18 +53,62 @@ def test_mixed_lengths_are_log_uniform_in_the_range():
 
 
 def test_case_names_and_filters():
-    args = decode.parse(["--device", "cpu", "--batch", "1", "8", "--next-n", "1", "4", "--keys", "256", "mixed",
-                         "--topk", "512", "--cases", "8x*"])
-    assert [c.name for c in decode.build_cases(args)] == ["8x1x256-k512", "8x4x256-k512", "8x1xmixed-k512",
-                                                           "8x4xmixed-k512"]
+    args = decode.parse(
+        [
+            "--device",
+            "cpu",
+            "--batch",
+            "1",
+            "8",
+            "--next-n",
+            "1",
+            "4",
+            "--keys",
+            "256",
+            "mixed",
+            "--topk",
+            "512",
+            "--cases",
+            "8x*",
+        ]
+    )
+    assert [c.name for c in decode.build_cases(args)] == [
+        "8x1x256-k512",
+        "8x4x256-k512",
+        "8x1xmixed-k512",
+        "8x4xmixed-k512",
+    ]
     assert decode.Case.parse("128x2x32768-k1024") == decode.Case(128, 2, 32768, 1024)
     quick = decode.build_cases(decode.parse(["--device", "cpu", "--quick"]))
     assert [c.name for c in quick] == decode.CPU["quick"]
 
 
 # A row shorter than K (256 keys); next_n = 4 over uneven lengths (windows shorter and longer than K).
-ARGS = ["--device", "cpu", "--batch", "1", "3", "--next-n", "1", "4", "--keys", "256", "mixed", "--topk", "512",
-        "--mixed-range", "200", "1000", "--reps", "1", "--warmup", "1", "--cases", "1x1x*", "3x4xmixed*"]
+ARGS = [
+    "--device",
+    "cpu",
+    "--batch",
+    "1",
+    "3",
+    "--next-n",
+    "1",
+    "4",
+    "--keys",
+    "256",
+    "mixed",
+    "--topk",
+    "512",
+    "--mixed-range",
+    "200",
+    "1000",
+    "--reps",
+    "1",
+    "--warmup",
+    "1",
+    "--cases",
+    "1x1x*",
+    "3x4xmixed*",
+]
 
 
 def test_decode_bench_runs_on_the_cpu(tmp_path):

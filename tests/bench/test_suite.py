@@ -42,7 +42,8 @@ def test_module_imports_without_a_device(name):
 @pytest.mark.parametrize("path", sorted(BENCH.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_bench_file_edits_sys_path(path):
     assert not re.search(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=", path.read_text()), (
-        f"{path.relative_to(ROOT)} edits sys.path: import through the bench package instead")
+        f"{path.relative_to(ROOT)} edits sys.path: import through the bench package instead"
+    )
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -68,8 +69,26 @@ def test_self_calibration_probe_runs_end_to_end(tmp_path):
 
     from bench.probes import self_calibration_probe
 
-    self_calibration_probe.main(["--out", str(tmp_path), "--keys", "8192", "--topk", "512", "--spread", "1",
-                                 "--rows", "4", "--warm", "0", "--pairs", "1", "--sample-size", "512"])
+    self_calibration_probe.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--keys",
+            "8192",
+            "--topk",
+            "512",
+            "--spread",
+            "1",
+            "--rows",
+            "4",
+            "--warm",
+            "0",
+            "--pairs",
+            "1",
+            "--sample-size",
+            "512",
+        ]
+    )
     report = json.loads((tmp_path / "self-calibration.json").read_text())
     assert len(report["cases"]) == 1 and (tmp_path / "self-calibration.png").exists()
     case = report["cases"][0]

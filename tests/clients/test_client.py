@@ -4,8 +4,8 @@ sync and async against a live service, regions found by address, the scratch poo
 from __future__ import annotations
 
 import asyncio
-import json
 import fcntl
+import json
 import os
 import socket
 
@@ -56,13 +56,23 @@ class Recorder:
         if request.method == "POST" and request.url.path == "/v1/regions":
             self.next_id += 1
             body = json.loads(request.content)
-            return httpx.Response(201, json={"id": f"r{self.next_id}", "generation": 1, "kind": body["kind"],
-                                             "size": body["size"], "access": body["access"], "pid": body.get("pid"),
-                                             "device": "cpu"})
+            return httpx.Response(
+                201,
+                json={
+                    "id": f"r{self.next_id}",
+                    "generation": 1,
+                    "kind": body["kind"],
+                    "size": body["size"],
+                    "access": body["access"],
+                    "pid": body.get("pid"),
+                    "device": "cpu",
+                },
+            )
         if request.method == "DELETE":
             return httpx.Response(204)
-        return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
-                              headers={"content-type": "application/problem+json"})
+        return httpx.Response(
+            418, json={"code": "made_up", "detail": "recorded"}, headers={"content-type": "application/problem+json"}
+        )
 
     def topk_body(self) -> dict:
         return json.loads(next(r for r in self.requests if r.url.path == "/v1/topk").content)
@@ -129,8 +139,13 @@ def test_kv_scale_travels_as_a_region_like_the_cache(problem):
     assert staged["kv_scale"]["region"] == staged["kv_cache"]["region"] == "r1", "plain tensors: one scratch"
     registered = client.register(scales, access="read_only")
     by_region = sent(kv_scale=registered)
-    assert by_region["kv_scale"] == {"region": registered.id, "generation": 1, "offset": 0, "dtype": "uint8",
-                                     "shape": [problem.kv_cache.shape[0], 1, 4, 64]}
+    assert by_region["kv_scale"] == {
+        "region": registered.id,
+        "generation": 1,
+        "offset": 0,
+        "dtype": "uint8",
+        "shape": [problem.kv_cache.shape[0], 1, 4, 64],
+    }
     assert by_region["kv_cache"]["shape"] == [problem.kv_cache.shape[0], 1, 4, 64, 16]
     args[2] = problem.kv_cache
     assert "kv_scale" not in sent(), "our format sends no kv_scale"
@@ -177,8 +192,9 @@ def test_registration_names_its_owner_and_pid_namespace(case, monkeypatch):
     client.close()
 
 
-@pytest.mark.parametrize("owner_pid,variable", [(0, None), ("me", None), (True, None), ("auto", "self"),
-                                                ("auto", "-3")])
+@pytest.mark.parametrize(
+    "owner_pid,variable", [(0, None), ("me", None), (True, None), ("auto", "self"), ("auto", "-3")]
+)
 def test_bad_owner_pid_is_refused_at_construction(owner_pid, variable, monkeypatch):
     monkeypatch.setenv("LITETOPK_CLIENT_OWNER_PID", variable or "")
     for cls in (TopKClient, AsyncTopKClient):
@@ -193,7 +209,7 @@ def test_host_tensors_travel_as_sealed_memfds(access):
     client, recorder = recording_client()
     tensor = torch.randn(4, 5)
     region = client.register(tensor, access=access)
-    (memory, seals), = recorder.handed_over
+    ((memory, seals),) = recorder.handed_over
     body = registration(recorder)
     assert body["kind"] == "memfd" and body["ticket"] == "ticket0000000001" and body["access"] == access, body
     assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW, f"seals {seals:#x}"
@@ -207,15 +223,26 @@ def test_host_tensors_travel_as_sealed_memfds(access):
 # ------------------------------------------------------------------------------ typed errors
 
 
-@pytest.mark.parametrize("code,cls", [
-    ("unknown_region", RegionProblem), ("stale_region", RegionProblem), ("foreign_device", RegionProblem),
-    ("bad_dtype", InvalidRequestProblem), ("payload_too_large", InvalidRequestProblem),
-    ("invalid_page", RowFaultProblem), ("overloaded", UnavailableProblem), ("not_ready", UnavailableProblem),
-    ("timeout", TimeoutProblem), ("device_error", DeviceProblem), ("brand_new_code", ServiceProblem),
-])
+@pytest.mark.parametrize(
+    "code,cls",
+    [
+        ("unknown_region", RegionProblem),
+        ("stale_region", RegionProblem),
+        ("foreign_device", RegionProblem),
+        ("bad_dtype", InvalidRequestProblem),
+        ("payload_too_large", InvalidRequestProblem),
+        ("invalid_page", RowFaultProblem),
+        ("overloaded", UnavailableProblem),
+        ("not_ready", UnavailableProblem),
+        ("timeout", TimeoutProblem),
+        ("device_error", DeviceProblem),
+        ("brand_new_code", ServiceProblem),
+    ],
+)
 def test_problem_classes(code, cls):
-    error = problem_error({"code": code, "detail": "d", "rows": [1], "row_flags": ["INVALID_PAGE|NONFINITE"]},
-                          422, retry_after="3")
+    error = problem_error(
+        {"code": code, "detail": "d", "rows": [1], "row_flags": ["INVALID_PAGE|NONFINITE"]}, 422, retry_after="3"
+    )
     assert type(error) is cls and error.code == code and error.status == 422
     if cls is RowFaultProblem:
         assert isinstance(error, RowFaultError) and error.rows == [1] and error.flags == [8 | 4]
@@ -225,8 +252,9 @@ def test_problem_classes(code, cls):
 
 def test_error_without_problem_body_is_a_protocol_error(problem):
     client = TopKClient("http://x")
-    client._http = httpx.Client(base_url="http://x",
-                                transport=httpx.MockTransport(lambda r: httpx.Response(502, text="bad gateway")))
+    client._http = httpx.Client(
+        base_url="http://x", transport=httpx.MockTransport(lambda r: httpx.Response(502, text="bad gateway"))
+    )
     with pytest.raises(ProtocolError, match="502"):
         client.info()
 
@@ -266,12 +294,17 @@ def test_sync_client_over_both_transports(service, problem):
 @pytest.mark.parametrize("transport", ["tcp", "uds"])
 async def test_async_client_concurrent_calls(service, problem, transport):
     want = reference(problem)
-    client = AsyncTopKClient(service.url, token=service.token) if transport == "tcp" else AsyncTopKClient(uds=service.uds)
+    client = (
+        AsyncTopKClient(service.url, token=service.token) if transport == "tcp" else AsyncTopKClient(uds=service.uds)
+    )
     async with client:
         cache = await client.register(problem.kv_cache)
-        results = await asyncio.gather(*[client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:],
-                                                     topk=512, result_format=fmt)
-                                         for fmt in ("json", "binary", "auto", "auto")])
+        results = await asyncio.gather(
+            *[
+                client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512, result_format=fmt)
+                for fmt in ("json", "binary", "auto", "auto")
+            ]
+        )
         assert all(results_equal(r, want) == [] for r in results)
         mine = {r["id"] for r in await client.regions()}
         assert cache.id in mine
@@ -306,14 +339,20 @@ def test_large_results_come_back_through_a_pooled_scratch_region(service, proble
 
     monkeypatch.setattr(client_module, "RESULT_SCRATCH_MIN_BYTES", 0)
     want = reference(problem)
-    client = TopKClient(service.url, token=service.token) if transport == "tcp" else \
-        TopKClient(uds=service.uds, transport="http")  # the bodies are read from httpx's hooks
+    client = (
+        TopKClient(service.url, token=service.token)
+        if transport == "tcp"
+        else TopKClient(uds=service.uds, transport="http")
+    )  # the bodies are read from httpx's hooks
     bodies = []
     with client:
         client._http.event_hooks["request"].append(
-            lambda r: bodies.append(json.loads(r.read())) if r.url.path == "/v1/topk" else None)
+            lambda r: bodies.append(json.loads(r.read())) if r.url.path == "/v1/topk" else None
+        )
         first = client.topk(*problem.args(), topk=512)
-        second = client.topk(*problem.args(), topk=512, out={"counts": client.register(torch.empty(8, dtype=torch.int32))})
+        second = client.topk(
+            *problem.args(), topk=512, out={"counts": client.register(torch.empty(8, dtype=torch.int32))}
+        )
         assert results_equal(first, want) == [] and results_equal(second, want) == []
         assert set(bodies[0]["out"]) == set(client_module.RESULT_FIELDS)
         assert bodies[0]["out"]["values"]["region"] == bodies[1]["out"]["values"]["region"], "the scratch is pooled"
@@ -353,13 +392,19 @@ def test_results_come_back_in_the_body_when_the_service_has_no_fd_socket(problem
             return httpx.Response(200, json={"fd_socket": None})
         body = json.loads(request.content)
         assert "out" not in body
-        return httpx.Response(418, json={"code": "made_up", "detail": "recorded"},
-                              headers={"content-type": "application/problem+json"})
+        return httpx.Response(
+            418, json={"code": "made_up", "detail": "recorded"}, headers={"content-type": "application/problem+json"}
+        )
 
     client._http = httpx.Client(base_url="http://recorded", transport=httpx.MockTransport(handler))
-    q = client_module.RegionSlice(client_module.Region("r9", 1, "memfd", 1 << 20,
-                                                       torch.zeros(1 << 20, dtype=torch.uint8),
-                                                       torch.zeros(1, dtype=torch.uint8)), 0, torch.uint8, (8, 64, 64))
+    q = client_module.RegionSlice(
+        client_module.Region(
+            "r9", 1, "memfd", 1 << 20, torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8)
+        ),
+        0,
+        torch.uint8,
+        (8, 64, 64),
+    )
     args = (q, q, q, problem.block_table, q, problem.row_to_batch, problem.starts, problem.ends)
     for _ in range(2):
         with pytest.raises(ServiceProblem):

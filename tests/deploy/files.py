@@ -147,8 +147,10 @@ def make_recipes(text: str) -> dict[str, tuple[list[str], list[str]]]:
             rules[expand(target.strip(), variables)] = (prereqs.split(), current)
         else:
             current = None
-    return {target: ([expand(p, variables) for p in prereqs], [expand(r, variables) for r in recipe])
-            for target, (prereqs, recipe) in rules.items()}
+    return {
+        target: ([expand(p, variables) for p in prereqs], [expand(r, variables) for r in recipe])
+        for target, (prereqs, recipe) in rules.items()
+    }
 
 
 def make_assignments(run: str) -> list[str]:

@@ -9,9 +9,9 @@ import posixpath
 import re
 import shutil
 import subprocess
-import tomllib
 
 import pytest
+import tomllib
 import yaml
 
 from litetopk.service import ServiceSettings
@@ -105,8 +105,9 @@ def test_build_arguments_exist_in_the_dockerfile(name):
     assert set(args) <= IMAGE.args(), f"{name}: {set(args) - IMAGE.args()} are not Dockerfile ARGs"
 
 
-@pytest.mark.parametrize("name, base", [("litetopk", "python:"), ("litetopk-cuda", "nvidia/cuda:"),
-                                        ("litetopk-rocm", "rocm/")])
+@pytest.mark.parametrize(
+    "name, base", [("litetopk", "python:"), ("litetopk-cuda", "nvidia/cuda:"), ("litetopk-rocm", "rocm/")]
+)
 def test_variant_base_and_torch_build(name, base):
     args = SERVICES[name]["build"]["args"]
     assert args["BASE"].startswith(base), args
@@ -156,7 +157,7 @@ def test_demo_worker_reaches_the_cpu_service_through_the_socket_volume():
     assert worker["profiles"] == ["demo"]
     url = env(worker)["LITETOPK_URL"]
     assert url == "unix:" + env(server)["LITETOPK_UDS"], url
-    assert mounts(worker).get(SOCKET_VOLUME) == posixpath.dirname(url[len("unix:"):])
+    assert mounts(worker).get(SOCKET_VOLUME) == posixpath.dirname(url[len("unix:") :])
     assert worker["depends_on"]["litetopk"]["condition"] == "service_healthy"
     # shared memory is opened by name in the service's /dev/shm; the owner pid must be the worker's
     assert server["ipc"] == "shareable" and worker["ipc"] == "service:litetopk"
@@ -179,8 +180,10 @@ def compose_plugin() -> str | None:
 def test_docker_compose_config(profile):
     docker = compose_plugin()
     if docker is None:
-        pytest.skip("no `docker compose` here (docker CLI without the compose plugin): "
-                    "compose.yaml is checked by the parse tests above only")
+        pytest.skip(
+            "no `docker compose` here (docker CLI without the compose plugin): "
+            "compose.yaml is checked by the parse tests above only"
+        )
     argv = [docker, "compose", "-f", str(ROOT / "compose.yaml")]
     argv += ["--profile", profile] if profile else []
     result = subprocess.run([*argv, "config", "--quiet"], capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-import tomllib
 
 import pytest
+import tomllib
 
 from .files import ROOT, entry_mismatches, env_pairs, exec_form, healthcheck_command, make_recipes, parse_dockerfile
 
@@ -23,8 +23,9 @@ def test_stages_build_on_the_base_argument():
     assert len(IMAGE.stages) >= 2, "multi-stage: a builder and a small runtime stage"
     assert IMAGE.global_args.get("BASE", "").startswith("python:3"), IMAGE.global_args
     assert all(stage.base == "${BASE}" for stage in IMAGE.stages), [s.base for s in IMAGE.stages]
-    assert IMAGE.stages[-1].all("COPY") and any("--from=" in c for c in IMAGE.stages[-1].all("COPY")), \
+    assert IMAGE.stages[-1].all("COPY") and any("--from=" in c for c in IMAGE.stages[-1].all("COPY")), (
         "the runtime stage copies the built tree from the builder"
+    )
 
 
 @pytest.mark.parametrize("arg", ["BASE", "TORCH_INDEX_URL", "EXTRAS", "RUNTIME_PACKAGES"])
@@ -36,8 +37,9 @@ def test_build_argument_declared_and_documented(arg):
 
 @pytest.mark.parametrize("target", ["cpu", "cuda", "rocm"])
 def test_header_documents_each_target(target):
-    assert re.search(rf"^#\s+{target}\s+\S+\s+https://\S+", DOCKERFILE, re.MULTILINE), \
+    assert re.search(rf"^#\s+{target}\s+\S+\s+https://\S+", DOCKERFILE, re.MULTILINE), (
         f"the header has no `{target}  BASE  TORCH_INDEX_URL` row"
+    )
 
 
 def test_torch_build_comes_from_the_index_argument():
@@ -83,7 +85,9 @@ def test_image_installs_runtime_extras_only():
     default, run = image_extras()
     assert shlex.split(run) == ["make", "env", "EXTRAS=${EXTRAS}"], run
     names = default.split(",")
-    assert set(names) <= set(EXTRAS) and "dev" not in names, f"EXTRAS={default}: extras of pyproject.toml: {set(EXTRAS)}"
+    assert set(names) <= set(EXTRAS) and "dev" not in names, (
+        f"EXTRAS={default}: extras of pyproject.toml: {set(EXTRAS)}"
+    )
     packages = {requirement.split("=")[0] for name in names for requirement in EXTRAS[name]}
     assert not packages & {"pytest", "schemathesis", "triton", "flydsl"}, f"the cpu image would install {packages}"
 
@@ -98,8 +102,9 @@ def test_socket_directory_belongs_to_the_service_user():
     env = {k: v for args in IMAGE.runtime.all("ENV") for k, v in env_pairs(args).items()}
     directory = posixpath.dirname(env["LITETOPK_UDS"])
     user = IMAGE.runtime.last("USER")
-    assert any(f"install -d -o {user} -g {user} -m 0700 {directory}" in run for run in IMAGE.runtime.all("RUN")), \
+    assert any(f"install -d -o {user} -g {user} -m 0700 {directory}" in run for run in IMAGE.runtime.all("RUN")), (
         f"{directory} must be created 0700 for {user} (a named volume copies it on first use)"
+    )
 
 
 def test_dockerignore_keeps_host_state_out():
@@ -130,5 +135,6 @@ def test_comparison_fails_when_one_side_changes(case):
     files = {"Dockerfile": DOCKERFILE, "Makefile": MAKEFILE, "README.md": README}
     assert files[path].count(old) == 1, f"{case}: {old!r} is not in {path} exactly once; update this test"
     files[path] = files[path].replace(old, new)
-    assert entry_mismatches(files["Dockerfile"], files["Makefile"], files["README.md"]), \
+    assert entry_mismatches(files["Dockerfile"], files["Makefile"], files["README.md"]), (
         f"{case}: changing {path} alone went unnoticed"
+    )

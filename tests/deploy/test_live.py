@@ -38,8 +38,7 @@ def test_demo_worker_over_the_socket_named_by_litetopk_url(live):
 
 def test_demo_worker_over_tcp(live):
     # over TCP the worker's client reads the service's bearer token (the file beside its socket)
-    result = run([sys.executable, "bench/demo_worker.py", "--calls", "1", "--url", live.url],
-                 LITETOPK_TOKEN=live.token)
+    result = run([sys.executable, "bench/demo_worker.py", "--calls", "1", "--url", live.url], LITETOPK_TOKEN=live.token)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "call 0: 16 rows, top-512" in result.stdout and ", ok" in result.stdout, result.stdout
 
@@ -53,8 +52,11 @@ def test_demo_worker_gives_up_when_no_service_answers(tmp_path):
 @pytest.mark.parametrize("via", ["socket", "tcp"])
 def test_image_healthcheck_passes_on_a_live_service(live, via):
     port = live.url.rsplit(":", 1)[1]
-    env = {"LITETOPK_UDS": live.uds, "LITETOPK_PORT": "1"} if via == "socket" else {"LITETOPK_UDS": "",
-                                                                                     "LITETOPK_PORT": port}
+    env = (
+        {"LITETOPK_UDS": live.uds, "LITETOPK_PORT": "1"}
+        if via == "socket"
+        else {"LITETOPK_UDS": "", "LITETOPK_PORT": port}
+    )
     result = run([sys.executable, *HEALTHCHECK[1:]], **env)
     assert result.returncode == 0, result.stderr
 

@@ -56,4 +56,6 @@ def test_paths_and_result_files_named_in_code_spans_exist(page):
     for name in PATH_IN_CODE.findall(text):
         assert (ROOT / name).exists(), f"{page.relative_to(ROOT)} names {name}, which does not exist"
     for name in RESULT_FILE.findall(text):
-        assert (ROOT / "bench" / "results" / name).exists(), f"{page.relative_to(ROOT)} names result {name}, not in bench/results"
+        assert (ROOT / "bench" / "results" / name).exists(), (
+            f"{page.relative_to(ROOT)} names result {name}, not in bench/results"
+        )

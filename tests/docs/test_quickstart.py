@@ -9,7 +9,6 @@ free TCP port (so it cannot collide with a service already running here). The se
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -76,7 +75,9 @@ def test_the_quick_start_gets_a_checked_answer_from_a_real_service(private_runti
         subprocess.run(["timeout", "60", "bash", "-c", wait], cwd=ROOT, check=True)
         assert resolve_endpoint(None, None).uds == socket, "TopKClient() would not take the service's socket"
         done = subprocess.run([sys.executable, "-c", python], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"the quick start failed:\n{done.stdout}\n{done.stderr}\nservice log:\n{service.log()}"
+        assert done.returncode == 0, (
+            f"the quick start failed:\n{done.stdout}\n{done.stderr}\nservice log:\n{service.log()}"
+        )
     finally:
         service.stop()
 

@@ -33,8 +33,9 @@ def test_sglang_adapter_is_zero_copy_and_fills_the_buffer(monkeypatch, seed):
     page_table = p.block_table[p.row_to_batch.long()].contiguous()  # one row per query token
     out = torch.full((rows, p.topk), 7, dtype=torch.int32)
     seen = spy_on_operator(monkeypatch)
-    result = adapters.topk_sglang_fp4_indexer(p.q_fp4, q_scale, p.kv_cache, page_table, weights, p.starts, p.ends,
-                                              out, topk=p.topk, backend="reference")
+    result = adapters.topk_sglang_fp4_indexer(
+        p.q_fp4, q_scale, p.kv_cache, page_table, weights, p.starts, p.ends, out, topk=p.topk, backend="reference"
+    )
     args = seen[0]
     inputs = (p.q_fp4, q_scale, p.kv_cache, page_table, weights)
     assert [a.data_ptr() for a in args[:5]] == [t.data_ptr() for t in inputs], "an input was copied"
@@ -48,14 +49,25 @@ def test_vllm_adapter_reads_slab_pages_and_fills_a_row_view(monkeypatch, seed):
     rows = p.q_fp4.shape[0]
     cache = in_padded_slab(p.kv_cache, 4608, seed=seed)
     buffer = torch.full((rows + 3, p.topk + 64), 7, dtype=torch.int32)
-    view = buffer[1:rows + 1, :p.topk]
+    view = buffer[1 : rows + 1, : p.topk]
     seen = spy_on_operator(monkeypatch)
-    adapters.topk_vllm_indexer(p.q_fp4, p.q_scale, cache, p.block_table, p.weights, p.row_to_batch, p.starts,
-                               p.ends, view, topk=p.topk, backend="reference")
+    adapters.topk_vllm_indexer(
+        p.q_fp4,
+        p.q_scale,
+        cache,
+        p.block_table,
+        p.weights,
+        p.row_to_batch,
+        p.starts,
+        p.ends,
+        view,
+        topk=p.topk,
+        backend="reference",
+    )
     assert seen[0][2].data_ptr() == cache.data_ptr() and seen[0][2].stride(0) == 4608, "the cache was copied"
     want = litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
     assert torch.equal(view, want.raw_indices), f"seed {seed}"
-    assert bool((buffer[0] == 7).all()) and bool((buffer[:, p.topk:] == 7).all()), "wrote outside the view"
+    assert bool((buffer[0] == 7).all()) and bool((buffer[:, p.topk :] == 7).all()), "wrote outside the view"
 
 
 def test_adapters_check_the_engine_tensors(seed):
@@ -63,8 +75,15 @@ def test_adapters_check_the_engine_tensors(seed):
     with pytest.raises(InputError, match="int32"):
         adapters.sglang_q_scale_bytes(p.q_scale)
     with pytest.raises(InputError, match="topk_indices_buffer must be int32"):
-        adapters.topk_vllm_indexer(*p.args()[:5], p.row_to_batch, p.starts, p.ends,
-                                   torch.empty(1, 3, dtype=torch.int32), topk=p.topk, backend="reference")
+        adapters.topk_vllm_indexer(
+            *p.args()[:5],
+            p.row_to_batch,
+            p.starts,
+            p.ends,
+            torch.empty(1, 3, dtype=torch.int32),
+            topk=p.topk,
+            backend="reference",
+        )
 
 
 def test_engine_tensors_are_viewed_as_our_bytes(seed):
@@ -79,10 +98,11 @@ def test_engine_tensors_are_viewed_as_our_bytes(seed):
         view = adapters.query_scale_bytes(scales)
         assert view.data_ptr() == p.q_scale.data_ptr() and torch.equal(view, p.q_scale), f"{list(scales.shape)}"
     assert torch.equal(adapters.head_weights(p.weights.view(rows, 64, 1), rows), p.weights)
-    slab = torch.randint(0, 256, (p.kv_cache.shape[0], 9000), dtype=torch.uint8,
-                         generator=torch.Generator().manual_seed(seed))
+    slab = torch.randint(
+        0, 256, (p.kv_cache.shape[0], 9000), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
     slab[:, :4352] = p.kv_cache
-    blocks = slab[:, :64 * 132].view(-1, 64, 132)  # vLLM's layer allocation, blocks 9000 bytes apart
+    blocks = slab[:, : 64 * 132].view(-1, 64, 132)  # vLLM's layer allocation, blocks 9000 bytes apart
     pages = adapters.vllm_kv_cache_pages(blocks)
     assert pages.data_ptr() == slab.data_ptr() and pages.stride(0) == 9000 and tuple(pages.shape[1:]) == (64, 1, 68)
     assert torch.equal(pages.reshape(-1, 4352), p.kv_cache), "a block's first 4352 bytes are our page"

@@ -71,19 +71,34 @@ def aiter_args(p, max_seq_len: int | None = None, guard_columns: int = 0, guard_
         guard = torch.full((table.shape[0], guard_columns), guard_value, dtype=torch.int32)
         table = torch.cat([table, guard], dim=1)
     seq = max_seq_len if max_seq_len is not None else p.block_table.shape[1] * 64
-    return (p.q_fp4, shuffle_q_scale_aiter(p.q_scale), values, scales, table, p.weights.to(torch.bfloat16),
-            p.row_to_batch, p.starts, p.ends, seq)
+    return (
+        p.q_fp4,
+        shuffle_q_scale_aiter(p.q_scale),
+        values,
+        scales,
+        table,
+        p.weights.to(torch.bfloat16),
+        p.row_to_batch,
+        p.starts,
+        p.ends,
+        seq,
+    )
 
 
 def ours(p, **kw):
-    return litetopk_prefill(*p.args()[:4], p.weights.to(torch.bfloat16), *p.args()[5:], topk=p.topk,
-                            backend="reference", **kw)
+    return litetopk_prefill(
+        *p.args()[:4], p.weights.to(torch.bfloat16), *p.args()[5:], topk=p.topk, backend="reference", **kw
+    )
 
 
 def assert_same_answer(got: FP4LiteTopKResult, want, where: str) -> None:
-    for name, field in (("values", "values"), ("raw_indices", "raw_indices"),
-                        ("physical_indices", "physical_indices"), ("counts", "counts"),
-                        ("candidate_counts", "candidates")):
+    for name, field in (
+        ("values", "values"),
+        ("raw_indices", "raw_indices"),
+        ("physical_indices", "physical_indices"),
+        ("counts", "counts"),
+        ("candidate_counts", "candidates"),
+    ):
         assert torch.equal(getattr(got, name), getattr(want, field)), f"{where}: {name} differs"
 
 
@@ -99,8 +114,9 @@ def test_dropin_answers_as_our_operator(topk, seed):
 def test_guard_columns_past_max_seq_len_are_never_read(seed):
     p = make_problem(seed, seq_lens=[700], rows_per_seq=3, spread=1)
     max_seq_len = p.block_table.shape[1] * 64
-    got = flydsl_pa_mqa_litetopk_fp4_prefill(*aiter_args(p, max_seq_len, guard_columns=4, guard_value=2**30),
-                                             backend="reference")
+    got = flydsl_pa_mqa_litetopk_fp4_prefill(
+        *aiter_args(p, max_seq_len, guard_columns=4, guard_value=2**30), backend="reference"
+    )
     assert_same_answer(got, ours(p), f"seed {seed}")
 
 
@@ -126,9 +142,12 @@ def test_out_tensors_are_written_in_place(seed):
     p = make_problem(seed, seq_lens=[600], rows_per_seq=2, spread=1)
     rows, k = p.q_fp4.shape[0], p.topk
     out = FP4LiteTopKResult(
-        values=torch.empty(rows, k), raw_indices=torch.empty(rows, k, dtype=torch.int32),
-        physical_indices=torch.empty(rows, k, dtype=torch.int32), counts=torch.empty(rows, dtype=torch.int32),
-        candidate_counts=torch.empty(rows, dtype=torch.int32), status=torch.full((rows,), 99, dtype=torch.int32),
+        values=torch.empty(rows, k),
+        raw_indices=torch.empty(rows, k, dtype=torch.int32),
+        physical_indices=torch.empty(rows, k, dtype=torch.int32),
+        counts=torch.empty(rows, dtype=torch.int32),
+        candidate_counts=torch.empty(rows, dtype=torch.int32),
+        status=torch.full((rows,), 99, dtype=torch.int32),
     )
     pointers = [t.data_ptr() for t in out]
     workspace = allocate_fp4_litetopk_workspace(rows, "cpu", topk=k)
@@ -146,8 +165,9 @@ def test_a_workspace_sized_for_max_seq_len_serves_the_call(seed):
     p = make_problem(seed, seq_lens=[700, 300], rows_per_seq=2, spread=1)
     args = aiter_args(p)
     rows, k, max_seq_len = p.q_fp4.shape[0], p.topk, args[9]
-    workspace = allocate_fp4_litetopk_workspace(rows, "cpu", topk=k, max_seq_len=max_seq_len,
-                                                max_batch=p.block_table.shape[0], backend="reference")
+    workspace = allocate_fp4_litetopk_workspace(
+        rows, "cpu", topk=k, max_seq_len=max_seq_len, max_batch=p.block_table.shape[0], backend="reference"
+    )
     assert workspace.buffer is not None and workspace.buffer.numel() > 0, f"seed {seed}: no buffer"
     workspace.buffer.fill_(0xA5)  # poisoned: the call must not read what it did not write
     got = flydsl_pa_mqa_litetopk_fp4_prefill(*args, workspace=workspace, backend="reference")
@@ -158,14 +178,17 @@ def test_a_workspace_sized_for_max_seq_len_serves_the_call(seed):
         flydsl_pa_mqa_litetopk_fp4_prefill(*args, workspace=small, backend="reference")
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(sample_len=4096), "sample_len=4096 is not supported"),
-    (dict(merge_cap=1024), "merge_cap=1024 is not supported"),
-    (dict(topk=2048), r"topk in \(512, 1024\)"),
-    (dict(max_seq_len=0), "max_seq_len must be"),
-    (dict(max_seq_len=10**6), "max_seq_len must be"),
-    (dict(max_seq_len=64 * 40), "exceeds block_tables capacity"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(sample_len=4096), "sample_len=4096 is not supported"),
+        (dict(merge_cap=1024), "merge_cap=1024 is not supported"),
+        (dict(topk=2048), r"topk in \(512, 1024\)"),
+        (dict(max_seq_len=0), "max_seq_len must be"),
+        (dict(max_seq_len=10**6), "max_seq_len must be"),
+        (dict(max_seq_len=64 * 40), "exceeds block_tables capacity"),
+    ],
+)
 def test_aiter_argument_checks(change, message, seed):
     p = make_problem(seed, seq_lens=[300], rows_per_seq=1, spread=1)
     args = list(aiter_args(p))

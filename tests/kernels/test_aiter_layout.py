@@ -41,7 +41,7 @@ def ref_aiter_pages(k_fp4: np.ndarray, k_scale: np.ndarray, table: np.ndarray, n
         for j in range(length):
             p, t = table[b, j // 64], j % 64
             for g in range(4):
-                values[p, 0, g, t, :] = k_fp4[b, j, g * 16:(g + 1) * 16]
+                values[p, 0, g, t, :] = k_fp4[b, j, g * 16 : (g + 1) * 16]
                 scales[p, 0, g, (t % 16) * 4 + t // 16] = k_scale[b, j, g]
     return values, scales
 
@@ -55,8 +55,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_pack_kv_cache_aiter_matches_aiter_bytes(case, seed):
     k_fp4, k_scale, table, num_pages = random_sequences(seed, **CASES[case])
-    values, scales = pack_kv_cache_aiter(torch.from_numpy(k_fp4), torch.from_numpy(k_scale),
-                                         torch.from_numpy(table), num_pages)
+    values, scales = pack_kv_cache_aiter(
+        torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages
+    )
     want_values, want_scales = ref_aiter_pages(k_fp4, k_scale, table, num_pages)
     assert np.array_equal(values.numpy(), want_values), f"{case}: values, seed {seed}"
     assert np.array_equal(scales.numpy(), want_scales), f"{case}: scales, seed {seed}"
@@ -105,8 +106,8 @@ def in_padded_slab(pages: torch.Tensor, stride: int, offset: int = 0, *, seed: i
     flat = pages.reshape(pages.shape[0], -1)
     gen = torch.Generator().manual_seed(seed)
     slab = torch.randint(0, 256, (pages.shape[0], stride), dtype=torch.uint8, generator=gen)
-    slab[:, offset:offset + flat.shape[1]] = flat
-    return slab[:, offset:offset + flat.shape[1]].view(pages.shape)
+    slab[:, offset : offset + flat.shape[1]] = flat
+    return slab[:, offset : offset + flat.shape[1]].view(pages.shape)
 
 
 def cache_layouts(cache: torch.Tensor, seed: int) -> dict[str, dict]:
@@ -116,11 +117,14 @@ def cache_layouts(cache: torch.Tensor, seed: int) -> dict[str, dict]:
         "ours [pages, 4352]": dict(kv_cache=cache),
         "ours [pages, 64, 1, 68]": dict(kv_cache=cache.view(-1, 64, 1, 68)),
         "ours, 4608-byte pages (vLLM)": dict(kv_cache=in_padded_slab(cache, 4608, seed=seed)),
-        "ours, slice of a per-block slab": dict(kv_cache=in_padded_slab(cache, 3 * 4352 + 64, offset=4352 + 32,
-                                                                          seed=seed + 1)),
+        "ours, slice of a per-block slab": dict(
+            kv_cache=in_padded_slab(cache, 3 * 4352 + 64, offset=4352 + 32, seed=seed + 1)
+        ),
         "aiter": dict(kv_cache=values, kv_scale=scales),
-        "aiter, padded pages": dict(kv_cache=in_padded_slab(values, 4096 + 512, seed=seed + 2),
-                                    kv_scale=in_padded_slab(scales, 320, seed=seed + 3)),
+        "aiter, padded pages": dict(
+            kv_cache=in_padded_slab(values, 4096 + 512, seed=seed + 2),
+            kv_scale=in_padded_slab(scales, 320, seed=seed + 3),
+        ),
     }
 
 
@@ -139,10 +143,16 @@ BAD_CACHES = {
     "page bytes transposed": (lambda c: c.view(-1, 64, 68).transpose(1, 2), None, "must be contiguous"),
     "aiter values without kv_scale": (lambda c: aiter_pages_from_litetopk(c)[0], None, "4352"),
     "kv_scale with our cache": (lambda c: c, lambda c: aiter_pages_from_litetopk(c)[1], "1, 4, 64, 16"),
-    "kv_scale page count": (lambda c: aiter_pages_from_litetopk(c)[0], lambda c: aiter_pages_from_litetopk(c)[1][1:],
-                            "one page per kv_cache page"),
-    "kv_scale dtype": (lambda c: aiter_pages_from_litetopk(c)[0], lambda c: aiter_pages_from_litetopk(c)[1].int(),
-                       "uint8"),
+    "kv_scale page count": (
+        lambda c: aiter_pages_from_litetopk(c)[0],
+        lambda c: aiter_pages_from_litetopk(c)[1][1:],
+        "one page per kv_cache page",
+    ),
+    "kv_scale dtype": (
+        lambda c: aiter_pages_from_litetopk(c)[0],
+        lambda c: aiter_pages_from_litetopk(c)[1].int(),
+        "uint8",
+    ),
 }
 
 

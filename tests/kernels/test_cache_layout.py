@@ -59,8 +59,9 @@ def test_pack_matches_contract_bytes(case, seed):
     assert cache.dtype == torch.uint8 and tuple(cache.shape) == (num_pages, PAGE_BYTES), case
     want = ref_pack_kv_cache(k_fp4, k_scale, table, num_pages)
     diff = np.argwhere(cache.numpy() != want)
-    assert diff.size == 0, (f"{case}, seed {seed}: bytes differ from the contract layout at (page, byte) "
-                            f"{diff[:5].tolist()}")
+    assert diff.size == 0, (
+        f"{case}, seed {seed}: bytes differ from the contract layout at (page, byte) {diff[:5].tolist()}"
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -89,15 +90,16 @@ def test_unused_pages_and_slots_are_zero(seed):
     k_fp4, k_scale, table, num_pages = random_sequences(seed, batch=2, length=70, spare_pages=3, extra_table_pages=2)
     k_fp4[:] = 0xFF
     k_scale[:] = 0xFF
-    cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table),
-                          num_pages).numpy()
+    cache = pack_kv_cache(
+        torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages
+    ).numpy()
     used = set(table[table >= 0].tolist())
     for page in range(num_pages):
         if page not in used:
             assert not cache[page].any(), f"spare page {page} must be zero"
     last = table[0, 1]  # tokens 64..69 used, 70..127 not
-    assert (cache[last, : 6 * 64] == 0xFF).all() and not cache[last, 6 * 64:4096].any()
-    assert (cache[last, 4096:4096 + 6 * 4] == 0xFF).all() and not cache[last, 4096 + 6 * 4:].any()
+    assert (cache[last, : 6 * 64] == 0xFF).all() and not cache[last, 6 * 64 : 4096].any()
+    assert (cache[last, 4096 : 4096 + 6 * 4] == 0xFF).all() and not cache[last, 4096 + 6 * 4 :].any()
 
 
 def test_page_view_of_some_stacks_has_the_same_bytes(seed):
@@ -106,8 +108,9 @@ def test_page_view_of_some_stacks_has_the_same_bytes(seed):
     cache = pack_kv_cache(torch.from_numpy(k_fp4), torch.from_numpy(k_scale), torch.from_numpy(table), num_pages)
     view = cache.view(num_pages, 64, 1, 68)
     assert view.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
-    assert torch.equal(view.reshape(num_pages, -1)[:, :4096].reshape(num_pages, 64, 64)[table[0, 0]],
-                       torch.from_numpy(k_fp4[0]))
+    assert torch.equal(
+        view.reshape(num_pages, -1)[:, :4096].reshape(num_pages, 64, 64)[table[0, 0]], torch.from_numpy(k_fp4[0])
+    )
 
 
 def _args(seed):
@@ -127,8 +130,16 @@ def _args(seed):
         (lambda k, s, t, n: (k, s, t[:1], n), "block_table"),
         (lambda k, s, t, n: (k, s, t[:, :1], n), "pages"),
     ],
-    ids=["negative live page", "live page past the cache", "page used twice", "value bytes",
-         "scale length", "dtype", "batch of block table", "too few pages"],
+    ids=[
+        "negative live page",
+        "live page past the cache",
+        "page used twice",
+        "value bytes",
+        "scale length",
+        "dtype",
+        "batch of block table",
+        "too few pages",
+    ],
 )
 def test_pack_rejects_bad_arguments(mutate, match, seed):
     with pytest.raises(InputError, match=match):

@@ -29,8 +29,17 @@ def ref_kth_largest(row: list[float], rank: int) -> float:
     return sorted(row, reverse=True)[rank - 1] + 0.0
 
 
-ROW_KINDS = ("normal", "few values", "one value", "signed zeros", "mostly -inf", "some +inf", "a NaN", "wide range",
-             "adjacent floats")
+ROW_KINDS = (
+    "normal",
+    "few values",
+    "one value",
+    "signed zeros",
+    "mostly -inf",
+    "some +inf",
+    "a NaN",
+    "wide range",
+    "adjacent floats",
+)
 
 
 def adjacent_floats(rng: np.random.Generator, width: int, k: int, band: int) -> torch.Tensor:
@@ -95,7 +104,8 @@ def test_calibration_keys_equal_the_torch_contract(name, offset, seed):
     for field, w, g in zip(("thresholds", "ceilings"), want, got):
         for r, kind in enumerate(ROW_KINDS):
             assert g[r].item() == w[r].item(), (
-                f"{name}, offset {offset}, {kind} row: {field} {g[r].item()} vs {w[r].item()}")
+                f"{name}, offset {offset}, {kind} row: {field} {g[r].item()} vs {w[r].item()}"
+            )
     nan_row = ROW_KINDS.index("a NaN")
     assert want[0][nan_row] == NO_KEY and want[1][nan_row] == NO_KEY, "a row holding a NaN gets no keys"
 

@@ -32,9 +32,11 @@ def _without_syncs(call):
         torch.cuda.set_sync_debug_mode(0)
 
 
-@pytest.mark.parametrize("operator, calibration", [(litetopk_prefill, "sample"), (litetopk_prefill, "scan"),
-                                                   (dense_topk_prefill, "sample")],
-                         ids=["litetopk", "litetopk-self-calibrating", "dense"])
+@pytest.mark.parametrize(
+    "operator, calibration",
+    [(litetopk_prefill, "sample"), (litetopk_prefill, "scan"), (dense_topk_prefill, "sample")],
+    ids=["litetopk", "litetopk-self-calibrating", "dense"],
+)
 def test_an_eager_call_never_synchronizes_with_the_host(operator, calibration, seed):
     p = _problem(seed)
     _call(p, operator=operator, calibration=calibration)  # compile outside the check
@@ -55,7 +57,7 @@ def test_dense_ties_are_settled_on_the_device(seed):
     for row in range(3):
         start, end = int(p.starts[row]), int(p.ends[row])
         want = torch.arange(start, start + min(p.topk, end - start), dtype=torch.int32, device="cuda")
-        assert torch.equal(dense.raw_indices[row, :len(want)], want), f"row {row} (seed {seed})"
+        assert torch.equal(dense.raw_indices[row, : len(want)], want), f"row {row} (seed {seed})"
 
 
 @pytest.mark.parametrize("calibration", ["sample", "scan"])
@@ -79,5 +81,6 @@ def test_graph_replay_on_new_inputs_equals_an_eager_call(calibration, seed):
     torch.cuda.synchronize()
     want = _call(p, calibration=calibration)  # eager, on the same tensors with the new contents
     for name in FIELDS:
-        assert torch.equal(out[name], getattr(want, name)), \
+        assert torch.equal(out[name], getattr(want, name)), (
             f"{calibration}, seed {seed}: field {name} differs after replay"
+        )

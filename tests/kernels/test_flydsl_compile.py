@@ -46,7 +46,9 @@ def dump(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("flydsl_isa")
     done = subprocess.run(
         [sys.executable, "-m", "litetopk.kernels.compile.gfx950", str(folder)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, f"compile-only build failed:\n{done.stdout}\n{done.stderr}"
     return folder
@@ -82,8 +84,9 @@ def _metadata(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_isa_targets_gfx950(isa, variant):
-    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"',
-                     isa[variant]), f"{variant}: ISA is not for gfx950"
+    assert re.search(r'\.amdgcn_target "amdgcn-amd-amdhsa-[a-z]*-gfx950"', isa[variant]), (
+        f"{variant}: ISA is not for gfx950"
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -111,8 +114,9 @@ def test_isa_reads_key_values_as_words_and_one_scale_byte(isa, variant):
     byte or short loads."""
     text = isa[variant]
     byte_loads = re.findall(r"^\s*global_load_(?:u|s)(?:byte|short)\S*", text, re.MULTILINE)
-    assert [b.strip() for b in byte_loads] == ["global_load_ubyte"], \
+    assert [b.strip() for b in byte_loads] == ["global_load_ubyte"], (
         f"{variant}: expected exactly one sub-word load (the scale byte), got {byte_loads}"
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -132,8 +136,9 @@ def test_isa_scan_appends_with_64bit_atomics(isa, cache_format):
 
 @pytest.mark.parametrize("cache_format", CACHE_FORMATS)
 def test_isa_dense_stores_scores_without_atomics(isa, cache_format):
-    assert not re.search(r"^\s*global_atomic", isa[f"dense-{cache_format}"], re.MULTILINE), \
+    assert not re.search(r"^\s*global_atomic", isa[f"dense-{cache_format}"], re.MULTILINE), (
         f"dense-{cache_format}: the dense variant needs no atomics"
+    )
 
 
 def _kernel_parameters(ir: str) -> list[tuple[str, str]]:
@@ -156,8 +161,9 @@ def test_llvm_ir_page_times_stride_and_every_address_are_64_bit(llvm_ir, variant
     widened = set(re.findall(r"^\s*(%\d+) = sext i32 %\d+ to i64$", ir, re.MULTILINE))
     for stride in strides:
         products = re.findall(rf"^\s*%\d+ = mul i64 (%\d+), {stride}$", ir, re.MULTILINE)
-        assert products and set(products) <= widened, \
+        assert products and set(products) <= widened, (
             f"{variant}: page stride {stride} is not multiplied in int64 by a widened page id: {products}"
+        )
 
 
 def _instructions(text: str) -> list[str]:

@@ -42,8 +42,10 @@ CASES = [
     pytest.param(dict(seq_lens=[3000, 700], rows_per_seq=5, topk=512), id="k512-two-seqs"),
     pytest.param(dict(seq_lens=[9000], rows_per_seq=6, topk=1024), id="k1024-calibrated"),
     pytest.param(dict(seq_lens=[2500, 40], rows_per_seq=4, topk=512, causal=False), id="k512-subwindows"),
-    pytest.param(dict(seq_lens=[5000], rows_per_seq=3, topk=512, weights_dtype=torch.bfloat16,
-                      weight_scale=0.37), id="bf16-weights-scaled"),
+    pytest.param(
+        dict(seq_lens=[5000], rows_per_seq=3, topk=512, weights_dtype=torch.bfloat16, weight_scale=0.37),
+        id="bf16-weights-scaled",
+    ),
 ]
 
 
@@ -143,8 +145,9 @@ def test_dense_scores_in_every_layout_equal_reference_bit_for_bit(seed, layout):
     ours, ours_nf = get_backend("flydsl", DEVICE).score_dense(problem)
     ref, ref_nf = get_backend("reference", DEVICE).score_dense(_validated(p))
     diff = (ours != ref) & ~(torch.isneginf(ours) & torch.isneginf(ref))
-    assert not bool(diff.any()), \
+    assert not bool(diff.any()), (
         f"{layout}: {int(diff.sum())} scores differ, first at {torch.nonzero(diff)[:5].tolist()}"
+    )
     assert torch.equal(ours_nf, ref_nf), f"{layout}: nonfinite flags differ"
 
 

@@ -28,8 +28,16 @@ def summary(tmp_path_factory) -> dict:
 # The self-calibrating scans (LiteTopKTuning(calibration="scan")) hold their calibration outside the step
 # loops (in a step loop the narrow one reloads at most 1 register a step, as the scan; the wide one up to 10, scan_wide
 # 5).
-ALLOWED_SPILL_BYTES = {"dense": 0, "strided": 0, "scan": 8, "dense_wide": 24, "strided_wide": 40, "scan_wide": 40,
-                       "scan_calibrating": 24, "scan_wide_calibrating": 120}
+ALLOWED_SPILL_BYTES = {
+    "dense": 0,
+    "strided": 0,
+    "scan": 8,
+    "dense_wide": 24,
+    "strided_wide": 40,
+    "scan_wide": 40,
+    "scan_calibrating": 24,
+    "scan_wide_calibrating": 120,
+}
 # the ANY_WIDE false variants: the loop checks below are theirs
 COMMON = ("dense", "strided", "scan", "scan_calibrating")
 
@@ -74,8 +82,9 @@ def test_scan_appends_with_one_atomic_per_thread(summary, variant, histogram):
     assert "ATOMG" not in summary["dense"]["loop_opcodes"], "the dense loop holds an atomic"
 
 
-@pytest.mark.parametrize("variant, plain, phases", [("scan_calibrating", "scan", 3),
-                                                     ("scan_wide_calibrating", "scan_wide", 2)])
+@pytest.mark.parametrize(
+    "variant, plain, phases", [("scan_calibrating", "scan", 3), ("scan_wide_calibrating", "scan_wide", 2)]
+)
 def test_self_calibrating_scan_loops_stay_the_scan_loop(summary, variant, plain, phases):
     """The calibration runs between the phases' loops, not in them: each of the self-calibrating
     scan's step loops is the scan's within a few instructions (offline: 253 / 347 / 341 vs 326;

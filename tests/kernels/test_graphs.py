@@ -73,9 +73,12 @@ def test_replays_on_new_contents_equal_eager_calls(graphs, seed):
 def test_each_signature_part_gets_its_own_graph(graphs, case, seed):
     p = problem(seed)
     graphs(*p.args(), **p.kwargs())
-    variant = {"rows": problem(seed, rows=18), "topk": problem(seed, topk=1024),
-               "bf16 weights": problem(seed, weights_dtype=torch.bfloat16),
-               "weight_scale": problem(seed, weight_scale=0.375)}.get(case, p)
+    variant = {
+        "rows": problem(seed, rows=18),
+        "topk": problem(seed, topk=1024),
+        "bf16 weights": problem(seed, weights_dtype=torch.bfloat16),
+        "weight_scale": problem(seed, weight_scale=0.375),
+    }.get(case, p)
     variant.kv_cache = p.kv_cache if variant.kv_cache.shape == p.kv_cache.shape else variant.kv_cache
     kw = {"max_seq_len": 3000} if case == "max_seq_len" else {"repair": False} if case == "repair" else {}
     captures = graphs.stats["captures"]
@@ -103,11 +106,13 @@ def test_caller_owned_out_is_written_in_place_and_the_rest_is_new_memory(graphs,
     rows, k = p.q_fp4.shape[0], p.topk
     buf = torch.full((rows + 3, k + 5), -7, dtype=torch.int32)
     status = torch.full((rows, 2), -7, dtype=torch.int32)
-    out = {"physical_indices": buf[1:1 + rows, :k], "status": status[:, 1]}
+    out = {"physical_indices": buf[1 : 1 + rows, :k], "status": status[:, 1]}
     got = graphs(*p.args(), **p.kwargs(), out=out)
     assert got.physical_indices is out["physical_indices"] and got.status is out["status"]
     assert_same(got, eager(p), f"seed {seed}: out=")
-    assert (buf[0] == -7).all() and (buf[1 + rows:] == -7).all() and (buf[:, k:] == -7).all(), "wrote outside the views"
+    assert (buf[0] == -7).all() and (buf[1 + rows :] == -7).all() and (buf[:, k:] == -7).all(), (
+        "wrote outside the views"
+    )
     assert (status[:, 0] == -7).all(), "wrote outside the status view"
     arena = (graphs._arena.data_ptr(), graphs._arena.data_ptr() + graphs.arena_bytes)
     for name in FIELDS:
@@ -181,7 +186,8 @@ def test_bad_arguments_are_the_operators_input_errors(graphs, seed):
     longer = problem(seed, rows=8, keys=(4200, 1900))  # 69 pages a sequence: up to 4416 keys
     with pytest.raises(InputError, match=r"4288 window bound .* at most 4096"):
         LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "max_seq_len": 4096, "topk": 512})(
-            *longer.args(), **longer.kwargs(), max_seq_len=4288)
+            *longer.args(), **longer.kwargs(), max_seq_len=4288
+        )
     with pytest.raises(InputError, match=r"topk=1024: this runner was built for K in \(512,\)"):
         LiteTopKGraphs(**{**BOUNDS, "max_rows": 8, "topk": 512})(*problem(seed, rows=8, topk=1024).args(), topk=1024)
     three = problem(seed, keys=(900, 900, 900))
@@ -221,7 +227,7 @@ def test_the_cache_format_and_page_stride_are_part_of_the_signature(graphs, seed
     slab = torch.zeros(pages, 4608, dtype=torch.uint8)
     slab[:, :4352] = p.kv_cache
     padded = slab[:, :4352]
-    packed = slab.view(-1)[:pages * 4352].view(pages, 4352)
+    packed = slab.view(-1)[: pages * 4352].view(pages, 4352)
     assert padded.data_ptr() == packed.data_ptr() and padded.shape == packed.shape
     for view in (padded, packed):
         p.kv_cache = view
@@ -233,8 +239,10 @@ def in_place_args(views: dict, p) -> tuple:
     """p's arguments with every staged input replaced by the runner's own buffer holding p's values."""
     for name, view in views.items():
         view.copy_(getattr(p, name))
-    return tuple(views.get(name, getattr(p, name)) for name in
-                 ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends"))
+    return tuple(
+        views.get(name, getattr(p, name))
+        for name in ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
+    )
 
 
 def test_inputs_in_the_runners_own_buffers_are_not_copied(seed, monkeypatch):
@@ -293,7 +301,7 @@ def test_buffers_of_one_shape_serve_every_k_in_place(seed, monkeypatch):
 
     def widened(p):
         table = torch.full(wide, -1, dtype=torch.int32)
-        table[:, :p.block_table.shape[1]] = p.block_table
+        table[:, : p.block_table.shape[1]] = p.block_table
         p.block_table = table
         return p
 

@@ -51,7 +51,7 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
                 add(alias.name, node.lineno)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - (node.level - 1)]
+                base = package[: len(package) - (node.level - 1)]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -80,7 +80,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)
@@ -89,8 +89,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
 
 
 def describe(cycle: list[str], graph: dict[str, dict[str, int]], known: dict[str, Path]) -> str:
-    return "\n".join(f"  {a} -> {b}   ({known[a].relative_to(ROOT)}:{graph[a][b]})"
-                     for a, b in zip(cycle, cycle[1:]))
+    return "\n".join(f"  {a} -> {b}   ({known[a].relative_to(ROOT)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:]))
 
 
 def test_the_graph_sees_every_kind_of_import():
@@ -108,15 +107,21 @@ def test_the_graph_sees_every_kind_of_import():
 def test_litetopk_has_no_import_cycle():
     graph = import_graph()
     cycle = find_cycle(graph)
-    assert cycle is None, (f"import cycle of {len(cycle) - 1} modules (a module imports one above it; "
-                           f"kernels/__init__.py draws the layers):\n{describe(cycle, graph, modules())}")
+    assert cycle is None, (
+        f"import cycle of {len(cycle) - 1} modules (a module imports one above it; "
+        f"kernels/__init__.py draws the layers):\n{describe(cycle, graph, modules())}"
+    )
 
 
 @pytest.mark.parametrize("above", ["litetopk.service", "litetopk.clients"])
 def test_kernels_never_import_the_service_or_the_clients(above):
     graph = import_graph()
     known = modules()
-    reaching = [f"{name} -> {target}   ({known[name].relative_to(ROOT)}:{line})"
-                for name, targets in sorted(graph.items()) if name.startswith("litetopk.kernels")
-                for target, line in sorted(targets.items()) if target == above or target.startswith(above + ".")]
+    reaching = [
+        f"{name} -> {target}   ({known[name].relative_to(ROOT)}:{line})"
+        for name, targets in sorted(graph.items())
+        if name.startswith("litetopk.kernels")
+        for target, line in sorted(targets.items())
+        if target == above or target.startswith(above + ".")
+    ]
     assert not reaching, f"litetopk.kernels imports {above}:\n" + "\n".join(reaching)

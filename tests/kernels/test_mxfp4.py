@@ -179,7 +179,7 @@ def test_encode_signed_zeros():
     x = torch.zeros(4, 32)
     x[1] = -0.0
     x[2, 0::2] = -0.0
-    x[3, 5] = -2.0**-140  # rounds to -0 at the smallest scale
+    x[3, 5] = -(2.0**-140)  # rounds to -0 at the smallest scale
     packed, scales = quantize_mxfp4(x)
     assert scales.flatten().tolist() == [0, 0, 0, 0], "all-zero groups take the clamped scale 2^-127"
     assert (packed[0] == 0x00).all() and (packed[1] == 0x88).all() and (packed[2] == 0x08).all()

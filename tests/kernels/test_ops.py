@@ -67,11 +67,24 @@ class CallsTheOperator(torch.nn.Module):
         self.operator, self.topk, self.backend, self.into_buffer = OPERATORS[operator], topk, backend, into_buffer
         self.options = options
 
-    def forward(self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-                index_buffer) -> TopKResult:
-        out = {"raw_indices": index_buffer[:, :self.topk]} if self.into_buffer else None
-        return self.operator(q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends,
-                             topk=self.topk, backend=self.backend, out=out, **self.options)
+    def forward(
+        self, q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends, index_buffer
+    ) -> TopKResult:
+        out = {"raw_indices": index_buffer[:, : self.topk]} if self.into_buffer else None
+        return self.operator(
+            q_fp4,
+            q_scale,
+            kv_cache,
+            block_table,
+            weights,
+            row_to_batch,
+            starts,
+            ends,
+            topk=self.topk,
+            backend=self.backend,
+            out=out,
+            **self.options,
+        )
 
 
 def new_buffer(rows: int, device) -> torch.Tensor:
@@ -108,8 +121,8 @@ def check_compiled_against_eager(module, problems, compiler: str, where: str, **
         assert results_equal(got, want) == [], f"{at}: fields {results_equal(got, want)} differ from eager"
         assert torch.equal(compiled_buffer, eager_buffer), f"{at}: the index buffer differs from eager"
         if module.into_buffer:
-            assert torch.equal(compiled_buffer[:, :module.topk], got.raw_indices), f"{at}: out= not written in place"
-            assert bool((compiled_buffer[:, module.topk:] == -7).all()), f"{at}: written beyond [:, :K]"
+            assert torch.equal(compiled_buffer[:, : module.topk], got.raw_indices), f"{at}: out= not written in place"
+            assert bool((compiled_buffer[:, module.topk :] == -7).all()), f"{at}: written beyond [:, :K]"
     return seen
 
 
@@ -117,8 +130,11 @@ def check_compiled_against_eager(module, problems, compiler: str, where: str, **
 
 COMPILE_CASES = {  # name: (operator, into_buffer, options)
     "litetopk_prefill": ("litetopk_prefill", False, dict(tuning=LiteTopKTuning(sample_size=200))),
-    "litetopk_prefill, out= into an index buffer": ("litetopk_prefill", True, dict(tuning=LiteTopKTuning(
-        sample_size=200))),
+    "litetopk_prefill, out= into an index buffer": (
+        "litetopk_prefill",
+        True,
+        dict(tuning=LiteTopKTuning(sample_size=200)),
+    ),
     "dense_topk_prefill": ("dense_topk_prefill", False, {}),
     "dense_topk_prefill, out= into an index buffer": ("dense_topk_prefill", True, {}),
 }
@@ -145,6 +161,7 @@ def test_rows_that_change_between_calls_compile_once(seed):
 
 # -- fake tensors and opcheck ---------------------------------------------------------------------------
 
+
 def op_arguments(name: str, p, topk: int) -> tuple[tuple, dict]:
     """(args, kwargs) of the op `name` for problem `p`: its tensors, no kv_scale, no workspace, and for the
     _out ops a new tensor for every result field."""
@@ -160,16 +177,18 @@ def op_arguments(name: str, p, topk: int) -> tuple[tuple, dict]:
 def test_the_fake_result_has_every_field_of_the_contract(name, rows, topk):
     p = random_problem(max(rows, 1), 700, topk, seed=0)
     if rows == 0:
-        p = dataclasses.replace(p, **{f: getattr(p, f)[:0] for f in ("q_fp4", "q_scale", "weights", "row_to_batch",
-                                                                    "starts", "ends")})
+        p = dataclasses.replace(
+            p, **{f: getattr(p, f)[:0] for f in ("q_fp4", "q_scale", "weights", "row_to_batch", "starts", "ends")}
+        )
     with FakeTensorMode() as mode:
         args, kwargs = op_arguments(name, p, topk)
         fields = OPS[name](*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
     assert len(fields) == len(CONTRACT_FIELDS), f"{name}: {len(fields)} fields"
     for (field, (dtype, shape_of)), got in zip(CONTRACT_FIELDS.items(), fields):
         where = f"{name}, rows {rows}, K {topk}: {field}"
-        assert got.dtype == dtype and tuple(got.shape) == shape_of(rows, topk), \
+        assert got.dtype == dtype and tuple(got.shape) == shape_of(rows, topk), (
             f"{where}: {got.dtype} {list(got.shape)}, want {dtype} {list(shape_of(rows, topk))}"
+        )
         assert got.device == p.q_fp4.device, f"{where}: on {got.device}"
 
 
@@ -184,6 +203,7 @@ def test_opcheck_passes(name, seed):
 
 # -- the schema and errors ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["litetopk::prefill", "litetopk::prefill_out"])
 def test_the_litetopk_ops_take_every_tuning_field_with_its_default(name):
     schema = OPS[name]._opoverload._schema
@@ -191,8 +211,9 @@ def test_the_litetopk_ops_take_every_tuning_field_with_its_default(name):
     for field in dataclasses.fields(LiteTopKTuning):
         assert field.name in keywords, f"{name}: LiteTopKTuning.{field.name} is not an argument of the op"
         assert keywords[field.name] == field.default, f"{name}: {field.name} defaults to {keywords[field.name]}"
-    tuning = LiteTopKTuning(calibration="scan", sample_size=300, capacity_factor=4, candidate_capacity=900,
-                            repair_rows=3)
+    tuning = LiteTopKTuning(
+        calibration="scan", sample_size=300, capacity_factor=4, candidate_capacity=900, repair_rows=3
+    )
     assert tuning_options(tuning) == dataclasses.asdict(tuning), "tuning_options drops or renames a field"
 
 
@@ -207,8 +228,9 @@ def test_the_ops_raise_the_eager_errors():
 
 def test_an_unsupported_k_fails_the_trace():
     p = random_problem(2, 700, 512, seed=0)
-    compiled = torch.compile(CallsTheOperator("litetopk_prefill", 2048, "reference", False), fullgraph=True,
-                             backend="aot_eager")
+    compiled = torch.compile(
+        CallsTheOperator("litetopk_prefill", 2048, "reference", False), fullgraph=True, backend="aot_eager"
+    )
     with pytest.raises(Exception, match="topk=2048 is not supported"):
         compiled(*p.args(), new_buffer(2, "cpu"))
 
@@ -216,8 +238,9 @@ def test_an_unsupported_k_fails_the_trace():
 def test_a_compiled_call_raises_the_eager_input_errors():
     """The checks that read strides and dtypes run in the op at run time: the same InputError as in eager."""
     p = random_problem(2, 700, 512, seed=0)
-    compiled = torch.compile(CallsTheOperator("litetopk_prefill", 512, "reference", True), fullgraph=True,
-                             backend="aot_eager")
+    compiled = torch.compile(
+        CallsTheOperator("litetopk_prefill", 512, "reference", True), fullgraph=True, backend="aot_eager"
+    )
     wrong = torch.zeros((2, BUFFER_COLUMNS), dtype=torch.float32)
     with pytest.raises(InputDtypeError, match=r"out\['raw_indices'\] must be int32"):
         compiled(*p.args(), wrong)

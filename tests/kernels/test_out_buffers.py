@@ -45,10 +45,10 @@ def strided_out(rows: int, k: int) -> tuple[dict, dict]:
         dtype = torch.float32 if name == "values" else torch.int32
         if name in ("values", "raw_indices", "physical_indices"):
             buf = torch.full((rows + 5, k + 9), SENTINEL[dtype], dtype=dtype)
-            out[name] = buf[2:2 + rows, :k]
+            out[name] = buf[2 : 2 + rows, :k]
         else:
             buf = torch.full((rows + 4, 3), SENTINEL[dtype], dtype=dtype)
-            out[name] = buf[2:2 + rows, 1]
+            out[name] = buf[2 : 2 + rows, 1]
         assert not out[name].is_contiguous()
         buffers[name] = buf
     return out, buffers
@@ -68,17 +68,19 @@ def test_strided_views_are_written_in_place(operator, topk, seed):
     where = f"{operator}, K={topk}, seed {seed}"
     for name in FIELDS:
         field = getattr(got, name)
-        assert field is out[name] or (field.data_ptr() == pointers[name] and field.stride() == out[name].stride()), \
+        assert field is out[name] or (field.data_ptr() == pointers[name] and field.stride() == out[name].stride()), (
             f"{where}: {name} is not the caller's tensor"
+        )
         assert out[name].data_ptr() == pointers[name], f"{where}: {name} moved"
-        assert field.dtype == getattr(want, name).dtype and torch.equal(field, getattr(want, name)), \
+        assert field.dtype == getattr(want, name).dtype and torch.equal(field, getattr(want, name)), (
             f"{where}: {name} differs from the call without out"
+        )
         # everything of the buffer outside the view is untouched
         outside = torch.ones_like(buffers[name], dtype=torch.bool)
         if buffers[name].ndim == 2 and buffers[name].shape[1] > 3:
-            outside[2:2 + rows, :topk] = False
+            outside[2 : 2 + rows, :topk] = False
         else:
-            outside[2:2 + rows, 1] = False
+            outside[2 : 2 + rows, 1] = False
         assert torch.equal(buffers[name][outside], before[name][outside]), f"{where}: {name}: a neighbour was written"
 
 
@@ -88,13 +90,13 @@ def test_a_subset_of_fields_and_the_rest_allocated(operator, seed):
     rows = p.q_fp4.shape[0]
     want = call(operator, p)
     buf = torch.full((rows + 3, p.topk + 5), -9, dtype=torch.int32)
-    view = buf[1:1 + rows, 3:3 + p.topk]
+    view = buf[1 : 1 + rows, 3 : 3 + p.topk]
     got = call(operator, p, out={"physical_indices": view})
     assert got.physical_indices.data_ptr() == view.data_ptr()
     for name in FIELDS:
         assert torch.equal(getattr(got, name), getattr(want, name)), f"{operator}: {name}"
-    assert (buf[0] == -9).all() and (buf[1 + rows:] == -9).all()
-    assert (buf[:, :3] == -9).all() and (buf[:, 3 + p.topk:] == -9).all()
+    assert (buf[0] == -9).all() and (buf[1 + rows :] == -9).all()
+    assert (buf[:, :3] == -9).all() and (buf[:, 3 + p.topk :] == -9).all()
 
 
 def bad_outs(p) -> dict:
@@ -104,14 +106,23 @@ def bad_outs(p) -> dict:
     return {
         "overlaps row_to_batch": ({"counts": row_to_batch}, InputError, "overlaps row_to_batch"),
         "overlaps ends (a view)": ({"status": ends[:]}, InputError, "overlaps ends"),
-        "overlaps the cache": ({"values": kv_cache.view(torch.float32).view(-1)[:rows * k].view(rows, k)},
-                               InputError, "overlaps kv_cache"),
-        "two outputs share memory": ({"raw_indices": two[:, :k], "physical_indices": two[:, k // 2:k // 2 + k]},
-                                     InputError, "overlaps"),
+        "overlaps the cache": (
+            {"values": kv_cache.view(torch.float32).view(-1)[: rows * k].view(rows, k)},
+            InputError,
+            "overlaps kv_cache",
+        ),
+        "two outputs share memory": (
+            {"raw_indices": two[:, :k], "physical_indices": two[:, k // 2 : k // 2 + k]},
+            InputError,
+            "overlaps",
+        ),
         "values int32": ({"values": torch.zeros(rows, k, dtype=torch.int32)}, InputDtypeError, "float32"),
         "counts int64": ({"counts": torch.zeros(rows, dtype=torch.int64)}, InputDtypeError, "int32"),
-        "raw_indices K - 1 wide": ({"raw_indices": torch.zeros(rows, k - 1, dtype=torch.int32)}, InputShapeError,
-                                   "shape"),
+        "raw_indices K - 1 wide": (
+            {"raw_indices": torch.zeros(rows, k - 1, dtype=torch.int32)},
+            InputShapeError,
+            "shape",
+        ),
         "status one row short": ({"status": torch.zeros(rows - 1, dtype=torch.int32)}, InputShapeError, "shape"),
         "status as [rows, 1]": ({"status": torch.zeros(rows, 1, dtype=torch.int32)}, InputShapeError, "shape"),
         "unknown field": ({"indices": torch.zeros(rows, k, dtype=torch.int32)}, InputError, "not a result field"),
@@ -125,16 +136,21 @@ def bad_outs(p) -> dict:
 def test_bad_out_is_an_input_error(case, operator, seed):
     p = problem(seed)
     out, error, words = bad_outs(p)[case]
-    originals = {name: t.clone() for name, t in zip(("q_fp4", "q_scale", "kv_cache", "block_table", "weights",
-                                                     "row_to_batch", "starts", "ends"), p.args())}
+    originals = {
+        name: t.clone()
+        for name, t in zip(
+            ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends"), p.args()
+        )
+    }
     with pytest.raises(InputError) as info:
         call(operator, p, out=out)
     assert isinstance(info.value, error), f"{case}: raised {type(info.value).__name__}: {info.value}"
     assert words in str(info.value), f"{case}: message {str(info.value)!r} should say {words!r}"
     for name, t in zip(originals, p.args()):
-        assert torch.equal(t.view(torch.uint8) if t.dtype == torch.float32 else t,
-                           originals[name].view(torch.uint8) if t.dtype == torch.float32 else originals[name]), \
-            f"{case}: input {name} was written"
+        assert torch.equal(
+            t.view(torch.uint8) if t.dtype == torch.float32 else t,
+            originals[name].view(torch.uint8) if t.dtype == torch.float32 else originals[name],
+        ), f"{case}: input {name} was written"
 
 
 def test_out_must_be_a_dict(seed):
@@ -149,8 +165,15 @@ def test_out_and_workspace_together(operator, seed):
     p = problem(seed)
     rows = p.q_fp4.shape[0]
     want = call(operator, p)
-    workspace = allocate_workspace(rows, p.block_table.shape[1] * 64, p.topk, device="cpu", backend="reference",
-                                   max_batch=p.block_table.shape[0], dense=operator == "dense")
+    workspace = allocate_workspace(
+        rows,
+        p.block_table.shape[1] * 64,
+        p.topk,
+        device="cpu",
+        backend="reference",
+        max_batch=p.block_table.shape[0],
+        dense=operator == "dense",
+    )
     for attempt in range(2):
         out, _ = strided_out(rows, p.topk)
         got = call(operator, p, out=out, workspace=workspace)

@@ -39,8 +39,11 @@ def paged_mode():
 
 
 #: GLUON_PAGED_OPTIONS of each Gluon kernel variant (the launched one first)
-GLUON_VARIANTS = {"launched": {}, "load after fence": dict(LOAD_AFTER_FENCE=True),
-                  "register A": dict(A_IN_REGISTERS=True)}
+GLUON_VARIANTS = {
+    "launched": {},
+    "load after fence": dict(LOAD_AFTER_FENCE=True),
+    "register A": dict(A_IN_REGISTERS=True),
+}
 
 
 @pytest.fixture(params=list(GLUON_VARIANTS))
@@ -84,9 +87,12 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
     rtb, starts, ends = (torch.where(empty, 0, t).to(torch.int32) for t in (rtb, starts, ends))
     where = f"[{case}, block_rows {block_rows}] seed {seed}"
     want_groups, want_spans, want_tiles = ref_split_schedule(rtb.tolist(), starts.tolist(), ends.tolist(), block_rows)
-    for build in (lambda: build_split_schedule_torch(rtb, starts, ends, block_rows, 16),
-                  lambda: build_split_schedule_triton(rtb.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), block_rows,
-                                                      16, Scratch(DEVICE))):
+    for build in (
+        lambda: build_split_schedule_torch(rtb, starts, ends, block_rows, 16),
+        lambda: build_split_schedule_triton(
+            rtb.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), block_rows, 16, Scratch(DEVICE)
+        ),
+    ):
         got = build()
         g = int(got.groups[0])
         assert g == len(want_groups), f"{where}: {g} groups, want {len(want_groups)}"
@@ -94,31 +100,48 @@ def test_split_schedule_groups_rows_and_splits_their_tiles(case, block_rows, see
         rows_of = [list(range(first[i], first[i] + count[i])) for i in range(g)]
         assert rows_of == want_groups, f"{where}: groups"
         assert got.group_span[:g].tolist() == [list(s) for s in want_spans], f"{where}: spans"
-        assert got.tile_offset.tolist() == [0, *np.cumsum(want_tiles).tolist(), *[sum(want_tiles)] * (rows - g)], \
+        assert got.tile_offset.tolist() == [0, *np.cumsum(want_tiles).tolist(), *[sum(want_tiles)] * (rows - g)], (
             f"{where}: tile offsets"
+        )
         assert not bool(got.group_count[g:].any()) and not bool(got.group_span[g:].any()), f"{where}: unused groups"
         assert not bool(got.faults.any()), f"{where}: fault words zeroed"
         assert not bool(got.appended.any()) and not bool(got.hist.any()), f"{where}: the scan's counts zeroed"
         assert got.hist.shape == (rows, 16) and bool(torch.isneginf(got.raised).all()), f"{where}: raised -inf"
 
 
-def paged_dense_scores(p, *, block_rows: int, programs: int, cache_format: str = "litetopk", gluon: bool = False,
-                       stride: int = 1):
+def paged_dense_scores(
+    p, *, block_rows: int, programs: int, cache_format: str = "litetopk", gluon: bool = False, stride: int = 1
+):
     """The paged kernel's dense scores [rows, ceil(max_end / stride)] of problem p (interpreter or GPU; the
     Gluon twin with `gluon`), poisoned first, and its fault words."""
     args = list(p.args())
     kw = dict(topk=p.topk, weight_scale=p.weight_scale)
     if cache_format == "aiter":
         args[2], kw["kv_scale"] = aiter_pages_from_litetopk(p.kv_cache)
-    problem = validate_prefill(*[t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in args],
-                               **{k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    problem = validate_prefill(
+        *[t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in args],
+        **{k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+    )
     backend = TritonBackend(paged="always")
     ops = backend.operands(problem)
     schedule = build_split_schedule_torch(problem.row_to_batch, problem.starts, problem.ends, block_rows, 32)
     out = torch.full((problem.num_rows, -(-problem.max_end // stride)), 12345.0, device=DEVICE)
-    launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
-                         problem.starts, problem.ends, topk=p.topk, programs=programs, fault_set=FAULT_DENSE,
-                         use_asm=ops.use_asm, gluon=gluon, out=out, stride=stride)
+    launch_paged_scoring(
+        problem.cache,
+        problem.block_table,
+        problem.row_to_batch,
+        ops.queries,
+        schedule,
+        problem.starts,
+        problem.ends,
+        topk=p.topk,
+        programs=programs,
+        fault_set=FAULT_DENSE,
+        use_asm=ops.use_asm,
+        gluon=gluon,
+        out=out,
+        stride=stride,
+    )
     return out.cpu(), schedule.faults[FAULT_DENSE].cpu()
 
 
@@ -152,19 +175,29 @@ def test_paged_kernel_gives_the_prefill_modes_bits_at_two_rows(seed):
 
 PAGED_CASES = {
     # name: (make_problem arguments, operator keywords); every case is decode-shaped (auto picks paged)
-    "many sequences, one row each, uneven lengths": (dict(seq_lens=[1500, 300, 2200, 900, 64, 1300], rows_per_seq=1,
-                                                          spread=1), {}),
+    "many sequences, one row each, uneven lengths": (
+        dict(seq_lens=[1500, 300, 2200, 900, 64, 1300], rows_per_seq=1, spread=1),
+        {},
+    ),
     "next_n 2, K=1024, windows shorter than K": (dict(seq_lens=[900, 1200], rows_per_seq=2, topk=1024, spread=1), {}),
     "next_n 4, sliding windows (non-causal)": (dict(seq_lens=[2000, 1400], rows_per_seq=4, causal=False, spread=1), {}),
     "next_n 3, wide vectors (hi operands)": (dict(seq_lens=[1300, 700], rows_per_seq=3, spread=2), {}),
     "calibrated, several programs raise one row's threshold": (
-        dict(seq_lens=[3200, 3000], rows_per_seq=1, spread=1), dict(tuning=LiteTopKTuning(sample_size=1000))),
-    "equal lengths, next_n 2, calibrated": (dict(seq_lens=[2400, 2400, 2400], rows_per_seq=2, spread=1),
-                                            dict(tuning=LiteTopKTuning(sample_size=500))),
-    "tiny capacity: repaired": (dict(seq_lens=[1500, 900], rows_per_seq=1, spread=1),
-                                dict(tuning=LiteTopKTuning(candidate_capacity=40))),
-    "forced underfill: repaired": (dict(seq_lens=[2000, 1800], rows_per_seq=2, spread=1),
-                                   dict(tuning=LiteTopKTuning(sample_size=600, calibration_offset=1e30))),
+        dict(seq_lens=[3200, 3000], rows_per_seq=1, spread=1),
+        dict(tuning=LiteTopKTuning(sample_size=1000)),
+    ),
+    "equal lengths, next_n 2, calibrated": (
+        dict(seq_lens=[2400, 2400, 2400], rows_per_seq=2, spread=1),
+        dict(tuning=LiteTopKTuning(sample_size=500)),
+    ),
+    "tiny capacity: repaired": (
+        dict(seq_lens=[1500, 900], rows_per_seq=1, spread=1),
+        dict(tuning=LiteTopKTuning(candidate_capacity=40)),
+    ),
+    "forced underfill: repaired": (
+        dict(seq_lens=[2000, 1800], rows_per_seq=2, spread=1),
+        dict(tuning=LiteTopKTuning(sample_size=600, calibration_offset=1e30)),
+    ),
 }
 
 
@@ -198,7 +231,7 @@ def test_paged_mode_forced_on_a_prefill_shaped_call_is_exact(paged_mode, seed):
 def test_unsupported_keys_are_a_status_bit_of_the_rows_reading_them(seed):
     p = make_problem(seed, seq_lens=[600, 600], rows_per_seq=1, spread=0, causal=False)
     page = int(p.block_table[1, 3])  # position 3 * 64 + 5 of sequence 1: token 5 of this page, scales at 4096 + 4 * 5
-    p.kv_cache.view(-1, 4352)[page, 4096 + 20:4096 + 24] = torch.tensor([100, 109, 110, 110], dtype=torch.uint8)
+    p.kv_cache.view(-1, 4352)[page, 4096 + 20 : 4096 + 24] = torch.tensor([100, 109, 110, 110], dtype=torch.uint8)
     p.starts[:] = torch.tensor([0, 0], dtype=torch.int32)
     p.ends[:] = torch.tensor([600, 600], dtype=torch.int32)
     lite, dense = run_both(p)
@@ -220,9 +253,20 @@ def test_ptx_decode_gives_the_tl_decodes_bits(block_rows, seed):
     outs = []
     for use_asm in (True, False):
         out = torch.full((problem.num_rows, problem.max_end), 12345.0, device="cuda")
-        launch_paged_scoring(problem.cache, problem.block_table, problem.row_to_batch, ops.queries, schedule,
-                             problem.starts, problem.ends, topk=p.topk, programs=ops.programs,
-                             fault_set=FAULT_DENSE, use_asm=use_asm, out=out)
+        launch_paged_scoring(
+            problem.cache,
+            problem.block_table,
+            problem.row_to_batch,
+            ops.queries,
+            schedule,
+            problem.starts,
+            problem.ends,
+            topk=p.topk,
+            programs=ops.programs,
+            fault_set=FAULT_DENSE,
+            use_asm=use_asm,
+            out=out,
+        )
         outs.append(out)
     assert torch.equal(outs[0], outs[1]), f"seed {seed}: the PTX and tl decodes differ"
     assert not bool((outs[0] == 12345.0).any()), f"seed {seed}: every score written"
@@ -255,10 +299,12 @@ def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
 def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_format, stride, gluon_variant, seed):
     p = make_problem(seed, seq_lens=[9000, 3000, 14000], rows_per_seq=2, spread=3, causal=False)
     where = f"[block_rows {block_rows}, {cache_format}, stride {stride}, {gluon_variant}] seed {seed}"
-    triton_scores, triton_faults = paged_dense_scores(p, block_rows=block_rows, programs=264,
-                                                      cache_format=cache_format, stride=stride)
-    gluon_scores, gluon_faults = paged_dense_scores(p, block_rows=block_rows, programs=396,
-                                                    cache_format=cache_format, gluon=True, stride=stride)
+    triton_scores, triton_faults = paged_dense_scores(
+        p, block_rows=block_rows, programs=264, cache_format=cache_format, stride=stride
+    )
+    gluon_scores, gluon_faults = paged_dense_scores(
+        p, block_rows=block_rows, programs=396, cache_format=cache_format, gluon=True, stride=stride
+    )
     assert not bool((gluon_scores == 12345.0).any()), f"{where}: every score written"
     assert torch.equal(gluon_scores, triton_scores), f"{where}: Gluon and Triton paged scores differ"
     assert torch.equal(gluon_faults, triton_faults), f"{where}: fault words differ"
@@ -345,13 +391,23 @@ def test_the_paged_prologue_is_the_queries_decode_and_the_schedule_in_one_launch
     together = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
     monkeypatch.setattr(paged, "runs_triton_stages", lambda device: False)
     want = paged.paged_operands(apart, block_rows, use_asm=False, gluon=False, num_bins=32)
-    want_schedule = build_split_schedule_triton(apart.row_to_batch, apart.starts, apart.ends, block_rows, 32,
-                                                Scratch(DEVICE))
+    want_schedule = build_split_schedule_triton(
+        apart.row_to_batch, apart.starts, apart.ends, block_rows, 32, Scratch(DEVICE)
+    )
     monkeypatch.setattr(paged, "runs_triton_stages", lambda device: True)
     got = paged.paged_operands(together, block_rows, use_asm=False, gluon=False, num_bins=32)
     for name in ("q_lo", "q_hi", "wq", "rowfac", "q_wide", "q_unsupported"):
         assert torch.equal(getattr(got, name), getattr(want, name)), f"seed {seed}: {name}"
-    for name in ("groups", "group_row", "group_count", "group_span", "tile_offset", "faults", "appended", "hist",
-                 "raised"):
+    for name in (
+        "groups",
+        "group_row",
+        "group_count",
+        "group_span",
+        "tile_offset",
+        "faults",
+        "appended",
+        "hist",
+        "raised",
+    ):
         assert torch.equal(getattr(got.schedule, name), getattr(want_schedule, name)), f"seed {seed}: {name}"
     assert torch.equal(together.zeroed[1:3], apart.zeroed[1:3]), f"seed {seed}: the flag summary"

@@ -16,8 +16,9 @@ def test_the_reference_answers_a_random_problem_with_no_row_fault(seed, causal):
     for i, (start, end) in enumerate(zip(p.starts.tolist(), p.ends.tolist())):
         count = min(p.topk, end - start)
         got = result.raw_indices[i, :count].tolist()
-        assert int(result.counts[i]) == count, \
+        assert int(result.counts[i]) == count, (
             f"seed {seed} row {i}: count {int(result.counts[i])}, window {end - start}"
+        )
         assert len(set(got)) == count and all(start <= j < end for j in got), f"seed {seed} row {i}"
 
 
@@ -41,8 +42,8 @@ def ref_key_bytes(cache: torch.Tensor, table: torch.Tensor, b: int, j: int) -> t
     """(values [64], scales [4]) of key j of sequence b, read from the cache as docs/contract.md §2 lays
     it out: page table[b, j // 64], token j % 64; a page's 64 x 64 value bytes, then its 64 x 4 scales."""
     page, token = int(table[b, j // PAGE_SIZE]), j % PAGE_SIZE
-    values = cache[page, token * 64:(token + 1) * 64]
-    scales = cache[page, PAGE_SIZE * 64 + token * 4:PAGE_SIZE * 64 + (token + 1) * 4]
+    values = cache[page, token * 64 : (token + 1) * 64]
+    scales = cache[page, PAGE_SIZE * 64 + token * 4 : PAGE_SIZE * 64 + (token + 1) * 4]
     return values, scales
 
 
@@ -57,8 +58,9 @@ def test_pages_are_permuted_and_unpack_to_the_keys_the_table_names(seed):
     for b in range(2):
         for j in range(200):
             values, scales = ref_key_bytes(p.kv_cache, table, b, j)
-            assert torch.equal(k_fp4[b, j], values) and torch.equal(k_scale[b, j], scales), \
+            assert torch.equal(k_fp4[b, j], values) and torch.equal(k_scale[b, j], scales), (
                 f"seed {seed}: key {j} of sequence {b} is not the one its table entry names"
+            )
     assert not torch.equal(k_fp4[0], k_fp4[1]), f"seed {seed}: the two sequences hold the same keys"
     assert bool((k_scale > 0).all()), f"seed {seed}: a key without its scales (the page's scale bytes unwritten)"
 

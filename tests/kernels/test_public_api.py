@@ -13,8 +13,15 @@ from litetopk.kernels import adapters, aiter
 
 #: Names docs/contract.md §7 promises to outside code.
 CONTRACT_NAMES = {
-    "SUPPORTED_TOPK", "PAGE_SIZE", "quantize_mxfp4", "dequantize_mxfp4", "pack_kv_cache", "unpack_kv_cache",
-    "litetopk_prefill", "dense_topk_prefill", "TopKResult",
+    "SUPPORTED_TOPK",
+    "PAGE_SIZE",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "pack_kv_cache",
+    "unpack_kv_cache",
+    "litetopk_prefill",
+    "dense_topk_prefill",
+    "TopKResult",
 }
 #: Further names the package exports on purpose: the error tree (errors.py), the status bits, the
 #: backend names and the name `backend="auto"` resolves to (docs/contract.md), the page size in
@@ -22,9 +29,23 @@ CONTRACT_NAMES = {
 #: sizing and allocation and the graph runner (docs/operator-embedding.md). A new public name is a
 #: decision: add it here and to the docs.
 DOCUMENTED_EXTRAS = {
-    "BACKEND_NAMES", "resolve_backend", "PAGE_BYTES", "RowStatus", "LiteTopKTuning", "random_problem",
-    "LiteTopKError", "InputError", "InputDtypeError", "InputShapeError", "UnsupportedTopKError", "RowFaultError",
-    "BackendUnavailableError", "DeviceError", "allocate_workspace", "workspace_bytes", "LiteTopKGraphs",
+    "BACKEND_NAMES",
+    "resolve_backend",
+    "PAGE_BYTES",
+    "RowStatus",
+    "LiteTopKTuning",
+    "random_problem",
+    "LiteTopKError",
+    "InputError",
+    "InputDtypeError",
+    "InputShapeError",
+    "UnsupportedTopKError",
+    "RowFaultError",
+    "BackendUnavailableError",
+    "DeviceError",
+    "allocate_workspace",
+    "workspace_bytes",
+    "LiteTopKGraphs",
 }
 
 
@@ -77,8 +98,16 @@ def test_topk_result_fields():
 
 def test_status_bits_match_the_contract():
     bits = {bit.name: int(bit) for bit in kernels.RowStatus if bit}
-    assert bits == {"OVERFLOW": 1, "UNDERFILLED": 2, "NONFINITE": 4, "INVALID_PAGE": 8, "INVALID_ROW": 16,
-                    "SELECTOR_FAILURE": 32, "SLOT_OVERFLOW": 64, "UNSUPPORTED": 128}
+    assert bits == {
+        "OVERFLOW": 1,
+        "UNDERFILLED": 2,
+        "NONFINITE": 4,
+        "INVALID_PAGE": 8,
+        "INVALID_ROW": 16,
+        "SELECTOR_FAILURE": 32,
+        "SLOT_OVERFLOW": 64,
+        "UNSUPPORTED": 128,
+    }
 
 
 def test_input_fault_bits_are_the_faults_of_the_input():
@@ -102,9 +131,12 @@ def test_error_tree():
 #: The public functions and classes whose docstrings read as FlashInfer's ops' do (docs/contract.md §7;
 #: the package's STYLE §6): Parameters, Returns (a class: its __call__'s) and an Example that runs as written.
 DOCUMENTED_CALLS = {
-    "litetopk_prefill": kernels.litetopk_prefill, "dense_topk_prefill": kernels.dense_topk_prefill,
-    "LiteTopKGraphs": kernels.LiteTopKGraphs, "workspace_bytes": kernels.workspace_bytes,
-    "allocate_workspace": kernels.allocate_workspace, "random_problem": kernels.random_problem,
+    "litetopk_prefill": kernels.litetopk_prefill,
+    "dense_topk_prefill": kernels.dense_topk_prefill,
+    "LiteTopKGraphs": kernels.LiteTopKGraphs,
+    "workspace_bytes": kernels.workspace_bytes,
+    "allocate_workspace": kernels.allocate_workspace,
+    "random_problem": kernels.random_problem,
     "resolve_backend": kernels.resolve_backend,
     "topk_sglang_c4_indexer": adapters.topk_sglang_c4_indexer,
     "topk_sglang_fp4_indexer": adapters.topk_sglang_fp4_indexer,

@@ -145,9 +145,14 @@ CASES = {
 
 
 # K = 1024 on the cases whose shape depends on K (the interpreter's tl.sort of 1024 keys is slow).
-AT_1024 = ["scan thresholds, compacted (<= 2K pass)", "no threshold, whole row (> 2K pass)",
-           "heavy ties in score, positions decide", "all keys in one first-pass bucket",
-           "a key a bucket: window sorts", "exactly K kept"]
+AT_1024 = [
+    "scan thresholds, compacted (<= 2K pass)",
+    "no threshold, whole row (> 2K pass)",
+    "heavy ties in score, positions decide",
+    "all keys in one first-pass bucket",
+    "a key a bucket: window sorts",
+    "exactly K kept",
+]
 
 
 def case_inputs(name, k, seed):
@@ -176,8 +181,14 @@ def test_radix_select_equals_torch_topk(name, k, seed):
 # The probe's sweep: other bucket resolutions, boundary sizes, window lengths (0: always one sort of K),
 # tiles and warps, a register cap (compiled code only: the interpreter takes the option and ignores
 # it); each on the cases whose path it changes.
-VARIANTS = [dict(mantissa=3), dict(mantissa=6, window=8), dict(boundary=16), dict(window=0),
-            dict(tile_rows=4, num_warps=2), dict(tile_rows=4, max_registers=80)]
+VARIANTS = [
+    dict(mantissa=3),
+    dict(mantissa=6, window=8),
+    dict(boundary=16),
+    dict(window=0),
+    dict(tile_rows=4, num_warps=2),
+    dict(tile_rows=4, max_registers=80),
+]
 
 
 @pytest.mark.interpret
@@ -206,8 +217,9 @@ def test_radix_select_writes_out_from_a_workspace(seed):
     out = wide[:, 1 : 1 + k]
     workspace = torch.zeros(1 << 16, dtype=torch.uint8, device=DEVICE)
     scratch = Scratch(DEVICE, workspace)
-    got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k, out=out,
-                                       scratch=scratch)
+    got = select_topk_candidates_radix(
+        keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), k, out=out, scratch=scratch
+    )
     assert got.data_ptr() == out.data_ptr()
     assert 0 < scratch.used <= workspace.numel() and bool(workspace.any()), "the buffers are not the workspace's"
     assert torch.equal(out.cpu(), ref_select(keys, kept.long(), thresholds, k))

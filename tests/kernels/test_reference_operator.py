@@ -268,14 +268,18 @@ class Case:
 
 CASES = {
     "several sequences, causal windows, K=512": Case(causal),
-    "several sequences, causal windows, K=1024":
-        Case(lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)),
+    "several sequences, causal windows, K=1024": Case(
+        lambda s: causal(s, seq_lens=(3000, 1500, 900), rows=2, topk=1024)
+    ),
     "non-causal windows, K=512": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, causal=False)),
     "non-causal windows, K=1024": Case(lambda s: causal(s, seq_lens=(2600, 2000), rows=4, topk=1024, causal=False)),
     "windows shorter than K, and an empty one": Case(windows_shorter_than_k),
     "calibrated threshold from a strided sample": Case(causal, tuning=CALIBRATED, expect_filtered=True),
-    "calibrated, K=1024": Case(lambda s: causal(s, seq_lens=(3000, 2400), rows=2, topk=1024),
-                               tuning=LiteTopKTuning(sample_size=1100), expect_filtered=True),
+    "calibrated, K=1024": Case(
+        lambda s: causal(s, seq_lens=(3000, 2400), rows=2, topk=1024),
+        tuning=LiteTopKTuning(sample_size=1100),
+        expect_filtered=True,
+    ),
     "exact arithmetic, K=512": Case(exact_arithmetic),
     "exact arithmetic, K=1024": Case(lambda s: exact_arithmetic(s, topk=1024)),
     "exact arithmetic, calibrated": Case(exact_arithmetic, tuning=CALIBRATED, expect_filtered=True),
@@ -288,17 +292,33 @@ CASES = {
     "near ties (2^-24: float32 rounding)": Case(near_ties),
     "near ties (2^-14)": Case(lambda s: near_ties(s, gap=14), tuning=CALIBRATED),
     "true top-K after the sample: overflow repaired": Case(
-        later_keys_larger, tuning=LiteTopKTuning(sample_size=1024, candidate_capacity=700), expect_repaired=True),
+        later_keys_larger, tuning=LiteTopKTuning(sample_size=1024, candidate_capacity=700), expect_repaired=True
+    ),
     "true top-K after the sample: overflow strict": Case(
-        later_keys_larger, tuning=LiteTopKTuning(sample_size=1024, candidate_capacity=700), repair=False,
-        capacity_bits=OVERFLOW, expect_withheld=True),
+        later_keys_larger,
+        tuning=LiteTopKTuning(sample_size=1024, candidate_capacity=700),
+        repair=False,
+        capacity_bits=OVERFLOW,
+        expect_withheld=True,
+    ),
     "tiny capacity: repaired": Case(tiny_capacity, tuning=LiteTopKTuning(candidate_capacity=16), expect_repaired=True),
-    "tiny capacity: strict": Case(tiny_capacity, tuning=LiteTopKTuning(candidate_capacity=16), repair=False,
-                                  capacity_bits=OVERFLOW, expect_withheld=True),
-    "forced underfill: repaired": Case(causal, tuning=LiteTopKTuning(sample_size=1024, calibration_offset=1e30),
-                                       expect_repaired=True),
-    "forced underfill: strict": Case(causal, tuning=LiteTopKTuning(sample_size=1024, calibration_offset=1e30),
-                                     repair=False, capacity_bits=UNDERFILLED, expect_withheld=True),
+    "tiny capacity: strict": Case(
+        tiny_capacity,
+        tuning=LiteTopKTuning(candidate_capacity=16),
+        repair=False,
+        capacity_bits=OVERFLOW,
+        expect_withheld=True,
+    ),
+    "forced underfill: repaired": Case(
+        causal, tuning=LiteTopKTuning(sample_size=1024, calibration_offset=1e30), expect_repaired=True
+    ),
+    "forced underfill: strict": Case(
+        causal,
+        tuning=LiteTopKTuning(sample_size=1024, calibration_offset=1e30),
+        repair=False,
+        capacity_bits=UNDERFILLED,
+        expect_withheld=True,
+    ),
     "NaN/inf weights": Case(nonfinite_weights),
     "NaN scale byte and float32 overflow in windows": Case(nonfinite_keys),
     "NaN/inf weights, calibrated": Case(nonfinite_weights, tuning=CALIBRATED),
@@ -313,7 +333,8 @@ CASES = {
     "pages shared between sequences, reversed page order": Case(shared_prefix_pages),
     "rows of several sequences interleaved": Case(rows_in_random_order, tuning=CALIBRATED),
     "NaN key in a window that also overflows (repaired)": Case(
-        nonfinite_keys, tuning=LiteTopKTuning(candidate_capacity=16), expect_repaired=True),
+        nonfinite_keys, tuning=LiteTopKTuning(candidate_capacity=16), expect_repaired=True
+    ),
 }
 
 #: Known bugs in code this suite does not own (kernels/pipeline.py), reported to the lead.
@@ -321,8 +342,10 @@ KNOWN_BUGS: dict[str, str] = {}  # case name -> reason, for a strict xfail while
 
 
 def case_params(names):
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n])) if n in KNOWN_BUGS else n
-            for n in names]
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[n])) if n in KNOWN_BUGS else n
+        for n in names
+    ]
 
 
 def run_both(p: RandomProblem, case: Case) -> tuple[TopKResult, TopKResult]:
@@ -335,8 +358,9 @@ def run_both(p: RandomProblem, case: Case) -> tuple[TopKResult, TopKResult]:
 # ---- the oracle comparison ---------------------------------------------------------------------
 
 
-def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scores: np.ndarray, bound: np.ndarray,
-                              exact: bool, where: str) -> None:
+def assert_row_matches_oracle(
+    result: TopKResult, p: RandomProblem, i: int, scores: np.ndarray, bound: np.ndarray, exact: bool, where: str
+) -> None:
     k = p.topk
     start, end, b = int(p.starts[i]), int(p.ends[i]), int(p.row_to_batch[i])
     n = int(result.counts[i])
@@ -349,8 +373,9 @@ def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scor
     assert vals[n:] == [float("-inf")] * (k - n), f"{where}: value padding"
     # real answers: positions of the window, their slots, values near the float64 scores
     got = raw[:n]
-    assert all(start <= j < end for j in got) and len(set(got)) == n, \
+    assert all(start <= j < end for j in got) and len(set(got)) == n, (
         f"{where}: positions outside the window or repeated"
+    )
     table = p.block_table.tolist()[b]
     assert phys[:n] == [table[j // PAGE] * PAGE + j % PAGE for j in got], f"{where}: physical slots"
     s64 = scores[i, got]
@@ -360,20 +385,24 @@ def assert_row_matches_oracle(result: TopKResult, p: RandomProblem, i: int, scor
     # order of the published values: (value desc, position asc)
     for a in range(n - 1):
         assert vals[a] > vals[a + 1] or (vals[a] == vals[a + 1] and got[a] < got[a + 1]), (
-            f"{where}: entries {a}, {a + 1} out of order: ({vals[a]}, {got[a]}) then ({vals[a + 1]}, {got[a + 1]})")
-    want = oracle_topk(scores[i:i + 1], k)[0]
+            f"{where}: entries {a}, {a + 1} out of order: ({vals[a]}, {got[a]}) then ({vals[a + 1]}, {got[a + 1]})"
+        )
+    want = oracle_topk(scores[i : i + 1], k)[0]
     if exact:
-        assert got == want, \
+        assert got == want, (
             f"{where}: differs from the float64 order at {next(a for a in range(n) if got[a] != want[a])}"
+        )
         return
     slack = 2 * bound[i]
     kth = scores[i, want[-1]] if want else 0.0
     extra = sorted(set(got) - set(want))
     missing = sorted(set(want) - set(got))
     assert all(scores[i, j] >= kth - slack for j in extra), (
-        f"{where}: published {extra[:5]} whose float64 scores are below the K-th ({kth}) by more than {slack:.3g}")
+        f"{where}: published {extra[:5]} whose float64 scores are below the K-th ({kth}) by more than {slack:.3g}"
+    )
     assert all(scores[i, j] <= kth + slack for j in missing), (
-        f"{where}: missed {missing[:5]} whose float64 scores beat the K-th ({kth}) by more than {slack:.3g}")
+        f"{where}: missed {missing[:5]} whose float64 scores beat the K-th ({kth}) by more than {slack:.3g}"
+    )
     inversions = [a for a in range(n - 1) if s64[a] < s64[a + 1] - slack]
     assert not inversions, f"{where}: float64 order broken by more than float32 rounding at {inversions[:5]}"
 
@@ -452,13 +481,21 @@ def test_reference_operator_against_float64_oracle(name, seed):
         if (p.extra.get("lowest_positions") or case.extra.get("lowest_positions")) and not int(dense.status[i]):
             start, end = int(p.starts[i]), int(p.ends[i])
             want = list(range(start, min(end, start + k)))
-            assert dense.raw_indices[i, : len(want)].tolist() == want, \
+            assert dense.raw_indices[i, : len(want)].tolist() == want, (
                 f"{where} row {i}: equal scores -> lowest positions in order"
+            )
 
 
-@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512",
-                                  "calibrated threshold from a strided sample",
-                                  "tiny capacity: repaired", "near ties (2^-24: float32 rounding)", "NaN/inf weights"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "several sequences, causal windows, K=512",
+        "calibrated threshold from a strided sample",
+        "tiny capacity: repaired",
+        "near ties (2^-24: float32 rounding)",
+        "NaN/inf weights",
+    ],
+)
 def test_rerun_is_bit_identical(name, seed):
     case = CASES[name]
     p = case.build(seed)
@@ -473,8 +510,10 @@ def test_rerun_is_bit_identical(name, seed):
 @pytest.mark.parametrize("operator", [litetopk_prefill, dense_topk_prefill], ids=["litetopk", "dense"])
 def test_no_rows(operator, seed):
     p = causal(seed, seq_lens=(300,), rows=1)
-    args = [t[:0] if name in ("q_fp4", "q_scale", "weights", "row_to_batch", "starts", "ends") else t
-            for name, t in zip(ARG_NAMES, p.args())]
+    args = [
+        t[:0] if name in ("q_fp4", "q_scale", "weights", "row_to_batch", "starts", "ends") else t
+        for name, t in zip(ARG_NAMES, p.args())
+    ]
     result = operator(*args, topk=1024, backend="reference")
     assert tuple(result.values.shape) == (0, 1024) and tuple(result.raw_indices.shape) == (0, 1024)
     assert tuple(result.counts.shape) == (0,) and tuple(result.status.shape) == (0,)
@@ -534,9 +573,17 @@ def ref_scores_float32(p: RandomProblem) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["several sequences, causal windows, K=512", "near ties (2^-24: float32 rounding)",
-                                  "weight_scale 1/3", "bfloat16 weights", "calibrated, K=1024",
-                                  "non-causal windows, K=512"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "several sequences, causal windows, K=512",
+        "near ties (2^-24: float32 rounding)",
+        "weight_scale 1/3",
+        "bfloat16 weights",
+        "calibrated, K=1024",
+        "non-causal windows, K=512",
+    ],
+)
 def test_values_follow_the_documented_float32_order(name, seed):
     """With the float32 order of reference.py emulated in numpy, set, order and values are exact."""
     case = CASES[name]
@@ -549,8 +596,9 @@ def test_values_follow_the_documented_float32_order(name, seed):
         n = order.size
         for result, label in ((lite, "litetopk"), (dense, "dense")):
             assert result.raw_indices[i, :n].tolist() == order.tolist(), f"[{name}] seed {seed} row {i} {label}: order"
-            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), \
+            assert np.array_equal(result.values[i, :n].numpy(), f32[i, order]), (
                 f"[{name}] seed {seed} row {i} {label}: values"
+            )
 
 
 # ---- memory bound and threshold tightening of the LiteTopK scan ---------------------------------
@@ -609,8 +657,9 @@ def test_scan_threshold_only_tightens_and_stays_safe(seed):
     scan = backend.scan_candidates(problem, start, capacity=4096)
     windows = problem.window_lengths
     assert (scan.thresholds > NO_KEY).all() and (scan.thresholds <= true_kth).all(), f"seed {seed}"
-    assert (scan.appended < windows * 3 // 4).all(), \
+    assert (scan.appended < windows * 3 // 4).all(), (
         f"seed {seed}: appended {scan.appended.tolist()} of {windows.tolist()}"
+    )
     lite = run_litetopk(problem, backend, repair=True, tuning=LiteTopKTuning())
     assert not lite.repaired.any()
     assert_same(lite, dense, torch.ones(problem.num_rows, dtype=torch.bool), f"seed {seed}: small blocks")

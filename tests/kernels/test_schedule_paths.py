@@ -18,10 +18,13 @@ from litetopk.kernels.triton import schedule
 from litetopk.kernels.triton.schedule import RANK_BLOCK, build_schedule_torch, build_schedule_triton, max_programs
 from tests.kernels.test_triton_stages import random_metadata
 
-pytestmark = [pytest.mark.interpret,
-              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="interpreter only: on a GPU the Triton stages run compiled in every "
-                                        "operator test")]
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1",
+        reason="interpreter only: on a GPU the Triton stages run compiled in every operator test",
+    ),
+]
 
 
 def prefill(sequences: list[tuple[int, int]], window: int = 0):
@@ -58,8 +61,12 @@ def sliding_windows(gen):
 
 def one_window(gen):
     n = 150
-    return (torch.zeros(n, dtype=torch.int32), torch.full((n,), _between(gen, 0, 50), dtype=torch.int32),
-            torch.full((n,), _between(gen, 60, 90), dtype=torch.int32), 1)
+    return (
+        torch.zeros(n, dtype=torch.int32),
+        torch.full((n,), _between(gen, 0, 50), dtype=torch.int32),
+        torch.full((n,), _between(gen, 60, 90), dtype=torch.int32),
+        1,
+    )
 
 
 def sequences_from_their_first_tokens(gen):
@@ -125,6 +132,7 @@ def paths(monkeypatch):
             out = _wrapped(*args)
             seen[_kernel].append(bool(out[0].handle.data))  # the interpreter's scalar
             return out
+
         monkeypatch.setattr(schedule, helper, record)
     return seen
 
@@ -154,10 +162,13 @@ def test_both_rank_paths_give_the_torch_schedule(name, block_rows, fast_paths, c
     q_wide = torch.rand(n, generator=gen) < 0.3
     flags = torch.tensor([int(torch.rand(1, generator=gen) < 0.5), 0], dtype=torch.int32)
     want = build_schedule_torch(rtb, starts, ends, batch, block_rows, q_wide, flags)
-    got = build_schedule_triton(rtb, starts, ends, batch, block_rows, q_wide, flags, Scratch("cpu"),
-                                fast_paths=fast_paths)
-    where = (f"[{name}] rows {n}, batch {batch}, block_rows {block_rows}, fast_paths {fast_paths}, chunk {chunk}, "
-             f"seed {seed}")
+    got = build_schedule_triton(
+        rtb, starts, ends, batch, block_rows, q_wide, flags, Scratch("cpu"), fast_paths=fast_paths
+    )
+    where = (
+        f"[{name}] rows {n}, batch {batch}, block_rows {block_rows}, fast_paths {fast_paths}, chunk {chunk}, "
+        f"seed {seed}"
+    )
     for field in ("rows", "batch", "span", "q_wide"):
         assert torch.equal(getattr(got, field), getattr(want, field)), f"{where}: {field}"
     for variant, (g, w) in enumerate(zip(got.variants, want.variants)):
@@ -167,5 +178,6 @@ def test_both_rank_paths_give_the_torch_schedule(name, block_rows, fast_paths, c
         assert paths == {"rank": [], "order": []}, f"{where}: a fast path ran"
         return
     _check_paths(f"{where}, rank kernel", paths["rank"], -(-n // RANK_BLOCK), rank_paths)
-    _check_paths(f"{where}, order kernel", paths["order"], -(-max_programs(n, batch, block_rows) // RANK_BLOCK),
-                 order_paths)
+    _check_paths(
+        f"{where}, order kernel", paths["order"], -(-max_programs(n, batch, block_rows) // RANK_BLOCK), order_paths
+    )

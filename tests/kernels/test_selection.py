@@ -105,14 +105,17 @@ DENSE_CASES = {
     "width below k": dict(rows=2, width=100, k=512, pool=None, masked=0.5),
     "every entry outside the window": dict(rows=2, width=700, k=512, pool=None, masked=1.0),
     "width 0": dict(rows=2, width=0, k=512, pool=None, masked=0.0),
-    "every other row tied, K = 1024": dict(rows=6, width=2500, k=1024, pool=[-1.5, 0.5, 4.0], masked=0.2,
-                                           tied_rows=True),
+    "every other row tied, K = 1024": dict(
+        rows=6, width=2500, k=1024, pool=[-1.5, 0.5, 4.0], masked=0.2, tied_rows=True
+    ),
 }
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="interpreter only: on a GPU every dense operator test runs the Triton twin compiled")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="interpreter only: on a GPU every dense operator test runs the Triton twin compiled",
+)
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
     """settle_ties' Triton twin (kernels/dense_selection.py, no host sync) gives select_topk_dense the
@@ -128,8 +131,22 @@ def test_the_triton_tie_settlement_equals_the_torch_one(case, seed):
     assert torch.equal(got, want), f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
 
 
-@pytest.mark.parametrize("twin", ["torch", pytest.param("triton", marks=[pytest.mark.interpret, pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter only: on a GPU the dense operator tests run it")])])
+@pytest.mark.parametrize(
+    "twin",
+    [
+        "torch",
+        pytest.param(
+            "triton",
+            marks=[
+                pytest.mark.interpret,
+                pytest.mark.skipif(
+                    os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="interpreter only: on a GPU the dense operator tests run it",
+                ),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("case", [n for n, c in DENSE_CASES.items() if c["width"] > c["k"]])
 def test_settle_ties_fixes_any_choice_among_tied_positions(twin, case, seed):
     """A value top-k may return any of the positions of a tied value (a GPU top-k does): emulated by
@@ -181,7 +198,7 @@ def test_select_topk_dense_is_exact(case, seed):
         got = positions[r].tolist()
         assert got == want + [-1] * (c["k"] - len(want)), f"{case}, row {r}, seed {seed}"
         assert values[r, : len(want)].tolist() == [float(scores[r, j]) + 0.0 for j in want], f"{case}, row {r}"
-        assert (values[r, len(want):] == NEG_INF).all(), f"{case}, row {r}: padding"
+        assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
 
 
 def test_select_topk_dense_rejects_an_unknown_selector():
@@ -197,8 +214,12 @@ def test_assemble_result_publishes_nothing_for_rows_with_status(seed):
     table = torch.tensor([[4, 0, 9, 2, 7, 1, 3, 5, 6, 8]], dtype=torch.int32)
     status = torch.tensor([0, int(RowStatus.NONFINITE), 0], dtype=torch.int32)
     result = assemble_result(
-        top, torch.zeros(3, dtype=torch.int32), table, status,
-        torch.tensor([0, 0, 1]), torch.tensor([600, 600, 100]),
+        top,
+        torch.zeros(3, dtype=torch.int32),
+        table,
+        status,
+        torch.tensor([0, 0, 1]),
+        torch.tensor([600, 600, 100]),
     )
     assert result.counts.tolist() == [512, 0, 100]
     assert result.status.tolist() == [0, 4, 0] and result.repaired.tolist() == [0, 0, 1]

@@ -52,8 +52,10 @@ BRACKET = 2.0**-BISECTION_STEPS.value  # a bisection bracket's width, in units o
 
 # -- the sample size ------------------------------------------------------------------------------
 
-def ref_sample_tiles(n_steps: int, sample_tiles: int, sample_stride: int, capacity: int, topk: int,
-                     block_keys: int = BLOCK_KEYS) -> int:
+
+def ref_sample_tiles(
+    n_steps: int, sample_tiles: int, sample_stride: int, capacity: int, topk: int, block_keys: int = BLOCK_KEYS
+) -> int:
     """Phase A's tiles as _sample_tiles documents them: max(sample_tiles, ceil(n_steps /
     sample_stride), ceil(2 K / 64)), at most n_steps and at most the tiles the buffer holds whole."""
     wanted = max(sample_tiles, -(-n_steps // sample_stride), -(-2 * topk // block_keys))
@@ -61,8 +63,9 @@ def ref_sample_tiles(n_steps: int, sample_tiles: int, sample_stride: int, capaci
 
 
 @triton.jit
-def sample_tiles_kernel(out_ptr, n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.constexpr,
-                        BLOCK_KEYS: tl.constexpr):
+def sample_tiles_kernel(
+    out_ptr, n_steps, sample_tiles, sample_stride, capacity, TOPK: tl.constexpr, BLOCK_KEYS: tl.constexpr
+):
     tl.store(out_ptr, _sample_tiles(n_steps, sample_tiles, sample_stride, capacity, TOPK, BLOCK_KEYS))
 
 
@@ -80,8 +83,9 @@ def test_sample_tiles_follow_the_rule(n_steps, capacity, sample_tiles):
     sample_tiles_kernel[(1,)](out, n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, TOPK=topk, BLOCK_KEYS=BLOCK_KEYS)
     n_sample = int(out[0])
     where = f"[{n_steps} tiles, capacity {capacity}, {sample_tiles} sample tiles asked]"
-    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), \
+    assert n_sample == ref_sample_tiles(n_steps, sample_tiles, MAX_SAMPLE_STRIDE, capacity, topk), (
         f"{where}: got {n_sample}"
+    )
     assert 0 <= n_sample <= min(capacity // BLOCK_KEYS, n_steps), f"{where}: {n_sample} sample tiles"
     floor = max(sample_tiles, 2 * topk // BLOCK_KEYS)  # 2 K keys at least
     assert n_sample >= min(floor, n_steps, capacity // BLOCK_KEYS), f"{where}: {n_sample} sample tiles"
@@ -89,21 +93,30 @@ def test_sample_tiles_follow_the_rule(n_steps, capacity, sample_tiles):
 
 # -- the scan ----------------------------------------------------------------------------------------
 
-def ref_programs(row_to_batch: list[int], starts: list[int], ends: list[int],
-                 block_rows: int = BLOCK_ROWS) -> list[tuple[list[int], int, int]]:
+
+def ref_programs(
+    row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int = BLOCK_ROWS
+) -> list[tuple[list[int], int, int]]:
     """The scoring kernels' programs (schedule.py docstring) that hold live rows, as (rows, span
     start, span end): each sequence's live rows ordered by (start, row), block_rows to a program."""
     programs = []
     for b in sorted(set(row_to_batch)):
         live = sorted((starts[r], r) for r in range(len(starts)) if row_to_batch[r] == b and ends[r] > starts[r])
         for first in range(0, len(live), block_rows):
-            rows = [r for _, r in live[first:first + block_rows]]
+            rows = [r for _, r in live[first : first + block_rows]]
             programs.append((rows, min(starts[r] for r in rows), max(ends[r] for r in rows)))
     return programs
 
 
-def ref_phase_a_positions(span_start: int, span_end: int, earliest_end: int, capacity: int, topk: int,
-                          sample_size: int = SAMPLE_SIZE, block_keys: int = BLOCK_KEYS) -> torch.Tensor:
+def ref_phase_a_positions(
+    span_start: int,
+    span_end: int,
+    earliest_end: int,
+    capacity: int,
+    topk: int,
+    sample_size: int = SAMPLE_SIZE,
+    block_keys: int = BLOCK_KEYS,
+) -> torch.Tensor:
     """The key positions a program scores in phase A: ref_sample_tiles contiguous tiles of its span
     (whose tiles start at the span's start rounded down to a tile) ending with the tile that holds the
     program's earliest window end - 1, or starting at the span's start when that is too early
@@ -148,11 +161,13 @@ def check_self_calibrated_scan(problem, scan, scores: torch.Tensor, capacity: in
         assert kept.unique().numel() == n, f"{at}: a key appended twice"
         assert bool(torch.isin(kept, window).all()), f"{at}: a kept key is not one of the window's keys"
         above = window[window >= thresholds[r]]
-        assert bool(torch.isin(above, kept).all()), \
+        assert bool(torch.isin(above, kept).all()), (
             f"{at}: {int((~torch.isin(above, kept)).sum())} keys >= the final threshold are not in the buffer"
+        )
         calibrated = samples[r].numel() >= k and bool(samples[r].isfinite().all())
-        assert bool(thresholds[r] > NO_KEY) == calibrated, \
+        assert bool(thresholds[r] > NO_KEY) == calibrated, (
             f"{at}: calibrated {bool(thresholds[r] > NO_KEY)}, want {calibrated}"
+        )
         assert bool(thresholds[r] <= true_kth[r]), f"{at}: the threshold passed the row's true K-th best key"
         if not calibrated:
             assert n == end - start, f"{at}: an uncalibrated row appends its whole window, got {n}"
@@ -161,10 +176,12 @@ def check_self_calibrated_scan(problem, scan, scores: torch.Tensor, capacity: in
         sample_kth = torch.topk(samples[r], k).values[-1]
         bracket = (samples[r].max() - samples[r].min()) * BRACKET
         floor = sample_kth - 2 * bracket
-        assert threshold_scores[r] >= floor, \
+        assert threshold_scores[r] >= floor, (
             f"{at}: threshold score {float(threshold_scores[r])} below the sample's K-th best minus two brackets"
-        assert bool((split_keys(kept)[0].double() >= floor).all()), \
+        )
+        assert bool((split_keys(kept)[0].double() >= floor).all()), (
             f"{at}: a key below the calibrated threshold survived the compaction"
+        )
 
 
 SCAN_CASES = {  # name: (problem, every row calibrates)
@@ -233,15 +250,19 @@ def test_operator_with_scan_calibration_equals_dense(name, seed):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("windows, repaired", [
-    # The sample is the 32 tiles ending with the earlier end, [2368, 4416): inside row 0's window, 16
-    # keys of row 1's; row 1 keeps no threshold, appends its 4,600 keys, overflows the 4,096-key buffer
-    # and is repaired.
-    (((0, 4400), (4400, 9000)), [0, 1]),
-    # Overlapping windows: the sample [3008, 5056) lies inside both (the span's last tiles would not
-    # be inside row 0's, which would then overflow): no repair.
-    (((0, 5000), (1000, 9000)), [0, 0]),
-], ids=["disjoint", "overlapping"])
+@pytest.mark.parametrize(
+    "windows, repaired",
+    [
+        # The sample is the 32 tiles ending with the earlier end, [2368, 4416): inside row 0's window, 16
+        # keys of row 1's; row 1 keeps no threshold, appends its 4,600 keys, overflows the 4,096-key buffer
+        # and is repaired.
+        (((0, 4400), (4400, 9000)), [0, 1]),
+        # Overlapping windows: the sample [3008, 5056) lies inside both (the span's last tiles would not
+        # be inside row 0's, which would then overflow): no repair.
+        (((0, 5000), (1000, 9000)), [0, 0]),
+    ],
+    ids=["disjoint", "overlapping"],
+)
 def test_windows_of_one_program_share_its_sample(windows, repaired, seed):
     """Two rows of one program (one sequence, BLOCK_ROWS 2) with the windows given: the rows without
     K sampled keys are capacity events, repaired exactly; the answer is dense's, bit for bit."""
@@ -259,6 +280,7 @@ def test_windows_of_one_program_share_its_sample(windows, repaired, seed):
 
 
 # -- errors ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("backend", [ReferenceBackend, FlyDSLBackend], ids=["reference", "flydsl"])
 def test_backends_without_the_scan_raise(backend, seed):
@@ -288,17 +310,22 @@ def test_a_self_calibrating_scan_takes_no_thresholds_or_ceilings(given, seed):
     p = make_problem(seed, seq_lens=[300], rows_per_seq=2, spread=1)
     problem = validate_prefill(*p.args(), topk=p.topk)
     keys = torch.full((problem.num_rows,), NO_KEY, dtype=torch.int64)
-    arguments = {"thresholds": keys, "ceilings": None} if given == "thresholds" else {"thresholds": None,
-                                                                                       "ceilings": keys}
+    arguments = (
+        {"thresholds": keys, "ceilings": None} if given == "thresholds" else {"thresholds": None, "ceilings": keys}
+    )
     with pytest.raises(ValueError, match="takes no thresholds and no ceilings"):
-        TritonBackend(paged="never").scan_candidates(problem, arguments["thresholds"], 4096,
-                                                     ceilings=arguments["ceilings"], sample_size=SAMPLE_SIZE)
+        TritonBackend(paged="never").scan_candidates(
+            problem, arguments["thresholds"], 4096, ceilings=arguments["ceilings"], sample_size=SAMPLE_SIZE
+        )
 
 
-@pytest.mark.parametrize("knobs, message", [
-    (dict(sample_size=0), "needs sample_size >= 1"),
-    (dict(calibration_offset=1.0), "calibration_offset applies to calibration='sample' only"),
-])
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        (dict(sample_size=0), "needs sample_size >= 1"),
+        (dict(calibration_offset=1.0), "calibration_offset applies to calibration='sample' only"),
+    ],
+)
 def test_scan_calibration_refuses_knobs_it_cannot_honour(knobs, message):
     with pytest.raises(ValueError, match=message):
         LiteTopKTuning(calibration="scan", **knobs)

@@ -129,7 +129,8 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     qs[8, 2, 0] = 255  # a NaN scale byte: that head's weight is NaN
     summary = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     _, _, exp, flags, wq, rowfac, refused, q_wide, q_unsupported = prepare_queries_fp4_triton(
-        q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), windows_of(live, seed), summary)
+        q.to(DEVICE), qs.to(DEVICE), torch.from_numpy(w).to(DEVICE), windows_of(live, seed), summary
+    )
     # the row flags as torch ops define them from the per-vector flags
     vector_flags = flags.cpu().int()
     want_wide = ((vector_flags & FLAG_WIDE) != 0).any(dim=1) & torch.from_numpy(live)
@@ -145,8 +146,9 @@ def test_prepare_queries_scales_head_weights_exactly(seed):
     for r in np.flatnonzero(~out_of_range):
         counted = np.isfinite(w[r]) & (w[r] != 0) & ~nan_scale[r]
         assert rowfac[r] == np.exp2(149 - shift[r]), f"row {r}: rowfac, seed {seed}"
-        assert np.array_equal(wq[r, counted].astype(np.float64), scaled_true[r, counted] * np.exp2(shift[r])), \
+        assert np.array_equal(wq[r, counted].astype(np.float64), scaled_true[r, counted] * np.exp2(shift[r])), (
             f"row {r}, seed {seed}"
+        )
         assert (wq[r, (w[r] == 0) & ~nan_scale[r]] == 0).all(), f"row {r}: zero weights stay zero, seed {seed}"
         # The row's largest scaled weight lies in [2^126, 2^127), a NaN-scale head's counted: its weight sets the
         # shift too (its wq is NaN, the row NONFINITE), so its exact scaled value stands in for it.
@@ -163,7 +165,8 @@ def test_decode_keys_reads_through_the_block_table(seed):
     need = torch.tensor([300, 170], dtype=torch.int32)
     summary = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     lo, hi, exp, flags, kfac, tile_wide, batch_wide = decode_keys_fp4_triton(
-        describe_kv_cache(p.kv_cache.to(DEVICE)), p.block_table.to(DEVICE), need.to(DEVICE), 320, summary)
+        describe_kv_cache(p.kv_cache.to(DEVICE)), p.block_table.to(DEVICE), need.to(DEVICE), 320, summary
+    )
     lo, hi, exp, flags, kfac = lo.cpu(), hi.cpu(), exp.cpu(), flags.cpu().int(), kfac.cpu()
     # the key tiles' wide bits (64 keys a tile) and the sequences', as the torch definition has them
     want_tiles = ((flags & FLAG_WIDE) != 0).view(2, -1, 64).any(dim=2)
@@ -192,8 +195,9 @@ def run_both(p, **kw):
     common = dict(topk=p.topk, weight_scale=p.weight_scale, backend="triton")
     lite = litetopk_prefill(*args, **common, **kw)
     dense = dense_topk_prefill(*args, **common)
-    return lite.__class__(**{f: getattr(lite, f).cpu() for f in lite.__dataclass_fields__}), \
-        dense.__class__(**{f: getattr(dense, f).cpu() for f in dense.__dataclass_fields__})
+    return lite.__class__(**{f: getattr(lite, f).cpu() for f in lite.__dataclass_fields__}), dense.__class__(
+        **{f: getattr(dense, f).cpu() for f in dense.__dataclass_fields__}
+    )
 
 
 def check_against_oracle(p, lite, dense, where, withheld=None):
@@ -212,15 +216,23 @@ def check_against_oracle(p, lite, dense, where, withheld=None):
 CASES = {
     "two sequences, causal, K=512": (dict(seq_lens=[1300, 900], rows_per_seq=3, spread=1), {}),
     "K=1024, windows shorter than K": (dict(seq_lens=[900, 700], rows_per_seq=2, topk=1024, spread=1), {}),
-    "non-causal windows, weight_scale -0.5":
-        (dict(seq_lens=[1400], rows_per_seq=4, causal=False, weight_scale=-0.5, spread=1), {}),
+    "non-causal windows, weight_scale -0.5": (
+        dict(seq_lens=[1400], rows_per_seq=4, causal=False, weight_scale=-0.5, spread=1),
+        {},
+    ),
     "wide vectors (hi operands)": (dict(seq_lens=[1100], rows_per_seq=4, spread=2), {}),
-    "calibrated + histogram": (dict(seq_lens=[2600], rows_per_seq=4, spread=1),
-                               dict(tuning=LiteTopKTuning(sample_size=520))),
-    "tiny capacity: repaired": (dict(seq_lens=[1200], rows_per_seq=3, spread=1),
-                                dict(tuning=LiteTopKTuning(candidate_capacity=40))),
-    "forced underfill: repaired": (dict(seq_lens=[2000], rows_per_seq=3, spread=1),
-                                   dict(tuning=LiteTopKTuning(sample_size=700, calibration_offset=1e30))),
+    "calibrated + histogram": (
+        dict(seq_lens=[2600], rows_per_seq=4, spread=1),
+        dict(tuning=LiteTopKTuning(sample_size=520)),
+    ),
+    "tiny capacity: repaired": (
+        dict(seq_lens=[1200], rows_per_seq=3, spread=1),
+        dict(tuning=LiteTopKTuning(candidate_capacity=40)),
+    ),
+    "forced underfill: repaired": (
+        dict(seq_lens=[2000], rows_per_seq=3, spread=1),
+        dict(tuning=LiteTopKTuning(sample_size=700, calibration_offset=1e30)),
+    ),
 }
 
 
@@ -241,8 +253,11 @@ def test_triton_operator_against_float64_oracle(name, seed):
 @pytest.mark.parametrize("bit", ["OVERFLOW", "UNDERFILLED"])
 def test_strict_capacity_events_publish_nothing(bit, seed):
     p = make_problem(seed, seq_lens=[1500], rows_per_seq=2, spread=1)
-    tuning = (LiteTopKTuning(candidate_capacity=64) if bit == "OVERFLOW"
-              else LiteTopKTuning(sample_size=600, calibration_offset=1e30))
+    tuning = (
+        LiteTopKTuning(candidate_capacity=64)
+        if bit == "OVERFLOW"
+        else LiteTopKTuning(sample_size=600, calibration_offset=1e30)
+    )
     lite, dense = run_both(p, tuning=tuning, repair=False)
     where = f"[strict {bit}] seed {seed}"
     assert lite.status.tolist() == [int(RowStatus[bit])] * 2, f"{where}: {lite.status.tolist()}"
@@ -309,8 +324,8 @@ def test_unsupported_key_spread_is_a_status_bit_of_the_rows_reading_it(seed):
     assert want and len(want) < 4, f"the case needs a row reading position 70: {windows}"
     cache = p.kv_cache.view(-1, 4352)
     page, slot = int(p.block_table[1, 70 // 64]), 70 % 64
-    cache[page, 64 * 64 + slot * 4: 64 * 64 + slot * 4 + 4] = torch.tensor([120, 130, 121, 122], dtype=torch.uint8)
-    cache[page, slot * 64: slot * 64 + 64] |= 0x11  # every block of the key nonzero
+    cache[page, 64 * 64 + slot * 4 : 64 * 64 + slot * 4 + 4] = torch.tensor([120, 130, 121, 122], dtype=torch.uint8)
+    cache[page, slot * 64 : slot * 64 + 64] |= 0x11  # every block of the key nonzero
     check_unsupported(p, want, f"[key spread] seed {seed}")
 
 
@@ -353,8 +368,16 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
     no_flags = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     # every third live row holds a wide query vector: the order and the spans must not depend on it
     q_wide = (torch.arange(n) % 3 == 1) & (ends > starts)
-    schedule = build_schedule(row_to_batch.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), batch, block_rows,
-                              q_wide.to(DEVICE), no_flags, Scratch(DEVICE))
+    schedule = build_schedule(
+        row_to_batch.to(DEVICE),
+        starts.to(DEVICE),
+        ends.to(DEVICE),
+        batch,
+        block_rows,
+        q_wide.to(DEVICE),
+        no_flags,
+        Scratch(DEVICE),
+    )
     rows, prog_batch, span = schedule.rows.cpu(), schedule.batch.cpu(), schedule.span.cpu()
     prog_q_wide = schedule.q_wide.cpu()
     rtb, starts, ends = row_to_batch.tolist(), starts.tolist(), ends.tolist()
@@ -370,8 +393,9 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
     for prog in range(programs):
         lanes = rows[prog].tolist()
         members = [r for r in lanes if r >= 0]
-        assert lanes == members + [-1] * (block_rows - len(members)), \
+        assert lanes == members + [-1] * (block_rows - len(members)), (
             f"{where}: program {prog} fills from the first lane"
+        )
         if not members:
             kinds["unused"] += 1
             assert span[prog].tolist() == [0, 0], f"{where}: unused program {prog} must do no work"
@@ -382,18 +406,20 @@ def check_schedule(row_to_batch, starts, ends, batch: int, block_rows: int, wher
             kinds["live"] += 1
             assert all(r in live for r in members), f"{where}: program {prog} mixes live and empty rows"
             assert {rtb[r] for r in members} == {int(prog_batch[prog])}, f"{where}: program {prog}: one sequence"
-            assert span[prog].tolist() == [min(starts[r] for r in members), max(ends[r] for r in members)], \
+            assert span[prog].tolist() == [min(starts[r] for r in members), max(ends[r] for r in members)], (
                 f"{where}: program {prog}: the span covers exactly its rows' windows"
+            )
             assert [starts[r] for r in members] == sorted(starts[r] for r in members), f"{where}: ordered by start"
-            assert bool(prog_q_wide[prog]) == any(bool(q_wide[r]) for r in members), \
+            assert bool(prog_q_wide[prog]) == any(bool(q_wide[r]) for r in members), (
                 f"{where}: program {prog}: q_wide is whether a row of it holds a wide query vector"
+            )
     per_seq = [sum(1 for r in live if rtb[r] == b) for b in range(batch)]
     assert kinds["live"] == sum(-(-c // block_rows) for c in per_seq), f"{where}: live programs {kinds}"
     assert kinds["empty"] == -(-len(empty) // block_rows), f"{where}: empty-row programs {kinds}"
     work = (span[:, 1] - span[:, 0]).tolist()
     assert work == sorted(work, reverse=True), f"{where}: programs sorted by span length, longest first: {work}"
     if kinds["unused"]:
-        assert all(w == 0 for w in work[programs - kinds["unused"]:]), f"{where}: unused programs last"
+        assert all(w == 0 for w in work[programs - kinds["unused"] :]), f"{where}: unused programs last"
 
 
 @pytest.mark.parametrize("block_rows", [1, 2, 4, 8])
@@ -410,14 +436,24 @@ def test_schedule_covers_every_row_once_within_one_sequence(block_rows, seq_lens
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
     assert int(problem.row_status[4]) == int(RowStatus.INVALID_ROW)
     where = f"block_rows {block_rows}, sequences {seq_lens}, shuffled {shuffled}, seed {seed}"
-    check_schedule(problem.row_to_batch.cpu(), problem.starts.cpu(), problem.ends.cpu(), len(seq_lens), block_rows,
-                   where)
+    check_schedule(
+        problem.row_to_batch.cpu(), problem.starts.cpu(), problem.ends.cpu(), len(seq_lens), block_rows, where
+    )
     # the backend launches exactly this schedule
     ops = TritonBackend(paged="never", block_rows=block_rows).operands(problem)
-    want = build_schedule(problem.row_to_batch, problem.starts, problem.ends, len(seq_lens), block_rows, ops.q_wide,
-                          ops.keys.flags, Scratch(DEVICE))
-    assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f))
-               for f in ("rows", "batch", "span", "q_wide")), where
+    want = build_schedule(
+        problem.row_to_batch,
+        problem.starts,
+        problem.ends,
+        len(seq_lens),
+        block_rows,
+        ops.q_wide,
+        ops.keys.flags,
+        Scratch(DEVICE),
+    )
+    assert all(torch.equal(getattr(ops.schedule, f), getattr(want, f)) for f in ("rows", "batch", "span", "q_wide")), (
+        where
+    )
     wide = bool(((ops.keys.flags[0] | ops.keys.flags[1]) & FLAG_WIDE) != 0)
     busy, idle = ops.schedule.variants[::-1] if wide else ops.schedule.variants
     assert torch.equal(busy[0], ops.schedule.rows) and torch.equal(busy[1], ops.schedule.span), where
@@ -432,13 +468,20 @@ def test_schedule_gives_an_empty_window_away_from_zero_span_0_1(block_rows, seed
     p.starts[1] = p.ends[1] = 77
     problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=512)
     assert problem.row_status.tolist() == [0] * 6 and int(problem.starts[1]) == 77
-    check_schedule(problem.row_to_batch.cpu(), problem.starts.cpu(), problem.ends.cpu(), 2, block_rows,
-                   f"block_rows {block_rows}, seed {seed}")
+    check_schedule(
+        problem.row_to_batch.cpu(),
+        problem.starts.cpu(),
+        problem.ends.cpu(),
+        2,
+        block_rows,
+        f"block_rows {block_rows}, seed {seed}",
+    )
 
 
 @pytest.mark.parametrize("block_rows", [1, 3, 4])
-@pytest.mark.parametrize("case", ["random", "causal prefill", "all empty", "one row", "no rows",
-                                  "every row empty but one"])
+@pytest.mark.parametrize(
+    "case", ["random", "causal prefill", "all empty", "one row", "no rows", "every row empty but one"]
+)
 def test_schedule_invariants_on_random_metadata(case, block_rows, seed):
     gen = torch.Generator().manual_seed(seed)
     batch, n = 4, 23
@@ -486,9 +529,12 @@ def test_litetopk_allocates_no_score_matrix(seed):
     with LargestFloatTensors() as control:
         dense = run_dense(problem, backend, selector="torch")
     assert control.largest[0] >= matrix, f"the spy must see the dense score matrix, saw {control.largest}"
-    assert_same(lite.__class__(**{f: getattr(lite, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
-                dense.__class__(**{f: getattr(dense, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
-                torch.ones(rows, dtype=torch.bool), f"seed {seed}: litetopk vs dense")
+    assert_same(
+        lite.__class__(**{f: getattr(lite, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
+        dense.__class__(**{f: getattr(dense, f).cpu() for f in FIELDS + ("repaired", "candidates")}),
+        torch.ones(rows, dtype=torch.bool),
+        f"seed {seed}: litetopk vs dense",
+    )
 
 
 GLUON_CASES = {
@@ -601,12 +647,17 @@ def test_scan_outputs_without_thresholds_are_those_of_no_key_everywhere(seed):
     # a scan's raw outputs: thresholds raised on some rows, counts, nonfinite flags
     raised = torch.from_numpy(rng.standard_normal(rows).astype(np.float32)).to(DEVICE)
     raised[::3] = float("-inf")
-    outputs = dict(raised=raised, appended=torch.from_numpy(rng.integers(0, 5000, rows, dtype=np.int32)).to(DEVICE),
-                   nonfinite=torch.from_numpy((rng.random(rows) < 0.1).astype(np.int8)).to(DEVICE))
+    outputs = dict(
+        raised=raised,
+        appended=torch.from_numpy(rng.integers(0, 5000, rows, dtype=np.int32)).to(DEVICE),
+        nonfinite=torch.from_numpy((rng.random(rows) < 0.1).astype(np.int8)).to(DEVICE),
+    )
     reference = finish_scan_torch(no_key, dict(prepared, **outputs))
     scan = dict(own, **outputs)
-    for how, finished in (("triton", finish_scan_triton(None, scan, scratch)),
-                          ("torch", finish_scan_torch(None, scan))):
+    for how, finished in (
+        ("triton", finish_scan_triton(None, scan, scratch)),
+        ("torch", finish_scan_torch(None, scan)),
+    ):
         for name, a, b in zip(("final", "appended", "nonfinite"), finished, reference):
             assert torch.equal(a, b), f"finish ({how}) without thresholds: {name}, seed {seed}"
     assert bool((reference[0] != NO_KEY).any()) and bool((reference[0] == NO_KEY).any()), f"seed {seed}: cases"

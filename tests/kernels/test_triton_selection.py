@@ -60,7 +60,7 @@ CASES = {
 def test_select_topk_candidates_equals_a_sort(name, seed):
     kept, ranks = CASES[name]
     keys = random_buffer(np.random.default_rng(seed), kept)
-    live_rows = [sorted(keys[r, :kept[r]].tolist(), reverse=True) for r in range(len(kept))]
+    live_rows = [sorted(keys[r, : kept[r]].tolist(), reverse=True) for r in range(len(kept))]
     thresholds = torch.tensor([NO_KEY if rank is None else live_rows[r][rank - 1] for r, rank in enumerate(ranks)])
     got = select_topk_candidates_radix(keys.to(DEVICE), torch.tensor(kept).to(DEVICE), thresholds.to(DEVICE), K)
     assert got.shape == (len(kept), K), name
@@ -102,7 +102,7 @@ def test_calibration_keys_kernel_equals_the_shared_torch_code(offset, seed):
     rng = np.random.default_rng(seed)
     scores = sample_rows(rng, 3000)
     scores[1, 7] = float("nan")
-    scores[2, :3000 - 20] = float("-inf")  # fewer than K finite: the K-th best is -inf, no threshold
+    scores[2, : 3000 - 20] = float("-inf")  # fewer than K finite: the K-th best is -inf, no threshold
     scores[0, :16] = float("inf")  # the ceiling (16th best) is +inf: no ceiling, a threshold
     want = calibration_keys_torch(scores, K, 16, offset)
     got = calibration_keys_triton(scores.to(DEVICE), K, 16, offset)
@@ -135,8 +135,7 @@ def assemble_both(keys, row_to_batch, block_table, status, repaired=None, candid
     want = result_buffers(rows, k, keys.device, None)
     assemble_into_torch(keys, row_to_batch, block_table, status, repaired, candidates, want)
     got = result_buffers(rows, k, torch.device(DEVICE), None)
-    assemble_into_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status, repaired, candidates)),
-                         got)
+    assemble_into_triton(*(t.to(DEVICE) for t in (keys, row_to_batch, block_table, status, repaired, candidates)), got)
     return want, {name: t.cpu() for name, t in got.items()}
 
 
@@ -144,7 +143,7 @@ def assemble_both(keys, row_to_batch, block_table, status, repaired=None, candid
 def test_assemble_result_triton_equals_the_shared_assembly(seed):
     rng = np.random.default_rng(seed)
     batch, max_pages, window = 3, 40, 40 * 64
-    block_table = torch.from_numpy(rng.permutation(1000)[:batch * max_pages].reshape(batch, max_pages)).int()
+    block_table = torch.from_numpy(rng.permutation(1000)[: batch * max_pages].reshape(batch, max_pages)).int()
     row_to_batch = torch.tensor([0, 2, 1, 2, 0], dtype=torch.int32)
     status = torch.tensor([0, 0, 4, 0, 0], dtype=torch.int32)  # row 2 failed: publishes nothing
     keys = sorted_top_keys(rng, 5, window, [K, 300, K, 0, K])
@@ -164,8 +163,10 @@ def test_assemble_result_triton_equals_the_shared_assembly(seed):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("page, bit", [(-3, RowStatus.INVALID_PAGE), (2**25, RowStatus.SLOT_OVERFLOW),
-                                       (2**31 // 64 + 1000, RowStatus.SLOT_OVERFLOW)])
+@pytest.mark.parametrize(
+    "page, bit",
+    [(-3, RowStatus.INVALID_PAGE), (2**25, RowStatus.SLOT_OVERFLOW), (2**31 // 64 + 1000, RowStatus.SLOT_OVERFLOW)],
+)
 def test_assembly_twins_flag_a_slot_they_cannot_publish(page, bit, seed):
     """A published position on a negative page or a page whose slots are beyond int32: that row
     gets the bit and publishes nothing (no exception, nothing read on the host); the other row,

@@ -22,10 +22,14 @@ from tests.kernels.test_reference_operator import assert_same
 from tests.problems import make_problem, results_equal
 
 # The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
-pytestmark = [pytest.mark.usefixtures("prefill_mode"), pytest.mark.interpret,
-              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="interpreter only: on a GPU the Triton stages run compiled in every "
-                                        "operator test")]
+pytestmark = [
+    pytest.mark.usefixtures("prefill_mode"),
+    pytest.mark.interpret,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1",
+        reason="interpreter only: on a GPU the Triton stages run compiled in every operator test",
+    ),
+]
 
 
 def random_metadata(gen: torch.Generator, n: int, batch: int):
@@ -57,8 +61,9 @@ def test_schedule_kernels_equal_the_torch_schedule(rows, batch, block_rows, wide
 
 
 def _call(p, tuning, triton_stages: bool):
-    run = lambda: litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, backend="triton",  # noqa: E731
-                                   tuning=tuning)
+    def run():
+        return litetopk_prefill(*p.args(), topk=p.topk, weight_scale=p.weight_scale, backend="triton", tuning=tuning)
+
     if not triton_stages:
         return run()
     with triton_stages_on_cpu():
@@ -67,10 +72,14 @@ def _call(p, tuning, triton_stages: bool):
 
 CASES = {
     # two overflowing rows, one repair slot: one repaired, one keeps its bit
-    "overflow beyond the repair slots, invalid and empty rows": (dict(seq_lens=[700, 500], rows_per_seq=2, spread=1),
-                                                                 LiteTopKTuning(candidate_capacity=40, repair_rows=1)),
-    "underfill repaired, calibrated": (dict(seq_lens=[1100], rows_per_seq=3, spread=1),
-                                       LiteTopKTuning(sample_size=500, calibration_offset=1e30)),
+    "overflow beyond the repair slots, invalid and empty rows": (
+        dict(seq_lens=[700, 500], rows_per_seq=2, spread=1),
+        LiteTopKTuning(candidate_capacity=40, repair_rows=1),
+    ),
+    "underfill repaired, calibrated": (
+        dict(seq_lens=[1100], rows_per_seq=3, spread=1),
+        LiteTopKTuning(sample_size=500, calibration_offset=1e30),
+    ),
     "wide and unsupported vectors": (dict(seq_lens=[600, 300], rows_per_seq=2, spread=3), LiteTopKTuning()),
     # a NaN scale byte in row 1's queries and in a key of sequence 1: the scan's nonfinite flags
     "nonfinite scores": (dict(seq_lens=[600, 400], rows_per_seq=2), LiteTopKTuning()),
@@ -86,14 +95,15 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
         p.starts[3] = p.ends[3] = 0  # an empty window
     if name.startswith("wide"):  # key 5 of sequence 0 and a head of row 3 span 10 binades: UNSUPPORTED
         page = int(p.block_table[0, 0])
-        p.kv_cache.view(-1, 4352)[page, 5 * 64:6 * 64] = 0x22
-        p.kv_cache.view(-1, 4352)[page, 4096 + 5 * 4:4096 + 6 * 4] = torch.tensor([117, 127, 127, 127],
-                                                                                   dtype=torch.uint8)
+        p.kv_cache.view(-1, 4352)[page, 5 * 64 : 6 * 64] = 0x22
+        p.kv_cache.view(-1, 4352)[page, 4096 + 5 * 4 : 4096 + 6 * 4] = torch.tensor(
+            [117, 127, 127, 127], dtype=torch.uint8
+        )
         p.q_fp4[3, 9] = 0x22
         p.q_scale[3, 9] = torch.tensor([117, 127, 127, 127], dtype=torch.uint8)
         # row 2 and sequence 1's keys one binade (spread-3 data can hold an unsupported vector of its own)
         p.q_scale[2] = 127
-        for page in p.block_table[1, :-(-300 // 64)].tolist():
+        for page in p.block_table[1, : -(-300 // 64)].tolist():
             p.kv_cache.view(-1, 4352)[page, 4096:] = 127
     if name.startswith("nonfinite"):
         p.q_scale[1, 2, 0] = 255

@@ -48,8 +48,11 @@ def small_args(seed: int) -> dict:
 
 
 def noncontiguous(t: torch.Tensor) -> torch.Tensor:
-    out = (torch.empty(t.shape[::-1], dtype=t.dtype).t() if t.ndim == 2
-           else torch.empty(t.shape + (2,), dtype=t.dtype)[..., 0])
+    out = (
+        torch.empty(t.shape[::-1], dtype=t.dtype).t()
+        if t.ndim == 2
+        else torch.empty(t.shape + (2,), dtype=t.dtype)[..., 0]
+    )
     out.copy_(t)
     assert not out.is_contiguous() and torch.equal(out, t)
     return out
@@ -65,8 +68,11 @@ BAD_CALLS = {
     "q_scale rows": ("q_scale", lambda t: t[:-1].contiguous(), "q_scale must have shape"),
     "kv_cache dtype": ("kv_cache", lambda t: t.view(torch.int8), "kv_cache must be a uint8"),
     "kv_cache page bytes": ("kv_cache", lambda t: t[:, :4351].contiguous(), "kv_cache must be [num_pages, 4352]"),
-    "kv_cache page layout transposed": ("kv_cache", lambda t: t.view(-1, 64, 68).transpose(1, 2),
-                                        "the bytes of one page of kv_cache must be contiguous"),
+    "kv_cache page layout transposed": (
+        "kv_cache",
+        lambda t: t.view(-1, 64, 68).transpose(1, 2),
+        "the bytes of one page of kv_cache must be contiguous",
+    ),
     "block_table dtype": ("block_table", lambda t: t.long(), "block_table must be int32"),
     "block_table rank": ("block_table", lambda t: t.flatten(), "block_table must have shape"),
     "block_table not contiguous": ("block_table", noncontiguous, "block_table must be contiguous"),
@@ -143,8 +149,9 @@ def test_supported_topk_and_accepted_variants(topk, seed):
     args["kv_cache"] = args["kv_cache"].view(-1, 64, 1, 68)
     args["weights"] = args["weights"].bfloat16()
     varied = validate_prefill(*args.values(), topk=topk)
-    assert torch.equal(varied.cache.values,
-                       plain.cache.values) and varied.cache.values.shape == plain.cache.values.shape
+    assert (
+        torch.equal(varied.cache.values, plain.cache.values) and varied.cache.values.shape == plain.cache.values.shape
+    )
     assert varied.weights.dtype == torch.float32
     assert torch.equal(varied.weights, args["weights"].float())
 
@@ -152,6 +159,7 @@ def test_supported_topk_and_accepted_variants(topk, seed):
 def _set(name, index, value):
     def change(args):
         args[name][index] = value
+
     return change
 
 
@@ -175,14 +183,18 @@ ROW_FAULTS = {
     "page 2^25 outside every window": ([_set("block_table", (1, 3), 2**25)], [0, 0, 0, 0]),
     "bad window and page 2^25": ([_set("block_table", (0, 1), 2**25), _set("starts", 1, -3)], [8 | 64, 16, 0, 0]),
     "bad page right after a window": ([_set("block_table", (1, 2), -5)], [0, 0, 8, 0]),
-    "bad page outside every window":
-        ([_set("block_table", (0, 4), 10**6), _set("block_table", (1, 4), -7)], [0, 0, 0, 0]),
+    "bad page outside every window": (
+        [_set("block_table", (0, 4), 10**6), _set("block_table", (1, 4), -7)],
+        [0, 0, 0, 0],
+    ),
     "bad page before a window": ([_set("block_table", (0, 0), -1), _set("starts", 0, 64)], [0, 0, 0, 0]),
     "nan weight": ([_set("weights", (2, 5), float("nan"))], [0, 0, 4, 0]),
     "inf weight": ([_set("weights", (3, 63), float("inf"))], [0, 0, 0, 4]),
     "-inf weight": ([_set("weights", (0, 0), -float("inf"))], [4, 0, 0, 0]),
-    "bad page and nan weight":
-        ([_set("block_table", (0, 1), -1), _set("weights", (1, 0), float("nan"))], [8, 12, 0, 0]),
+    "bad page and nan weight": (
+        [_set("block_table", (0, 1), -1), _set("weights", (1, 0), float("nan"))],
+        [8, 12, 0, 0],
+    ),
     "bad window and nan weight": ([_set("ends", 3, 10**6), _set("weights", (3, 0), float("nan"))], [0, 0, 0, 20]),
     "empty window": ([_set("starts", 1, 77), _set("ends", 1, 77)], [0, 0, 0, 0]),
     "empty window at the table's end": ([_set("starts", 1, 320), _set("ends", 1, 320)], [0, 0, 0, 0]),
@@ -245,9 +257,13 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
     for change in changes:
         change(args)
     checked = row_checks_triton(
-        args["block_table"].to(device), _num_pages(args), args["weights"].float().to(device),
-        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")), 5 * 64,
-        scratch=poisoned_scratch(device, seed))
+        args["block_table"].to(device),
+        _num_pages(args),
+        args["weights"].float().to(device),
+        *(args[name].to(device) for name in ("row_to_batch", "starts", "ends")),
+        5 * 64,
+        scratch=poisoned_scratch(device, seed),
+    )
     assert checked.status.cpu().tolist() == want, f"{case}: {checked.status.cpu().tolist()} vs {want}"
     ok = torch.tensor(want) == 0
     for i, name in enumerate(("row_to_batch", "starts", "ends")):
@@ -272,8 +288,9 @@ def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
     weights = torch.randn(rows, 64, generator=gen)
     args = (block_table, 50, weights, row_to_batch, starts, ends, 8 * 64)
     want = row_checks_torch(*args)
-    got = row_checks_triton(*(a.to(device) if isinstance(a, torch.Tensor) else a for a in args),
-                            scratch=poisoned_scratch(device, seed))
+    got = row_checks_triton(
+        *(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), scratch=poisoned_scratch(device, seed)
+    )
     for name, a, b in zip(want._fields, got, want):
         assert torch.equal(a.cpu(), b), f"rows {rows}, batch {batch}: {name}"
     assert want.zeroed.tolist() == [0] * (ZEROED_WORDS + batch)
@@ -329,8 +346,9 @@ def slot_case(case: str):
     weights[3, 9] = float("nan")  # row 3: sequence 1, NONFINITE only
     starts = torch.tensor([w[0] for w in SLOT_WINDOWS] + [0], dtype=torch.int32)
     ends = torch.tensor([w[1] for w in SLOT_WINDOWS] + [256], dtype=torch.int32)
-    return (block_table, 2**31 - 1, weights, torch.tensor([0, 0, 0, 1], dtype=torch.int32), starts, ends, 256), \
-        want + [4]
+    return (block_table, 2**31 - 1, weights, torch.tensor([0, 0, 0, 1], dtype=torch.int32), starts, ends, 256), want + [
+        4
+    ]
 
 
 @pytest.mark.parametrize("case", list(SLOT_CASES))
@@ -364,8 +382,7 @@ def test_row_checks_twins_agree_on_slot_overflow(case):
 def ref_slots(positions, row_to_batch, block_table):
     """slot = block_table[b, j // 64] * 64 + j % 64 in Python integers; -1 stays -1."""
     return [
-        [-1 if j < 0 else block_table[b][j // 64] * 64 + j % 64 for j in row]
-        for row, b in zip(positions, row_to_batch)
+        [-1 if j < 0 else block_table[b][j // 64] * 64 + j % 64 for j in row] for row, b in zip(positions, row_to_batch)
     ]
 
 

@@ -41,11 +41,13 @@ def programs_per_sm(info: dict) -> tuple[int, int]:
 @pytest.mark.parametrize("variant", list(GLUON_VARIANTS))
 def test_shared_memory_allows_the_programs_registers_allow(summary, variant):
     by_shared, by_registers = programs_per_sm(summary[variant])
-    assert by_registers == REGISTERS_PER_SM // (GLUON_MAX_REGISTERS * 32 * GLUON_NUM_WARPS) == 4, \
+    assert by_registers == REGISTERS_PER_SM // (GLUON_MAX_REGISTERS * 32 * GLUON_NUM_WARPS) == 4, (
         f"{variant}: {summary[variant]['REG']} registers"
+    )
     assert by_shared >= by_registers, (
         f"{variant}: {summary[variant]['DYNAMIC_SHARED']} bytes of dynamic shared memory allow {by_shared} "
-        f"programs per SM, the registers {by_registers}")
+        f"programs per SM, the registers {by_registers}"
+    )
 
 
 @pytest.mark.parametrize("mode", ["dense", "strided", "scan"])

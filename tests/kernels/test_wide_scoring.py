@@ -155,8 +155,9 @@ def test_gluon_wide_variant_returns_the_triton_kernels_bits(layout, causal, seed
         t_scores, t_flags = twin.score_dense(problem, stride=stride)
         assert torch.equal(g_scores, t_scores), f"{where}: stride {stride}: {int((g_scores != t_scores).sum())} differ"
         assert torch.equal(g_flags, t_flags), where
-    for name, g, t in zip(("keys", "appended", "thresholds"), scan_outputs(gluon, problem),
-                          scan_outputs(twin, problem)):
+    for name, g, t in zip(
+        ("keys", "appended", "thresholds"), scan_outputs(gluon, problem), scan_outputs(twin, problem)
+    ):
         assert torch.equal(g, t), f"{where}: scan {name}, gluon vs triton"
     tuning = LiteTopKTuning(sample_size=300)
     g_lite, t_lite = (run_litetopk(problem, b, repair=True, tuning=tuning) for b in (gluon, twin))

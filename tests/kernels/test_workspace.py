@@ -58,8 +58,16 @@ def bound_of(p) -> int:
 
 
 def sizing(operator, p, backend, tuning=None, **bounds) -> dict:
-    kw = dict(max_rows=p.q_fp4.shape[0], max_seq_len=bound_of(p), topk=p.topk, device="cpu", backend=backend,
-              max_batch=p.block_table.shape[0], dense=operator == "dense", tuning=tuning)
+    kw = dict(
+        max_rows=p.q_fp4.shape[0],
+        max_seq_len=bound_of(p),
+        topk=p.topk,
+        device="cpu",
+        backend=backend,
+        max_batch=p.block_table.shape[0],
+        dense=operator == "dense",
+        tuning=tuning,
+    )
     return {**kw, **bounds}
 
 
@@ -71,16 +79,24 @@ CASES = {  # name: (operator, backend, seq_lens, rows_per_seq, topk, tuning)
     "reference dense K=1024": ("dense", "reference", [1300], 3, 1024, None),
     "triton litetopk K=512": ("litetopk", "triton", [600, 200], 2, 512, None),
     "triton dense K=1024": ("dense", "triton", [1100], 2, 1024, None),
-    "triton litetopk K=512 self-calibrating scan": ("litetopk", "triton", [1100, 300], 2, 512,
-                                                    LiteTopKTuning(calibration="scan", sample_size=512)),
+    "triton litetopk K=512 self-calibrating scan": (
+        "litetopk",
+        "triton",
+        [1100, 300],
+        2,
+        512,
+        LiteTopKTuning(calibration="scan", sample_size=512),
+    ),
 }
 
 
 # The triton cases run the Triton stages on CPU tensors: under the interpreter (no GPU, as in CI).
 # On a GPU machine they are not run: the gpu-marked test below sizes and checks the compiled path.
-INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="triton on CPU tensors runs only under TRITON_INTERPRET=1; "
-                                        "on a GPU the gpu-marked workspace test covers the compiled kernels")
+INTERPRETED = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="triton on CPU tensors runs only under TRITON_INTERPRET=1; "
+    "on a GPU the gpu-marked workspace test covers the compiled kernels",
+)
 
 
 def _cases(names):
@@ -101,17 +117,19 @@ def test_exact_at_the_bounds(case, seed):
     # slab: a nonzero storage offset), poisoned with fresh random bytes: no stage may read what it did not
     # write (the scan's candidate slots past a row's appended count, for one, are never written), and
     # none may write outside it (the slab's bytes around it stay as they were).
-    slab = torch.randint(0, 256, (nbytes + 3 * ALIGNMENT,), generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.uint8)
+    slab = torch.randint(
+        0, 256, (nbytes + 3 * ALIGNMENT,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+    )
     lead = ALIGNMENT + -slab.data_ptr() % ALIGNMENT
-    workspace = slab[lead:lead + nbytes]
-    around = torch.cat([slab[:lead], slab[lead + nbytes:]])
+    workspace = slab[lead : lead + nbytes]
+    around = torch.cat([slab[:lead], slab[lead + nbytes :]])
     first = call(operator, p, backend, workspace=workspace, **kw)
     second = call(operator, p, backend, workspace=workspace, **kw)
     same_bits(first, want, f"{case}, seed {seed}, first call")
     same_bits(second, want, f"{case}, seed {seed}, second call on the same workspace")
-    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes:]]),
-                       around), f"{case}: bytes outside the workspace written"
+    assert torch.equal(torch.cat([slab[:lead], slab[lead + nbytes :]]), around), (
+        f"{case}: bytes outside the workspace written"
+    )
     with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
         call(operator, p, backend, workspace=workspace[:-1], **kw)
 
@@ -130,8 +148,11 @@ def test_smaller_calls_fit(operator, seed):
         batch = int(torch.randint(1, 3, (1,), generator=gen))
         p = make_problem(seed + length, seq_lens=[length] * batch, rows_per_seq=rows, topk=512)
         assert bound_of(p) <= bound_of(big)
-        same_bits(call(operator, p, "reference", workspace=workspace, **kw), call(operator, p, "reference", **kw),
-                  f"{operator}: {batch} x {length} keys, {rows} rows a sequence (seed {seed})")
+        same_bits(
+            call(operator, p, "reference", workspace=workspace, **kw),
+            call(operator, p, "reference", **kw),
+            f"{operator}: {batch} x {length} keys, {rows} rows a sequence (seed {seed})",
+        )
 
 
 def test_a_larger_call_names_the_bytes_it_needs(seed):
@@ -159,19 +180,24 @@ def test_the_bound_is_the_largest_over_every_sample_shape(seed):
     used = {end: used_by(p, "reference", tuning, max_seq_len=end) for end in (1535, 1536)}
     assert used[1535] > used[1536], f"the case needs a bound whose call is smaller than one below it: {used}"
     sized = dict(max_rows=4, topk=512, device="cpu", backend="reference", tuning=tuning)
-    assert workspace_bytes(max_seq_len=1536, **sized) == max(used_by(p, "reference", tuning, max_seq_len=end)
-                                                             for end in shape_changes(1536, 512, 512))
+    assert workspace_bytes(max_seq_len=1536, **sized) == max(
+        used_by(p, "reference", tuning, max_seq_len=end) for end in shape_changes(1536, 512, 512)
+    )
     # An oracle that shares none of workspace_bytes' reasoning (shape_changes): the bytes a call carves
     # at every window bound up to 1536, the largest of them. Its rows' windows are empty (cheap calls;
     # what a call carves follows from shapes and bounds alone: the same bytes as p's at 1535 and 1536).
     empty = dataclasses.replace(p, ends=p.starts.clone())
     every = [used_by(empty, "reference", tuning, max_seq_len=end) for end in range(1537)]
     assert (every[1535], every[1536]) == (used[1535], used[1536]), f"empty windows carve other bytes: {used}"
-    assert workspace_bytes(max_seq_len=1536, **sized) == max(every), \
+    assert workspace_bytes(max_seq_len=1536, **sized) == max(every), (
         f"the largest call at any bound <= 1536 carves {max(every)} bytes, at bound {every.index(max(every))}"
+    )
     workspace = allocate_workspace(max_seq_len=1536, **sized)
-    same_bits(call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=1535),
-              call("litetopk", p, "reference", tuning=tuning, max_seq_len=1535), "bound 1535 in a workspace for 1536")
+    same_bits(
+        call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=1535),
+        call("litetopk", p, "reference", tuning=tuning, max_seq_len=1535),
+        "bound 1535 in a workspace for 1536",
+    )
 
 
 @INTERPRETED
@@ -249,8 +275,9 @@ def test_carved_views_are_kept_on_the_workspace_and_follow_it(seed, monkeypatch)
         gc.enable()
 
 
-@pytest.mark.parametrize("sample_size,k,bound", [(0, 512, 900), (4096, 512, 70000), (128, 512, 2000), (100, 300, 5000),
-                                                 (7, 20, 400)])
+@pytest.mark.parametrize(
+    "sample_size,k,bound", [(0, 512, 900), (4096, 512, 70000), (128, 512, 2000), (100, 300, 5000), (7, 20, 400)]
+)
 def test_shape_changes_cover_every_bound(sample_size, k, bound):
     """For every e <= bound, a listed end e' >= e has the same sample stride (0: no sample)."""
     ends = shape_changes(bound, sample_size, k)
@@ -272,7 +299,7 @@ def bad_workspaces(p) -> dict:
         "int32": (torch.zeros(n // 4, dtype=torch.int32), "1-D contiguous uint8"),
         "2-D": (torch.zeros(2, n // 2, dtype=torch.uint8), "1-D contiguous uint8"),
         "strided": (torch.zeros(2 * n, dtype=torch.uint8)[::2], "1-D contiguous uint8"),
-        "misaligned": (raw[aligned + 1:aligned + 1 + n], f"{ALIGNMENT}-byte boundary"),
+        "misaligned": (raw[aligned + 1 : aligned + 1 + n], f"{ALIGNMENT}-byte boundary"),
         "storage misaligned": (misaligned_storage(n), "storage must start on a 16-byte boundary"),
         "meta device": (torch.empty(n, dtype=torch.uint8, device="meta"), "is on meta"),
         "not a tensor": (bytearray(n), "must be a torch.Tensor"),
@@ -286,7 +313,7 @@ def misaligned_storage(n: int) -> torch.Tensor:
     skip = (3 - buffer.ctypes.data) % 16
     storage = torch.frombuffer(memoryview(buffer)[skip:], dtype=torch.uint8)  # its storage starts at skip
     start = -storage.data_ptr() % ALIGNMENT
-    workspace = storage[start:start + n]
+    workspace = storage[start : start + n]
     workspace.keepalive = buffer  # (frombuffer shares the buffer's memory)
     assert workspace.untyped_storage().data_ptr() % 16 == 3 and workspace.data_ptr() % ALIGNMENT == 0
     return workspace
@@ -297,8 +324,8 @@ def aligned_cache(p) -> torch.Tensor:
     n = p.kv_cache.numel()
     raw = torch.empty(n + ALIGNMENT, dtype=torch.uint8)
     start = -raw.data_ptr() % ALIGNMENT
-    p.kv_cache = raw[start:start + n].view(p.kv_cache.shape).copy_(p.kv_cache)
-    return raw[start:start + n]
+    p.kv_cache = raw[start : start + n].view(p.kv_cache.shape).copy_(p.kv_cache)
+    return raw[start : start + n]
 
 
 @pytest.mark.parametrize("operator", list(OPERATORS))
@@ -321,8 +348,9 @@ def test_workspace_overlapping_an_out_tensor(seed):
         call("litetopk", p, "reference", workspace=workspace, out={"counts": counts})
 
 
-@pytest.mark.parametrize("bad", [dict(max_rows=-1), dict(max_seq_len=1.5), dict(max_batch=0), dict(topk=256),
-                                 dict(topk=(512, 2048))])
+@pytest.mark.parametrize(
+    "bad", [dict(max_rows=-1), dict(max_seq_len=1.5), dict(max_batch=0), dict(topk=256), dict(topk=(512, 2048))]
+)
 def test_bad_bounds(bad):
     kw = dict(max_rows=4, max_seq_len=1000, topk=512, device="cpu", backend="reference", **{})
     kw.update(bad)
@@ -387,8 +415,11 @@ def test_dense_with_an_empty_window_bound_fits(seed):
     not carved (it would outgrow the matrix of a short bound): a workspace sized for one holds the call."""
     p = make_problem(seed, seq_lens=[100], rows_per_seq=3, topk=512)
     workspace = allocate_workspace(3, 128, 512, device="cpu", backend="reference", dense=True)
-    same_bits(call("dense", p, "reference", workspace=workspace, max_seq_len=0),
-              call("dense", p, "reference", max_seq_len=0), "dense at bound 0")
+    same_bits(
+        call("dense", p, "reference", workspace=workspace, max_seq_len=0),
+        call("dense", p, "reference", max_seq_len=0),
+        "dense at bound 0",
+    )
 
 
 @pytest.mark.parametrize("spare", [0, 1, 7, 255])
@@ -400,14 +431,18 @@ def test_carved_buffers_are_aligned_disjoint_views_of_the_workspace(spare, seed)
 
     gen = torch.Generator().manual_seed(seed)
     dtypes = (torch.int64, torch.int32, torch.float32, torch.int8, torch.int16, torch.uint8, torch.bool)
-    asks = [(tuple(int(s) for s in torch.randint(0, 9, (int(torch.randint(0, 4, (1,), generator=gen)),),
-                                                  generator=gen)), dtypes[int(i)])
-            for i in torch.randint(0, len(dtypes), (40,), generator=gen)]
+    asks = [
+        (
+            tuple(int(s) for s in torch.randint(0, 9, (int(torch.randint(0, 4, (1,), generator=gen)),), generator=gen)),
+            dtypes[int(i)],
+        )
+        for i in torch.randint(0, len(dtypes), (40,), generator=gen)
+    ]
     counting = Scratch("cpu")
     for shape, dtype in asks:
         counting.empty(shape, dtype)
     raw = torch.empty(counting.used + spare + ALIGNMENT, dtype=torch.uint8)
-    workspace = raw[-raw.data_ptr() % ALIGNMENT:][:counting.used + spare]
+    workspace = raw[-raw.data_ptr() % ALIGNMENT :][: counting.used + spare]
     scratch = Scratch("cpu", workspace)
     spans = []
     for shape, dtype in asks:
@@ -436,12 +471,16 @@ def test_one_workspace_serves_both_modes_of_the_triton_backend(seed):
     prefill = make_problem(seed, seq_lens=[1200], rows_per_seq=6, topk=512, spread=1)
     decode = make_problem(seed + 1, seq_lens=[1200, 1200], rows_per_seq=3, topk=512, spread=1)
     assert bound_of(prefill) == bound_of(decode)
-    sized = dict(max_rows=6, max_seq_len=bound_of(prefill), topk=512, device="cpu", backend="triton", tuning=tuning,
-                 max_batch=2)
+    sized = dict(
+        max_rows=6, max_seq_len=bound_of(prefill), topk=512, device="cpu", backend="triton", tuning=tuning, max_batch=2
+    )
     used = {"prefill": used_by(prefill, "triton", tuning), "paged": used_by(decode, "triton", tuning)}
     assert used["prefill"] > used["paged"], f"the case needs the mode of fewer sequences to carve more: {used}"
     assert workspace_bytes(**sized) == max(used.values()), f"{used}"
     workspace = allocate_workspace(**sized)
     for name, p in (("prefill", prefill), ("paged", decode)):
-        same_bits(call("litetopk", p, "triton", workspace=workspace, tuning=tuning),
-                  call("litetopk", p, "triton", tuning=tuning), f"{name}-shaped call, seed {seed}")
+        same_bits(
+            call("litetopk", p, "triton", workspace=workspace, tuning=tuning),
+            call("litetopk", p, "triton", tuning=tuning),
+            f"{name}-shaped call, seed {seed}",
+        )

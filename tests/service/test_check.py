@@ -16,17 +16,25 @@ from tests.servers import start_service, wait_until
 
 def probe(route: str, *flags: str, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("LITETOPK_")} | env
-    return subprocess.run([sys.executable, "-m", "litetopk.service", "--check", route, *flags],
-                          capture_output=True, text=True, timeout=60, env=environment)
+    return subprocess.run(
+        [sys.executable, "-m", "litetopk.service", "--check", route, *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
 
 
-@pytest.mark.parametrize("settings,target", [
-    ({"uds": "/run/litetopk/x.sock", "port": 9}, ("/run/litetopk/x.sock", "http://litetopk")),
-    ({"uds": "", "host": "127.0.0.1", "port": 9}, (None, "http://127.0.0.1:9")),
-    ({"uds": "", "host": "0.0.0.0", "port": 9}, (None, "http://127.0.0.1:9")),
-    ({"uds": "", "host": "::", "port": 9}, (None, "http://[::1]:9")),
-    ({"uds": "", "host": "10.1.2.3", "port": 9}, (None, "http://10.1.2.3:9")),
-])
+@pytest.mark.parametrize(
+    "settings,target",
+    [
+        ({"uds": "/run/litetopk/x.sock", "port": 9}, ("/run/litetopk/x.sock", "http://litetopk")),
+        ({"uds": "", "host": "127.0.0.1", "port": 9}, (None, "http://127.0.0.1:9")),
+        ({"uds": "", "host": "0.0.0.0", "port": 9}, (None, "http://127.0.0.1:9")),
+        ({"uds": "", "host": "::", "port": 9}, (None, "http://[::1]:9")),
+        ({"uds": "", "host": "10.1.2.3", "port": 9}, (None, "http://10.1.2.3:9")),
+    ],
+)
 def test_probe_asks_the_socket_else_tcp(settings, target):
     assert check_target(ServiceSettings(**settings)) == target, settings
 

@@ -158,17 +158,20 @@ def test_stale_generation_after_re_registration(client, http, problem, service):
     assert "generation 2" in doc["detail"]
 
 
-@pytest.mark.parametrize("field,change,code", [
-    ("kv_cache", {"offset": 4352}, "out_of_bounds"),
-    ("weights", {"offset": 2}, "misaligned_offset"),
-    # dtypes and shapes of inputs: the operator's own check (InputDtypeError / InputShapeError)
-    ("q_fp4", {"dtype": "int32", "shape": [8, 64, 16]}, "bad_dtype"),
-    ("kv_cache", {"dtype": "int32", "shape": [1, 1088]}, "bad_dtype"),
-    ("q_scale", {"shape": [8, 64, 2]}, "bad_shape"),
-    ("weights", {"shape": [7, 64]}, "bad_shape"),
-    ("kv_cache", {"shape": [2, 4351]}, "bad_shape"),
-    ("ends", {"shape": [2, 4], "data": list(range(8))}, "bad_shape"),
-])
+@pytest.mark.parametrize(
+    "field,change,code",
+    [
+        ("kv_cache", {"offset": 4352}, "out_of_bounds"),
+        ("weights", {"offset": 2}, "misaligned_offset"),
+        # dtypes and shapes of inputs: the operator's own check (InputDtypeError / InputShapeError)
+        ("q_fp4", {"dtype": "int32", "shape": [8, 64, 16]}, "bad_dtype"),
+        ("kv_cache", {"dtype": "int32", "shape": [1, 1088]}, "bad_dtype"),
+        ("q_scale", {"shape": [8, 64, 2]}, "bad_shape"),
+        ("weights", {"shape": [7, 64]}, "bad_shape"),
+        ("kv_cache", {"shape": [2, 4351]}, "bad_shape"),
+        ("ends", {"shape": [2, 4], "data": list(range(8))}, "bad_shape"),
+    ],
+)
 def test_tensor_reference_checks(client, http, problem, field, change, code):
     body = body_for(client, problem)
     body[field] = {**body[field], **change}
@@ -187,9 +190,19 @@ def _pages(ref: dict, pages: int) -> dict:
     return {**ref, "shape": [pages, *ref["shape"][1:]]}
 
 
-@pytest.mark.parametrize("case", ["ours-with-kv_scale", "page-counts-differ", "kv_scale-int32", "kv_scale-shape",
-                                  "aiter-without-kv_scale", "kv_scale-out-of-bounds", "kv_scale-inline",
-                                  "out-aliases-kv_scale"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "ours-with-kv_scale",
+        "page-counts-differ",
+        "kv_scale-int32",
+        "kv_scale-shape",
+        "aiter-without-kv_scale",
+        "kv_scale-out-of-bounds",
+        "kv_scale-inline",
+        "out-aliases-kv_scale",
+    ],
+)
 def test_inconsistent_cache_formats_are_refused(client, http, problem, aiter_cache, case):
     """Both cache formats at the HTTP edge: every inconsistent pair is a 422 (409) with a code that
     says what to change, the service stays up, and the consistent pair answers."""
@@ -248,8 +261,9 @@ def test_shm_unavailable(http, service):
     read_only = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
     os.close(fd)
     _, ticket = memfd_ticket(service, memory=read_only)
-    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}),
-                         "shm_unavailable")
+    doc = assert_problem(
+        http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}), "shm_unavailable"
+    )
     assert "read-write" in doc["detail"], doc
     _, ticket = memfd_ticket(service, memory=read_only)
     ok = http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64, "access": "read_only"})
@@ -260,15 +274,15 @@ def test_shm_unavailable(http, service):
 def test_shm_smaller_than_declared(http, service):
     fd, ticket = memfd_ticket(service, size=16)
     os.close(fd)
-    assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 1 << 20}),
-                   "out_of_bounds")
+    assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 1 << 20}), "out_of_bounds")
 
 
 def test_unsealed_memory(http, service):
     fd, ticket = memfd_ticket(service, seal=False)
     os.close(fd)
-    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}),
-                         "unsealed_memory")
+    doc = assert_problem(
+        http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64}), "unsealed_memory"
+    )
     assert "F_SEAL_SHRINK" in doc["detail"]
 
 
@@ -301,8 +315,13 @@ def test_output_access_rules(client, http, problem):
 
 
 def test_foreign_device(http):
-    registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
-                    "device_uuid": str(uuid.uuid4()), "size": 4096, "pid": os.getpid()}
+    registration = {
+        "kind": "cuda_ipc",
+        "handle": base64.b64encode(os.urandom(64)).decode(),
+        "device_uuid": str(uuid.uuid4()),
+        "size": 4096,
+        "pid": os.getpid(),
+    }
     assert "owns no GPU" in assert_problem(http.post("/v1/regions", json=registration), "foreign_device")["detail"]
 
 
@@ -324,14 +343,19 @@ def test_backend_unavailable(client, problem):
 def test_validation_error_lists_pydantic_errors(http):
     doc = assert_problem(http.post("/v1/topk", json={"topk": "many"}), "validation_error")
     assert doc["errors"] and all({"loc", "msg", "type"} <= set(e) for e in doc["errors"])
-    assert_problem(http.post("/v1/regions", content=b"{not json", headers={"content-type": "application/json"}),
-                   "invalid_json")
-    assert_problem(http.post("/v1/topk", content=b"{not json", headers={"content-type": "application/json"}),
-                   "invalid_json")
-    assert_problem(http.post("/v1/regions", json={"kind": "shm", "name": "../etc/passwd", "size": 1}),
-                   "validation_error")
-    for strings in ({"kind": "memfd", "ticket": "t" * 16, "size": "64"}, {"kind": "memfd", "ticket": "t" * 16,
-                                                                          "size": 64, "pid": str(os.getpid())}):
+    assert_problem(
+        http.post("/v1/regions", content=b"{not json", headers={"content-type": "application/json"}), "invalid_json"
+    )
+    assert_problem(
+        http.post("/v1/topk", content=b"{not json", headers={"content-type": "application/json"}), "invalid_json"
+    )
+    assert_problem(
+        http.post("/v1/regions", json={"kind": "shm", "name": "../etc/passwd", "size": 1}), "validation_error"
+    )
+    for strings in (
+        {"kind": "memfd", "ticket": "t" * 16, "size": "64"},
+        {"kind": "memfd", "ticket": "t" * 16, "size": 64, "pid": str(os.getpid())},
+    ):
         assert_problem(http.post("/v1/regions", json=strings), "validation_error")  # no string coercion
 
 
@@ -339,8 +363,9 @@ def test_validation_error_lists_pydantic_errors(http):
 def test_registration_with_an_impossible_owner_is_refused(http, service, pid):
     fd, ticket = memfd_ticket(service)
     os.close(fd)
-    doc = assert_problem(http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64, "pid": pid}),
-                         "validation_error")
+    doc = assert_problem(
+        http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": 64, "pid": pid}), "validation_error"
+    )
     assert "pid" in doc["detail"], doc
 
 
@@ -361,14 +386,17 @@ def test_owner_pid_from_another_pid_namespace_is_refused(http, service):
 
 
 def test_payload_too_large(http):
-    assert_problem(http.post("/v1/topk", content=b"x" * (16 * 2**20 + 1),
-                             headers={"content-type": "application/json"}), "payload_too_large")
+    assert_problem(
+        http.post("/v1/topk", content=b"x" * (16 * 2**20 + 1), headers={"content-type": "application/json"}),
+        "payload_too_large",
+    )
 
 
 def test_payload_too_large_streamed(http):
     chunks = (b"x" * 2**20 for _ in range(17))  # no Content-Length: counted while streaming
-    assert_problem(http.post("/v1/topk", content=chunks, headers={"content-type": "application/json"}),
-                   "payload_too_large")
+    assert_problem(
+        http.post("/v1/topk", content=chunks, headers={"content-type": "application/json"}), "payload_too_large"
+    )
 
 
 def test_not_found_and_method_not_allowed(http):
@@ -413,17 +441,20 @@ def test_mixed_row_faults_pick_the_worst_and_name_all(client, problem):
 # --------------------------------------------------------------------------- in-process codes
 
 
-@pytest.mark.parametrize("exc,code", [
-    (UnsupportedTopKError("topk=3 is not supported"), "unsupported_topk"),
-    (InputDtypeError("q_fp4 must be uint8, got int32"), "bad_dtype"),
-    (InputShapeError("weights must have shape [8, 64], got [7, 64]"), "bad_shape"),
-    (InputError("kv_cache must be contiguous"), "invalid_input"),
-    (RowFaultError("row 3 failed", [3], [int(RowStatus.SELECTOR_FAILURE)]), "selector_failure"),
-    (RowFaultError("rows", [1, 2], [int(RowStatus.NONFINITE), int(RowStatus.INVALID_PAGE)]), "invalid_page"),
-    (BackendUnavailableError("triton is not installed"), "backend_unavailable"),
-    (DeviceError("CUDA error: an illegal memory access"), "device_error"),
-    (ZeroDivisionError("a bug"), "internal_error"),
-])
+@pytest.mark.parametrize(
+    "exc,code",
+    [
+        (UnsupportedTopKError("topk=3 is not supported"), "unsupported_topk"),
+        (InputDtypeError("q_fp4 must be uint8, got int32"), "bad_dtype"),
+        (InputShapeError("weights must have shape [8, 64], got [7, 64]"), "bad_shape"),
+        (InputError("kv_cache must be contiguous"), "invalid_input"),
+        (RowFaultError("row 3 failed", [3], [int(RowStatus.SELECTOR_FAILURE)]), "selector_failure"),
+        (RowFaultError("rows", [1, 2], [int(RowStatus.NONFINITE), int(RowStatus.INVALID_PAGE)]), "invalid_page"),
+        (BackendUnavailableError("triton is not installed"), "backend_unavailable"),
+        (DeviceError("CUDA error: an illegal memory access"), "device_error"),
+        (ZeroDivisionError("a bug"), "internal_error"),
+    ],
+)
 def test_mapping_of_foreign_errors(exc, code):
     error = as_service_error(exc)
     assert error.code == code and str(exc) in error.detail
@@ -463,12 +494,15 @@ def test_every_code_is_reached_by_a_named_test():
         assert f"def {name}(" in source, f"{code}: {where} does not exist"
 
 
-@pytest.mark.parametrize("method, path, allow", [
-    ("delete", "/v1/topk", "POST"),
-    ("put", "/livez", "GET"),
-    ("post", "/v1/regions/abc", "DELETE, GET"),
-    ("get", "/v1/topk", "POST"),
-])
+@pytest.mark.parametrize(
+    "method, path, allow",
+    [
+        ("delete", "/v1/topk", "POST"),
+        ("put", "/livez", "GET"),
+        ("post", "/v1/regions/abc", "DELETE, GET"),
+        ("get", "/v1/topk", "POST"),
+    ],
+)
 def test_a_405_names_the_allowed_methods(tmp_path, method, path, allow):
     """RFC 9110 §15.5.6: a 405 carries Allow with the route's methods (routes of included routers too)."""
     from fastapi.testclient import TestClient

@@ -86,13 +86,15 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     named = {name: SimpleNamespace(shape=[rows, 64, 64]) for name in life.INPUTS}
     out = SimpleNamespace(**{**{n: None for n in RESULT_FIELDS}, "values": object(), "physical_indices": object()})
     request = SimpleNamespace(**named, kv_scale=None, topk=topk, weight_scale=1.0, repair=True, out=out)
-    state = SimpleNamespace(device=torch.device("meta"), table=table,
-                            executor=SimpleNamespace(operator_for=lambda rows, batch: operator))
+    state = SimpleNamespace(
+        device=torch.device("meta"), table=table, executor=SimpleNamespace(operator_for=lambda rows, batch: operator)
+    )
     ref = SimpleNamespace(offset=0, dtype="uint8", shape=[4])
     refs = [(name, ref, table.regions[name]) for name in life.INPUTS]
     refs += [(f"out.{name}", ref, table.regions[name]) for name in ("values", "physical_indices")]
-    admitted = life.Admitted(request, refs, [region for _, _, region in refs],
-                             {"values": object(), "physical_indices": object()}, rows)
+    admitted = life.Admitted(
+        request, refs, [region for _, _, region in refs], {"values": object(), "physical_indices": object()}, rows
+    )
     outcome = life.execute(admitted, state)
     assert operator.devices == {"meta"}, "inputs go to the service's device"
     assert torch.equal(out_values, want.values), f"the host output region holds the answer (seed {seed})"

@@ -24,8 +24,9 @@ def make_executor(queue_size=4, delay=0.0) -> DeviceExecutor:
 async def test_jobs_run_in_order_on_one_thread():
     executor = make_executor()
     seen = []
-    results = await asyncio.gather(*[executor.run(lambda i=i: seen.append((i, threading.current_thread().name)) or i, 5)
-                                     for i in range(4)])
+    results = await asyncio.gather(
+        *[executor.run(lambda i=i: seen.append((i, threading.current_thread().name)) or i, 5) for i in range(4)]
+    )
     await executor.close(5)
     assert results == [0, 1, 2, 3] and [i for i, _ in seen] == [0, 1, 2, 3]
     assert len({name for _, name in seen}) == 1 and seen[0][1] != threading.current_thread().name
@@ -41,11 +42,13 @@ async def test_job_exception_reaches_the_caller():
 
 def held(value, started: threading.Event, gate: threading.Event):
     """A job that says it runs, then waits for `gate` (the test orders events, not time)."""
+
     def job():
         started.set()
         if not gate.wait(30):
             raise TimeoutError("the test never opened the gate")
         return value
+
     return job
 
 
@@ -54,7 +57,7 @@ async def test_full_queue_is_overloaded_with_retry_after():
     started, gate = threading.Event(), threading.Event()
     running = executor.submit(held("first", started, gate))
     assert await asyncio.to_thread(started.wait, 30), "the worker took the first job"
-    queued = executor.submit(lambda: "second")   # fills the queue
+    queued = executor.submit(lambda: "second")  # fills the queue
     with pytest.raises(ServiceError) as err:
         executor.submit(lambda: "third")
     assert err.value.code == "overloaded" and err.value.headers["Retry-After"] == "2"
@@ -109,6 +112,7 @@ async def test_run_if_idle_runs_on_the_calling_thread_only_when_the_device_is_id
     """A transport thread's job runs in place when nothing is queued or running; otherwise the caller
     is told to queue it (None), so a request never overtakes one queued before it."""
     executor = make_executor()
+
     def from_a_thread():
         return threading.current_thread().name, executor.run_if_idle(lambda: threading.current_thread().name)
 
@@ -122,7 +126,6 @@ async def test_run_if_idle_runs_on_the_calling_thread_only_when_the_device_is_id
     gate.set()
     assert await running == "held" and ran == []
     await executor.close(5)
-
 
 
 class Settled:

@@ -91,8 +91,13 @@ def test_results_into_host_memory_equal_in_process(gpu_service):
 @needs_gpu
 @pytest.mark.parametrize("gpu_service", ["cuda:0"], indirect=True)
 def test_raw_handle_that_does_not_open(gpu_service):
-    registration = {"kind": "cuda_ipc", "handle": base64.b64encode(os.urandom(64)).decode(),
-                    "device_uuid": uuid_of(0), "size": 4096, "pid": os.getpid()}
+    registration = {
+        "kind": "cuda_ipc",
+        "handle": base64.b64encode(os.urandom(64)).decode(),
+        "device_uuid": uuid_of(0),
+        "size": 4096,
+        "pid": os.getpid(),
+    }
     doc = httpx.post(f"{gpu_service.url}/v1/regions", json=registration, headers=gpu_service.auth).json()
     assert doc["code"] == "ipc_unavailable", doc
 

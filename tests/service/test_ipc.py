@@ -113,8 +113,12 @@ def test_bad_frames_get_problem_answers(service):
         raw.send(b"\xc1 not msgpack")  # 0xc1 is never valid msgpack
         answer = raw.read()
         assert isinstance(answer, ProblemAnswer) and answer.problem["code"] == "invalid_frame", answer
-        for message in ({"op": "nope", "id": 3}, {"op": "info", "id": 4, "extra": 1}, {"op": "info", "id": "4"},
-                        {"op": "topk", "id": 6, "request": {"topk": "512"}}):
+        for message in (
+            {"op": "nope", "id": 3},
+            {"op": "info", "id": 4, "extra": 1},
+            {"op": "info", "id": "4"},
+            {"op": "topk", "id": 6, "request": {"topk": "512"}},
+        ):
             answer = ask(raw, message)
             assert isinstance(answer, ProblemAnswer) and answer.problem["code"] == "validation_error", (message, answer)
         assert answer.id == 6, "the id is read back when the message has one"
@@ -133,13 +137,26 @@ def test_bad_frames_get_problem_answers(service):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(frames=st.lists(st.one_of(
-    st.binary(max_size=64),
-    st.dictionaries(st.sampled_from(["op", "id", "request", "region", "registration", "generation", "x"]),
-                    st.one_of(st.integers(-2**63, 2**64 - 1), st.text(max_size=8), st.sampled_from(
-                        ["topk", "register", "unregister", "regions", "region", "info", "ready"]),
-                              st.none(), st.dictionaries(st.text(max_size=6), st.integers(-2**63, 2**63), max_size=4)),
-                    max_size=5).map(msgspec.msgpack.encode)), min_size=1, max_size=4))
+@given(
+    frames=st.lists(
+        st.one_of(
+            st.binary(max_size=64),
+            st.dictionaries(
+                st.sampled_from(["op", "id", "request", "region", "registration", "generation", "x"]),
+                st.one_of(
+                    st.integers(-(2**63), 2**64 - 1),
+                    st.text(max_size=8),
+                    st.sampled_from(["topk", "register", "unregister", "regions", "region", "info", "ready"]),
+                    st.none(),
+                    st.dictionaries(st.text(max_size=6), st.integers(-(2**63), 2**63), max_size=4),
+                ),
+                max_size=5,
+            ).map(msgspec.msgpack.encode),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_hostile_frames_are_answered_and_the_service_stays_up(service, frames):
     with Raw(service.ipc) as raw:
         for header in frames:

@@ -13,6 +13,7 @@ from litetopk.kernels import litetopk_prefill
 from tests.problems import make_problem, results_equal
 from tests.servers import start_service, wait_until
 
+
 class Gate:
     """The gated service's worker runs a job only while the gate file exists (fault injection): a test
     closes it, queues work, watches the queue, opens it: outcomes ordered by events, not by time."""
@@ -76,15 +77,24 @@ def test_openapi_lists_the_routes(service):
 
 
 def test_metrics_count_requests_rows_and_candidates(service, problem):
-    with TopKClient(service.url, token=service.token) as client, httpx.Client(base_url=service.url, headers=service.auth) as http:
+    with (
+        TopKClient(service.url, token=service.token) as client,
+        httpx.Client(base_url=service.url, headers=service.auth) as http,
+    ):
         client.topk(*problem.args(), topk=512)
         http.get("/v1/regions/rnone")
         text = http.get("/metrics").text
-    for needle in ('litetopk_requests_total{code="ok",method="POST",route="/v1/topk"}',
-                   'litetopk_requests_total{code="unknown_region",method="GET",route="/v1/regions/{region_id}"}',
-                   "litetopk_request_seconds_bucket", "litetopk_queue_depth", "litetopk_device_seconds_count",
-                   "litetopk_rows_total", "litetopk_candidates_total", "litetopk_repairs_total",
-                   'litetopk_regions{kind="memfd"}'):
+    for needle in (
+        'litetopk_requests_total{code="ok",method="POST",route="/v1/topk"}',
+        'litetopk_requests_total{code="unknown_region",method="GET",route="/v1/regions/{region_id}"}',
+        "litetopk_request_seconds_bucket",
+        "litetopk_queue_depth",
+        "litetopk_device_seconds_count",
+        "litetopk_rows_total",
+        "litetopk_candidates_total",
+        "litetopk_repairs_total",
+        'litetopk_regions{kind="memfd"}',
+    ):
         assert needle in text, needle
     rows = next(line for line in text.splitlines() if line.startswith("litetopk_rows_total"))
     assert float(rows.split()[-1]) >= 8
@@ -98,15 +108,19 @@ async def test_overload_answers_429_and_finishes_queued_work(slow_service, probl
     want = reference(problem)
     async with AsyncTopKClient(uds=slow_service.uds) as client:
         cache = await client.register(problem.kv_cache)
-        calls = [asyncio.ensure_future(client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:],
-                                                   topk=512)) for _ in range(12)]
+        calls = [
+            asyncio.ensure_future(client.topk(problem.q_fp4, problem.q_scale, cache, *problem.args()[3:], topk=512))
+            for _ in range(12)
+        ]
         await asyncio.to_thread(wait_until, lambda: sum(c.done() for c in calls) >= 9, 30)  # refused at once
         slow_service.gate.open()
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         answered = [o for o in outcomes if not isinstance(o, BaseException)]
         refused = [o for o in outcomes if isinstance(o, BaseException)]
-        assert all(isinstance(o, UnavailableProblem) and o.code == "overloaded" and o.status == 429
-                   and o.retry_after == 1 for o in refused), refused
+        assert all(
+            isinstance(o, UnavailableProblem) and o.code == "overloaded" and o.status == 429 and o.retry_after == 1
+            for o in refused
+        ), refused
         # the gate holds the job the worker took, 2 more fit the queue (2 in all when the worker took its
         # job after the queue had filled), the others are refused at once
         assert len(answered) in (2, 3) and len(refused) == 12 - len(answered), (len(answered), len(refused))
@@ -184,14 +198,17 @@ def test_not_ready_until_warm_up_then_graceful_shutdown(problem, tmp_path):
     gate = tmp_path / "gate"  # closed: the warm-up waits in the queue until the test opens it
     process, directory = start_service(fault_gate_file=str(gate), wait_ready=False)
     try:
-        with httpx.Client(base_url=process.url, headers=process.auth, timeout=30) as http, TopKClient(process.url, token=process.token) as client:
+        with (
+            httpx.Client(base_url=process.url, headers=process.auth, timeout=30) as http,
+            TopKClient(process.url, token=process.token) as client,
+        ):
             doc = http.get("/readyz")
             assert doc.status_code == 503 and doc.json()["code"] == "not_ready", doc.text
             assert doc.headers["retry-after"] == "1"
             assert client.ready() is False
 
             async def queued_then_terminated():
-                async with AsyncTopKClient(process.url, token=process.token) as aclient, httpx.AsyncClient(base_url=process.url, headers=process.auth) as ahttp:
+                async with AsyncTopKClient(process.url, token=process.token) as aclient:
                     task = asyncio.create_task(aclient.topk(*problem.args(), topk=512))
                     await queue_depth(process, 2)  # the request waits behind the warm-up
                     process.terminate()  # SIGTERM with work queued

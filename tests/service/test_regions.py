@@ -12,13 +12,12 @@ import httpx
 import pytest
 import torch
 
-from tests.servers import wait_until
-
 from litetopk.clients import TopKClient
 from litetopk.clients.memfd import SealedMemory
 from litetopk.service.errors import ServiceError
 from litetopk.service.regions import RegionTable, RetireReason, normalize_uuid, owner_alive
 from litetopk.service.schemas import MemfdRegistration, RegionSlice
+from tests.servers import wait_until
 
 ME = os.getuid()
 
@@ -55,11 +54,14 @@ def test_shm_region_is_shared_memory_not_a_copy(block):
     table.release(leased)
 
 
-@pytest.mark.parametrize("offset,dtype,shape,code", [
-    (4096, "uint8", (1,), "out_of_bounds"),
-    (0, "float32", (1025,), "out_of_bounds"),
-    (2, "int32", (1,), "misaligned_offset"),
-])
+@pytest.mark.parametrize(
+    "offset,dtype,shape,code",
+    [
+        (4096, "uint8", (1,), "out_of_bounds"),
+        (0, "float32", (1025,), "out_of_bounds"),
+        (2, "int32", (1,), "misaligned_offset"),
+    ],
+)
 def test_bounds_and_alignment(block, offset, dtype, shape, code):
     table = RegionTable(torch.device("cpu"))
     region = register(table, block)
@@ -94,8 +96,12 @@ def test_another_principal_sees_nothing(block):
     table = RegionTable(torch.device("cpu"))
     mine = register(table, block)
     other = ME + 1
-    for attempt in (lambda: table.get(mine.id, other), lambda: table.check(ref(mine), "x", other),
-                    lambda: table.acquire(ref(mine), "x", other), lambda: table.unregister(mine.id, other)):
+    for attempt in (
+        lambda: table.get(mine.id, other),
+        lambda: table.check(ref(mine), "x", other),
+        lambda: table.acquire(ref(mine), "x", other),
+        lambda: table.unregister(mine.id, other),
+    ):
         with pytest.raises(ServiceError) as err:
             attempt()
         assert err.value.code == "unknown_region", err.value.detail
@@ -170,8 +176,10 @@ def test_uuid_spellings():
 
 
 def test_register_list_get_unregister(service):
-    with TopKClient(service.url, token=service.token) as client, \
-            httpx.Client(base_url=service.url, headers=service.auth) as http:
+    with (
+        TopKClient(service.url, token=service.token) as client,
+        httpx.Client(base_url=service.url, headers=service.auth) as http,
+    ):
         region = client.register(torch.arange(100, dtype=torch.int32))
         listed = {r["id"]: r for r in client.regions()}
         assert listed[region.id]["kind"] == "memfd" and listed[region.id]["pid"] == os.getpid()

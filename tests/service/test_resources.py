@@ -21,8 +21,11 @@ from litetopk.clients.memfd import SealedMemory, hand_over_fd
 from tests.problems import make_problem
 from tests.servers import start_service, wait_until
 
-NOFILE = ("-c", "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({n}, {n})); "
-          "sys.argv[0] = 'litetopk.service'; runpy.run_module('litetopk.service', run_name='__main__')")
+NOFILE = (
+    "-c",
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({n}, {n})); "
+    "sys.argv[0] = 'litetopk.service'; runpy.run_module('litetopk.service', run_name='__main__')",
+)
 
 
 def open_fds(pid: int) -> int:
@@ -40,8 +43,9 @@ def test_a_region_holds_no_fd(service):
 
 
 def test_region_quota_per_principal():
-    process, directory = start_service(warmup=False, max_regions_per_principal=3,
-                                       max_region_bytes_per_principal=3 * 4096)
+    process, directory = start_service(
+        warmup=False, max_regions_per_principal=3, max_region_bytes_per_principal=3 * 4096
+    )
     try:
         info = httpx.get(f"{process.url}/v1/info").json()
         assert (info["max_regions_per_principal"], info["max_region_bytes_per_principal"]) == (3, 3 * 4096)
@@ -66,8 +70,9 @@ def test_fd_exhaustion_is_answered_and_logged_once():
     """Under RLIMIT_NOFILE 64, fds parked on the fd socket until none are left: every later handover
     gets `fd_exhausted` (not a misleading "got 0 fds"), the shortage is logged once, the HTTP side
     keeps answering, and the service takes memory again once the parked fds are claimed."""
-    process, directory = start_service(warmup=False, entry=tuple(s.format(n=64) for s in NOFILE),
-                                       resource_log_interval_s=600)
+    process, directory = start_service(
+        warmup=False, entry=tuple(s.format(n=64) for s in NOFILE), resource_log_interval_s=600
+    )
     try:
         fd_socket = process.info["fd_socket"]
         memory = SealedMemory(4096)
@@ -102,8 +107,7 @@ def test_queued_requests_get_503_when_the_grace_period_ends(tmp_path):
             gate.unlink()
             calls = [asyncio.ensure_future(client.topk(*p.args(), topk=512)) for _ in range(4)]
             with httpx.Client(base_url=process.url) as http:  # the order of events: all four in the service
-                await asyncio.to_thread(wait_until, lambda: "litetopk_queue_depth 4.0" in http.get("/metrics").text,
-                                        30)
+                await asyncio.to_thread(wait_until, lambda: "litetopk_queue_depth 4.0" in http.get("/metrics").text, 30)
             process.terminate()
             await asyncio.to_thread(wait_until, lambda: sum(c.done() for c in calls) == 3, 30)
             gate.touch()  # the held request runs now, inside the second uvicorn gives after the grace period
@@ -140,19 +144,40 @@ def test_one_principal_at_its_cap_leaves_another_able_to_register():
     not by the fds a region would hold), then another uid registers and gets its answer."""
     directory = tempfile.TemporaryDirectory(prefix="ltk-", dir="/tmp")
     os.chmod(directory.name, 0o711)
-    process = ServiceProcess(directory.name, warmup=False, uds_mode="0666", max_regions_per_principal=300,
-                             entry=tuple(s.format(n=256) for s in NOFILE))
+    process = ServiceProcess(
+        directory.name,
+        warmup=False,
+        uds_mode="0666",
+        max_regions_per_principal=300,
+        entry=tuple(s.format(n=256) for s in NOFILE),
+    )
     try:
         with TopKClient(uds=process.uds, transport="ipc") as client:
             with pytest.raises(RegionProblem) as err:
                 for _ in range(301):
                     client.register(torch.zeros(4))
             assert err.value.code == "region_quota_exceeded", err.value
-            code = ("import sys, torch; from litetopk.clients import TopKClient\n"
-                    "with TopKClient(uds=sys.argv[1]) as c: r = c.register(torch.ones(8)); print(c.regions()[0]['id'] == r.id)")
-            other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                                    "-c", code, process.uds], capture_output=True, text=True, timeout=120,
-                                   env={**os.environ, "HOME": "/tmp"})
+            code = (
+                "import sys, torch; from litetopk.clients import TopKClient\n"
+                "with TopKClient(uds=sys.argv[1]) as c:\n"
+                "    r = c.register(torch.ones(8)); print(c.regions()[0]['id'] == r.id)"
+            )
+            other = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    code,
+                    process.uds,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, "HOME": "/tmp"},
+            )
             assert other.returncode == 0 and other.stdout.strip() == "True", other.stderr[-2000:]
     finally:
         process.stop()

@@ -33,8 +33,15 @@ socket_schema = schemathesis.openapi.from_dict(SPEC)
 socket_schema.config.phases.update(phases=["examples", "fuzzing"])
 #: Registration answers a schema cannot rule out: a ticket nobody handed over, a handle that does not
 #: open here, a GPU this service does not own, an owner pid of no live process.
-UNKNOWABLE = {"POST /v1/regions": {"unknown_ticket", "foreign_device", "ipc_unavailable", "validation_error",
-                                   "foreign_pid_namespace"}}
+UNKNOWABLE = {
+    "POST /v1/regions": {
+        "unknown_ticket",
+        "foreign_device",
+        "ipc_unavailable",
+        "validation_error",
+        "foreign_pid_namespace",
+    }
+}
 
 
 def test_live_schema_is_the_tested_schema(service):
@@ -60,7 +67,8 @@ def _tolerated(failure, case, response) -> bool:
     except ValueError:
         return False
     return code in UNKNOWABLE.get(f"{case.method} {case.path}", ()) or (
-        code == "validation_error" and _schema_refuses(case))
+        code == "validation_error" and _schema_refuses(case)
+    )
 
 
 @pytest.fixture
@@ -80,8 +88,13 @@ def _send(case, client: httpx.Client, headers: dict) -> httpx.Response:
         body = {"data": body["data"]}
     elif "data" in body:
         body = {"content": body["data"]}
-    return client.request(kwargs.pop("method"), kwargs.pop("url"), headers=kwargs.pop("headers", None),
-                          params=kwargs.pop("params", None), **body)
+    return client.request(
+        kwargs.pop("method"),
+        kwargs.pop("url"),
+        headers=kwargs.pop("headers", None),
+        params=kwargs.pop("params", None),
+        **body,
+    )
 
 
 def _check(case, response: httpx.Response, statuses) -> None:

@@ -44,9 +44,23 @@ def test_symlinked_socket_directory_is_refused(tmp_path):
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o755)
     (tmp_path / "sock").symlink_to(target)
-    result = subprocess.run([sys.executable, "-m", "litetopk.service", "--device", "cpu", "--port", "0",
-                             "--uds", str(tmp_path / "sock" / "litetopk.sock"), "--no-warmup"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "litetopk.service",
+            "--device",
+            "cpu",
+            "--port",
+            "0",
+            "--uds",
+            str(tmp_path / "sock" / "litetopk.sock"),
+            "--no-warmup",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "symbolic link" in result.stderr, result.stderr[-2000:]
     assert target.stat().st_mode & 0o777 == 0o755, "the link's target was not chmodded"
     assert os.listdir(target) == []
@@ -57,8 +71,14 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 def _as_nobody(code: str, *args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     """Run Python `code` as uid/gid 65534 (CI runs as root), with httpx importable, `pass_fds` inherited."""
-    return subprocess.run([*NOBODY, sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HOME": "/tmp"}, pass_fds=pass_fds)
+    return subprocess.run(
+        [*NOBODY, sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": "/tmp"},
+        pass_fds=pass_fds,
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid (CI runs as root)")
@@ -71,7 +91,7 @@ def test_another_uid_on_tcp_gets_no_region_and_no_token(tmp_path):
     try:
         with httpx.Client(base_url=process.url, headers=process.auth) as owner:
             before = owner.get("/v1/regions").json()
-        probe = r'''
+        probe = r"""
 import json, sys, httpx
 url, token_file, uds = sys.argv[1:4]
 out = {}
@@ -91,12 +111,19 @@ try:
 except (httpx.TransportError, PermissionError):
     out["uds"] = "refused"
 print(json.dumps(out))
-'''
+"""
         result = _as_nobody(probe, process.url, str(Path(process.uds).parent / "token"), process.uds)
         assert result.returncode == 0, result.stderr[-2000:]
         seen = __import__("json").loads(result.stdout.strip().splitlines()[-1])
-        assert seen == {"list": 401, "register": 401, "delete": 401, "topk": 401, "forged": 401,
-                        "token": "refused", "uds": "refused"}, seen
+        assert seen == {
+            "list": 401,
+            "register": 401,
+            "delete": 401,
+            "topk": 401,
+            "forged": 401,
+            "token": "refused",
+            "uds": "refused",
+        }, seen
         with httpx.Client(base_url=process.url, headers=process.auth) as owner:
             assert owner.get("/v1/regions").json() == before, "the owner's regions changed"
         assert process.process.poll() is None, "the service died"
@@ -127,8 +154,9 @@ def _sealed_memfd(data: bytes) -> tuple[int, mmap.mmap]:
 
 def _register_memfd(http: httpx.Client, uds: str, fd: int, size: int, access: str) -> dict:
     ticket = hand_over_fd(str(Path(uds).parent / FD_SOCKET_NAME), fd)
-    response = http.post("/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": size, "access": access,
-                                              "pid": os.getpid()})
+    response = http.post(
+        "/v1/regions", json={"kind": "memfd", "ticket": ticket, "size": size, "access": access, "pid": os.getpid()}
+    )
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -140,8 +168,13 @@ def _problem_blob(p) -> tuple[bytes, dict[str, dict]]:
     for name in INPUT_NAMES:
         tensor = getattr(p, name).contiguous()
         raw = tensor.view(torch.uint8).numpy().tobytes()
-        body[name] = {"region": "REGION", "generation": 1, "offset": offset, "dtype": dtype_name(tensor.dtype),
-                      "shape": list(tensor.shape)}
+        body[name] = {
+            "region": "REGION",
+            "generation": 1,
+            "offset": offset,
+            "dtype": dtype_name(tensor.dtype),
+            "shape": list(tensor.shape),
+        }
         chunks.append(raw + b"\0" * (-len(raw) % 64))
         offset += len(chunks[-1])
     for name in ("block_table", "row_to_batch", "starts", "ends"):
@@ -153,8 +186,10 @@ def _problem_blob(p) -> tuple[bytes, dict[str, dict]]:
 
 def _naming(body: dict, region: dict) -> dict:
     """`body` with its inputs in `region` (id and generation)."""
-    return {n: {**v, "region": region["id"], "generation": region["generation"]} if n in INPUT_NAMES else v
-            for n, v in body.items()}
+    return {
+        n: {**v, "region": region["id"], "generation": region["generation"]} if n in INPUT_NAMES else v
+        for n, v in body.items()
+    }
 
 
 def _answer(http: httpx.Client, body: dict):
@@ -189,8 +224,13 @@ def test_the_owner_cannot_shrink_sealed_memory_under_the_service(service, seed):
         assert results_equal(_answer(http, body), ref_topk(p)) == [], "after the truncate attempts"
         _punch_hole(fd, len(blob))
         assert mapping[:] == b"\0" * len(blob)
-        zeros = dataclasses.replace(p, q_fp4=torch.zeros_like(p.q_fp4), q_scale=torch.zeros_like(p.q_scale),
-                                    kv_cache=torch.zeros_like(p.kv_cache), weights=torch.zeros_like(p.weights))
+        zeros = dataclasses.replace(
+            p,
+            q_fp4=torch.zeros_like(p.q_fp4),
+            q_scale=torch.zeros_like(p.q_scale),
+            kv_cache=torch.zeros_like(p.kv_cache),
+            weights=torch.zeros_like(p.weights),
+        )
         want = ref_topk(zeros)
         assert results_equal(_answer(http, body), want) == [], "after the owner freed its pages"
         mapping.close()
@@ -263,18 +303,37 @@ def test_another_principal_cannot_take_over_a_region(seed):
             assert results[:] == ref_topk(p).counts.numpy().tobytes(), "A's own write into its region"
             results[:] = b"\0" * (4 * rows)
             into_inputs = {**counts, "region": region["id"], "offset": len(blob) - 4 * rows}
-            attacker = {"region": region, "body": body, "ticket": unused, "size": len(blob), "fd": fd,
-                        "counts": counts, "into_inputs": into_inputs, "inputs": list(INPUT_NAMES)}
-            result = _as_nobody(TAKEOVER, process.uds, str(Path(process.uds).parent / FD_SOCKET_NAME),
-                                json.dumps(attacker), pass_fds=(fd,))
+            attacker = {
+                "region": region,
+                "body": body,
+                "ticket": unused,
+                "size": len(blob),
+                "fd": fd,
+                "counts": counts,
+                "into_inputs": into_inputs,
+                "inputs": list(INPUT_NAMES),
+            }
+            result = _as_nobody(
+                TAKEOVER,
+                process.uds,
+                str(Path(process.uds).parent / FD_SOCKET_NAME),
+                json.dumps(attacker),
+                pass_fds=(fd,),
+            )
             assert result.returncode == 0, result.stderr[-3000:]
             seen = json.loads(result.stdout.strip().splitlines()[-1])
             theirs = seen.pop("mine")
             assert seen == {
-                "get": [404, "unknown_region"], "listed": False, "delete": [404, "unknown_region"],
-                "delete_generation": [404, "unknown_region"], "stolen_ticket": [422, "unknown_ticket"],
-                "use": [404, "unknown_region"], "reregister": [True, 1], "own": [200, None],
-                "write": [404, "unknown_region"], "write_inputs": [404, "unknown_region"],
+                "get": [404, "unknown_region"],
+                "listed": False,
+                "delete": [404, "unknown_region"],
+                "delete_generation": [404, "unknown_region"],
+                "stolen_ticket": [422, "unknown_ticket"],
+                "use": [404, "unknown_region"],
+                "reregister": [True, 1],
+                "own": [200, None],
+                "write": [404, "unknown_region"],
+                "write_inputs": [404, "unknown_region"],
             }, seen
             assert http.get(f"/v1/regions/{region['id']}").json() == region, "A's region changed"
             assert http.get(f"/v1/regions/{output['id']}").json() == output, "A's output region changed"
@@ -372,14 +431,14 @@ def test_livez_answers_while_a_16_mib_body_is_parsed(service, kind, code):
 def _parser_processes(service) -> list[int]:
     """Pids of the service's parser processes (its spawned children, not the resource tracker)."""
     children = subprocess.run(["pgrep", "-P", str(service.pid)], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in children
-            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [int(pid) for pid in children if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def test_a_killed_parser_process_is_replaced(service):
     """The body parser is a process of its own: killed, the next large body starts another and answers."""
     body = _sixteen_mib_body("valid")
     with httpx.Client(base_url=service.url, headers=service.auth, timeout=60) as http:
+
         def post() -> httpx.Response:
             return http.post("/v1/topk", content=body, headers={"content-type": "application/json"})
 

@@ -26,10 +26,16 @@ def test_defaults(monkeypatch):
     assert ServiceSettings().uds == "/tmp/litetopk/litetopk.sock"
 
 
-@pytest.mark.parametrize("calibration, backend, want", [
-    ("sample", "reference", "sample"), ("sample", "triton", "sample"), ("scan", "triton", "scan"),
-    ("scan", "reference", None), ("scan", "flydsl", None),
-])
+@pytest.mark.parametrize(
+    "calibration, backend, want",
+    [
+        ("sample", "reference", "sample"),
+        ("sample", "triton", "sample"),
+        ("scan", "triton", "scan"),
+        ("scan", "reference", None),
+        ("scan", "flydsl", None),
+    ],
+)
 def test_calibration_becomes_the_operator_tuning(calibration, backend, want):
     """Every operator call of the service takes settings.tuning(backend): the calibration it names, or
     a ValueError that fails the start where the backend has no self-calibrating scan."""
@@ -37,7 +43,9 @@ def test_calibration_becomes_the_operator_tuning(calibration, backend, want):
 
     settings = parse_cli(["--calibration", calibration])
     if want is None:
-        with pytest.raises(ValueError, match=f"calibration='scan' needs the triton backend; this service runs '{backend}'"):
+        with pytest.raises(
+            ValueError, match=f"calibration='scan' needs the triton backend; this service runs '{backend}'"
+        ):
             settings.tuning(backend)
     else:
         assert settings.tuning(backend) == LiteTopKTuning(calibration=want), f"{calibration} on {backend}"
@@ -99,11 +107,14 @@ def test_socket_directory_is_private(tmp_path):
 # ------------------------------------------------------------------------- devices by GPU UUID
 
 
-@pytest.mark.parametrize("name,index", [
-    ("GPU-5a6b7c8d-1111-2222-3333-444455556666", 0),   # torch spells it without GPU-
-    ("GPU-5A6B7C8D-1111-2222-3333-444455556666", 0),   # case does not matter
-    ("GPU-0f1e2d3c-aaaa-bbbb-cccc-ddddeeeeffff", 1),   # nvidia-smi -L spelling in the list
-])
+@pytest.mark.parametrize(
+    "name,index",
+    [
+        ("GPU-5a6b7c8d-1111-2222-3333-444455556666", 0),  # torch spells it without GPU-
+        ("GPU-5A6B7C8D-1111-2222-3333-444455556666", 0),  # case does not matter
+        ("GPU-0f1e2d3c-aaaa-bbbb-cccc-ddddeeeeffff", 1),  # nvidia-smi -L spelling in the list
+    ],
+)
 def test_gpu_uuid_resolves_to_its_index(name, index):
     assert gpu_index_by_uuid(name, UUIDS) == index
     assert ServiceSettings(device=name).torch_device(visible_uuids=UUIDS) == torch.device("cuda", index)
@@ -119,8 +130,9 @@ def test_unknown_gpu_uuid_names_the_visible_ones():
 def test_unknown_gpu_uuid_fails_the_start_clearly(capsys, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("needs a machine where the made-up UUID cannot be visible (no CUDA)")
-    code = main(["--device", "GPU-99999999-1111-2222-3333-444455556666", "--uds", str(tmp_path / "s.sock"),
-                 "--host", ""])
+    code = main(
+        ["--device", "GPU-99999999-1111-2222-3333-444455556666", "--uds", str(tmp_path / "s.sock"), "--host", ""]
+    )
     assert code == 2
     assert "no visible GPU has this UUID (visible: none)" in capsys.readouterr().err
     assert not (tmp_path / "s.sock").exists(), "nothing is bound before the device resolves"

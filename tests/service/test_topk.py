@@ -16,14 +16,14 @@ CASES = {
     "causal-k512": dict(seed=1, seq_lens=[700, 690], rows_per_seq=4, topk=512),
     "window-k512": dict(seed=2, seq_lens=[700, 520], rows_per_seq=4, topk=512, causal=False),
     "short-k1024-padded": dict(seed=3, seq_lens=[700, 1100], rows_per_seq=4, topk=1024),
-    "bf16-weights-scaled": dict(seed=4, seq_lens=[650, 700], rows_per_seq=4, topk=512,
-                                weights_dtype=torch.bfloat16, weight_scale=0.125),
+    "bf16-weights-scaled": dict(
+        seed=4, seq_lens=[650, 700], rows_per_seq=4, topk=512, weights_dtype=torch.bfloat16, weight_scale=0.125
+    ),
 }
 
 
 def ref_topk(problem):
-    return litetopk_prefill(*problem.args(), topk=problem.topk, weight_scale=problem.weight_scale,
-                            backend="reference")
+    return litetopk_prefill(*problem.args(), topk=problem.topk, weight_scale=problem.weight_scale, backend="reference")
 
 
 @pytest.fixture(params=["tcp", "uds"])
@@ -48,7 +48,7 @@ def test_registered_regions_equal_reference(client, case):
     q = client.register(p.q_fp4)
     meta = client.register(torch.cat([p.row_to_batch, p.starts, p.ends]))
     rows = p.q_fp4.shape[0]
-    r2b, st, en = meta.tensor[:rows], meta.tensor[rows:2 * rows], meta.tensor[2 * rows:]  # slices, sent by reference
+    r2b, st, en = meta.tensor[:rows], meta.tensor[rows : 2 * rows], meta.tensor[2 * rows :]  # slices, sent by reference
     got = client.topk(q, p.q_scale, cache, p.block_table, p.weights, r2b, st, en, topk=p.topk)
     assert results_equal(got, ref_topk(p)) == [], case
     for region in (cache, q, meta):
@@ -61,8 +61,9 @@ def test_results_into_output_regions(client):
     cache = client.register(p.kv_cache)
     values = client.register(torch.zeros(rows, p.topk))
     physical = client.register(torch.zeros(rows, p.topk, dtype=torch.int32))
-    got = client.topk(*p.args()[:2], cache, *p.args()[3:], topk=p.topk,
-                      out={"values": values, "physical_indices": physical.tensor})
+    got = client.topk(
+        *p.args()[:2], cache, *p.args()[3:], topk=p.topk, out={"values": values, "physical_indices": physical.tensor}
+    )
     want = ref_topk(p)
     assert results_equal(got, want) == []
     assert torch.equal(values.tensor, want.values) and torch.equal(physical.tensor, want.physical_indices)

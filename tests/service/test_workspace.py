@@ -31,14 +31,20 @@ LIMITS = dict(max_rows=8, max_keys=1024, max_batch=2)
 @pytest.fixture
 def in_process(tmp_path):
     """(app, Unix socket path) of a CPU service running in a thread of this process."""
-    settings = ServiceSettings(host="", uds=str(tmp_path / "sock" / "s.sock"), device="cpu", log_level="warning",
-                               **LIMITS)
+    settings = ServiceSettings(
+        host="", uds=str(tmp_path / "sock" / "s.sock"), device="cpu", log_level="warning", **LIMITS
+    )
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", http=peer_protocol_class()))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [bind_unix(settings)]}, daemon=True)
     thread.start()
-    wait_until(lambda: not thread.is_alive() or (server.started and app.state.service.ready.is_set()
-                                                 and app.state.service.executor.operator is not None), timeout=60)
+    wait_until(
+        lambda: (
+            not thread.is_alive()
+            or (server.started and app.state.service.ready.is_set() and app.state.service.executor.operator is not None)
+        ),
+        timeout=60,
+    )
     assert thread.is_alive(), "the in-process service stopped"
     yield app, settings.uds
     server.should_exit = True
@@ -62,8 +68,14 @@ def test_out_regions_give_the_same_bits_and_one_workspace_serves_every_request(i
     operator = app.state.service.executor.operator
     workspace, runner = operator.workspace, operator.runner
     pointer, nbytes = workspace.data_ptr(), workspace.numel()
-    assert nbytes == workspace_bytes(LIMITS["max_rows"], LIMITS["max_keys"], (512, 1024), device="cpu",
-                                     backend="reference", max_batch=LIMITS["max_batch"])
+    assert nbytes == workspace_bytes(
+        LIMITS["max_rows"],
+        LIMITS["max_keys"],
+        (512, 1024),
+        device="cpu",
+        backend="reference",
+        max_batch=LIMITS["max_batch"],
+    )
     assert runner.workspace is workspace, "the graph runner calls on the one workspace"
     spy = operator.runner = Spy(runner)
     p = make_problem(seed, seq_lens=[700, 500], rows_per_seq=4, topk=512)
@@ -75,8 +87,9 @@ def test_out_regions_give_the_same_bits_and_one_workspace_serves_every_request(i
         plain = client.topk(*p.args()[:2], cache, *p.args()[3:], topk=p.topk)
         regions = {name: client.register(torch.full_like(getattr(want, name), -5)) for name in FIELDS}
         for attempt in range(3):
-            got = client.topk(*p.args()[:2], cache, *p.args()[3:], topk=p.topk,
-                              out={name: region for name, region in regions.items()})
+            got = client.topk(
+                *p.args()[:2], cache, *p.args()[3:], topk=p.topk, out={name: region for name, region in regions.items()}
+            )
             assert results_equal(got, plain) == [], f"request {attempt} with out regions vs without (seed {seed})"
             for name, region in regions.items():
                 assert torch.equal(region.tensor, getattr(want, name)), f"request {attempt}: region {name}"
@@ -89,8 +102,9 @@ def test_out_regions_give_the_same_bits_and_one_workspace_serves_every_request(i
         assert sorted(kwargs["out"]) == sorted(FIELDS), f"call {i}: every field is written in place (no allocation)"
         assert all(t.shape[0] == rows for t in kwargs["out"].values())
     assert runner.tuning == app.state.service.tuning == LiteTopKTuning()
-    assert operator.workspace is workspace and (workspace.data_ptr(), workspace.numel()) == (pointer, nbytes), \
+    assert operator.workspace is workspace and (workspace.data_ptr(), workspace.numel()) == (pointer, nbytes), (
         "the workspace grew or moved"
+    )
 
 
 def test_requests_beyond_the_limits(in_process, seed):
@@ -120,8 +134,9 @@ def test_the_operator_is_built_on_the_worker_thread_only():
     assert executor.operator is None
 
 
-@pytest.mark.parametrize("max_rows,device,want",
-                         [(0, "cpu", 256), (0, "cuda", 8192), (40, "cpu", 40), (40, "cuda", 40)])
+@pytest.mark.parametrize(
+    "max_rows,device,want", [(0, "cpu", 256), (0, "cuda", 8192), (40, "cpu", 40), (40, "cuda", 40)]
+)
 def test_row_limit(max_rows, device, want):
     settings = ServiceSettings(uds="", max_rows=max_rows)
     assert settings.row_limit(torch.device(device)) == want
