@@ -12,7 +12,7 @@ RES=/tmp/decode-results
 mkdir -p "$RES"
 START=$(date +%s)
 left() { echo $((${BUDGET:-585} - ($(date +%s) - START))); }
-echo "== variants"; timeout ${VARIANTS_S:-150} python3 -m bench.probes.paged_variants --out "$RES" --reps 5 2>&1 | grep -v Warn | tail -12
+echo "== variants"; timeout ${VARIANTS_S:-180} python3 -m bench.probes.paged_variants --out "$RES" --reps 5 2>&1 | grep -v Warn | tail -12
 T='-q -p no:cacheprovider -o addopts= -rf'
 (timeout ${TESTS_S:-170} python3 -m pytest tests/kernels/test_paged_scoring.py tests/kernels/test_reference_operator.py \
    tests/kernels/test_adapters_decode.py tests/kernels/test_out_buffers.py tests/kernels/test_ops.py $T > "$RES/gputests.log" 2>&1) &

@@ -1,5 +1,6 @@
-"""Device probe: the paged mode's Gluon scoring kernel in its variants (paged_scoring_gluon.GLUON_PAGED_OPTIONS),
-side by side in one process on the same inputs, each checked bit for bit against the first.
+"""Device probe: the paged mode's Gluon scoring kernel in its variants (paged_scoring_gluon.GLUON_PAGED_OPTIONS)
+and calibration samples of other sizes, side by side in one process on the same inputs, each checked bit for
+bit against the first.
 
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
@@ -19,7 +20,7 @@ import sys
 
 import torch
 
-from litetopk.kernels import litetopk_prefill, registry
+from litetopk.kernels import LiteTopKTuning, litetopk_prefill, registry
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 
@@ -27,11 +28,15 @@ from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
 from ..common.timing import gpu_activity
 
-#: name -> GLUON_PAGED_OPTIONS of each variant (the first is the reference of the bit-for-bit check)
+#: name -> (GLUON_PAGED_OPTIONS, LiteTopKTuning's sample_size) of each variant (the first is the reference of
+#: the bit-for-bit check): the kernel's variants, then denser calibration samples with the launched kernel
+#: (a few rows' scan starts at ~K x stride candidates: 2,048 samples of 65,536 keys keep ~15,000 of one row)
 VARIANTS = {
-    "smem A, load at top": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False),
-    "smem A, load after fence": dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True),
-    "register A": dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True),
+    "smem A, load at top": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 2048),
+    "smem A, load after fence": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True), 2048),
+    "register A": (dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True), 2048),
+    "sample 8192": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 8192),
+    "sample 16384": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 16384),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -47,9 +52,13 @@ def probe_shape(shape: str, reps: int) -> dict:
     saved = dict(GLUON_PAGED_OPTIONS)
     try:
         with registry.backend_instance("triton", TritonBackend(paged="always")):
-            for name, options in VARIANTS.items():
+            for name, (options, sample_size) in VARIANTS.items():
                 GLUON_PAGED_OPTIONS.update(options)
-                call = lambda: litetopk_prefill(*args, topk=topk, backend="triton")  # noqa: E731
+                tuning = LiteTopKTuning(sample_size=sample_size)
+
+                def call(tuning=tuning):
+                    return litetopk_prefill(*args, topk=topk, backend="triton", tuning=tuning)
+
                 result = call()
                 torch.cuda.synchronize()
                 first = first or result
@@ -59,15 +68,19 @@ def probe_shape(shape: str, reps: int) -> dict:
                     sum(us for kernel_name, us in r["heaviest_us"].items() if kernel_name.startswith("score_fp4_paged"))
                     for r in runs
                 ]
+                median_run = sorted(runs, key=lambda r: r["busy_ms"])[len(runs) // 2]
                 record[name] = dict(
                     busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
                     scoring_us=statistics.median(kernel),
                     equal_to_first=equal,
                     candidates=float(result.candidates.float().mean()),
+                    heaviest_us=median_run["heaviest_us"],
                 )
+                heaviest = ", ".join(f"{n[:28]} {us:.0f}" for n, us in list(median_run["heaviest_us"].items())[:4])
                 print(
                     f"{shape:>18} {name:>26} busy {record[name]['busy_us']:8.1f} us  scoring "
-                    f"{record[name]['scoring_us']:8.1f} us  equal {equal}",
+                    f"{record[name]['scoring_us']:8.1f} us  cands {record[name]['candidates']:7.0f}  equal {equal}  "
+                    f"[{heaviest}]",
                     flush=True,
                 )
     finally:
