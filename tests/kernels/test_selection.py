@@ -236,7 +236,7 @@ def test_assemble_result_publishes_nothing_for_rows_with_status(seed):
         assert tensor.dtype == (torch.float32 if name == "values" else torch.int32), name
 
 
-def test_flashinfer_selector_without_the_package_is_a_clear_error():
+def test_flashinfer_selector_without_the_package_is_a_clear_error(seed):
     """Where flashinfer is absent (CI), asking for it fails with BackendUnavailableError, never a
     silent switch to torch.topk."""
     import importlib.util
@@ -246,6 +246,6 @@ def test_flashinfer_selector_without_the_package_is_a_clear_error():
 
     if importlib.util.find_spec("flashinfer") is not None:
         pytest.skip("flashinfer is installed here: the GPU benchmark exercises it")
-    scores = torch.randn(2, 600)
+    scores = torch.randn(2, 600, generator=torch.Generator().manual_seed(seed))
     with pytest.raises(BackendUnavailableError, match="flashinfer"):
         select_topk_dense(scores, 512, selector="flashinfer")
