@@ -34,7 +34,7 @@ from ..common.timing import gpu_activity
 VARIANTS = {
     "smem A, load at top": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 2048),
     "smem A, load after fence": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True), 2048),
-    "register A": (dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=True), 2048),
+    "register A": (dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=False), 2048),
     "sample 8192": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 8192),
     "sample 16384": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 16384),
 }
