@@ -151,6 +151,33 @@ def test_dead_owner_regions_are_dropped(block):
     assert err.value.code == "stale_region" and "died" in err.value.detail
 
 
+@pytest.mark.parametrize("how", ["superseded", "owner died, found by a lookup", "owner died, found by a lease"])
+def test_a_region_retired_without_leases_is_closed_at_once(block, how):
+    """However a region is retired, its memory is let go of (views, base, handle: `close`) as soon as no
+    request uses it; here none does, so at once."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    table = RegionTable(torch.device("cpu"))
+    closed = []
+    region = register(table, block, pid=child.pid)
+    region.close = lambda: closed.append(region.id)
+    table.release(table.acquire(ref(region), "x", ME)[0])
+    assert region.views, "a view is kept while the region lives"
+    if how == "superseded":
+        register(table, block, pid=os.getpid())
+    else:
+        child.kill()
+        child.wait()
+        with pytest.raises(ServiceError) as err:
+            if how.endswith("lookup"):
+                table.get(region.id, ME)
+            else:
+                table.lease([region], [region])
+        assert err.value.code == "stale_region", how
+    child.kill()
+    child.wait()
+    assert not region.live and region.base is None and region.views == {} and closed == [region.id], how
+
+
 @pytest.mark.parametrize("policy", ["refuse", "untrack"])
 def test_owner_from_another_pid_namespace_is_never_tracked(block, policy):
     table = RegionTable(torch.device("cpu"), foreign_pid_namespace=policy)
