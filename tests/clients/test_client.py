@@ -151,6 +151,26 @@ def test_kv_scale_travels_as_a_region_like_the_cache(problem):
     assert "kv_scale" not in sent(), "our format sends no kv_scale"
 
 
+def test_a_call_of_references_only_is_planned_once(problem):
+    """A call whose every tensor is a Region or a RegionSlice sends the same body every time: it is worked
+    out once (a plan); a plain tensor's values travel as they are at each call; unregistering a region
+    drops the plans that name it."""
+    client, recorder = recording_client()
+    regions = [client.register(t, access="read_only") for t in problem.args()]
+    out = {"values": client.register(torch.empty(problem.q_fp4.shape[0], 512))}
+    starts = problem.starts.clone()
+    for args in (regions, regions, [*regions[:6], starts, regions[7]], [*regions[:6], starts, regions[7]]):
+        with pytest.raises(ServiceProblem):
+            client.topk(*args, topk=512, out=out)
+        starts += 1
+    bodies = [json.loads(r.content) for r in recorder.requests if r.url.path == "/v1/topk"]
+    assert bodies[0] == bodies[1] and bodies[0]["starts"]["region"] == regions[6].id
+    assert [b["starts"]["data"] for b in bodies[2:]] == [(problem.starts + k).tolist() for k in (2, 3)]
+    assert len(client._flows._plans) == 1, "only the call of references is planned"
+    client.unregister(out["values"])
+    assert client._flows._plans == {}, "its region unregistered, the plan is dropped"
+
+
 def test_close_unregisters_everything(problem):
     client, recorder = recording_client()
     a = client.register(torch.zeros(4))
@@ -321,6 +341,29 @@ async def test_async_client_takes_aiter_cache_format(service, problem):
         scale = await client.register(scales, access="read_only")
         got = await client.topk(problem.q_fp4, problem.q_scale, values, *problem.args()[3:], topk=512, kv_scale=scale)
     assert results_equal(got, reference(problem)) == []
+
+
+def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem):
+    """A planned call (every tensor a region) reads the regions' contents as they are at each call, and
+    a region the service forgot (unregistered by another client of the principal) is refused, as an
+    unplanned call naming it is."""
+    other = make_problem(43, seq_lens=[700, 690], rows_per_seq=4)
+    rows = problem.q_fp4.shape[0]
+    with TopKClient(uds=service.uds) as owner, TopKClient(uds=service.uds) as client:
+        regions = [owner.register(t.clone(), access="read_only") for t in problem.args()]
+        out = {"values": owner.register(torch.empty(rows, 512)), "status": owner.register(torch.empty(rows).int())}
+        for p in (problem, other, problem):
+            for region, tensor in zip(regions, p.args()):
+                region.tensor.copy_(tensor)
+            got = client.topk(*regions, topk=512, out=out)
+            assert results_equal(got, reference(p)) == [] and got.values is out["values"].tensor
+        assert len(client._flows._plans) == 1
+        owner.unregister(out["values"])
+        with pytest.raises(RegionProblem) as err:
+            client.topk(*regions, topk=512, out=out)
+        assert err.value.code == "stale_region" and out["values"].id in err.value.detail, err.value
+        out["values"] = owner.register(torch.empty(rows, 512))
+        assert results_equal(client.topk(*regions, topk=512, out=out), reference(problem)) == []
 
 
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):
