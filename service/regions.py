@@ -188,6 +188,7 @@ class RegionTable:
         self._by_key: dict[tuple, str] = {}
         self._retired: collections.OrderedDict[str, tuple[int, int, str]] = collections.OrderedDict()
         self._idle_retired: list[Region] = []  # retired without leases, to close once the lock is released
+        self.retirements = 0  # regions retired so far (a region's `live` only ever turns False with it)
         self.on_retire: Callable[[Region], None] = lambda region: None
 
     # -- registration --------------------------------------------------------------------------
@@ -348,24 +349,28 @@ class RegionTable:
             self._close_idle()
         return region, tensor
 
-    def lease(self, regions: list[Region], owners: list[Region]) -> None:
+    def lease(self, regions: list[Region], owners: list[Region], checked: int = -1) -> int:
         """Lease the distinct `regions` a request was admitted with (found by `get` / `find_all` for its
         principal), under one lock: all or none. `owners` holds one of them for each owner process
         (each is asked once). A region retired since (unregistered, superseded) or whose owner has died
-        is `stale_region`, as a lookup by id would answer. Pair with `release_all`."""
+        is `stale_region`, as a lookup by id would answer. Returns `retirements` as the lease found it:
+        passed back as `checked` by the next lease of the same regions, it spares looking at each region
+        when none has been retired since. Pair with `release_all`."""
         try:
             with self._lock:
                 for region in owners:
                     if region.live and not OWNERS.alive(region.pid, region.pid_start):
                         self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
-                for region in regions:
-                    if not region.live:
-                        raise ServiceError(
-                            "stale_region",
-                            f"region {region.id} (generation {region.generation}) is gone: {region.detail}",
-                        )
+                if checked != self.retirements:
+                    for region in regions:
+                        if not region.live:
+                            raise ServiceError(
+                                "stale_region",
+                                f"region {region.id} (generation {region.generation}) is gone: {region.detail}",
+                            )
                 for region in regions:
                     region.leases += 1
+                return self.retirements
         finally:
             if self._idle_retired:
                 self._close_idle()
@@ -432,6 +437,7 @@ class RegionTable:
         if region.leases == 0 and reason is not RetireReason.UNREGISTERED:
             self._idle_retired.append(region)
         region.live, region.reason, region.detail = False, reason, detail
+        self.retirements += 1
         OWNERS.unwatch(region.pid, region.pid_start)
         self._live.pop(region.id, None)
         if self._by_key.get(region.key) == region.id:

@@ -18,10 +18,10 @@ Two ways in, one life:
 
     call_topk(req, state, principal, marks)   the event loop's (HTTP): admit on the loop, execute on
                                               the device worker, awaited within the timeout
-    start_topk(admitted, state, marks, done)  a transport thread's (IPC), admitted there (`admit`, or
-                                              the connection's `Admissions`): the device idle, it is
-                                              executed there too (no thread hop), else queued for the
-                                              worker; done(outcome) once
+    run_topk_if_idle(admitted, state, marks)  a transport thread's (IPC), admitted there (`admit`, or
+    queue_topk(admitted, state, marks, done)  the connection's `Admissions`): the device idle, it is
+                                              executed there (no thread hop), else queued for the
+                                              worker, done(outcome) once
 
 `marks` gets (phase, perf_counter()) at the end of each phase (HTTP's Server-Timing, the IPC
 answer's `timing`).
@@ -131,6 +131,7 @@ class Admitted:
     nbytes: int = field(init=False)
     kept: bool = field(init=False, default=False)  # kept by a connection (`Admissions`): keeps its binding
     binding: Binding | None = field(init=False, default=None)
+    checked: int = field(init=False, default=-1)  # the table's `retirements` when its regions were last live
     _inline: dict | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -175,9 +176,10 @@ class Admissions:
     a region never changes them; re-registering makes a new region), so a request whose bytes are
     those of a kept admission, all of whose regions are still live, is admitted as it was: it is
     neither decoded nor checked again. Any region retired since (unregistered, superseded, its owner
-    dead) and the request is admitted anew, which answers why it cannot be. Owners are still checked
-    when the request's regions are leased and after the operator (service/topk.py execute). One
-    connection, one principal, one thread: not shared, not thread-safe."""
+    dead) and the request is admitted anew, which answers why it cannot be; when no region at all has
+    been retired since its regions were last found live (the table's `retirements`), none is looked
+    at. Owners are still checked when the request's regions are leased and after the operator
+    (service/topk.py execute). One connection, one principal, one thread: not shared, not thread-safe."""
 
     def __init__(self, state, principal: Principal):
         self.state, self.principal = state, principal
@@ -187,7 +189,7 @@ class Admissions:
         """The kept admission of `key` when every region of it is live, else `admit(request())` (kept)."""
         admitted = self._kept.get(key)
         if admitted is not None:
-            if all(region.live for region in admitted.regions):
+            if admitted.checked == self.state.table.retirements or all(r.live for r in admitted.regions):
                 self._kept.move_to_end(key)
                 return admitted
             del self._kept[key]
@@ -438,7 +440,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
     mark = marks.append if marks is not None else lambda _: None
     mark(("queue", time.perf_counter()))
     device, table = state.device, state.table
-    table.lease(admitted.regions, admitted.owners)  # each region still live, its owner alive
+    admitted.checked = table.lease(admitted.regions, admitted.owners, admitted.checked)  # live, owners alive
     try:
         bound = admitted.bound(device)
         operator = state.executor.operator_for(rows, bound.batch)
@@ -516,8 +518,10 @@ def _check_owners_alive(owners: list[Region]) -> None:
 def _count(state, outcome: Outcome) -> None:
     metrics = state.metrics
     metrics.rows.inc(outcome.rows)
-    metrics.candidates.inc(outcome.candidates)
-    metrics.repairs.inc(outcome.repaired)
+    if outcome.candidates:
+        metrics.candidates.inc(outcome.candidates)
+    if outcome.repaired:
+        metrics.repairs.inc(outcome.repaired)
 
 
 async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) -> Outcome:
@@ -530,26 +534,30 @@ async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) 
     return outcome
 
 
-def start_topk(admitted: Admitted, state, marks: list, done: Callable[[DeviceOutcome], None]) -> Job | None:
-    """Execute an admitted request (`admit`, or a connection's `Admissions`) from a transport's own
-    thread (never the event loop: the operator may run here): here when the device is idle (the
-    executor's `run_if_idle`: nothing queued or running), else on the device worker behind the
-    requests queued before it. `done((True, Outcome) | (False, error))` is called once, here before
-    this returns None, or on the worker thread later (the queued job is returned: set `cancelled`
-    to drop it before it runs). `overloaded` and `shutting_down` are raised here."""
+def _settled(state, marks: list, outcome: DeviceOutcome) -> DeviceOutcome:
+    marks.append(("settle", time.perf_counter()))
+    if outcome[0]:
+        _count(state, outcome[1])
+    return outcome
 
-    def settle(outcome: DeviceOutcome) -> None:
-        marks.append(("settle", time.perf_counter()))
-        if outcome[0]:
-            _count(state, outcome[1])
-        done(outcome)
 
-    work = lambda: execute(admitted, state, marks)  # noqa: E731
-    outcome = state.executor.run_if_idle(work)
-    if outcome is None:
-        return state.executor.submit_threaded(work, settle)
-    settle(outcome)
-    return None
+def run_topk_if_idle(admitted: Admitted, state, marks: list) -> DeviceOutcome | None:
+    """Execute an admitted request (`admit`, or a connection's `Admissions`) on a transport's own thread
+    (never the event loop: the operator runs here) when the device is idle (the executor's
+    `run_if_idle`: nothing queued or running): `(True, Outcome) | (False, error)`; None when the
+    device is busy (then `queue_topk`, so that it runs behind the requests queued before it).
+    `shutting_down` is raised here."""
+    outcome = state.executor.run_if_idle(execute, admitted, state, marks)
+    return _settled(state, marks, outcome) if outcome is not None else None
+
+
+def queue_topk(admitted: Admitted, state, marks: list, done: Callable[[DeviceOutcome], None]) -> Job:
+    """Queue an admitted request for the device worker (from any thread): `done((True, Outcome) | (False,
+    error))` is called once, on the worker thread (set the returned job's `cancelled` to drop it before
+    it runs). `overloaded` and `shutting_down` are raised here."""
+    return state.executor.submit_threaded(
+        lambda: execute(admitted, state, marks), lambda outcome: done(_settled(state, marks, outcome))
+    )
 
 
 def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> dict[str, float]:
@@ -583,5 +591,6 @@ __all__ = [
     "from_model",
     "outputs",
     "phase_durations",
-    "start_topk",
+    "queue_topk",
+    "run_topk_if_idle",
 ]

@@ -49,8 +49,9 @@ class FakeTable:
         self.regions = {name: FakeRegion(name, tensor) for name, tensor in tensors.items()}
         self.leased = self.released = 0
 
-    def lease(self, regions, owners):
+    def lease(self, regions, owners, checked=-1):
         self.leased += len(regions)
+        return 0
 
     def release_all(self, regions):
         self.released += len(regions)
@@ -218,6 +219,9 @@ def test_a_kept_admission_binds_its_views_once(engine):
     again = engine.run()
     assert again is first and again.binding is binding, "the same request: the same admission and binding"
     assert torch.equal(engine.out_values(), engine.want.values), "written again through the kept binding"
+    engine.blocks["unrelated"] = SealedMemory(4096)
+    engine.table.unregister(engine.register("unrelated", "read_only").id, engine.principal.uid)
+    assert engine.run() is first and first.binding is binding, "another region retired: its own still live"
 
 
 def test_an_admission_not_kept_keeps_no_binding(engine):

@@ -178,6 +178,27 @@ def test_a_region_retired_without_leases_is_closed_at_once(block, how):
     assert not region.live and region.base is None and region.views == {} and closed == [region.id], how
 
 
+def test_a_lease_passed_its_last_check_still_finds_a_region_retired_since(block):
+    """`lease` skips looking at each region only while no region at all was retired since the lease that
+    returned `checked`: any retirement (here of another region) makes it look again, and a retired
+    region of the request is refused."""
+    table = RegionTable(torch.device("cpu"))
+    other = SealedMemory(4096)
+    region, unrelated = register(table, block), register(table, other)
+    checked = table.lease([region], [])
+    table.release_all([region])
+    assert table.lease([region], [], checked) == checked, "nothing retired since: the same count"
+    table.release_all([region])
+    table.unregister(unrelated.id, ME)
+    checked = table.lease([region], [], checked)
+    table.release_all([region])
+    table.unregister(region.id, ME)
+    with pytest.raises(ServiceError) as err:
+        table.lease([region], [], checked)
+    assert err.value.code == "stale_region" and region.leases == 0
+    other.close_fd()
+
+
 @pytest.mark.parametrize("policy", ["refuse", "untrack"])
 def test_owner_from_another_pid_namespace_is_never_tracked(block, policy):
     table = RegionTable(torch.device("cpu"), foreign_pid_namespace=policy)
