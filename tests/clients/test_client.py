@@ -455,3 +455,40 @@ def test_results_come_back_in_the_body_when_the_service_has_no_fd_socket(problem
     assert calls == ["/v1/info", "/v1/topk", "/v1/topk"]
     with pytest.raises(TransportError, match="no fd socket"):
         client.register(torch.zeros(4))
+
+
+# ---------------------------------------------------------------------------- the IPC channel
+
+
+@pytest.mark.parametrize("split", [1, 3, 8, 100, 70_000])
+def test_ipc_answers_are_read_whole_however_they_arrive(split):
+    """Answers reach the channel in pieces of any size, several in one piece, payloads larger than its
+    buffer: each is read whole, its payload in memory of its own."""
+    import socket as sockets
+    import threading
+
+    import msgspec
+
+    from litetopk.clients.ipc import READ_BUFFER_BYTES, IpcChannel
+    from litetopk.service.wire import FRAME, OkAnswer
+
+    payloads = [b"", bytes(range(256)) * (READ_BUFFER_BYTES // 128), b"x" * 10]
+    stream = b"".join(
+        FRAME.pack(len(header), len(p)) + header + p
+        for i, p in enumerate(payloads)
+        for header in [msgspec.msgpack.encode(OkAnswer(id=i, value=len(p)))]
+    )
+    mine, theirs = sockets.socketpair()
+    channel = IpcChannel.__new__(IpcChannel)  # the reading half only: no service, no hello
+    channel.sock, channel.path = mine, "socketpair"
+    channel._buffer, channel._start, channel._end = bytearray(READ_BUFFER_BYTES), 0, 0
+    writer = threading.Thread(
+        target=lambda: [theirs.sendall(stream[i : i + split]) for i in range(0, len(stream), split)]
+    )
+    writer.start()
+    got = [channel._read() for _ in payloads]
+    writer.join()
+    mine.close()
+    theirs.close()
+    assert [(a.id, a.value, bytes(p)) for a, p in got] == [(i, len(p), p) for i, p in enumerate(payloads)], split
+    assert all(isinstance(p, bytearray) for _, p in got)
