@@ -95,7 +95,7 @@ def view_key(ref: RegionSlice) -> tuple:
     return (ref.offset, ref.dtype, tuple(ref.shape))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Region:
     """One registered block; `base` is a uint8 [size] tensor over it on `device`."""
 

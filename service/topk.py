@@ -110,7 +110,7 @@ class Binding:
     batch: int  # block table rows
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Admitted:
     """A request that passed admission, with what admission found: every tensor named by region as
     (name, slice, region) (inputs, then `out.<field>`), the distinct regions (leased together), the
