@@ -275,12 +275,9 @@ class _Flows:
             raise TypeError(f"topk() takes {len(INPUT_ORDER)} tensors ({', '.join(INPUT_ORDER)}), got {len(args)}")
         key = _plan_key(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
         try:
-            plan = self._plans.get(key)
+            hash(key)  # kept when the call is made of references only (`planned` finds it next time)
         except TypeError:  # an unhashable option: the service says what is wrong with it
-            plan = key = None
-        if plan is not None:
-            response = yield plan.call
-            return self._parse_planned(_check(response), plan)
+            key = None
         named = dict(zip(INPUT_ORDER, args))
         if kv_scale is not None:  # AITER's cache format: kv_cache holds its values
             named["kv_scale"] = kv_scale
@@ -376,8 +373,20 @@ class _Flows:
         self._plans[key] = _Plan(call, named, out, written, result)
         return call
 
-    def _parse_planned(self, response, plan: _Plan) -> TopKResult:
+    def planned(self, args: tuple, kv_scale, out: dict | None, options: tuple) -> _Plan | None:
+        """The kept plan of a top-k call (`topk`'s arguments; `options` = (topk, weight_scale, backend,
+        repair, result_format)), None when it has none: the clients then send its one call without
+        driving the flow, and read the answer with `planned_result`."""
+        if len(args) != len(INPUT_ORDER):
+            return None
+        try:
+            return self._plans.get(_plan_key(args, kv_scale, out, options))
+        except TypeError:
+            return None
+
+    def planned_result(self, response, plan: _Plan) -> TopKResult:
         """The result of a planned call: its kept result when the answer wrote every field into `out`."""
+        _check(response)
         if plan.result is not None and isinstance(response, IpcResponse):
             fields, written = response.result
             if not fields and written == plan.written:
@@ -555,18 +564,22 @@ class TopKClient(_ClientBase):
             self._token = token
             self._http.headers["authorization"] = f"Bearer {token}"
 
+    def _call(self, method: str, path: str, kwargs: dict):
+        """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
+        try:
+            return (self._ipc or self._http).request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise transport_error(self.endpoint, exc) from exc
+
     def _drive(self, flow: Flow):
         reply, error = None, None
-        channel = self._ipc or self._http
         while True:
             try:
-                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+                call = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = channel.request(method, path, **kwargs), None
-            except httpx.TransportError as exc:
-                reply, error = None, transport_error(self.endpoint, exc)
+                reply, error = self._call(*call), None
             except BaseException as exc:  # e.g. KeyboardInterrupt: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
@@ -605,6 +618,9 @@ class TopKClient(_ClientBase):
                   [pages, 1, 4, 64], `kv_cache` then being AITER's values [pages, 1, 4, 64, 16];
                   like every tensor argument a tensor, a Region or a RegionSlice."""
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        plan = self._flows.planned(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
+        if plan is not None:  # made of references only, as before: its one call, without the flow
+            return self._flows.planned_result(self._call(*plan.call), plan)
         return self._drive(
             self._flows.topk(
                 args,
@@ -669,18 +685,23 @@ class AsyncTopKClient(_ClientBase):
                 self._ipc = await AsyncIpcChannel(self._ipc_path).connect()
         return self._ipc
 
+    async def _call(self, method: str, path: str, kwargs: dict):
+        """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
+        channel = self._ipc or await self._channel()
+        try:
+            return await channel.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise transport_error(self.endpoint, exc) from exc
+
     async def _drive(self, flow: Flow):
         reply, error = None, None
-        channel = await self._channel()
         while True:
             try:
-                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+                call = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = await channel.request(method, path, **kwargs), None
-            except httpx.TransportError as exc:
-                reply, error = None, transport_error(self.endpoint, exc)
+                reply, error = await self._call(*call), None
             except BaseException as exc:  # e.g. CancelledError: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
@@ -710,6 +731,9 @@ class AsyncTopKClient(_ClientBase):
         kv_scale=None,
     ) -> TopKResult:
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        plan = self._flows.planned(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
+        if plan is not None:  # made of references only, as before: its one call, without the flow
+            return self._flows.planned_result(await self._call(*plan.call), plan)
         return await self._drive(
             self._flows.topk(
                 args,

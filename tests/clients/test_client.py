@@ -366,6 +366,22 @@ def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem)
         assert results_equal(client.topk(*regions, topk=512, out=out), reference(problem)) == []
 
 
+@pytest.mark.asyncio
+async def test_async_planned_calls_in_flight_together(service, problem):
+    """The async client's planned calls (every tensor a region) share one connection, several in flight
+    at once, each answered into its own output region."""
+    rows = problem.q_fp4.shape[0]
+    want = reference(problem)
+    async with AsyncTopKClient(uds=service.uds) as client:
+        regions = [await client.register(t, access="read_only") for t in problem.args()]
+        outs = [{"values": await client.register(torch.empty(rows, 512))} for _ in range(4)]
+        for _ in range(2):  # the first round makes the plans, the second uses them
+            results = await asyncio.gather(*[client.topk(*regions, topk=512, out=out) for out in outs])
+            assert all(results_equal(r, want) == [] for r in results)
+            assert all(torch.equal(out["values"].tensor, want.values) for out in outs)
+        assert len(client._flows._plans) == len(outs)
+
+
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):
     p = make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
     p.weights[3, 0] = float("inf")
