@@ -112,7 +112,7 @@ class Region:
     base: torch.Tensor | None
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     leases: int = 0
-    views: dict = field(default_factory=dict, repr=False)  # (offset, dtype, shape) -> tensor (Region.view)
+    views: dict = field(default_factory=dict, repr=False)  # view_key -> tensor (view), ("int32s", key) -> memoryview
     # the kept admissions whose binding views this region (service/topk.py Admitted.bound): unbound
     # when the region closes
     bindings: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
@@ -148,6 +148,17 @@ class Region:
             self.views.clear()
         self.views[key] = tensor
         return tensor
+
+    def int32s(self, ref: RegionSlice, what: str, key: tuple | None = None) -> memoryview:
+        """The int32 values `ref` names in this host region, as a memoryview of its memory (kept beside
+        the views, and dropped with them)."""
+        if key is None:
+            key = view_key(ref)
+        values = self.views.get(("int32s", key))
+        if values is None:
+            values = memoryview(self.view(ref, what, key).numpy())
+            self.views[("int32s", key)] = values
+        return values
 
     def check_bounds(self, ref: RegionSlice, what: str) -> int:
         """Raise `misaligned_offset` / `out_of_bounds` for `ref`; its size in bytes otherwise."""

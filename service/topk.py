@@ -70,6 +70,7 @@ _OUT_NAMES = {name: f"out.{name}" for name in RESULT_FIELDS}
 _RESULT_DTYPES = {name: dtype_name(dtype) for name, (dtype, _) in RESULT_FIELDS.items()}
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 TALLIED = ("status", "repaired", "candidates")  # the result fields read on the host after the call
+_TALLIED_OUTS = {f"out.{name}" for name in TALLIED}
 ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
 ROWS_AS_INTS = 1024  # counts of at most this many rows are summed as Python ints (_total)
 
@@ -128,6 +129,7 @@ class Admitted:
     owners: list[Region] = field(init=False)  # a region of each distinct owner process
     answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
     entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
+    tallied: dict[str, tuple[int, int]] = field(init=False)  # [start, end) of TALLIED fields in the buffer
     nbytes: int = field(init=False)
     kept: bool = field(init=False, default=False)  # kept by a connection (`Admissions`): keeps its binding
     binding: Binding | None = field(init=False, default=None)
@@ -139,6 +141,9 @@ class Admitted:
         self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
         self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
         self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
+        self.tallied = {
+            e["name"]: (e["offset"], e["offset"] + e["nbytes"]) for e in self.entries if e["name"] in TALLIED
+        }
 
     def inline(self) -> dict[str, torch.Tensor]:
         """The metadata sent as values, as int32 CPU tensors (made by the first execution: on the device's
@@ -395,11 +400,14 @@ def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
 def _bind(admitted: Admitted, device: torch.device) -> Binding:
     """The Binding of `admitted` on the service's `device` (its regions leased)."""
     views = dict(admitted.inline())
+    host = device.type == "cpu"
+    tallies = {}  # a CPU service reads them in the output regions themselves
     for name, ref, region, key in admitted.keyed:
         view = region.views.get(key)
         views[name] = view if view is not None else region.view(ref, name, key)
+        if host and name in _TALLIED_OUTS:
+            tallies[name[4:]] = region.int32s(ref, name, key)
     inputs = {n: views[n] for n in STAGED}
-    host = device.type == "cpu"
     moving = [] if host else [n for n in STAGED if inputs[n].device != device]
     # Output regions stay where they live: those on the device are the operator's `out=` (written in
     # place), host regions of a GPU service get one copy after the checks.
@@ -415,21 +423,25 @@ def _bind(admitted: Admitted, device: torch.device) -> Binding:
         outs=outs,
         direct=direct,
         hosted=[n for n in outs if n not in direct],
-        tallies={n: memoryview(direct[n].numpy()) for n in TALLIED if n in direct and host},
+        tallies=tallies,
         batch=table_shape[0] if len(table_shape) else 0,
     )
 
 
-def _tallies(bound: Binding, answer: dict, result: TopKResult) -> dict[str, memoryview]:
-    """The int32 values of status, repaired and candidates on the host: the kept views of host output
-    regions, the answer buffer's, or the device's copied here."""
+def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult) -> dict[str, memoryview]:
+    """The int32 values of status, repaired and candidates on the host: in the host output regions, in
+    the answer buffer, or (device output regions) copied here."""
     if len(bound.tallies) == len(TALLIED):
         return bound.tallies
     tallies = dict(bound.tallies)
+    answered = admitted.tallied
+    view = memoryview(buffer) if answered else None
     for name in TALLIED:
-        if name not in tallies:
-            values = answer[name] if name in answer else getattr(result, name).cpu()
-            tallies[name] = memoryview(values.numpy())
+        if name in answered:
+            start, end = answered[name]
+            tallies[name] = view[start:end].cast("i")
+        elif name not in tallies:
+            tallies[name] = memoryview(getattr(result, name).cpu().numpy())
     return tallies
 
 
@@ -478,7 +490,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             for name, tensor in answer.items():
                 tensor.copy_(staging[name])
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
-        tallies = _tallies(bound, answer, result)
+        tallies = _tallies(bound, admitted, buffer, result)
         _raise_row_faults(tallies["status"])
         _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))

@@ -54,6 +54,19 @@ def test_shm_region_is_shared_memory_not_a_copy(block):
     table.release(leased)
 
 
+def test_int32_values_are_read_in_the_region_itself_and_dropped_when_it_closes(block):
+    table = RegionTable(torch.device("cpu"))
+    region = register(table, block)
+    mine = torch.frombuffer(block.mapping, dtype=torch.int32)
+    mine[2:6] = torch.tensor([7, 0, -3, 2**31 - 1])
+    values = region.int32s(ref(region, 8), "x")
+    assert list(values) == [7, 0, -3, 2**31 - 1] and region.int32s(ref(region, 8), "x") is values, "kept"
+    mine[2] = 8
+    assert values[0] == 8, "a view of the memory, not a copy"
+    table.unregister(region.id, ME)
+    assert region.views == {}, "dropped with the views when the region closes"
+
+
 @pytest.mark.parametrize(
     "offset,dtype,shape,code",
     [
