@@ -194,7 +194,7 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
         client = TopKClient(**endpoint)
         clients.append(client)
         phases[mode] = []
-        client.observe = lambda timing, got=phases[mode]: got.append(server_timing(timing))
+        client.observe = phases[mode].append  # each answer: its Server-Timing read after the timed calls
         outs = {f: owner.register(torch.empty_like(ref[f])) for f in FIELDS}
         calls[mode] = lambda client=client, outs=outs: client.topk(*regions, **kwargs, out=outs)
         got = calls[mode]()
@@ -214,7 +214,7 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
     out = {"shape": {"sequences": sequences, "rows": rows, "keys": keys, "topk": topk}, "modes": {}}
     for mode, samples in seconds.items():
         out["modes"][mode] = {**summarize(samples, rows), "equal": equal[mode]}
-        timed_calls = phases.get(mode, [])[-len(samples) :]
+        timed_calls = [server_timing(a.headers.get("server-timing", "")) for a in phases.get(mode, [])[-len(samples) :]]
         if timed_calls and timed_calls[0]:
             out["modes"][mode]["server_timing_p50_ms"] = {
                 k: statistics.median(t.get(k, 0.0) for t in timed_calls) for k in timed_calls[0]

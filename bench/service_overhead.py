@@ -122,7 +122,7 @@ def main(argv=None) -> int:
                 clients[mode] = client = TopKClient(**endpoint)
                 plans[mode] = (regions, {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS})
                 timings[mode], totals[mode] = [], []
-                client.observe = timings[mode].append  # the Server-Timing text, read after the timed calls
+                client.observe = timings[mode].append  # each answer: its Server-Timing read after the timed calls
             for i in range(args.iters + 20):  # the modes take turns call by call (drifting load hits all alike)
                 for mode, client in clients.items():
                     regions, outs = plans[mode]
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                         totals[mode].append(1e3 * (time.perf_counter() - start))
             for mode, client in clients.items():
                 client.close()
-                got = [server_timing(timing) for timing in timings[mode][20:]]
+                got = [server_timing(answer.headers.get("server-timing", "")) for answer in timings[mode][20:]]
                 phases = {k: statistics.median(t.get(k, 0.0) for t in got) for k in got[0]}
                 phases["client+transport"] = statistics.median(c - t["total"] for c, t in zip(totals[mode], got))
                 ordered = sorted(totals[mode])

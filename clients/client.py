@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generator
 
@@ -47,7 +48,7 @@ from litetopk.service.wire import (
 )
 
 from .errors import ProtocolError, RegionProblem, TopKClientError, TransportError, problem_error
-from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, reachable
+from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, PackedBody, reachable
 from .memfd import FD_SOCKET_NAME, HandoverError, SealedMemory, hand_over_fd
 from .regions import Region, RegionSlice, export, owner_fields, release_export, resolve_owner_pid
 from .transport import (
@@ -77,6 +78,7 @@ INLINE_MAX_VALUES = 1024
 # instead of travelling in the response body: bench/NOTES-service.md measured the body at
 # ~170 ms for 50 MB over the Unix socket (h11 + asyncio, 64 KiB reads), the region at ~10 ms.
 RESULT_SCRATCH_MIN_BYTES = 1 << 20
+PLANS_KEPT = 16  # top-k calls made of references only a client keeps worked out (_Plan)
 
 
 def _read_timeout(timeout) -> float | None:
@@ -101,6 +103,33 @@ def _check(response):
     raise ProtocolError(f"HTTP {response.status_code} without a problem body: {response.text[:200]!r}")
 
 
+@dataclass(eq=False, slots=True)
+class _Plan:
+    """A top-k call whose every tensor is a reference (a Region or a RegionSlice: the same body every
+    time, as an engine's hot path sends it), worked out once by the client: the call (its body and
+    the body's msgpack, PackedBody), the objects it names, held so that no id in its key is reused
+    while it is kept (`_plan_key`), and its answer's result when every field goes into `out`."""
+
+    call: Call
+    named: tuple  # every Region / RegionSlice the call names (inputs, then `out`)
+    out: dict
+    written: list[str]  # the fields written into `out`, in the order the service reports them
+    result: TopKResult | None  # the `out` tensors as a result, when they hold every field
+
+
+def _plan_key(args: tuple, kv_scale, out: dict | None, options: tuple) -> tuple:
+    """The key of a top-k call among the kept plans: the ids of the objects it names (a kept plan holds
+    its own, so ids are never reused among them) and its options."""
+    if out:
+        return (*map(id, args), id(kv_scale), *out, *map(id, out.values()), *options)
+    return (*map(id, args), id(kv_scale), *options)
+
+
+def _referenced(value) -> bool:
+    """Whether `value` goes on the wire as a reference whose form never changes."""
+    return (isinstance(value, Region) and value.registered) or isinstance(value, RegionSlice)
+
+
 class _Flows:
     """Request building and response parsing shared by both clients (no I/O here)."""
 
@@ -111,7 +140,8 @@ class _Flows:
         self._lock = threading.Lock()
         self._regions: dict[str, Region] = {}
         self._scratch: list[Region] = []  # idle scratch regions
-        self.observe = None  # called with every top-k answer's Server-Timing (benchmarks)
+        self._plans: dict[tuple, _Plan] = {}  # by _plan_key
+        self.observe = None  # called with every top-k answer (benchmarks: its Server-Timing header)
 
     # -- regions ---------------------------------------------------------------------------------
 
@@ -176,6 +206,11 @@ class _Flows:
                     del self._regions[region.id]
                 if region in self._scratch:
                     self._scratch.remove(region)
+                self._plans = {
+                    key: plan
+                    for key, plan in self._plans.items()
+                    if not any(v is region or getattr(v, "region", None) is region for v in plan.named)
+                }
             release_export(region)
 
     def list_regions(self) -> Flow:
@@ -238,6 +273,11 @@ class _Flows:
     ) -> Flow:
         if len(args) != len(INPUT_ORDER):
             raise TypeError(f"topk() takes {len(INPUT_ORDER)} tensors ({', '.join(INPUT_ORDER)}), got {len(args)}")
+        key = _plan_key(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
+        try:
+            hash(key)  # kept when the call is made of references only (`planned` finds it next time)
+        except TypeError:  # an unhashable option: the service says what is wrong with it
+            key = None
         named = dict(zip(INPUT_ORDER, args))
         if kv_scale is not None:  # AITER's cache format: kv_cache holds its values
             named["kv_scale"] = kv_scale
@@ -297,7 +337,12 @@ class _Flows:
             for value in named.values():  # the exporter's duty: contents complete before the call
                 if isinstance(value, torch.Tensor) and value.device.type == "cuda":
                     torch.cuda.current_stream(value.device).synchronize()
-            response = yield "POST", "/v1/topk", {"json": body, "headers": {"accept": ACCEPT[result_format]}}
+            call = ("POST", "/v1/topk", {"json": body, "headers": {"accept": ACCEPT[result_format]}})
+            if key is not None and not (staged or temporary or collect):
+                refs = (*named.values(), *(out or {}).values())
+                if all(_referenced(value) for value in refs):
+                    call = self._keep_plan(key, call, refs, out or {})
+            response = yield call
             return self._parse_result(_check(response), out or {}, collect)
         except RegionProblem as problem:
             if problem.code in ("unknown_region", "stale_region"):
@@ -313,6 +358,42 @@ class _Flows:
                         self._scratch.append(region)
             for region in temporary:
                 yield from self.unregister(region)
+
+    def _keep_plan(self, key: tuple, call: Call, named: tuple, out: dict) -> Call:
+        """Keep the plan of a call made of references only (at most PLANS_KEPT: then they start over);
+        its call, whose body now carries its msgpack."""
+        method, path, kwargs = call
+        call = (method, path, {**kwargs, "json": PackedBody(kwargs["json"])})
+        written = [n for n in RESULT_FIELDS if n in out]
+        result = None
+        if len(written) == len(RESULT_FIELDS):
+            result = assemble_result({n: self._out_tensor(out[n]) for n in written})
+        if len(self._plans) >= PLANS_KEPT:
+            self._plans = {}
+        self._plans[key] = _Plan(call, named, out, written, result)
+        return call
+
+    def planned(self, args: tuple, kv_scale, out: dict | None, options: tuple) -> _Plan | None:
+        """The kept plan of a top-k call (`topk`'s arguments; `options` = (topk, weight_scale, backend,
+        repair, result_format)), None when it has none: the clients then send its one call without
+        driving the flow, and read the answer with `planned_result`."""
+        if len(args) != len(INPUT_ORDER):
+            return None
+        try:
+            return self._plans.get(_plan_key(args, kv_scale, out, options))
+        except TypeError:
+            return None
+
+    def planned_result(self, response, plan: _Plan) -> TopKResult:
+        """The result of a planned call: its kept result when the answer wrote every field into `out`."""
+        _check(response)
+        if plan.result is not None and isinstance(response, IpcResponse):
+            fields, written = response.result
+            if not fields and written == plan.written:
+                if self.observe is not None:
+                    self.observe(response)
+                return plan.result
+        return self._parse_result(response, plan.out)
 
     def _result_scratch(self, q_fp4, topk: int, out: dict) -> Flow:
         """(scratch region, {field: slice}) for the result fields not in `out` when they are large
@@ -362,9 +443,17 @@ class _Flows:
             layout[name] = ref.to_wire()
         return scratch, layout
 
+    def _out_tensor(self, value) -> torch.Tensor:
+        """The local tensor of an `out` value (a tensor, a Region or a RegionSlice)."""
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, Region):
+            return value.tensor
+        return self._reference(value).tensor()
+
     def _parse_result(self, response, out: dict, collect: dict | None = None) -> TopKResult:
         if self.observe is not None:
-            self.observe(response.headers.get("server-timing", ""))
+            self.observe(response)
         ctype = "" if isinstance(response, IpcResponse) else response.headers.get("content-type", "")
         try:
             if isinstance(response, IpcResponse):
@@ -381,14 +470,7 @@ class _Flows:
             if collect and name in collect:  # pooled scratch: copied out before the region is reused
                 fields[name] = collect[name].tensor().clone()
                 continue
-            value = out[name]
-            fields[name] = (
-                value
-                if isinstance(value, torch.Tensor)
-                else value.tensor
-                if isinstance(value, Region)
-                else self._reference(value).tensor()
-            )
+            fields[name] = self._out_tensor(out[name])
         try:
             return assemble_result(fields)
         except WireFormatError as exc:
@@ -434,7 +516,8 @@ class _ClientBase:
 
     @observe.setter
     def observe(self, callback) -> None:
-        """`callback(server_timing)` after every top-k answer (the phases, as HTTP's Server-Timing)."""
+        """`callback(response)` after every top-k answer (benchmarks: the phases are its Server-Timing
+        header, `response.headers["server-timing"]`, best read after the timed calls)."""
         self._flows.observe = callback
 
     def __repr__(self) -> str:
@@ -481,18 +564,22 @@ class TopKClient(_ClientBase):
             self._token = token
             self._http.headers["authorization"] = f"Bearer {token}"
 
+    def _call(self, method: str, path: str, kwargs: dict):
+        """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
+        try:
+            return (self._ipc or self._http).request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise transport_error(self.endpoint, exc) from exc
+
     def _drive(self, flow: Flow):
         reply, error = None, None
-        channel = self._ipc or self._http
         while True:
             try:
-                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+                call = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = channel.request(method, path, **kwargs), None
-            except httpx.TransportError as exc:
-                reply, error = None, transport_error(self.endpoint, exc)
+                reply, error = self._call(*call), None
             except BaseException as exc:  # e.g. KeyboardInterrupt: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
@@ -531,6 +618,9 @@ class TopKClient(_ClientBase):
                   [pages, 1, 4, 64], `kv_cache` then being AITER's values [pages, 1, 4, 64, 16];
                   like every tensor argument a tensor, a Region or a RegionSlice."""
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        plan = self._flows.planned(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
+        if plan is not None:  # made of references only, as before: its one call, without the flow
+            return self._flows.planned_result(self._call(*plan.call), plan)
         return self._drive(
             self._flows.topk(
                 args,
@@ -595,18 +685,23 @@ class AsyncTopKClient(_ClientBase):
                 self._ipc = await AsyncIpcChannel(self._ipc_path).connect()
         return self._ipc
 
+    async def _call(self, method: str, path: str, kwargs: dict):
+        """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
+        channel = self._ipc or await self._channel()
+        try:
+            return await channel.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise transport_error(self.endpoint, exc) from exc
+
     async def _drive(self, flow: Flow):
         reply, error = None, None
-        channel = await self._channel()
         while True:
             try:
-                method, path, kwargs = flow.throw(error) if error is not None else flow.send(reply)
+                call = flow.throw(error) if error is not None else flow.send(reply)
             except StopIteration as stop:
                 return stop.value
             try:
-                reply, error = await channel.request(method, path, **kwargs), None
-            except httpx.TransportError as exc:
-                reply, error = None, transport_error(self.endpoint, exc)
+                reply, error = await self._call(*call), None
             except BaseException as exc:  # e.g. CancelledError: the flow cleans up, then re-raises it
                 reply, error = None, exc
 
@@ -636,6 +731,9 @@ class AsyncTopKClient(_ClientBase):
         kv_scale=None,
     ) -> TopKResult:
         args = (q_fp4, q_scale, kv_cache, block_table, weights, row_to_batch, starts, ends)
+        plan = self._flows.planned(args, kv_scale, out, (topk, weight_scale, backend, repair, result_format))
+        if plan is not None:  # made of references only, as before: its one call, without the flow
+            return self._flows.planned_result(await self._call(*plan.call), plan)
         return await self._drive(
             self._flows.topk(
                 args,

@@ -72,10 +72,22 @@ class IpcResponse:
         return str(self._doc)
 
 
+class PackedBody(dict):
+    """A request body that never changes (a kept top-k plan's, client.py), with its msgpack worked out
+    once: the IPC channel sends those bytes as the request, HTTP sends the dict as JSON."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.packed = msgspec.Raw(_ENCODER.encode(body))
+
+
 def message_for(id_: int, method: str, path: str, kwargs: dict) -> dict:
     """The IPC message of an HTTP call of the client's flows."""
     if path == "/v1/topk" and method == "POST":
-        return {"op": "topk", "id": id_, "request": kwargs["json"]}
+        body = kwargs["json"]
+        return {"op": "topk", "id": id_, "request": body.packed if body.__class__ is PackedBody else body}
     if path == "/v1/regions" and method == "POST":
         return {"op": "register", "id": id_, "registration": kwargs["json"]}
     if path == "/v1/regions" and method == "GET":
@@ -93,13 +105,13 @@ def message_for(id_: int, method: str, path: str, kwargs: dict) -> dict:
 
 
 def response_for(answer, payload: bytearray) -> IpcResponse:
-    if isinstance(answer, TopKAnswer):
+    if answer.__class__ is TopKAnswer:
         entries = [{"name": f.name, "dtype": f.dtype, "shape": f.shape, "offset": f.offset} for f in answer.fields]
         return IpcResponse(
             200,
             None,
             {"content-type": "application/vnd.litetopk.ipc"},
-            (fields_in(payload, entries), answer.written),
+            (fields_in(payload, entries) if entries else {}, answer.written),
             answer.timing,
         )
     if isinstance(answer, OkAnswer):
@@ -149,36 +161,44 @@ class IpcChannel:
                 self._buffer = bytearray(count)
             self._buffer[: len(unread)] = unread
             self._start, self._end = 0, len(unread)
-        with memoryview(self._buffer) as view:
-            while self._end - self._start < count:
-                got = self.sock.recv_into(view[self._end :])
-                if not got:
-                    raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
-                self._end += got
+        while self._end - self._start < count:
+            if self._end:
+                with memoryview(self._buffer) as view:
+                    got = self.sock.recv_into(view[self._end :])
+            else:  # the buffer is empty (an answer usually comes whole): no view needed
+                got = self.sock.recv_into(self._buffer)
+            if not got:
+                raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+            self._end += got
 
     def _read(self):
-        self._buffered(FRAME.size)
+        """The next frame's (answer, payload): the header decoded from the buffer; the payload in memory
+        of its own (the result's tensors view it), what the buffer does not hold read into it directly."""
+        if self._end - self._start < FRAME.size:
+            self._buffered(FRAME.size)
         header_bytes, payload_bytes = FRAME.unpack_from(self._buffer, self._start)
-        self._buffered(FRAME.size + header_bytes)
-        header_end = self._start + FRAME.size + header_bytes
-        with memoryview(self._buffer) as view:
-            try:
-                answer = _DECODER.decode(view[self._start + FRAME.size : header_end])
-            except msgspec.MsgspecError as exc:
-                raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
-            payload = bytearray(payload_bytes)  # the result's tensors view it: memory of their own
-            have = min(self._end - header_end, payload_bytes)
-            payload[:have] = view[header_end : header_end + have]
+        if self._end - self._start < FRAME.size + header_bytes:
+            self._buffered(FRAME.size + header_bytes)
+        header_start = self._start + FRAME.size
+        header_end = header_start + header_bytes
+        try:
+            answer = _DECODER.decode(memoryview(self._buffer)[header_start:header_end])
+        except msgspec.MsgspecError as exc:
+            raise ProtocolError(f"unreadable IPC answer: {exc}") from exc
+        have = min(self._end - header_end, payload_bytes)
+        payload = self._buffer[header_end : header_end + have]  # a copy: the buffer is reused
         self._start = header_end + have
         if self._start == self._end:
             self._start = self._end = 0
-        with memoryview(payload) as rest:
-            rest = rest[have:]
-            while rest.nbytes:  # a large payload: straight from the socket
-                got = self.sock.recv_into(rest)
-                if not got:
-                    raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
-                rest = rest[got:]
+        if have < payload_bytes:  # a large payload: the rest straight from the socket
+            payload.extend(bytes(payload_bytes - have))
+            with memoryview(payload) as rest:
+                rest = rest[have:]
+                while rest.nbytes:
+                    got = self.sock.recv_into(rest)
+                    if not got:
+                        raise TransportError(f"litetopk IPC channel at {self.path}: the service closed the connection")
+                    rest = rest[got:]
         return answer, payload
 
     def request(self, method: str, path: str, **kwargs) -> IpcResponse:
@@ -276,6 +296,7 @@ __all__ = [
     "AsyncIpcChannel",
     "IpcChannel",
     "IpcResponse",
+    "PackedBody",
     "ipc_socket_path",
     "message_for",
     "reachable",

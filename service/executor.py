@@ -2,7 +2,7 @@
 
     event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
                  <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
-    a transport thread ── run_if_idle(fn): the device idle ──> fn() on that thread, in the same
+    a transport thread ── run_if_idle(fn, *args): the device idle ──> fn(*args) on that thread, in the same
                           device and stream context, under the same device lock (no hand-off)
                        ── submit_threaded(fn, settle): busy ──> the queue; settle(outcome) on the worker
 
@@ -199,16 +199,17 @@ class DeviceExecutor:
         self._enqueue(job)
         return job
 
-    def run_if_idle(self, fn: Callable[[], Any]) -> Outcome | None:
-        """Run `fn` on the calling thread, in the device's context and under the device lock, when the
-        device is idle (nothing queued or running); its outcome, or None when busy (queue it then)."""
-        self._refuse_if_closed()
+    def run_if_idle(self, fn: Callable[..., Any], *args) -> Outcome | None:
+        """Run `fn(*args)` on the calling thread, in the device's context and under the device lock, when
+        the device is idle (nothing queued or running); its outcome, or None when busy (queue it then)."""
+        if self._closed:
+            self._refuse_if_closed()
         if not self._inline or not self._device_lock.acquire(blocking=False):
             return None
         try:
-            if self._busy or (self.device.type == "cuda" and self.stream is None):
+            if self._busy or (self._idle_context is None and self.stream is None):
                 return None
-            return self._run(fn)
+            return self._run(fn, *args)
         finally:
             self._device_lock.release()
 
@@ -288,13 +289,16 @@ class DeviceExecutor:
         stack.enter_context(torch.cuda.stream(self.stream))
         return stack
 
-    def _run(self, fn: Callable[[], Any]) -> Outcome:
-        """fn() in the device's context, its stream synchronized after; the caller holds the device lock."""
+    def _run(self, fn: Callable[..., Any], *args) -> Outcome:
+        """fn(*args) in the device's context, its stream synchronized after; the caller holds the device
+        lock."""
         started = time.perf_counter()
         try:
-            with self._device_context():
-                value = fn()
-                if self.stream is not None:
+            if self._idle_context is not None:  # the CPU: no context, no stream
+                value = fn(*args)
+            else:
+                with self._device_context():
+                    value = fn(*args)
                     self.stream.synchronize()
             outcome = (True, value)
         except BaseException as exc:  # handed to the request, mapped by errors.py

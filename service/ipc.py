@@ -22,7 +22,7 @@ serves them there:
 
     top-k       decoded and admitted on the connection's thread; when the device is idle it is
                 executed there too and answered before the next frame is read (no hand-off:
-                service/topk.py start_topk); when the device is busy it waits in the device queue
+                service/topk.py run_topk_if_idle); when the device is busy it waits in the device queue
                 behind the others and the device worker sends its answer; at its deadline
                 (REQUEST_TIMEOUT_S) the connection's thread answers `timeout` and drops it;
     the others  served on the connection's thread (a registration maps memory; an unregistration
@@ -64,7 +64,7 @@ from .fdpass import peer_credentials
 from .logs import OncePerInterval
 from .principals import Principal
 from .schemas import CudaIpcRegistration, RegionRegistration
-from .topk import Admissions, Outcome, phase_durations, start_topk
+from .topk import Admissions, Outcome, phase_durations, queue_topk, run_topk_if_idle
 from .wire import (
     FRAME,
     IPC_PROTOCOL,
@@ -226,6 +226,8 @@ class IpcConnection:
         with self.lock:
             while self._flushing and not self.closed:
                 self.flushed.wait()
+            if not self.in_flight:
+                return  # recv blocks
         while True:
             with self.lock:
                 deadline = min((f.deadline for f in self.in_flight.values()), default=None)
@@ -266,8 +268,27 @@ class IpcConnection:
             self.serving = False
 
     def _topk(self, message: TopKOpRaw, header, started: float) -> None:
+        """Admit, then execute here when the device is idle (answered at once), else queue it."""
+        marks = [("parse", time.perf_counter())]
+        try:
+            admitted = self.admissions.admit(bytes(message.request), lambda: _request(message, header))
+            marks.append(("admit", time.perf_counter()))
+            outcome = run_topk_if_idle(admitted, self.state, marks)
+        except BaseException as exc:  # a malformed request, admission, shutting_down
+            if isinstance(exc, msgspec.MsgspecError):
+                self.fail(*_frame_problem(header))
+            else:
+                self.fail(message.id, as_service_error(exc))
+            return
+        if outcome is not None:
+            self._answer_topk(message.id, started, marks, outcome)
+        else:
+            self._queue(message.id, admitted, started, marks)
+
+    def _queue(self, id_: int, admitted, started: float, marks: list) -> None:
+        """Queue an admitted request for the device worker, which answers it (`_answer_queued`)."""
         key = next(self._keys)
-        request = _InFlight(message.id, started + self.state.settings.request_timeout_s)
+        request = _InFlight(id_, started + self.state.settings.request_timeout_s)
         with self.lock:
             if len(self.in_flight) >= MAX_IN_FLIGHT:
                 request = None
@@ -275,7 +296,7 @@ class IpcConnection:
                 self.in_flight[key] = request
         if request is None:
             self.fail(
-                message.id,
+                id_,
                 ServiceError(
                     "overloaded",
                     f"{MAX_IN_FLIGHT} requests of this connection are in flight already",
@@ -283,44 +304,41 @@ class IpcConnection:
                 ),
             )
             return
-        marks = [("parse", time.perf_counter())]
         try:
-            admitted = self.admissions.admit(bytes(message.request), lambda: _request(message, header))
-            marks.append(("admit", time.perf_counter()))
-            job = start_topk(
-                admitted, self.state, marks, lambda outcome: self._answer_topk(key, started, marks, outcome)
+            job = queue_topk(
+                admitted, self.state, marks, lambda outcome: self._answer_queued(key, started, marks, outcome)
             )
-        except BaseException as exc:  # a malformed request, admission, overloaded, shutting_down
+        except BaseException as exc:  # overloaded (the device queue is full), shutting_down
             with self.lock:
                 self.in_flight.pop(key, None)
-            if isinstance(exc, msgspec.MsgspecError):
-                self.fail(*_frame_problem(header))
-            else:
-                self.fail(message.id, as_service_error(exc))
+            self.fail(id_, as_service_error(exc))
             return
-        if job is not None:
-            request.job = job  # queued: cancelled at its deadline, or when the peer goes away
+        request.job = job  # cancelled at its deadline, or when the peer goes away
 
-    def _answer_topk(self, key: int, started: float, marks: list, outcome) -> None:
-        """Send the answer of request `key` (on the thread that executed it), unless it was answered
-        `timeout` or its peer went away meanwhile."""
+    def _answer_queued(self, key: int, started: float, marks: list, outcome) -> None:
+        """Answer queued request `key` (on the worker thread), unless it was answered `timeout` or its peer
+        went away meanwhile."""
         with self.lock:
             request = self.in_flight.pop(key, None)
-        if request is None:
-            return
+        if request is not None:
+            self._answer_topk(request.id, started, marks, outcome)
+
+    def _answer_topk(self, id_: int, started: float, marks: list, outcome) -> None:
+        """Send the answer of top-k request `id_` (its deadline passed: `timeout`, whichever thread ran it)."""
         ok, value = outcome
-        if time.perf_counter() > request.deadline:  # the same answer whichever thread ran it
-            self.fail(request.id, _timeout(self.state))
+        if time.perf_counter() > started + self.state.settings.request_timeout_s:
+            self.fail(id_, _timeout(self.state))
             return
         if not ok:
-            self.fail(request.id, as_service_error(value))
+            self.fail(id_, as_service_error(value))
             return
         result: Outcome = value
         marks.append(("encode", time.perf_counter()))
         fields = [ResultField(e["name"], e["dtype"], e["shape"], e["offset"], e["nbytes"]) for e in result.entries]
+        self.server.count("topk", "ok", time.perf_counter() - started)
         self.send(
             TopKAnswer(
-                id=request.id,
+                id=id_,
                 rows=result.rows,
                 topk=result.topk,
                 written=result.written,
@@ -329,7 +347,6 @@ class IpcConnection:
             ),
             result.buffer,
         )
-        self.server.count("topk", "ok", time.perf_counter() - started)
 
     def _answer(self, message):
         """The value of a region, info or readiness request (what the HTTP route answers as JSON)."""
@@ -398,10 +415,9 @@ class IpcConnection:
                 sent = 0
             except OSError:
                 return  # the peer went away: its thread finds out when it reads
-            rest = _unsent(parts, sent)
-            if not rest:
+            if sent == len(parts[0]) + len(payload):
                 return
-            self._backlog, self._flushing = rest, True
+            self._backlog, self._flushing = _unsent(parts, sent), True
         threading.Thread(target=self._flush, name=f"litetopk-ipc-flush-{self.principal.pid}", daemon=True).start()
 
     def _flush(self) -> None:

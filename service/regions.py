@@ -20,6 +20,9 @@ retires the region at once (queued requests naming it then fail with `stale_regi
 running leases to end, so after it returns the service never touches the memory again. Regions
 carry their owner's pid (service/owners.py): when that process has died (checked periodically and
 on every use) its regions are retired as if unregistered. Each retirement has a `RetireReason`.
+However it was retired, a region is closed once no lease holds it (at once when none does): its
+mapping (or CUDA IPC handle) let go of, with every view kept of it, the kept bindings of requests
+(service/topk.py `Admitted.bound`) included.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import math
 import os
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -91,7 +95,7 @@ def view_key(ref: RegionSlice) -> tuple:
     return (ref.offset, ref.dtype, tuple(ref.shape))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Region:
     """One registered block; `base` is a uint8 [size] tensor over it on `device`."""
 
@@ -108,7 +112,10 @@ class Region:
     base: torch.Tensor | None
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     leases: int = 0
-    views: dict = field(default_factory=dict, repr=False)  # (offset, dtype, shape) -> tensor (Region.view)
+    views: dict = field(default_factory=dict, repr=False)  # view_key -> tensor (view), ("int32s", key) -> memoryview
+    # the kept admissions whose binding views this region (service/topk.py Admitted.bound): unbound
+    # when the region closes
+    bindings: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
     live: bool = True
     reason: RetireReason | None = None
     detail: str = ""
@@ -141,6 +148,17 @@ class Region:
             self.views.clear()
         self.views[key] = tensor
         return tensor
+
+    def int32s(self, ref: RegionSlice, what: str, key: tuple | None = None) -> memoryview:
+        """The int32 values `ref` names in this host region, as a memoryview of its memory (kept beside
+        the views, and dropped with them)."""
+        if key is None:
+            key = view_key(ref)
+        values = self.views.get(("int32s", key))
+        if values is None:
+            values = memoryview(self.view(ref, what, key).numpy())
+            self.views[("int32s", key)] = values
+        return values
 
     def check_bounds(self, ref: RegionSlice, what: str) -> int:
         """Raise `misaligned_offset` / `out_of_bounds` for `ref`; its size in bytes otherwise."""
@@ -180,6 +198,8 @@ class RegionTable:
         self._live: dict[str, Region] = {}
         self._by_key: dict[tuple, str] = {}
         self._retired: collections.OrderedDict[str, tuple[int, int, str]] = collections.OrderedDict()
+        self._idle_retired: list[Region] = []  # retired without leases, to close once the lock is released
+        self.retirements = 0  # regions retired so far (a region's `live` only ever turns False with it)
         self.on_retire: Callable[[Region], None] = lambda region: None
 
     # -- registration --------------------------------------------------------------------------
@@ -267,6 +287,7 @@ class RegionTable:
             self._by_key[key] = region.id
             OWNERS.watch(pid, start)
             self._retired.pop(region.id, None)
+        self._close_idle()
         return region
 
     # -- lookup (every lookup names the caller's principal) -------------------------------------
@@ -277,8 +298,11 @@ class RegionTable:
             return [r for r in self._live.values() if owner is None or r.owner == owner]
 
     def get(self, region_id: str, owner: int, generation: int | None = None, alive: dict | None = None) -> Region:
-        with self._lock:
-            return self._find_locked(region_id, owner, generation, alive)
+        try:
+            with self._lock:
+                return self._find_locked(region_id, owner, generation, alive)
+        finally:
+            self._close_idle()
 
     def _find_locked(self, region_id: str, owner: int, generation: int | None, alive: dict | None = None) -> Region:
         """The live region of `owner` (its owner process checked alive; `alive`, a dict kept for one
@@ -306,10 +330,13 @@ class RegionTable:
         """{(id, generation): region} of `owner` for every key, under one lock (each key looked up once,
         in order: the first that fails raises as `get` does)."""
         found: dict[tuple, Region] = {}
-        with self._lock:
-            for key in keys:
-                if key not in found:
-                    found[key] = self._find_locked(key[0], owner, key[1], alive)
+        try:
+            with self._lock:
+                for key in keys:
+                    if key not in found:
+                        found[key] = self._find_locked(key[0], owner, key[1], alive)
+        finally:
+            self._close_idle()
         return found
 
     def check(self, ref: RegionSlice, what: str, owner: int, alive: dict | None = None) -> Region:
@@ -324,28 +351,40 @@ class RegionTable:
         self, ref: RegionSlice, what: str, owner: int, alive: dict | None = None
     ) -> tuple[Region, torch.Tensor]:
         """Lease the region `ref` names and return (region, tensor); pair with `release`."""
-        with self._lock:
-            region = self._find_locked(ref.region, owner, ref.generation, alive)
-            tensor = region.view(ref, what)
-            region.leases += 1
+        try:
+            with self._lock:
+                region = self._find_locked(ref.region, owner, ref.generation, alive)
+                tensor = region.view(ref, what)
+                region.leases += 1
+        finally:
+            self._close_idle()
         return region, tensor
 
-    def lease(self, regions: list[Region], owners: list[Region]) -> None:
+    def lease(self, regions: list[Region], owners: list[Region], checked: int = -1) -> int:
         """Lease the distinct `regions` a request was admitted with (found by `get` / `find_all` for its
         principal), under one lock: all or none. `owners` holds one of them for each owner process
         (each is asked once). A region retired since (unregistered, superseded) or whose owner has died
-        is `stale_region`, as a lookup by id would answer. Pair with `release_all`."""
-        with self._lock:
-            for region in owners:
-                if region.live and not OWNERS.alive(region.pid, region.pid_start):
-                    self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
-            for region in regions:
-                if not region.live:
-                    raise ServiceError(
-                        "stale_region", f"region {region.id} (generation {region.generation}) is gone: {region.detail}"
-                    )
-            for region in regions:
-                region.leases += 1
+        is `stale_region`, as a lookup by id would answer. Returns `retirements` as the lease found it:
+        passed back as `checked` by the next lease of the same regions, it spares looking at each region
+        when none has been retired since. Pair with `release_all`."""
+        try:
+            with self._lock:
+                for region in owners:
+                    if region.live and not OWNERS.alive(region.pid, region.pid_start):
+                        self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
+                if checked != self.retirements:
+                    for region in regions:
+                        if not region.live:
+                            raise ServiceError(
+                                "stale_region",
+                                f"region {region.id} (generation {region.generation}) is gone: {region.detail}",
+                            )
+                for region in regions:
+                    region.leases += 1
+                return self.retirements
+        finally:
+            if self._idle_retired:
+                self._close_idle()
 
     def release_all(self, regions: list[Region]) -> None:
         """End the leases `lease` took (one lock; retired regions whose last lease this was are closed)."""
@@ -374,11 +413,14 @@ class RegionTable:
         self, region_id: str, owner: int, generation: int | None = None, timeout: float | None = None
     ) -> Region:
         """Retire a region and wait until no request uses it (blocking: call it off the event loop)."""
-        with self._lock:
-            region = self._find_locked(region_id, owner, generation)
-            self._retire_locked(region, RetireReason.UNREGISTERED, "unregistered")
-            if not self._idle.wait_for(lambda: region.leases == 0, timeout):
-                raise ServiceError("timeout", f"region {region_id} is still in use after {timeout} s")
+        try:
+            with self._lock:
+                region = self._find_locked(region_id, owner, generation)
+                self._retire_locked(region, RetireReason.UNREGISTERED, "unregistered")
+                if not self._idle.wait_for(lambda: region.leases == 0, timeout):
+                    raise ServiceError("timeout", f"region {region_id} is still in use after {timeout} s")
+        finally:
+            self._close_idle()  # a region found dead on the way
         self._close(region)
         return region
 
@@ -388,24 +430,25 @@ class RegionTable:
             dead = [r for r in self._live.values() if not OWNERS.alive(r.pid, r.pid_start)]
             for region in dead:
                 self._retire_locked(region, RetireReason.OWNER_DIED, f"its owner process {region.pid} died")
-            idle = [r for r in dead if r.leases == 0]
-        for region in idle:
-            self._close(region)
+        self._close_idle()
         return dead
 
     def close_all(self) -> None:
         with self._lock:
-            regions = list(self._live.values())
-            for region in regions:
+            for region in list(self._live.values()):
                 self._retire_locked(region, RetireReason.SERVICE_STOPPED, "the service stopped")
-        for region in regions:
-            if region.leases == 0:
-                self._close(region)
+        self._close_idle()
 
     def _retire_locked(self, region: Region, reason: RetireReason, detail: str) -> None:
+        """Retire a live region (no lease can be taken on it from now on). One without leases is closed
+        once the lock is released (`_close_idle`), unless it is being unregistered (`unregister` closes
+        it); one with leases, when its last lease ends (`release_all`)."""
         if not region.live:
             return
+        if region.leases == 0 and reason is not RetireReason.UNREGISTERED:
+            self._idle_retired.append(region)
         region.live, region.reason, region.detail = False, reason, detail
+        self.retirements += 1
         OWNERS.unwatch(region.pid, region.pid_start)
         self._live.pop(region.id, None)
         if self._by_key.get(region.key) == region.id:
@@ -416,9 +459,25 @@ class RegionTable:
         log.info("region %s (generation %d) retired: %s", region.id, region.generation, detail)
         self.on_retire(region)
 
+    def _close_idle(self) -> None:
+        """Close the regions retired without leases under the lock just released (closing a CUDA
+        handle may block: never under the lock)."""
+        if not self._idle_retired:
+            return
+        with self._lock:
+            idle, self._idle_retired = self._idle_retired, []
+        for region in idle:
+            self._close(region)
+
     def _close(self, region: Region) -> None:
-        region.views = {}  # the kept views hold the memory too
-        base, region.base = region.base, None
+        """Let go of a retired region's memory, once (the first caller closes it): its kept views and
+        the kept bindings over it (service/topk.py Admitted.bound) first, which hold the memory too."""
+        with self._lock:
+            base, region.base = region.base, None
+            bindings, region.bindings = list(region.bindings), weakref.WeakSet()
+            region.views = {}
+        for admitted in bindings:
+            admitted.unbind()
         if base is None:
             return
         del base

@@ -18,10 +18,10 @@ Two ways in, one life:
 
     call_topk(req, state, principal, marks)   the event loop's (HTTP): admit on the loop, execute on
                                               the device worker, awaited within the timeout
-    start_topk(admitted, state, marks, done)  a transport thread's (IPC), admitted there (`admit`, or
-                                              the connection's `Admissions`): the device idle, it is
-                                              executed there too (no thread hop), else queued for the
-                                              worker; done(outcome) once
+    run_topk_if_idle(admitted, state, marks)  a transport thread's (IPC), admitted there (`admit`, or
+    queue_topk(admitted, state, marks, done)  the connection's `Admissions`): the device idle, it is
+                                              executed there (no thread hop), else queued for the
+                                              worker, done(outcome) once
 
 `marks` gets (phase, perf_counter()) at the end of each phase (HTTP's Server-Timing, the IPC
 answer's `timing`).
@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import array
 import collections
-import functools
 import math
-import operator
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -71,8 +69,10 @@ _REGION_INPUTS = (*INPUTS, "kv_scale")
 _OUT_NAMES = {name: f"out.{name}" for name in RESULT_FIELDS}
 _RESULT_DTYPES = {name: dtype_name(dtype) for name, (dtype, _) in RESULT_FIELDS.items()}
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
+TALLIED = ("status", "repaired", "candidates")  # the result fields read on the host after the call
+_TALLIED_OUTS = {f"out.{name}" for name in TALLIED}
 ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
-ROWS_AS_INTS = 1024  # status / counts of at most this many rows are summed as Python ints (_host_ints)
+ROWS_AS_INTS = 1024  # counts of at most this many rows are summed as Python ints (_total)
 
 
 @dataclass(eq=False, slots=True)
@@ -91,13 +91,34 @@ class Outcome:
         return fields_in(self.buffer, self.entries)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
+class Binding:
+    """An admission's tensors as `execute` hands them to the operator: the view of every region slice
+    and the inline metadata, sorted (inputs where they live, those to stage, the cache, the output
+    regions the operator writes in place, the host values read after the call). Worked out from the
+    regions' mappings under the request's leases; a kept admission keeps its binding for its next
+    executions until one of its regions closes (`Admitted.bound`)."""
+
+    inputs: dict[str, torch.Tensor]  # STAGED inputs, where they live
+    moving: list[str]  # the inputs not on the service's device: staged every call
+    staging_shape: tuple | None  # (rows, block table shape, weights dtype) of the staging buffers
+    kv_cache: torch.Tensor
+    kv_scale: torch.Tensor | None
+    outs: dict[str, torch.Tensor]  # result field -> its output region
+    direct: dict[str, torch.Tensor]  # the output regions the operator writes in place (on the device)
+    hosted: list[str]  # host output regions of a GPU service: written from the device after the checks
+    tallies: dict[str, memoryview]  # int32 values of TALLIED fields in direct host output regions
+    batch: int  # block table rows
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Admitted:
     """A request that passed admission, with what admission found: every tensor named by region as
     (name, slice, region) (inputs, then `out.<field>`), the distinct regions (leased together), the
     output slices by result field, and the query rows; and what follows from them alone, worked out
     once (a connection's kept admissions, `Admissions`, are executed again and again): the kept
-    views' keys, the inline metadata as tensors, the answer buffer's layout."""
+    views' keys, the inline metadata as tensors, the answer buffer's layout, and (kept admissions)
+    the binding of its tensors."""
 
     req: TopKRequest
     refs: list[tuple[str, RegionSlice, Region]]
@@ -108,7 +129,11 @@ class Admitted:
     owners: list[Region] = field(init=False)  # a region of each distinct owner process
     answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
     entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
+    tallied: dict[str, tuple[int, int]] = field(init=False)  # [start, end) of TALLIED fields in the buffer
     nbytes: int = field(init=False)
+    kept: bool = field(init=False, default=False)  # kept by a connection (`Admissions`): keeps its binding
+    binding: Binding | None = field(init=False, default=None)
+    checked: int = field(init=False, default=-1)  # the table's `retirements` when its regions were last live
     _inline: dict | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -116,6 +141,9 @@ class Admitted:
         self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
         self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
         self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
+        self.tallied = {
+            e["name"]: (e["offset"], e["offset"] + e["nbytes"]) for e in self.entries if e["name"] in TALLIED
+        }
 
     def inline(self) -> dict[str, torch.Tensor]:
         """The metadata sent as values, as int32 CPU tensors (made by the first execution: on the device's
@@ -124,6 +152,25 @@ class Admitted:
             named = {name for name, _, _ in self.refs}
             self._inline = {n: _inline_tensor(getattr(self.req, n)) for n in _METADATA if n not in named}
         return self._inline
+
+    def bound(self, device: torch.device) -> Binding:
+        """The binding of this admission's tensors (call it holding the leases of its regions). A kept
+        admission keeps it, and each of its regions drops it when the region closes
+        (`Region.bindings`, service/regions.py): views never outlive the mapping they view, and a
+        region retired since cannot be leased, so a kept binding is only ever used while its regions
+        are mapped."""
+        binding = self.binding
+        if binding is None:
+            binding = _bind(self, device)
+            if self.kept:
+                self.binding = binding
+                for region in self.regions:
+                    region.bindings.add(self)
+        return binding
+
+    def unbind(self) -> None:
+        """Drop the binding (a region of it closes)."""
+        self.binding = None
 
 
 class Admissions:
@@ -134,9 +181,10 @@ class Admissions:
     a region never changes them; re-registering makes a new region), so a request whose bytes are
     those of a kept admission, all of whose regions are still live, is admitted as it was: it is
     neither decoded nor checked again. Any region retired since (unregistered, superseded, its owner
-    dead) and the request is admitted anew, which answers why it cannot be. Owners are still checked
-    when the request's regions are leased and after the operator (service/topk.py execute). One
-    connection, one principal, one thread: not shared, not thread-safe."""
+    dead) and the request is admitted anew, which answers why it cannot be; when no region at all has
+    been retired since its regions were last found live (the table's `retirements`), none is looked
+    at. Owners are still checked when the request's regions are leased and after the operator
+    (service/topk.py execute). One connection, one principal, one thread: not shared, not thread-safe."""
 
     def __init__(self, state, principal: Principal):
         self.state, self.principal = state, principal
@@ -146,11 +194,12 @@ class Admissions:
         """The kept admission of `key` when every region of it is live, else `admit(request())` (kept)."""
         admitted = self._kept.get(key)
         if admitted is not None:
-            if all(region.live for region in admitted.regions):
+            if admitted.checked == self.state.table.retirements or all(r.live for r in admitted.regions):
                 self._kept.move_to_end(key)
                 return admitted
             del self._kept[key]
         admitted = admit(request(), self.state, self.principal)
+        admitted.kept = True
         self._kept[key] = admitted
         if len(self._kept) > ADMISSIONS_KEPT:
             self._kept.popitem(last=False)
@@ -300,35 +349,29 @@ def _inline_tensor(arg: TensorArg) -> torch.Tensor:
     return torch.frombuffer(array.array("i", arg.data), dtype=torch.int32).view(arg.shape)
 
 
-def _host_ints(values: torch.Tensor, combine, numpy_reduce) -> int:
-    """`combine` (operator.or_ / operator.add) over an int32 CPU tensor: a decode batch's few rows as
-    Python ints (tolist; numpy's machinery costs ~3x that, cold, between two requests), more rows
-    with numpy's `numpy_reduce`."""
-    if values.numel() <= ROWS_AS_INTS:
-        return functools.reduce(combine, values.tolist(), 0)
-    return int(numpy_reduce(values.numpy(), dtype=numpy.int64))
+def _raise_row_faults(status: memoryview) -> None:
+    """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE);
+    `status` holds the rows' int32 flags on the host. The common case, every row 0, is one comparison."""
+    if status.tobytes() == bytes(status.nbytes):
+        return
+    flags = status.tolist()
+    bad = [row for row, flag in enumerate(flags) if flag & _FAULT_BITS]
+    if bad:
+        flags = [flags[row] for row in bad]
+        raise RowFaultError(describe_row_faults(bad, flags, "cannot be answered"), bad, flags)
 
 
-def _raise_row_faults(status: torch.Tensor) -> None:
-    """Fail the request when rows are at fault (INVALID_ROW/INVALID_PAGE/NONFINITE/SELECTOR_FAILURE)."""
-    if not status.is_cuda and not _host_ints(status, operator.or_, numpy.bitwise_or.reduce) & _FAULT_BITS:
-        return  # the common case: one reduction of the flags, without a torch op
-    bad = torch.nonzero(status & _FAULT_BITS).flatten()
-    if bad.numel():
-        rows, flags = bad.tolist(), status[bad].tolist()
-        raise RowFaultError(describe_row_faults(rows, flags, "cannot be answered"), rows, flags)
+def _total(counts: memoryview) -> int:
+    """The sum of int32 counts on the host: a decode batch's few rows as Python ints, more rows with
+    numpy (its machinery costs ~3x that, cold, for a few rows)."""
+    if len(counts) <= ROWS_AS_INTS:
+        return sum(counts)
+    return int(numpy.frombuffer(counts, dtype=numpy.int32).sum(dtype=numpy.int64))
 
 
 def out_of(name: str, direct: dict, staging: dict, result: TopKResult) -> torch.Tensor:
     """Where the call left result field `name`: an output region on the device, or a staging buffer."""
     return direct[name] if name in direct else staging.get(name, getattr(result, name))
-
-
-def _total(counts: torch.Tensor) -> int:
-    """The sum of an int32 count field (on the host without a torch op)."""
-    if not counts.is_cuda:
-        return _host_ints(counts, operator.add, numpy.add.reduce)
-    return int(counts.long().sum())
 
 
 def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
@@ -354,6 +397,54 @@ def _staging_shape(req: TopKRequest, given: dict) -> tuple | None:
     return rows, tuple(table), given["weights"].dtype
 
 
+def _bind(admitted: Admitted, device: torch.device) -> Binding:
+    """The Binding of `admitted` on the service's `device` (its regions leased)."""
+    views = dict(admitted.inline())
+    host = device.type == "cpu"
+    tallies = {}  # a CPU service reads them in the output regions themselves
+    for name, ref, region, key in admitted.keyed:
+        view = region.views.get(key)
+        views[name] = view if view is not None else region.view(ref, name, key)
+        if host and name in _TALLIED_OUTS:
+            tallies[name[4:]] = region.int32s(ref, name, key)
+    inputs = {n: views[n] for n in STAGED}
+    moving = [] if host else [n for n in STAGED if inputs[n].device != device]
+    # Output regions stay where they live: those on the device are the operator's `out=` (written in
+    # place), host regions of a GPU service get one copy after the checks.
+    outs = {n: views[_OUT_NAMES[n]] for n in admitted.outputs}
+    direct = outs if host else {n: t for n, t in outs.items() if t.device == device}
+    table_shape = views["block_table"].shape
+    return Binding(
+        inputs=inputs,
+        moving=moving,
+        staging_shape=_staging_shape(admitted.req, views) if moving else None,
+        kv_cache=views["kv_cache"],
+        kv_scale=views["kv_scale"] if admitted.req.kv_scale is not None else None,
+        outs=outs,
+        direct=direct,
+        hosted=[n for n in outs if n not in direct],
+        tallies=tallies,
+        batch=table_shape[0] if len(table_shape) else 0,
+    )
+
+
+def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult) -> dict[str, memoryview]:
+    """The int32 values of status, repaired and candidates on the host: in the host output regions, in
+    the answer buffer, or (device output regions) copied here."""
+    if len(bound.tallies) == len(TALLIED):
+        return bound.tallies
+    tallies = dict(bound.tallies)
+    answered = admitted.tallied
+    view = memoryview(buffer) if answered else None
+    for name in TALLIED:
+        if name in answered:
+            start, end = answered[name]
+            tallies[name] = view[start:end].cast("i")
+        elif name not in tallies:
+            tallies[name] = memoryview(getattr(result, name).cpu().numpy())
+    return tallies
+
+
 def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
     """The device's part (on the worker thread, or on a transport thread that found the device idle;
     inside the device and stream context either way)."""
@@ -361,34 +452,27 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
     mark = marks.append if marks is not None else lambda _: None
     mark(("queue", time.perf_counter()))
     device, table = state.device, state.table
-    table.lease(admitted.regions, admitted.owners)  # each region still live, its owner alive
+    admitted.checked = table.lease(admitted.regions, admitted.owners, admitted.checked)  # live, owners alive
     try:
-        views = dict(admitted.inline())
-        for name, ref, region, key in admitted.keyed:
-            view = region.views.get(key)
-            views[name] = view if view is not None else region.view(ref, name, key)
-        kv_scale = views["kv_scale"].to(device) if req.kv_scale is not None else None
-        table_shape = views["block_table"].shape
-        operator = state.executor.operator_for(rows, table_shape[0] if len(table_shape) else 0)
-        inputs = {n: views[n] for n in STAGED}
+        bound = admitted.bound(device)
+        operator = state.executor.operator_for(rows, bound.batch)
+        inputs, kv_cache, kv_scale = bound.inputs, bound.kv_cache, bound.kv_scale
         host = device.type == "cpu"
-        moving = [] if host else [n for n in STAGED if inputs[n].device != device]
-        shape = _staging_shape(req, views) if moving else None
-        if shape is not None:  # straight into the operator's staging buffers: the one copy of these inputs
-            staged = operator.staging(shape[0], shape[1], req.topk, shape[2])
-            for name in moving:
+        if bound.staging_shape is not None:  # straight into the operator's staging buffers: the one copy
+            rows_, table_shape, weights_dtype = bound.staging_shape
+            staged = operator.staging(rows_, table_shape, req.topk, weights_dtype)
+            inputs = dict(inputs)
+            for name in bound.moving:
                 inputs[name] = staged[name].copy_(inputs[name], non_blocking=True)
-        elif moving:
+        elif bound.moving:
             inputs = {n: t.to(device, non_blocking=True) for n, t in inputs.items()}
-        kv_cache = views["kv_cache"] if host else views["kv_cache"].to(device)  # in place for a region on the device
-        # Output regions stay where they live: those on the device are the operator's `out=` (written in
-        # place), host regions of a GPU service get one copy below.
-        outs = {n: views[_OUT_NAMES[n]] for n in admitted.outputs}
-        direct = outs if host else {n: t for n, t in outs.items() if t.device == device}
+        if not host:  # a host region's cache (or scales) is copied; one on the device is read in place
+            kv_cache = kv_cache.to(device)
+            kv_scale = kv_scale.to(device) if kv_scale is not None else None
         buffer = bytearray(admitted.nbytes)
         answer = fields_in(buffer, admitted.entries)
-        hosted = [n for n in outs if n not in direct]  # host regions of a GPU service: written from the device buffer
-        staging = answer if host else operator.result_buffers([*admitted.answered, *hosted], rows, req.topk)
+        staging = answer if host else operator.result_buffers([*admitted.answered, *bound.hosted], rows, req.topk)
+        direct = bound.direct
         mark(("views", time.perf_counter()))
         result = operator(
             inputs,
@@ -406,24 +490,21 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             for name, tensor in answer.items():
                 tensor.copy_(staging[name])
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
-        status = answer["status"] if "status" in answer else result.status if host else result.status.cpu()
-        _raise_row_faults(status)
+        tallies = _tallies(bound, admitted, buffer, result)
+        _raise_row_faults(tallies["status"])
         _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))
-        for name, dst in outs.items():
-            if name not in direct:  # a host region on a GPU service: the one D2H copy, straight into it
-                dst.copy_(getattr(result, name))
+        for name in bound.hosted:  # a host region on a GPU service: the one D2H copy, straight into it
+            bound.outs[name].copy_(getattr(result, name))
         mark(("write", time.perf_counter()))
-        repaired = answer["repaired"] if "repaired" in answer else result.repaired
-        candidates = answer["candidates"] if "candidates" in answer else result.candidates
         outcome = Outcome(
             buffer=buffer,
             entries=admitted.entries,
-            written=list(outs),
+            written=list(bound.outs),
             rows=rows,
             topk=req.topk,
-            repaired=_total(repaired),
-            candidates=_total(candidates),
+            repaired=_total(tallies["repaired"]),
+            candidates=_total(tallies["candidates"]),
         )
         mark(("counts", time.perf_counter()))
         return outcome
@@ -449,8 +530,10 @@ def _check_owners_alive(owners: list[Region]) -> None:
 def _count(state, outcome: Outcome) -> None:
     metrics = state.metrics
     metrics.rows.inc(outcome.rows)
-    metrics.candidates.inc(outcome.candidates)
-    metrics.repairs.inc(outcome.repaired)
+    if outcome.candidates:
+        metrics.candidates.inc(outcome.candidates)
+    if outcome.repaired:
+        metrics.repairs.inc(outcome.repaired)
 
 
 async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) -> Outcome:
@@ -463,26 +546,30 @@ async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) 
     return outcome
 
 
-def start_topk(admitted: Admitted, state, marks: list, done: Callable[[DeviceOutcome], None]) -> Job | None:
-    """Execute an admitted request (`admit`, or a connection's `Admissions`) from a transport's own
-    thread (never the event loop: the operator may run here): here when the device is idle (the
-    executor's `run_if_idle`: nothing queued or running), else on the device worker behind the
-    requests queued before it. `done((True, Outcome) | (False, error))` is called once, here before
-    this returns None, or on the worker thread later (the queued job is returned: set `cancelled`
-    to drop it before it runs). `overloaded` and `shutting_down` are raised here."""
+def _settled(state, marks: list, outcome: DeviceOutcome) -> DeviceOutcome:
+    marks.append(("settle", time.perf_counter()))
+    if outcome[0]:
+        _count(state, outcome[1])
+    return outcome
 
-    def settle(outcome: DeviceOutcome) -> None:
-        marks.append(("settle", time.perf_counter()))
-        if outcome[0]:
-            _count(state, outcome[1])
-        done(outcome)
 
-    work = lambda: execute(admitted, state, marks)  # noqa: E731
-    outcome = state.executor.run_if_idle(work)
-    if outcome is None:
-        return state.executor.submit_threaded(work, settle)
-    settle(outcome)
-    return None
+def run_topk_if_idle(admitted: Admitted, state, marks: list) -> DeviceOutcome | None:
+    """Execute an admitted request (`admit`, or a connection's `Admissions`) on a transport's own thread
+    (never the event loop: the operator runs here) when the device is idle (the executor's
+    `run_if_idle`: nothing queued or running): `(True, Outcome) | (False, error)`; None when the
+    device is busy (then `queue_topk`, so that it runs behind the requests queued before it).
+    `shutting_down` is raised here."""
+    outcome = state.executor.run_if_idle(execute, admitted, state, marks)
+    return _settled(state, marks, outcome) if outcome is not None else None
+
+
+def queue_topk(admitted: Admitted, state, marks: list, done: Callable[[DeviceOutcome], None]) -> Job:
+    """Queue an admitted request for the device worker (from any thread): `done((True, Outcome) | (False,
+    error))` is called once, on the worker thread (set the returned job's `cancelled` to drop it before
+    it runs). `overloaded` and `shutting_down` are raised here."""
+    return state.executor.submit_threaded(
+        lambda: execute(admitted, state, marks), lambda outcome: done(_settled(state, marks, outcome))
+    )
 
 
 def phase_durations(started: float | None, marks: list[tuple[str, float]]) -> dict[str, float]:
@@ -516,5 +603,6 @@ __all__ = [
     "from_model",
     "outputs",
     "phase_durations",
-    "start_topk",
+    "queue_topk",
+    "run_topk_if_idle",
 ]

@@ -151,6 +151,26 @@ def test_kv_scale_travels_as_a_region_like_the_cache(problem):
     assert "kv_scale" not in sent(), "our format sends no kv_scale"
 
 
+def test_a_call_of_references_only_is_planned_once(problem):
+    """A call whose every tensor is a Region or a RegionSlice sends the same body every time: it is worked
+    out once (a plan); a plain tensor's values travel as they are at each call; unregistering a region
+    drops the plans that name it."""
+    client, recorder = recording_client()
+    regions = [client.register(t, access="read_only") for t in problem.args()]
+    out = {"values": client.register(torch.empty(problem.q_fp4.shape[0], 512))}
+    starts = problem.starts.clone()
+    for args in (regions, regions, [*regions[:6], starts, regions[7]], [*regions[:6], starts, regions[7]]):
+        with pytest.raises(ServiceProblem):
+            client.topk(*args, topk=512, out=out)
+        starts += 1
+    bodies = [json.loads(r.content) for r in recorder.requests if r.url.path == "/v1/topk"]
+    assert bodies[0] == bodies[1] and bodies[0]["starts"]["region"] == regions[6].id
+    assert [b["starts"]["data"] for b in bodies[2:]] == [(problem.starts + k).tolist() for k in (2, 3)]
+    assert len(client._flows._plans) == 1, "only the call of references is planned"
+    client.unregister(out["values"])
+    assert client._flows._plans == {}, "its region unregistered, the plan is dropped"
+
+
 def test_close_unregisters_everything(problem):
     client, recorder = recording_client()
     a = client.register(torch.zeros(4))
@@ -323,6 +343,45 @@ async def test_async_client_takes_aiter_cache_format(service, problem):
     assert results_equal(got, reference(problem)) == []
 
 
+def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem):
+    """A planned call (every tensor a region) reads the regions' contents as they are at each call, and
+    a region the service forgot (unregistered by another client of the principal) is refused, as an
+    unplanned call naming it is."""
+    other = make_problem(43, seq_lens=[700, 690], rows_per_seq=4)
+    rows = problem.q_fp4.shape[0]
+    with TopKClient(uds=service.uds) as owner, TopKClient(uds=service.uds) as client:
+        regions = [owner.register(t.clone(), access="read_only") for t in problem.args()]
+        out = {"values": owner.register(torch.empty(rows, 512)), "status": owner.register(torch.empty(rows).int())}
+        for p in (problem, other, problem):
+            for region, tensor in zip(regions, p.args()):
+                region.tensor.copy_(tensor)
+            got = client.topk(*regions, topk=512, out=out)
+            assert results_equal(got, reference(p)) == [] and got.values is out["values"].tensor
+        assert len(client._flows._plans) == 1
+        owner.unregister(out["values"])
+        with pytest.raises(RegionProblem) as err:
+            client.topk(*regions, topk=512, out=out)
+        assert err.value.code == "stale_region" and out["values"].id in err.value.detail, err.value
+        out["values"] = owner.register(torch.empty(rows, 512))
+        assert results_equal(client.topk(*regions, topk=512, out=out), reference(problem)) == []
+
+
+@pytest.mark.asyncio
+async def test_async_planned_calls_in_flight_together(service, problem):
+    """The async client's planned calls (every tensor a region) share one connection, several in flight
+    at once, each answered into its own output region."""
+    rows = problem.q_fp4.shape[0]
+    want = reference(problem)
+    async with AsyncTopKClient(uds=service.uds) as client:
+        regions = [await client.register(t, access="read_only") for t in problem.args()]
+        outs = [{"values": await client.register(torch.empty(rows, 512))} for _ in range(4)]
+        for _ in range(2):  # the first round makes the plans, the second uses them
+            results = await asyncio.gather(*[client.topk(*regions, topk=512, out=out) for out in outs])
+            assert all(results_equal(r, want) == [] for r in results)
+            assert all(torch.equal(out["values"].tensor, want.values) for out in outs)
+        assert len(client._flows._plans) == len(outs)
+
+
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):
     p = make_problem(41, seq_lens=[700, 690], rows_per_seq=4)
     p.weights[3, 0] = float("inf")
@@ -412,3 +471,40 @@ def test_results_come_back_in_the_body_when_the_service_has_no_fd_socket(problem
     assert calls == ["/v1/info", "/v1/topk", "/v1/topk"]
     with pytest.raises(TransportError, match="no fd socket"):
         client.register(torch.zeros(4))
+
+
+# ---------------------------------------------------------------------------- the IPC channel
+
+
+@pytest.mark.parametrize("split", [1, 3, 8, 100, 70_000])
+def test_ipc_answers_are_read_whole_however_they_arrive(split):
+    """Answers reach the channel in pieces of any size, several in one piece, payloads larger than its
+    buffer: each is read whole, its payload in memory of its own."""
+    import socket as sockets
+    import threading
+
+    import msgspec
+
+    from litetopk.clients.ipc import READ_BUFFER_BYTES, IpcChannel
+    from litetopk.service.wire import FRAME, OkAnswer
+
+    payloads = [b"", bytes(range(256)) * (READ_BUFFER_BYTES // 128), b"x" * 10]
+    stream = b"".join(
+        FRAME.pack(len(header), len(p)) + header + p
+        for i, p in enumerate(payloads)
+        for header in [msgspec.msgpack.encode(OkAnswer(id=i, value=len(p)))]
+    )
+    mine, theirs = sockets.socketpair()
+    channel = IpcChannel.__new__(IpcChannel)  # the reading half only: no service, no hello
+    channel.sock, channel.path = mine, "socketpair"
+    channel._buffer, channel._start, channel._end = bytearray(READ_BUFFER_BYTES), 0, 0
+    writer = threading.Thread(
+        target=lambda: [theirs.sendall(stream[i : i + split]) for i in range(0, len(stream), split)]
+    )
+    writer.start()
+    got = [channel._read() for _ in payloads]
+    writer.join()
+    mine.close()
+    theirs.close()
+    assert [(a.id, a.value, bytes(p)) for a, p in got] == [(i, len(p), p) for i, p in enumerate(payloads)], split
+    assert all(isinstance(p, bytearray) for _, p in got)

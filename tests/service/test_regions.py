@@ -54,6 +54,19 @@ def test_shm_region_is_shared_memory_not_a_copy(block):
     table.release(leased)
 
 
+def test_int32_values_are_read_in_the_region_itself_and_dropped_when_it_closes(block):
+    table = RegionTable(torch.device("cpu"))
+    region = register(table, block)
+    mine = torch.frombuffer(block.mapping, dtype=torch.int32)
+    mine[2:6] = torch.tensor([7, 0, -3, 2**31 - 1])
+    values = region.int32s(ref(region, 8), "x")
+    assert list(values) == [7, 0, -3, 2**31 - 1] and region.int32s(ref(region, 8), "x") is values, "kept"
+    mine[2] = 8
+    assert values[0] == 8, "a view of the memory, not a copy"
+    table.unregister(region.id, ME)
+    assert region.views == {}, "dropped with the views when the region closes"
+
+
 @pytest.mark.parametrize(
     "offset,dtype,shape,code",
     [
@@ -149,6 +162,54 @@ def test_dead_owner_regions_are_dropped(block):
     with pytest.raises(ServiceError) as err:
         table.get(region.id, ME)
     assert err.value.code == "stale_region" and "died" in err.value.detail
+
+
+@pytest.mark.parametrize("how", ["superseded", "owner died, found by a lookup", "owner died, found by a lease"])
+def test_a_region_retired_without_leases_is_closed_at_once(block, how):
+    """However a region is retired, its memory is let go of (views, base, handle: `close`) as soon as no
+    request uses it; here none does, so at once."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    table = RegionTable(torch.device("cpu"))
+    closed = []
+    region = register(table, block, pid=child.pid)
+    region.close = lambda: closed.append(region.id)
+    table.release(table.acquire(ref(region), "x", ME)[0])
+    assert region.views, "a view is kept while the region lives"
+    if how == "superseded":
+        register(table, block, pid=os.getpid())
+    else:
+        child.kill()
+        child.wait()
+        with pytest.raises(ServiceError) as err:
+            if how.endswith("lookup"):
+                table.get(region.id, ME)
+            else:
+                table.lease([region], [region])
+        assert err.value.code == "stale_region", how
+    child.kill()
+    child.wait()
+    assert not region.live and region.base is None and region.views == {} and closed == [region.id], how
+
+
+def test_a_lease_passed_its_last_check_still_finds_a_region_retired_since(block):
+    """`lease` skips looking at each region only while no region at all was retired since the lease that
+    returned `checked`: any retirement (here of another region) makes it look again, and a retired
+    region of the request is refused."""
+    table = RegionTable(torch.device("cpu"))
+    other = SealedMemory(4096)
+    region, unrelated = register(table, block), register(table, other)
+    checked = table.lease([region], [])
+    table.release_all([region])
+    assert table.lease([region], [], checked) == checked, "nothing retired since: the same count"
+    table.release_all([region])
+    table.unregister(unrelated.id, ME)
+    checked = table.lease([region], [], checked)
+    table.release_all([region])
+    table.unregister(region.id, ME)
+    with pytest.raises(ServiceError) as err:
+        table.lease([region], [], checked)
+    assert err.value.code == "stale_region" and region.leases == 0
+    other.close_fd()
 
 
 @pytest.mark.parametrize("policy", ["refuse", "untrack"])
