@@ -370,7 +370,7 @@ class _Flows:
             result = assemble_result({n: self._out_tensor(out[n]) for n in written})
         if len(self._plans) >= PLANS_KEPT:
             self._plans = {}
-        self._plans[key] = _Plan(call, named, out, written, result)
+        self._plans[key] = _Plan(call, named, dict(out), written, result)  # the caller may change its dict
         return call
 
     def planned(self, args: tuple, kv_scale, out: dict | None, options: tuple) -> _Plan | None:
