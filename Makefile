@@ -38,5 +38,11 @@ test: $(STAMP) $(ROCM_SHIM)
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
+# The suite on a machine with a CUDA GPU: the same tests run the compiled kernels, and the `gpu`-marked ones
+# (skipped elsewhere) run too; workers share the GPU.
+GPU_WORKERS ?= 8
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(GPU_WORKERS) tests/kernels tests/service/test_gpu.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache

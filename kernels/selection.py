@@ -88,6 +88,12 @@ from .scratch import Scratch
 # K = 512 from the H200 probe (bench/results/radix-select-probe-h200-v12-partial.txt): 4 keys a thread
 # 0.306 ms against 0.386 for 8 (bit-equal); K = 1024 not yet re-measured (the step ran out of time).
 CONFIG = {512: (4, 1, 5), 1024: (8, 1, 6)}
+# Calls of fewer rows than DECODE_ROWS (a decode step: one program a row leaves SMs idle) take wider programs,
+# the same bucket resolution. K = 512 from the H100 probe (bench/results/radix-select-probe-h100-v17.txt):
+# 64 rows of ~2,200 kept keys 0.063 ms against 0.102 for CONFIG, one row of ~15,000 0.103 against 0.133
+# (bit-equal); K = 1024 by analogy (two warps), timed in the pipeline by bench/probes/paged_variants.py.
+DECODE_ROWS = 1024
+DECODE_CONFIG = {512: (8, 2, 5), 1024: (8, 2, 6)}
 BOUNDARY = 32  # boundary keys ranked by one sort (~4 on average, at most 9 seen); more: narrowing
 WINDOW = 16  # the longest unsorted run the two window sorts order; longer: one sort of K
 DIGIT = 5  # radix bits per pass of the narrowing loop (_kth_key_of_bucket)
@@ -408,7 +414,8 @@ def select_topk_candidates_radix(
     intermediate buffers (rows x (2k + boundary) int64 and rows x 32 << mantissa int32) come from
     `scratch` (a scratch.Scratch; the allocator where None). k a power of two. No host
     synchronization: capturable in a CUDA graph. tile_rows (keys per thread per tile), num_warps,
-    mantissa (bucket resolution), boundary (keys one sort ranks) and window (the longest bucket the
+    mantissa (bucket resolution; the defaults: launch_config), boundary (keys one sort ranks) and window (the
+    longest bucket the
     window sorts order; 0: always one sort of k), powers of two, and max_registers (ptxas's register
     cap, Triton's maxnreg: more resident warps an SM, or spills) override the defaults (the probe's
     sweep)."""
@@ -424,7 +431,7 @@ def select_topk_candidates_radix(
         )
     if rows == 0:
         return out
-    default = CONFIG.get(k, CONFIG[1024])
+    default = launch_config(k, rows)
     tile_rows, num_warps, mantissa = tile_rows or default[0], num_warps or default[1], mantissa or default[2]
     lanes = 32 * num_warps
     nbins = max(32 << mantissa, lanes)
@@ -454,6 +461,13 @@ def select_topk_candidates_radix(
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )
     return out
+
+
+def launch_config(k: int, rows: int) -> tuple[int, int, int]:
+    """(keys per thread per tile, num_warps, bucket resolution) of select_topk_candidates_radix for `rows`
+    rows at K = k: DECODE_CONFIG below DECODE_ROWS rows, else CONFIG (other K take K = 1024's)."""
+    table = DECODE_CONFIG if rows < DECODE_ROWS else CONFIG
+    return table.get(k, table[1024])
 
 
 def select_candidates_torch(keys: torch.Tensor, kept: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""Device probe: the paged mode's Gluon scoring kernel in its variants (paged_scoring_gluon.GLUON_PAGED_OPTIONS)
-and calibration samples of other sizes, side by side in one process on the same inputs, each checked bit for
-bit against the first.
+"""Device probe: the paged mode's tuning choices side by side in one process on the same inputs, each
+checked bit for bit against the first: the calibration sample's size and the candidate selection's launch
+at decode sizes (selection.DECODE_CONFIG).
 
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
@@ -20,23 +20,21 @@ import sys
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning, litetopk_prefill, registry
+from litetopk.kernels import LiteTopKTuning, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 
 from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
 from ..common.timing import gpu_activity
 
-#: name -> (GLUON_PAGED_OPTIONS, LiteTopKTuning's sample_size) of each variant (the first is the reference of
-#: the bit-for-bit check): the kernel's variants, then denser calibration samples with the launched kernel
-#: (a few rows' scan starts at ~K x stride candidates: 2,048 samples of 65,536 keys keep ~15,000 of one row)
+#: name -> (LiteTopKTuning's arguments, selection.DECODE_CONFIG while it runs) of each variant; the first, the
+#: production settings, is the reference of the bit-for-bit check
 VARIANTS = {
-    "smem A, load at top": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 2048),
-    "smem A, load after fence": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True), 2048),
-    "register A": (dict(A_IN_REGISTERS=True, LOAD_AFTER_FENCE=False), 2048),
-    "sample 8192": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 8192),
-    "sample 16384": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 16384),
+    "production": ({}, dict(selection.DECODE_CONFIG)),
+    "select as prefill": ({}, dict(selection.CONFIG)),
+    "select 4 warps": ({}, {512: (4, 4, 5), 1024: (8, 4, 6)}),
+    "sample 4096": (dict(sample_size=4096), dict(selection.DECODE_CONFIG)),
+    "sample 8192": (dict(sample_size=8192), dict(selection.DECODE_CONFIG)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -49,12 +47,13 @@ def probe_shape(shape: str, reps: int) -> dict:
     q = decode_queries(lengths, next_n, seed=8, device="cuda")
     args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     record, first = dict(shape=shape), None
-    saved = dict(GLUON_PAGED_OPTIONS)
+    saved = dict(selection.DECODE_CONFIG)
     try:
         with registry.backend_instance("triton", TritonBackend(paged="always")):
-            for name, (options, sample_size) in VARIANTS.items():
-                GLUON_PAGED_OPTIONS.update(options)
-                tuning = LiteTopKTuning(sample_size=sample_size)
+            for name, (tuning_args, select_config) in VARIANTS.items():
+                selection.DECODE_CONFIG.clear()
+                selection.DECODE_CONFIG.update(select_config)
+                tuning = LiteTopKTuning(**tuning_args)
 
                 def call(tuning=tuning):
                     return litetopk_prefill(*args, topk=topk, backend="triton", tuning=tuning)
@@ -84,8 +83,8 @@ def probe_shape(shape: str, reps: int) -> dict:
                     flush=True,
                 )
     finally:
-        GLUON_PAGED_OPTIONS.clear()
-        GLUON_PAGED_OPTIONS.update(saved)
+        selection.DECODE_CONFIG.clear()
+        selection.DECODE_CONFIG.update(saved)
     del cache, block_table, q
     torch.cuda.empty_cache()
     return record

@@ -37,7 +37,6 @@ from .operands import VECTORS_PER_PROGRAM, _decode_query_block, _query_side, pre
 from .paged_scoring import score_fp4_paged_kernel
 from .paged_scoring_gluon import (
     GLUON_PAGED_MAX_REGISTERS,
-    GLUON_PAGED_OPTIONS,
     GLUON_PAGED_WARPS,
     score_fp4_paged_gluon_kernel,
 )
@@ -380,7 +379,6 @@ def launch_paged_scoring(
             score_fp4_paged_gluon_kernel[(programs,)](
                 *args,
                 **constants,
-                **GLUON_PAGED_OPTIONS,
                 num_warps=GLUON_PAGED_WARPS,
                 maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows],
             )

@@ -12,25 +12,21 @@ tensor of a step lives where it is used. One thread owns one (key, 32-element gr
     scales         int32 [64, 4]      one byte
 so the group's nonzero test is in-thread, the key's smallest exponent and spread are two lane
 exchanges over the 4 groups of a key, and the shift d of a group is a per-thread value that the E2M1
-decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded halves of the
-key operand (paged_scoring.py: values 8i + 0..3 and 8i + 4..7 of each group of 8, two K = 64 halves)
-are stored to shared memory with 16-byte stores, and one warpgroup's wgmma (m64nNk32, N = 64 x
-BLOCK_ROWS) reads them with the queries' halves (staged per row group). Per key, the factor kfac, the
-unsupported flag and the tile's wide flag go through shared memory beside the operand, ordered by the
-one barrier a step needs before its MMA. The next step's page is loaded into registers at the top of a
-step (its latency overlaps the step), so with several programs an SM the loads stay in flight.
-That is the launched kernel, measured on the H200: 375 us of scoring for 64 rows x 65,536 keys, ~6x its
-memory floor; ptxas emits the operand's fence.proxy.async as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, and the
-membar may wait for the step's own prefetch. Two variants (GLUON_PAGED_OPTIONS), compiled and checked
-offline (compile/sm90_paged.py), not yet run on a GPU:
-  LOAD_AFTER_FENCE  the next page's loads issued after that fence;
-  A_IN_REGISTERS    the decoded words are the wgmma's A operand straight from registers
-                    (_register_operand): the loads' layout W3 puts each thread's keys where the operand's
-                    rows are and its group where its K columns are, after a K permutation the queries
-                    (staged whole, K = 128, once a row group) share, so the byte split and the layout
-                    change compile to nothing; a step has no operand stores, proxy fence or operand
-                    barrier (kfac and the unsupported flag move to the epilogue's layout, the wide flag is
-                    one reduction over the warpgroup), one synchronous MMA.
+decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded words are the
+wgmma's A operand straight from registers (_register_operand): the loads' layout W3 puts each thread's
+keys where the operand's rows are and its group where its K columns are, after a K permutation that the
+queries (staged whole, K = 128, once a row group: _stage_queries) share, so the byte split and the layout
+change compile to nothing. A step has no shared-memory stores, proxy fence or barrier before its one
+synchronous MMA (m64nNk128 in 4 instructions, N = 64 x BLOCK_ROWS); kfac and the unsupported flag are
+converted to the epilogue's layout, the tile's wide flag is one reduction over the warpgroup. The next
+step's page is loaded into registers at the top of a step (its latency overlaps the step), so with
+several programs an SM the loads stay in flight.
+Measured (bench/probes/paged_variants.py, H100, GPU time of the scoring launches, bit for bit with the
+previous kernel, whose decoded operand and per-key flags went through shared memory with a barrier and a
+proxy fence a step, the fence compiled to MEMBAR.ALL.CTA): 64 rows x 65,536 keys 350 us (381 before),
+32 x 4 rows x 65,536 501 us (539), 1 row x 65,536 22 us (30). Still ~4x its memory floor at 64 rows:
+Nsight Compute (on the previous kernel) shows the scan issuing on ~1/3 of the cycles, its warps waiting on
+the page loads (long scoreboard) and on the exponent exchanges (short scoreboard), 3 programs an SM.
 Wide tiles (a key whose groups span 4-7 binades: a hi operand) and wide query rows take a branch that
 builds the hi halves and adds their MMAs (operands.py's Horner form); rare.
 Limits: D = 128, 64 heads, BLOCK_ROWS 1 or 2, 4 warps, BLOCK_KEYS = PAGE_SIZE = 64, sm_90 (wgmma); no
@@ -41,7 +37,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..keys import NO_KEY_C, _ordering_keys
 from .paged_scoring import E2M1_ASM, _exponents_of_groups, _program_share
@@ -52,11 +48,6 @@ GLUON_PAGED_WARPS = 4
 # registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The Gluon kernel's own constexpr options, as launched (paged.launch_paged_scoring, compile/sm90_paged; the
-# module docstring describes them). Both off: the kernel the GPU has run and tested (offline SASS identical
-# to it); bench/probes/paged_variants.py times the variants against it on the GPU, bit for bit, and
-# tests/kernels/test_paged_scoring.py runs every variant against the Triton kernel there.
-GLUON_PAGED_OPTIONS = dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False)
 
 
 @gluon.jit
@@ -149,15 +140,6 @@ def _shift_words(d, W3: gl.constexpr):
 
 
 @gluon.jit
-def _stage_halves(words, shift, a_smem, b_smem, A32: gl.constexpr):
-    """Decode `words` (int32 [64, 4, 4]) with per-word shifts into the two K halves of the key operand,
-    stored as int8x4 words in a_smem / b_smem (int8 [64, 64], viewed as int32 [64, 16] in A32)."""
-    a, b = _e2m1_halves(words, shift)
-    a_smem._reinterpret(gl.int32, [64, 16], A32).store(gl.reshape(a, [64, 16]))
-    b_smem._reinterpret(gl.int32, [64, 16], A32).store(gl.reshape(b, [64, 16]))
-
-
-@gluon.jit
 def _register_operand(half_a, half_b, DOT: gl.constexpr):
     """int8 [64, 128] in the wgmma A-operand layout DOT of the decoded halves (int32 [64, 4, 4]: key, group g,
     word j; 4 int8 a word) of _e2m1_halves: element (key, 4 q + e), q = 16 h + 4 j + g, is byte e of
@@ -200,36 +182,26 @@ def _stage_queries(
     group_count_ptr,
     q_ptr,
     query_row_ptr,
-    qa_smem,
-    qb_smem,
+    q_smem,
     N: gl.constexpr,
     BLOCK_ROWS: gl.constexpr,
     H: gl.constexpr,
     D: gl.constexpr,
     layout: gl.constexpr,
     INDIRECT: gl.constexpr,
-    A_IN_REGISTERS: gl.constexpr,
 ):
     """Store the group's queries (row n = head n // BLOCK_ROWS of row lane n % BLOCK_ROWS; lanes past the
-    group's count read zeros) of operand q_ptr (q_lo or q_hi) in the key operand's K order: with the key
-    operand in registers, [N, 128] in qa_smem (column 4 q + e, q = 16 h + 4 j + g: dimension 32 g + 8 j +
-    4 h + e, _register_operand); with it in shared memory, halves [N, 64] in qa_smem / qb_smem (column
-    4 q + e: dimension 8 q + e, and + 4, _stage_halves)."""
+    group's count read zeros) of operand q_ptr (q_lo or q_hi) into q_smem [N, 128] in the key operand's
+    K order: column 4 q + e, q = 16 h + 4 j + g, holds dimension 32 g + 8 j + 4 h + e (_register_operand)."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
     n_ok = (offs_n % BLOCK_ROWS) < count
     n_rows = _query_row((first + gl.where(n_ok, offs_n % BLOCK_ROWS, 0)).to(gl.int64), query_row_ptr, INDIRECT)
     vec = n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS
-    if A_IN_REGISTERS:
-        k = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-        dim = 32 * ((k // 4) % 4) + 8 * ((k // 16) % 4) + 4 * (k // 64) + k % 4
-        qa_smem.store(gl.load(q_ptr + vec[:, None] * D + dim[None, :], mask=n_ok[:, None], other=0))
-    else:
-        k = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
-        at = q_ptr + vec[:, None] * D + (8 * (k // 4) + k % 4)[None, :]
-        qa_smem.store(gl.load(at, mask=n_ok[:, None], other=0))
-        qb_smem.store(gl.load(at + 4, mask=n_ok[:, None], other=0))
+    k = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+    dim = 32 * ((k // 4) % 4) + 8 * ((k // 16) % 4) + 4 * (k // 64) + k % 4
+    q_smem.store(gl.load(q_ptr + vec[:, None] * D + dim[None, :], mask=n_ok[:, None], other=0))
 
 
 @gluon.jit
@@ -285,40 +257,30 @@ def score_fp4_paged_gluon_kernel(
     USE_ASM: gl.constexpr,
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
-    A_IN_REGISTERS: gl.constexpr,
-    LOAD_AFTER_FENCE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    A_IN_REGISTERS, LOAD_AFTER_FENCE: GLUON_PAGED_OPTIONS."""
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
     N: gl.constexpr = BLOCK_ROWS * H
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 32])
     # one thread = one (key, group): keys on 8 lanes x 4 warps (two keys a thread), groups on 4 lanes
-    if A_IN_REGISTERS:  # key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5 (the A operand's rows)
-        W3: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]],
-            block_bases=[],
-            shape=[BK, 4, 4],
-        )
-        G: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[8, 0]],
-            lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]],
-            block_bases=[],
-            shape=[BK, 4],
-        )
-    else:  # key k: lanes / 4 its bits 0-2, warps bits 3-4, a register bit 5
-        W3: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1], warps_per_cta=[num_warps, 1, 1], order=[2, 1, 0]
-        )
-        G: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 1], threads_per_warp=[8, 4], warps_per_cta=[num_warps, 1], order=[1, 0]
-        )
+    # key k: lanes / 4 its bits 0-2, a register bit 3, warps bits 4-5 (the A operand's rows)
+    W3: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[BK, 4, 4],
+    )
+    G: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[8, 0]],
+        lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]],
+        block_bases=[],
+        shape=[BK, 4],
+    )
     DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     KEY: gl.constexpr = gl.SliceLayout(1, G)
     ld: gl.constexpr = gl.BlockedLayout(
@@ -340,32 +302,10 @@ def score_fp4_paged_gluon_kernel(
         size_per_thread=[1, 1], threads_per_warp=[1, 32], warps_per_cta=[num_warps, 1], order=[1, 0]
     )
     row_of_hist: gl.constexpr = gl.SliceLayout(1, hist_layout)
-    flat_1d: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, 64], gl.int8)
-    # the same bytes as int32 words (the decode writes 4 int8 a word): the same 64-byte swizzle
-    A32: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=a_layout.swizzle_byte_width, element_bitwidth=32, rank=2
-    )
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 64], gl.int8)
-    a_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
-    b_lo = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
-    a_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
-    b_hi = gl.allocate_shared_memory(gl.int8, [BK, 64], a_layout)
-    if A_IN_REGISTERS:  # the queries whole (K = 128): one MMA a step (qb, qb_hi unused)
-        q_layout_all: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
-        qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
-        qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-        qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout_all)
-        qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-    else:
-        qa = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-        qb = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-        qa_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-        qb_hi = gl.allocate_shared_memory(gl.int8, [N, 64], q_layout)
-    kfac_smem = gl.allocate_shared_memory(gl.float32, [BK], flat_1d)
-    bad_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
-    wide_smem = gl.allocate_shared_memory(gl.int32, [BK], flat_1d)
+    # the queries whole (K = 128, the key operand's K order: _stage_queries), and their hi part (wide rows)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
+    qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
+    qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
 
     t, t_end, group, group_tiles = _program_share(
         gl.program_id(0), num_programs, groups_ptr, tile_offset_ptr, out_width, BK, DENSE
@@ -413,14 +353,12 @@ def score_fp4_paged_gluon_kernel(
             q_lo_ptr,
             query_row_ptr,
             qa,
-            qb,
             N,
             BLOCK_ROWS,
             H,
             D,
             ld,
             INDIRECT,
-            A_IN_REGISTERS,
         )
         if q_wide:
             _stage_queries(
@@ -430,18 +368,15 @@ def score_fp4_paged_gluon_kernel(
                 q_hi_ptr,
                 query_row_ptr,
                 qa_hi,
-                qb_hi,
                 N,
                 BLOCK_ROWS,
                 H,
                 D,
                 ld,
                 INDIRECT,
-                A_IN_REGISTERS,
             )
-        if A_IN_REGISTERS:  # (with the key operand in shared memory, each step's fence and barrier order these)
-            fence_async_shared()
-            gl.thread_barrier()
+        fence_async_shared()  # the queries' stores before the MMAs read them
+        gl.thread_barrier()
         if DENSE:
             probe = gl.zeros([BK, BLOCK_ROWS], gl.float32, tile)
             bad_rows = gl.zeros([BK, BLOCK_ROWS], gl.int32, tile)
@@ -510,136 +445,68 @@ def score_fp4_paged_gluon_kernel(
                 pos_n = (first_tile + tile_index + 1) * BK + offs_key
                 live_n = (pos_n >= span_lo) & (pos_n < span_hi) & more
             page_n = gl.where(more, first_tile + tile_index + 1, first_tile + tile_index)
-            if A_IN_REGISTERS or not LOAD_AFTER_FENCE:
-                words_n, scales_n, live_n = _load_page(
-                    pos_n,
-                    live_n,
-                    page_n,
-                    b64,
-                    bt_stride,
-                    block_table_ptr,
-                    num_pages,
-                    values_ptr,
-                    scales_ptr,
-                    value_page_stride,
-                    scale_page_stride,
-                    W3,
-                    G,
-                    PAGE,
-                    STRIDED,
-                    TOKEN_STRIDE,
-                    GROUP_STRIDE,
-                    SCALE_OFFSET,
-                    SCALE_GROUP_STRIDE,
-                    INTERLEAVED,
-                )
+            words_n, scales_n, live_n = _load_page(
+                pos_n,
+                live_n,
+                page_n,
+                b64,
+                bt_stride,
+                block_table_ptr,
+                num_pages,
+                values_ptr,
+                scales_ptr,
+                value_page_stride,
+                scale_page_stride,
+                W3,
+                G,
+                PAGE,
+                STRIDED,
+                TOKEN_STRIDE,
+                GROUP_STRIDE,
+                SCALE_OFFSET,
+                SCALE_GROUP_STRIDE,
+                INTERLEAVED,
+            )
             d, spread, kfac = _key_exponents(words, scales, W3, G)
-            if A_IN_REGISTERS:
-                shift = _shift_words(d, W3)
-                bad_key = (live & (spread >= 8)).to(gl.int32)
-                # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
-                k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
-                if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
-                    in_lo = shift <= 3
-                    in_hi = (shift >= 4) & (shift <= 7)
-                    lo_a, lo_b = _e2m1_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3))
-                    hi_a, hi_b = _e2m1_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3))
-                    op_lo = _register_operand(lo_a, lo_b, DOT)
-                    op_hi = _register_operand(hi_a, hi_b, DOT)
-                    acc = gl.zeros([BK, N], gl.int32, mma)
-                    if q_wide:
-                        acc = warpgroup_mma(op_hi, qa_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(op_hi, qa.permute((1, 0)), acc * 16)
-                    if q_wide:
-                        acc = warpgroup_mma(op_lo, qa_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(op_lo, qa.permute((1, 0)), acc * 16)
-                    relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-                else:
-                    half_a, half_b = _e2m1_halves(words, shift)
-                    # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
-                    acc = warpgroup_mma(
-                        _register_operand(half_a, half_b, DOT),
-                        qa.permute((1, 0)),
-                        gl.zeros([BK, N], gl.int32, mma),
-                        use_acc=False,
-                    )
-                    relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+            shift = _shift_words(d, W3)
+            bad_key = (live & (spread >= 8)).to(gl.int32)
+            # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
+            k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
+            if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
+                in_lo = shift <= 3
+                in_hi = (shift >= 4) & (shift <= 7)
+                lo_a, lo_b = _e2m1_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3))
+                hi_a, hi_b = _e2m1_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3))
+                op_lo = _register_operand(lo_a, lo_b, DOT)
+                op_hi = _register_operand(hi_a, hi_b, DOT)
+                acc = gl.zeros([BK, N], gl.int32, mma)
+                if q_wide:
+                    acc = warpgroup_mma(op_hi, qa_hi.permute((1, 0)), acc)
+                acc = warpgroup_mma(op_hi, qa.permute((1, 0)), acc * 16)
+                if q_wide:
+                    acc = warpgroup_mma(op_lo, qa_hi.permute((1, 0)), acc)
+                acc = warpgroup_mma(op_lo, qa.permute((1, 0)), acc * 16)
+                relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
             else:
-                # the previous step's MMA (waited for) is past: its operand buffers may be rewritten
-                gl.thread_barrier()
-                shift = _shift_words(d, W3)
-                _stage_halves(words, shift, a_lo, b_lo, A32)
-                kfac_smem.store(kfac)
-                bad_smem.store((live & (spread >= 8)).to(gl.int32))
-                wide_smem.store((spread >= 4).to(gl.int32))
-                gl.thread_barrier()
-                fence_async_shared()
-                if LOAD_AFTER_FENCE:  # (ptxas makes the fence a MEMBAR.ALL.CTA, which would wait for these loads)
-                    words_n, scales_n, live_n = _load_page(
-                        pos_n,
-                        live_n,
-                        page_n,
-                        b64,
-                        bt_stride,
-                        block_table_ptr,
-                        num_pages,
-                        values_ptr,
-                        scales_ptr,
-                        value_page_stride,
-                        scale_page_stride,
-                        W3,
-                        G,
-                        PAGE,
-                        STRIDED,
-                        TOKEN_STRIDE,
-                        GROUP_STRIDE,
-                        SCALE_OFFSET,
-                        SCALE_GROUP_STRIDE,
-                        INTERLEAVED,
-                    )
-                k_wide = gl.max(wide_smem.load(KEY), axis=0) > 0
-                if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
-                    in_lo = shift <= 3
-                    in_hi = (shift >= 4) & (shift <= 7)
-                    _stage_halves(gl.where(in_lo, words, 0), gl.minimum(shift, 3), a_lo, b_lo, A32)
-                    _stage_halves(gl.where(in_hi, words, 0), gl.minimum(gl.maximum(shift - 4, 0), 3), a_hi, b_hi, A32)
-                    gl.thread_barrier()
-                    fence_async_shared()
-                    acc = gl.zeros([BK, N], gl.int32, mma)
-                    if q_wide:
-                        acc = warpgroup_mma(a_hi, qa_hi.permute((1, 0)), acc)
-                        acc = warpgroup_mma(b_hi, qb_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(a_hi, qa.permute((1, 0)), acc * 16)
-                    acc = warpgroup_mma(b_hi, qb.permute((1, 0)), acc)
-                    if q_wide:
-                        acc = warpgroup_mma(a_lo, qa_hi.permute((1, 0)), acc)
-                        acc = warpgroup_mma(b_lo, qb_hi.permute((1, 0)), acc)
-                    acc = warpgroup_mma(a_lo, qa.permute((1, 0)), acc * 16)
-                    acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc)
-                    relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
-                else:
-                    acc = warpgroup_mma(
-                        a_lo, qa.permute((1, 0)), gl.zeros([BK, N], gl.int32, mma), use_acc=False, is_async=True
-                    )
-                    acc = warpgroup_mma(b_lo, qb.permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
+                half_a, half_b = _e2m1_halves(words, shift)
+                # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
+                acc = warpgroup_mma(
+                    _register_operand(half_a, half_b, DOT),
+                    qa.permute((1, 0)),
+                    gl.zeros([BK, N], gl.int32, mma),
+                    use_acc=False,
+                )
+                relu_sub = gl.maximum(acc, 0).to(gl.float32, bitcast=True)
             terms = relu_sub * wq[None, :]
             scores = gl.sum(gl.reshape(terms, [BK, H, BLOCK_ROWS]), axis=1)
-            if A_IN_REGISTERS:
-                kfac_t = gl.convert_layout(kfac, key_of_tile)
-            else:
-                kfac_t = kfac_smem.load(key_of_tile)
+            kfac_t = gl.convert_layout(kfac, key_of_tile)
             scores = scores * rowfac[None, :] * kfac_t[:, None]
             if DENSE:
                 column_t = tile_index * BK + offs_tk
                 pos_t = column_t * position_stride
                 in_window = (pos_t[:, None] >= starts[None, :]) & (pos_t[:, None] < ends[None, :]) & row_ok[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                if A_IN_REGISTERS:
-                    bad_t = gl.convert_layout(bad_key, key_of_tile)
-                else:
-                    bad_t = bad_smem.load(key_of_tile)
+                bad_t = gl.convert_layout(bad_key, key_of_tile)
                 bad_rows |= (bad_t[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 gl.store(
                     out_ptr + rows[None, :] * out_width + column_t[:, None],
@@ -655,10 +522,7 @@ def score_fp4_paged_gluon_kernel(
                 pos_f = (first_tile + tile_index) * BK + offs_fk
                 in_window = (pos_f[:, None] >= starts_f[None, :]) & (pos_f[:, None] < ends_f[None, :]) & ok_f[None, :]
                 probe += gl.where(in_window, scores, 0.0) * 0.0
-                if A_IN_REGISTERS:
-                    bad_f = gl.convert_layout(bad_key, gl.SliceLayout(1, flat))
-                else:
-                    bad_f = bad_smem.load(gl.SliceLayout(1, flat))
+                bad_f = gl.convert_layout(bad_key, gl.SliceLayout(1, flat))
                 bad_rows |= (bad_f[:, None] != 0).to(gl.int32) & in_window.to(gl.int32)
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]

@@ -19,7 +19,15 @@ import torch
 
 from litetopk.kernels.keys import NO_KEY, make_keys, score_floor_keys, select_topk_keys
 from litetopk.kernels.scratch import Scratch
-from litetopk.kernels.selection import BOUNDARY, CONFIG, WINDOW, select_topk_candidates_radix
+from litetopk.kernels.selection import (
+    BOUNDARY,
+    CONFIG,
+    DECODE_CONFIG,
+    DECODE_ROWS,
+    WINDOW,
+    launch_config,
+    select_topk_candidates_radix,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -188,6 +196,7 @@ VARIANTS = [
     dict(window=0),
     dict(tile_rows=4, num_warps=2),
     dict(tile_rows=4, max_registers=80),
+    dict(tile_rows=CONFIG[512][0], num_warps=CONFIG[512][1]),  # a prefill's launch (few rows: DECODE_CONFIG)
 ]
 
 
@@ -234,3 +243,13 @@ def test_radix_select_refuses_a_bad_k_or_out():
         select_topk_candidates_radix(keys, kept, kept, 500)
     with pytest.raises(ValueError, match="int64 \\[2, 512\\]"):
         select_topk_candidates_radix(keys, kept, kept, 512, out=torch.empty(2, 256, dtype=torch.int64, device=DEVICE))
+
+
+def test_few_rows_take_the_decode_launch():
+    """A decode step's few rows take DECODE_CONFIG (wider programs), a prefill's CONFIG; both resolve
+    buckets alike, so the paths (ref_path) do not depend on the rows."""
+    for k in (512, 1024):
+        assert launch_config(k, 1) == launch_config(k, DECODE_ROWS - 1) == DECODE_CONFIG[k]
+        assert launch_config(k, DECODE_ROWS) == launch_config(k, 8192) == CONFIG[k]
+        assert DECODE_CONFIG[k][2] == CONFIG[k][2]
+    assert launch_config(2048, 4) == DECODE_CONFIG[1024] and launch_config(64, 4096) == CONFIG[1024]
