@@ -89,11 +89,11 @@ from .scratch import Scratch
 # 0.306 ms against 0.386 for 8 (bit-equal); K = 1024 not yet re-measured (the step ran out of time).
 CONFIG = {512: (4, 1, 5), 1024: (8, 1, 6)}
 # Calls of fewer rows than DECODE_ROWS (a decode step: one program a row leaves SMs idle) take wider programs,
-# the same bucket resolution. K = 512 from the H100 probe (bench/results/radix-select-probe-h100-v17.txt):
-# 64 rows of ~2,200 kept keys 0.063 ms against 0.102 for CONFIG, one row of ~15,000 0.103 against 0.133
-# (bit-equal); K = 1024 by analogy (two warps), timed in the pipeline by bench/probes/paged_variants.py.
+# the same bucket resolution. Measured in the pipeline on an H100 (bench/probes/paged_variants.py, paged mode,
+# select kernel time, bit-equal; bench/results/paged-variants-h100-v17b.json): 64 x 1 rows x 65,536 keys
+# K = 512 23 us (CONFIG 58, two warps 33); one row 41 (87, 42); 32 x 4 rows K = 1024 47 (115, 69).
 DECODE_ROWS = 1024
-DECODE_CONFIG = {512: (8, 2, 5), 1024: (8, 2, 6)}
+DECODE_CONFIG = {512: (4, 4, 5), 1024: (8, 4, 6)}
 BOUNDARY = 32  # boundary keys ranked by one sort (~4 on average, at most 9 seen); more: narrowing
 WINDOW = 16  # the longest unsorted run the two window sorts order; longer: one sort of K
 DIGIT = 5  # radix bits per pass of the narrowing loop (_kth_key_of_bucket)

@@ -32,7 +32,7 @@ from ..common.timing import gpu_activity
 VARIANTS = {
     "production": ({}, dict(selection.DECODE_CONFIG)),
     "select as prefill": ({}, dict(selection.CONFIG)),
-    "select 4 warps": ({}, {512: (4, 4, 5), 1024: (8, 4, 6)}),
+    "select 2 warps": ({}, {512: (8, 2, 5), 1024: (8, 2, 6)}),
     "sample 4096": (dict(sample_size=4096), dict(selection.DECODE_CONFIG)),
     "sample 8192": (dict(sample_size=8192), dict(selection.DECODE_CONFIG)),
 }
