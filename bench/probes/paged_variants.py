@@ -30,7 +30,9 @@ from ..common.timing import gpu_activity
 
 #: name -> (GLUON_PAGED_OPTIONS, LiteTopKTuning's sample_size) of each variant (the first is the reference of
 #: the bit-for-bit check): the kernel's variants, then denser calibration samples with the launched kernel
-#: (a few rows' scan starts at ~K x stride candidates: 2,048 samples of 65,536 keys keep ~15,000 of one row)
+#: (a few rows' scan starts at ~K x stride candidates: 2,048 samples of 65,536 keys keep ~15,000 of one row).
+#: The sizes are LiteTopKTuning's: a call of few rows samples at least calibration.sample_size_for's (8,192 up to
+#: 8 rows), so "sample 2048" measures the denser sample there (set calibration.DECODE_SAMPLE_KEYS = 0 to compare).
 VARIANTS = {
     "smem A, load at top": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=False), 2048),
     "smem A, load after fence": (dict(A_IN_REGISTERS=False, LOAD_AFTER_FENCE=True), 2048),
