@@ -2,15 +2,16 @@
 statistics in one Triton launch (CUDA) or torch ops (elsewhere), the same bits (tested in
 tests/kernels/test_calibration_order.py).
 
-Layer: stage (pipeline.run_litetopk runs `calibrate`; workspace.py reads `shape_changes`). Reading
-order: the order statistics' kernel, its launchers (calibration_keys_triton, kth_largest_scores_triton),
-the torch twin (calibration_keys_torch), `calibration_keys`, the one line that picks between them
-(devices.runs_triton_stages); then the stage: `calibrate`, `sample_stride`, `shape_changes`.
+Layer: stage (pipeline.run_litetopk runs `calibrate` with the call's `sample_size_for`; workspace.py
+reads `sample_size_changes` and `shape_changes`). Reading order: the order statistics' kernel, its
+launchers (calibration_keys_triton, kth_largest_scores_triton), the torch twin (calibration_keys_torch),
+`calibration_keys`, the one line that picks between them (devices.runs_triton_stages); then the stage:
+`calibrate`, `sample_size_for`, `sample_size_changes`, `sample_stride`, `shape_changes`.
 
 
 Math. The sample is every stride-th position of the window (stride = min(max_end // sample_size,
-backend.MAX_SAMPLE_STRIDE), from a static bound: no host round trip), scored densely by the backend into
-[rows, ceil(max_end / stride)].
+backend.MAX_SAMPLE_STRIDE), from a static bound: no host round trip; sample_size the call's,
+sample_size_for), scored densely by the backend into [rows, ceil(max_end / stride)].
 With T = the K-th best sampled score, at least K keys of the window score >= T, so every true top-K
 key does: "score >= T" is a safe threshold (its score-floor key, keys.score_floor_keys). NO_KEY
 where a row has fewer than K sampled keys or a NaN among them (the scan flags the row). The ceiling
@@ -24,6 +25,12 @@ more candidates (about K x stride before the first raise). Measured on the H200 
 65,536 keys (calibration 0.68 vs 1.15 ms; candidates 2,781 vs 2,228 of 4,096 for K = 512); at
 196,608 keys a stride above 64 overflows the buffer of some rows (2,048 samples, stride 96: 4 rows
 repaired, +1.7 ms), hence the cap: stride 64 (3,072 samples) saves 0.86 ms there.
+Decode calls (a candidate buffer that holds every window: the Triton backend's paged mode, where several
+programs scan one row and raise its threshold later) weigh it the other way at few rows: there the
+sample's scoring is cheap and the looser start costs the selection more. They take max(sample_size,
+min(DECODE_SAMPLE_KEYS, DECODE_SAMPLE_BUDGET / rows rounded up to a power of two)) keys (sample_size_for:
+8,192 up to 32 rows, 4,096 up to 64, the default 2,048 from 65; measured: the constants' comment). Prefill
+calls keep sample_size.
 
 The two parts (bench/probes/calibration_probe.py times them apart): the sample's scoring is tensor-core
 work (~0.28 ms for 8,192 rows x 2,048 samples on the H200, in proportion to the samples); the order
@@ -122,6 +129,17 @@ from .keys import NO_KEY, NO_KEY_C, _ordered_bits, _scores_of_ordered, score_flo
 from .problem import PrefillProblem
 from .scratch import Scratch
 from .selection import _exclusive_slots, _scatter
+
+# The sample of a call whose candidate buffer holds every window (sample_size_for): few rows take a denser
+# one. Measured on an H100 (paged mode, Gluon scoring kernel, GPU busy time of one eager call, the median of
+# 5; bench/probes/paged_variants.py, bench/results/paged-variants-h100-v17*.json), samples 2,048 / 4,096 /
+# 8,192 keys a row: 1 row x 65,536 keys K = 512 98 / 85 / 75 us (15,281 / 8,256 / 4,098 candidates; the
+# selection 41 / 30 / 23 us, calibration 13 / 19 / 20); 64 rows 409 / 394 / 398 us (an earlier run 418 /
+# 407 / 416); 32 x 4 = 128 rows K = 1024 609 / 590 / 615 us; 16,384 samples were no faster at one row and
+# slower at 64 and 128 rows. At few rows the sample's scoring is cheap and cuts the candidates and the
+# selection's time; at many rows it does not pay.
+DECODE_SAMPLE_KEYS = 8192  # at most this many keys a row
+DECODE_SAMPLE_BUDGET = 262144  # sampled keys of a call (rows rounded up to a power of two)
 
 ROW_PER_THREAD = 64  # row values a thread holds in registers: num_warps = 2,048-value chunks of the row
 BAND_PER_THREAD = 4  # band slots a thread: BAND = 4 x LANES values are bisected once compacted
@@ -334,7 +352,9 @@ def calibration_keys(
 def calibrate(
     problem: PrefillProblem, backend: ScoringBackend, sample_size: int, offset: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(thresholds, ceilings) int64 keys [rows] (module docstring); `offset` is added to every
+    """(thresholds, ceilings) int64 keys [rows] (module docstring) from a sample of `sample_size` keys a
+    row: the call's, sample_size_for(tuning.sample_size, rows, backend.buffers_hold_windows(problem)), as
+    pipeline.run_litetopk gives it (a probe may ask for any size); `offset` is added to every
     calibrated threshold score (fault injection for tests; 0.0 in production)."""
     k = problem.topk
     stride = sample_stride(problem.max_end, sample_size, k)
@@ -342,6 +362,34 @@ def calibrate(
         return problem.scratch.full(problem.num_rows, NO_KEY, torch.int64), None
     sample, _ = backend.score_dense(problem, stride)
     return calibration_keys(sample, k, max(1, k // (2 * stride)), offset, scratch=problem.scratch)
+
+
+def sample_size_for(sample_size: int, rows: int, holds_windows: bool) -> int:
+    """The calibration sample's size (keys a row) of a call of `rows` rows, for LiteTopKTuning.sample_size
+    `sample_size`: `sample_size` itself, except in a call whose candidate buffer holds every window
+    (`holds_windows`: ScoringBackend.buffers_hold_windows, the Triton backend's paged mode for decode-shaped
+    calls), which takes max(sample_size, min(DECODE_SAMPLE_KEYS, DECODE_SAMPLE_BUDGET // next power of two
+    of rows)): at the default 2,048, 8,192 keys up to 32 rows, 4,096 up to 64, 2,048 from 65 ("Cost").
+    sample_size <= 0 (no sample) stays. Every stage and the workspace's sizing (sample_size_changes)
+    take a call's size from here."""
+    if not holds_windows or sample_size <= 0:
+        return sample_size
+    rows_pow2 = 1 << max(rows - 1, 0).bit_length()
+    return max(sample_size, min(DECODE_SAMPLE_KEYS, DECODE_SAMPLE_BUDGET // rows_pow2))
+
+
+def sample_size_changes(max_rows: int, sample_size: int, holds_windows: bool) -> list[tuple[int, int]]:
+    """(rows, sample size) for each sample size that sample_size_for gives a call of at most `max_rows`
+    rows, with the most rows that take it (sorted by rows; max_rows included). At one sample size every
+    buffer of a call grows with its rows, so the largest call of any rows <= max_rows is the largest of
+    these, each run at its shape_changes (workspace.workspace_bytes)."""
+    # sample_size_for changes with the rows only where their next power of two does: the rows in
+    # (2^(j-1), 2^j] take one size, the most of them min(2^j, max_rows)
+    most = {}
+    for rows in [max_rows] + [1 << j for j in range(max_rows.bit_length()) if 1 << j < max_rows]:
+        size = sample_size_for(sample_size, rows, holds_windows)
+        most[size] = max(most.get(size, rows), rows)
+    return sorted((rows, size) for size, rows in most.items())
 
 
 def sample_stride(max_end: int, sample_size: int, k: int) -> int:
@@ -357,7 +405,9 @@ def shape_changes(max_end: int, sample_size: int, k: int) -> list[int]:
     included): the largest e without a sample, and for each stride the largest e sampled with it.
     Between two of them every buffer of a call grows with e (the sample has ceil(e / stride)
     columns; without a sample the candidate buffer holds max(capacity, e) keys), so the largest
-    call at any e <= max_end is the largest at one of these (workspace.workspace_bytes)."""
+    call at any e <= max_end is the largest at one of these. `sample_size` is the calls' own
+    (sample_size_for: it depends on their rows and mode, so workspace.workspace_bytes runs these
+    bounds for each size of sample_size_changes)."""
     if sample_size <= 0:
         return [max_end]
     ends = {max_end}

@@ -33,7 +33,7 @@ import torch
 
 from .assembly import assemble_result
 from .backend import ScoringBackend
-from .calibration import calibrate
+from .calibration import calibrate, sample_size_for
 from .certify import certify
 from .dense_selection import select_topk_dense
 from .problem import PrefillProblem
@@ -53,7 +53,10 @@ class LiteTopKTuning:
       sample of its own most recent key tiles, scored once (calibration.py, "In the scan"; backends
       that have no such scan raise BackendUnavailableError).
     sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
-      at most backend.MAX_SAMPLE_STRIDE; the default is measured in calibration.py). With
+      at most backend.MAX_SAMPLE_STRIDE; the default is measured in calibration.py). A decode-shaped
+      call (a candidate buffer that holds every window: the Triton backend's paged mode) of few rows
+      takes a denser sample, max(sample_size, min(8192, 65536 / rows rounded up to a power of two)):
+      8,192 keys up to 32 rows, 4,096 up to 64 (calibration.sample_size_for). With
       calibration="scan": at least this many keys of each program's span (in whole key tiles).
     capacity_factor: candidate buffer = capacity_factor * K keys per row, unless
       candidate_capacity is given.
@@ -95,14 +98,17 @@ def run_litetopk(
 ) -> TopKResult:
     """The LiteTopK method (module docstring) on a validated problem."""
     capacity = tuning.capacity(problem.topk)
-    if tuning.candidate_capacity is None and backend.buffers_hold_windows(problem):
+    holds_windows = backend.buffers_hold_windows(problem)
+    if tuning.candidate_capacity is None and holds_windows:
         capacity = max(capacity, problem.max_end)  # (a decode step: rows x max_end x 8 bytes, rows <= 4 x batch)
+    # the call's sample: a denser one where the buffer holds the windows and the rows are few (calibration.py)
+    sample_size = sample_size_for(tuning.sample_size, problem.num_rows, holds_windows)
     if backend.calibration_for(problem, tuning.calibration) == "scan":  # the scan's own sample sets its thresholds
         with stage_range("litetopk.scan"):
-            scan = backend.scan_candidates(problem, None, capacity, sample_size=tuning.sample_size)
+            scan = backend.scan_candidates(problem, None, capacity, sample_size=sample_size)
     else:
         with stage_range("litetopk.calibrate"):
-            thresholds, ceilings = calibrate(problem, backend, tuning.sample_size, tuning.calibration_offset)
+            thresholds, ceilings = calibrate(problem, backend, sample_size, tuning.calibration_offset)
         if ceilings is None and tuning.candidate_capacity is None:
             # No sample (windows shorter than 2 x sample_size): the buffer holds any window, so that no
             # row needs a repair; at most 2 x sample_size keys a row.

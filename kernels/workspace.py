@@ -10,12 +10,14 @@ workspace holds); here:
 Sizing is measured, not restated: the operator's pipeline itself runs at the bounds (rows with
 empty windows: the buffers' shapes come from shapes and bounds only, never from the data) and
 Scratch counts the bytes carved (`Scratch.used`). Every buffer grows with rows, sequences and the
-window bound, except where the calibration changes its sample shape (`calibration.shape_changes`):
-the run is repeated at each such bound below `max_seq_len` and the largest count is the answer (also
-with LiteTopKTuning(calibration="scan"), whose scan has no sample: a backend may still calibrate some
-calls from the sample stage, ScoringBackend.calibration_for). A backend with several scoring paths (the
-Triton backend's prefill and paged modes) is run at each path's largest call
-(ScoringBackend.sizing_calls).
+window bound, except where the calibration changes its sample shape: at the window bounds below
+`max_seq_len` where the stride changes (`calibration.shape_changes`), and, where the candidate buffer
+holds the windows (a decode call), at the rows below the path's most where the sample's size changes
+(`calibration.sample_size_for`: few rows sample more densely; `calibration.sample_size_changes`). The
+run is repeated at each such (rows, bound) and the largest count is the answer (also with
+LiteTopKTuning(calibration="scan"), whose scan has no sample: a backend may still calibrate some calls
+from the sample stage, ScoringBackend.calibration_for). A backend with several scoring paths (the Triton
+backend's prefill and paged modes) is run at each path's largest call (ScoringBackend.sizing_calls).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from collections.abc import Sequence
 import torch
 
 from .cache_layout import PAGE_BYTES, PAGE_SIZE
-from .calibration import shape_changes
+from .calibration import sample_size_changes, shape_changes
 from .errors import InputError
 from .pipeline import LiteTopKTuning, run_dense, run_litetopk
+from .problem import PrefillProblem
 from .registry import new_backend, on_device
 from .scratch import ALIGNMENT
 from .validation import check_topk, validate_prefill
@@ -91,18 +94,11 @@ def workspace_bytes(
     device = torch.device(device)
     tuning = tuning or LiteTopKTuning()
     chosen = new_backend(backend, device)  # its own instance: the dry runs' operands are not kept around
-    # a self-calibrating scan has no sample, but a backend may calibrate some calls from the sample stage
-    # all the same (ScoringBackend.calibration_for): every bound where the sample changes shape is run
-    bounds = (
-        [(k, max_seq_len) for k in ks]
-        if dense
-        else [(k, end) for k in ks for end in shape_changes(max_seq_len, tuning.sample_size, k)]
-    )
     with on_device(device, chosen):
         return max(
-            _bytes_at(variant, rows, batch, max_seq_len, end, k, device, tuning, dense)
+            _bytes_at(variant, run_rows, batch, max_seq_len, end, k, device, tuning, dense)
             for variant, rows, batch in chosen.sizing_calls(max_rows, max_batch)
-            for k, end in bounds
+            for run_rows, k, end in _runs(variant, rows, batch, max_seq_len, ks, device, tuning, dense)
         )
 
 
@@ -147,15 +143,40 @@ def allocate_workspace(
     return raw[start : start + nbytes]
 
 
-def _bytes_at(
-    backend, rows: int, batch: int, table_end: int, max_end: int, k: int, device: torch.device, tuning, dense: bool
-) -> int:
-    """Scratch.used of one call of `rows` empty rows over `batch` sequences, window bound `max_end`."""
+def _runs(
+    backend, rows: int, batch: int, max_seq_len: int, ks: tuple[int, ...], device: torch.device, tuning, dense: bool
+) -> list[tuple[int, int, int]]:
+    """(rows, K, window bound) of the calls run for one sizing call (`backend` at `rows` rows over `batch`
+    sequences: the largest call of one scoring path, ScoringBackend.sizing_calls), whose largest count
+    bounds every call of that path within the bounds. The dense path: the bounds. LiteTopK: the calls where
+    the calibration sample changes shape. Its size depends on the rows where the candidate buffer holds the
+    windows (calibration.sample_size_for: a decode call of few rows samples more densely), so for each
+    sample size the call's path can take, the most rows that take it (calibration.sample_size_changes), each
+    at every window bound where that sample's stride changes (calibration.shape_changes). A self-calibrating
+    scan has no sample, but a backend may calibrate some calls from the sample stage all the same
+    (ScoringBackend.calibration_for): those bounds are run for it too."""
+    if dense:
+        return [(rows, k, max_seq_len) for k in ks]
+    # the path's mode, from a problem at its bounds (the same for its calls of fewer rows and sequences)
+    holds_windows = rows > 0 and backend.buffers_hold_windows(
+        _problem(rows, batch, max_seq_len, max_seq_len, ks[0], device)
+    )
+    return [
+        (run_rows, k, end)
+        for run_rows, sample_size in sample_size_changes(rows, tuning.sample_size, holds_windows)
+        for k in ks
+        for end in shape_changes(max_seq_len, sample_size, k)
+    ]
+
+
+def _problem(rows: int, batch: int, table_end: int, max_end: int, k: int, device: torch.device) -> PrefillProblem:
+    """A validated call of `rows` empty rows over `batch` sequences, window bound `max_end` (what a call
+    carves follows from these shapes and bounds alone, never from the data)."""
 
     def zeros(*shape, dtype=torch.int32):
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    problem = validate_prefill(
+    return validate_prefill(
         zeros(rows, 64, 64, dtype=torch.uint8),
         torch.full((rows, 64, 4), 127, dtype=torch.uint8, device=device),
         zeros(1, PAGE_BYTES, dtype=torch.uint8),
@@ -167,6 +188,13 @@ def _bytes_at(
         topk=k,
         max_seq_len=max_end,
     )
+
+
+def _bytes_at(
+    backend, rows: int, batch: int, table_end: int, max_end: int, k: int, device: torch.device, tuning, dense: bool
+) -> int:
+    """Scratch.used of one call of `rows` empty rows over `batch` sequences, window bound `max_end`."""
+    problem = _problem(rows, batch, table_end, max_end, k, device)
     if dense:
         run_dense(problem, backend, selector="torch")
     else:

@@ -20,21 +20,22 @@ import sys
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning, litetopk_prefill, registry, selection
+from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
 
 from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
 from ..common.timing import gpu_activity
 
-#: name -> (LiteTopKTuning's arguments, selection.DECODE_CONFIG while it runs) of each variant; the first, the
-#: production settings, is the reference of the bit-for-bit check
+#: name -> (LiteTopKTuning's arguments, selection.DECODE_CONFIG, calibration.DECODE_SAMPLE_KEYS while it runs) of
+#: each variant; the first, the production settings, is the reference of the bit-for-bit check. A call of few
+#: rows samples at least calibration.sample_size_for's keys (DECODE_SAMPLE_KEYS 0: the prefill's sample_size).
 VARIANTS = {
-    "production": ({}, dict(selection.DECODE_CONFIG)),
-    "select as prefill": ({}, dict(selection.CONFIG)),
-    "select 2 warps": ({}, {512: (8, 2, 5), 1024: (8, 2, 6)}),
-    "sample 4096": (dict(sample_size=4096), dict(selection.DECODE_CONFIG)),
-    "sample 8192": (dict(sample_size=8192), dict(selection.DECODE_CONFIG)),
+    "production": ({}, dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS),
+    "select as prefill": ({}, dict(selection.CONFIG), calibration.DECODE_SAMPLE_KEYS),
+    "sample as prefill": ({}, dict(selection.DECODE_CONFIG), 0),
+    "sample 4096": (dict(sample_size=4096), dict(selection.DECODE_CONFIG), 0),
+    "sample 8192": (dict(sample_size=8192), dict(selection.DECODE_CONFIG), 0),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -47,12 +48,13 @@ def probe_shape(shape: str, reps: int) -> dict:
     q = decode_queries(lengths, next_n, seed=8, device="cuda")
     args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     record, first = dict(shape=shape), None
-    saved = dict(selection.DECODE_CONFIG)
+    saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS
     try:
         with registry.backend_instance("triton", TritonBackend(paged="always")):
-            for name, (tuning_args, select_config) in VARIANTS.items():
+            for name, (tuning_args, select_config, sample_keys) in VARIANTS.items():
                 selection.DECODE_CONFIG.clear()
                 selection.DECODE_CONFIG.update(select_config)
+                calibration.DECODE_SAMPLE_KEYS = sample_keys
                 tuning = LiteTopKTuning(**tuning_args)
 
                 def call(tuning=tuning):
@@ -84,7 +86,8 @@ def probe_shape(shape: str, reps: int) -> dict:
                 )
     finally:
         selection.DECODE_CONFIG.clear()
-        selection.DECODE_CONFIG.update(saved)
+        selection.DECODE_CONFIG.update(saved[0])
+        calibration.DECODE_SAMPLE_KEYS = saved[1]
     del cache, block_table, q
     torch.cuda.empty_cache()
     return record

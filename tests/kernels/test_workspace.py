@@ -26,14 +26,16 @@ from litetopk.kernels import (
     InputError,
     LiteTopKTuning,
     allocate_workspace,
+    calibration,
     dense_topk_prefill,
     litetopk_prefill,
     random_problem,
     workspace_bytes,
 )
-from litetopk.kernels.calibration import sample_stride, shape_changes
+from litetopk.kernels.calibration import sample_size_for, sample_stride, shape_changes
 from litetopk.kernels.operator import get_backend
 from litetopk.kernels.pipeline import run_litetopk
+from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.scratch import ALIGNMENT
 from litetopk.kernels.validation import validate_prefill
 from tests.problems import make_problem
@@ -483,4 +485,74 @@ def test_one_workspace_serves_both_modes_of_the_triton_backend(seed):
             call("litetopk", p, "triton", workspace=workspace, tuning=tuning),
             call("litetopk", p, "triton", tuning=tuning),
             f"{name}-shaped call, seed {seed}",
+        )
+
+
+def first_rows(p, rows: int):
+    """p's first `rows` query rows (its block table and cache whole)."""
+    cut = {name: getattr(p, name)[:rows] for name in ("q_fp4", "q_scale", "weights", "row_to_batch", "starts", "ends")}
+    return dataclasses.replace(p, **cut)
+
+
+@pytest.fixture
+def small_decode_sample(monkeypatch):
+    """calibration.sample_size_for's decode rule at a small scale (DECODE_SAMPLE_KEYS 1,024,
+    DECODE_SAMPLE_BUDGET 2,048: 1 or 2 rows sample 1,024 keys, 3 or 4 rows 512, more rows sample_size), so
+    that its stride changes fall at windows of a few thousand keys."""
+    monkeypatch.setattr(calibration, "DECODE_SAMPLE_KEYS", 1024)
+    monkeypatch.setattr(calibration, "DECODE_SAMPLE_BUDGET", 2048)
+
+
+@INTERPRETED
+def test_a_decode_call_is_sized_at_its_own_sample(small_decode_sample, seed):
+    """A paged (decode) call of one row takes a denser sample than sample_size (1,024 keys, not 700): its
+    stride changes at other bounds (2 up to 3,071, 3 from 3,072), so below the bound 3,136 the call at
+    3,071 carves the most. workspace_bytes runs the bounds of the call's own sample (sample_size_for):
+    exact, where those of sample_size (1,399, 2,099, 2,799) would miss it; a call at 3,071 runs in the
+    workspace and fails on one byte less."""
+    tuning = LiteTopKTuning(sample_size=700)
+    p = make_problem(seed, seq_lens=[3100], rows_per_seq=1, topk=512, spread=1)
+    assert bound_of(p) >= 3136 and sample_size_for(700, 1, holds_windows=True) == 1024
+    empty = dataclasses.replace(p, ends=p.starts.clone())  # (the bytes carved follow from shapes and bounds)
+    ends = shape_changes(3136, 1024, 512)
+    assert ends == [2047, 3071, 3136], ends
+    plain = shape_changes(3136, 700, 512)  # sample_size's
+    used = {end: used_by(empty, "triton", tuning, max_seq_len=end) for end in {*ends, *plain, 3072}}
+    assert used[3071] > max(used[3072], used[3136]), f"the case needs a larger call below the bound: {used}"
+    nbytes = workspace_bytes(**sizing("litetopk", p, "triton", tuning, max_seq_len=3136))
+    assert nbytes == used[3071] == max(used.values()), f"{nbytes} bytes; calls carve {used}"
+    assert max(used[end] for end in plain) < nbytes, f"sample_size's bounds {plain} suffice here: {used}"
+    p.ends.clamp_(max=3071)
+    workspace = allocate_workspace(**sizing("litetopk", p, "triton", tuning, max_seq_len=3136))
+    same_bits(
+        call("litetopk", p, "triton", workspace=workspace, tuning=tuning, max_seq_len=3071),
+        call("litetopk", p, "triton", tuning=tuning, max_seq_len=3071),
+        f"one decode row at bound 3071, seed {seed}",
+    )
+    with pytest.raises(InputError, match=f"holds {nbytes - 1} bytes; this call needs at least {nbytes}"):
+        call("litetopk", p, "triton", workspace=workspace[:-1], tuning=tuning, max_seq_len=3071)
+
+
+def test_decode_sizing_covers_every_rows_and_bound(small_decode_sample, monkeypatch, seed):
+    """Where the candidate buffer holds the windows the sample's size depends on the rows (1 or 2 rows: 1,024
+    keys; 3: sample_size 600), and so do its stride changes. An oracle that shares none of workspace_bytes'
+    reasoning (sample_size_changes, shape_changes): the bytes a call of every rows <= 3 carves at every
+    window bound <= 2,200 (empty windows; the reference backend, made to report that its buffer holds the
+    windows as the Triton paged mode does, is cheap), the largest of them."""
+    monkeypatch.setattr(ReferenceBackend, "buffers_hold_windows", lambda self, problem: True)
+    tuning = LiteTopKTuning(sample_size=600)
+    p = make_problem(seed, seq_lens=[2100], rows_per_seq=3, topk=512)  # 33 pages: bound 2112
+    empty = dataclasses.replace(p, ends=p.starts.clone())
+    assert [sample_size_for(600, rows, holds_windows=True) for rows in (1, 2, 3)] == [1024, 1024, 600]
+    every = {
+        (rows, end): used_by(first_rows(empty, rows), "reference", tuning, max_seq_len=end)
+        for rows in (1, 2, 3)
+        for end in range(bound_of(p) + 1)
+    }
+    sized = dict(max_rows=3, max_seq_len=bound_of(p), topk=512, device="cpu", backend="reference", tuning=tuning)
+    largest = max(every, key=every.get)
+    assert workspace_bytes(**sized) == every[largest], f"the largest call, {largest} (rows, bound), carves more"
+    for rows in (1, 2):  # and at fewer rows: each call's own largest
+        assert workspace_bytes(**{**sized, "max_rows": rows}) == max(v for (r, _), v in every.items() if r == rows), (
+            f"{rows} rows"
         )
