@@ -1,6 +1,6 @@
 """Device probe: the paged mode's tuning choices side by side in one process on the same inputs, each
 checked bit for bit against the first: the calibration sample's size and the candidate selection's launch
-at decode sizes (selection.DECODE_CONFIG).
+at decode sizes (selection.DECODE_CONFIG), and the Gluon kernel's variants (GLUON_PAGED_OPTIONS).
 
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
@@ -22,20 +22,23 @@ import torch
 
 from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 
 from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
 from ..common.timing import gpu_activity
 
-#: name -> (LiteTopKTuning's arguments, selection.DECODE_CONFIG, calibration.DECODE_SAMPLE_KEYS while it runs) of
-#: each variant; the first, the production settings, is the reference of the bit-for-bit check. A call of few
-#: rows samples at least calibration.sample_size_for's keys (DECODE_SAMPLE_KEYS 0: the prefill's sample_size).
+#: name -> (LiteTopKTuning's arguments, and while it runs: selection.DECODE_CONFIG, calibration.DECODE_SAMPLE_KEYS,
+#: paged_scoring_gluon.GLUON_PAGED_OPTIONS) of each variant; the first, the production settings, is the reference
+#: of the bit-for-bit check. A call of few rows samples at least calibration.sample_size_for's keys
+#: (DECODE_SAMPLE_KEYS 0: the prefill's sample_size).
+PRODUCTION = (dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS))
 VARIANTS = {
-    "production": ({}, dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS),
-    "select as prefill": ({}, dict(selection.CONFIG), calibration.DECODE_SAMPLE_KEYS),
-    "sample as prefill": ({}, dict(selection.DECODE_CONFIG), 0),
-    "sample 4096": (dict(sample_size=4096), dict(selection.DECODE_CONFIG), 0),
-    "sample 8192": (dict(sample_size=8192), dict(selection.DECODE_CONFIG), 0),
+    "production": ({}, *PRODUCTION),
+    "2 pages ahead": ({}, *PRODUCTION[:2], dict(PAGES_AHEAD=2)),
+    "select as prefill": ({}, dict(selection.CONFIG), *PRODUCTION[1:]),
+    "sample as prefill": ({}, PRODUCTION[0], 0, PRODUCTION[2]),
+    "sample 4096": (dict(sample_size=4096), PRODUCTION[0], 0, PRODUCTION[2]),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -48,13 +51,14 @@ def probe_shape(shape: str, reps: int) -> dict:
     q = decode_queries(lengths, next_n, seed=8, device="cuda")
     args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     record, first = dict(shape=shape), None
-    saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS
+    saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS)
     try:
         with registry.backend_instance("triton", TritonBackend(paged="always")):
-            for name, (tuning_args, select_config, sample_keys) in VARIANTS.items():
+            for name, (tuning_args, select_config, sample_keys, gluon_options) in VARIANTS.items():
                 selection.DECODE_CONFIG.clear()
                 selection.DECODE_CONFIG.update(select_config)
                 calibration.DECODE_SAMPLE_KEYS = sample_keys
+                GLUON_PAGED_OPTIONS.update(gluon_options)
                 tuning = LiteTopKTuning(**tuning_args)
 
                 def call(tuning=tuning):
@@ -88,6 +92,7 @@ def probe_shape(shape: str, reps: int) -> dict:
         selection.DECODE_CONFIG.clear()
         selection.DECODE_CONFIG.update(saved[0])
         calibration.DECODE_SAMPLE_KEYS = saved[1]
+        GLUON_PAGED_OPTIONS.update(saved[2])
     del cache, block_table, q
     torch.cuda.empty_cache()
     return record

@@ -5,7 +5,8 @@ under the interpreter only (with the tl twin of its PTX decode), and the Gluon k
 Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
-writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched) and
+writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched;
+gluon2ahead: the Gluon kernel loading its pages two steps ahead) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -26,6 +27,7 @@ from ..triton.paged_scoring import score_fp4_paged_kernel
 from ..triton.paged_scoring_gluon import (
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_WARPS,
+    gluon_paged_options,
     score_fp4_paged_gluon_kernel,
 )
 from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, resource_usage
@@ -97,11 +99,18 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
     summary = {}
     for variant, mode in PAGED_VARIANTS.items():
         constants = paged_launch_options(cache, topk=topk, use_asm=True, **mode)
-        gluon_constants = dict(constants, num_warps=GLUON_PAGED_WARPS)
+        gluon_constants = dict(constants, **gluon_paged_options(mode["strided"]), num_warps=GLUON_PAGED_WARPS)
         gluon_options = dict(num_warps=GLUON_PAGED_WARPS, maxnreg=GLUON_PAGED_MAX_REGISTERS[mode["block_rows"]])
         builds = {
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
+            # the variant (GLUON_PAGED_OPTIONS): each step loads the page two steps on
+            "gluon2ahead": (
+                score_fp4_paged_gluon_kernel,
+                dict(gluon_constants, PAGES_AHEAD=1 if mode["strided"] else 2),
+                gluon_options,
+                GluonASTSource,
+            ),
         }
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"

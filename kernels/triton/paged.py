@@ -38,6 +38,7 @@ from .paged_scoring import score_fp4_paged_kernel
 from .paged_scoring_gluon import (
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_WARPS,
+    gluon_paged_options,
     score_fp4_paged_gluon_kernel,
 )
 from .paged_scoring_gluon import PROGRAMS_PER_SM as GLUON_PROGRAMS_PER_SM
@@ -379,6 +380,7 @@ def launch_paged_scoring(
             score_fp4_paged_gluon_kernel[(programs,)](
                 *args,
                 **constants,
+                **gluon_paged_options(stride != 1),
                 num_warps=GLUON_PAGED_WARPS,
                 maxnreg=GLUON_PAGED_MAX_REGISTERS[schedule.block_rows],
             )

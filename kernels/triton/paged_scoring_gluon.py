@@ -48,6 +48,19 @@ GLUON_PAGED_WARPS = 4
 # registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
+# The kernel's constexpr options as launched (gluon_paged_options). PAGES_AHEAD = 2 (each step loads the page two
+# steps on: twice the bytes in flight for ~12 more registers; offline sm_90 builds: no stack in the scan and
+# dense launches, 8 bytes in the calibration sample's, whose per-key page addresses take the room, so that one
+# keeps 1) is compiled and checked offline and not yet run on a GPU; bench/probes/paged_variants.py times it
+# against 1, bit for bit, and the GPU tests (tests/kernels/test_paged_scoring.py) run both against the Triton
+# kernel.
+GLUON_PAGED_OPTIONS = dict(PAGES_AHEAD=1)
+
+
+def gluon_paged_options(strided: bool) -> dict:
+    """The Gluon kernel's own constexpr options for a launch (`strided`: a page a key, the calibration sample):
+    GLUON_PAGED_OPTIONS, the sample loading one page ahead."""
+    return dict(GLUON_PAGED_OPTIONS, PAGES_AHEAD=1) if strided else dict(GLUON_PAGED_OPTIONS)
 
 
 @gluon.jit
@@ -123,6 +136,71 @@ def _load_page(
     words = gl.load(words_at, mask=gl.convert_layout(live_g, gl.SliceLayout(2, W3))[:, :, None], other=0)
     scales = gl.load(scales_at, mask=live_g, other=127).to(gl.int32)
     return words, scales, live
+
+
+@gluon.jit
+def _load_tile(
+    tile,
+    fallback,
+    n_local,
+    first_tile,
+    span_lo,
+    span_hi,
+    offs_key,
+    out_width,
+    position_stride,
+    b64,
+    bt_stride,
+    block_table_ptr,
+    num_pages,
+    values_ptr,
+    scales_ptr,
+    value_page_stride,
+    scale_page_stride,
+    W3: gl.constexpr,
+    G: gl.constexpr,
+    PAGE: gl.constexpr,
+    STRIDED: gl.constexpr,
+    TOKEN_STRIDE: gl.constexpr,
+    GROUP_STRIDE: gl.constexpr,
+    SCALE_OFFSET: gl.constexpr,
+    SCALE_GROUP_STRIDE: gl.constexpr,
+    INTERLEAVED: gl.constexpr,
+    DENSE: gl.constexpr,
+):
+    """_load_page of local tile `tile` of the program's row group (its keys at positions (first_tile + tile)
+    x 64 + offs_key; DENSE: columns tile x 64 + offs_key, position_stride apart). Past the group's n_local
+    tiles nothing is live and the block table is read at local tile `fallback`, one the program scans."""
+    ok = tile < n_local
+    if DENSE:
+        column = tile * 64 + offs_key
+        pos = column * position_stride
+        live = (column < out_width) & (pos >= span_lo) & (pos < span_hi) & ok
+    else:
+        pos = (first_tile + tile) * 64 + offs_key
+        live = (pos >= span_lo) & (pos < span_hi) & ok
+    return _load_page(
+        pos,
+        live,
+        gl.where(ok, first_tile + tile, first_tile + fallback),
+        b64,
+        bt_stride,
+        block_table_ptr,
+        num_pages,
+        values_ptr,
+        scales_ptr,
+        value_page_stride,
+        scale_page_stride,
+        W3,
+        G,
+        PAGE,
+        STRIDED,
+        TOKEN_STRIDE,
+        GROUP_STRIDE,
+        SCALE_OFFSET,
+        SCALE_GROUP_STRIDE,
+        INTERLEAVED,
+    )
 
 
 @gluon.jit
@@ -257,11 +335,14 @@ def score_fp4_paged_gluon_kernel(
     USE_ASM: gl.constexpr,
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
+    PAGES_AHEAD: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
+    PAGES_AHEAD (1 or 2): how many steps ahead a step loads its page (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
+    gl.static_assert((PAGES_AHEAD == 1) | (PAGES_AHEAD == 2), "a page loaded 1 or 2 steps ahead")
     BK: gl.constexpr = 64
     N: gl.constexpr = BLOCK_ROWS * H
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 32])
@@ -405,18 +486,18 @@ def score_fp4_paged_gluon_kernel(
             bad_rows = gl.zeros([BK, 2], gl.int32, flat)
         first_local = t - group_first
         n_local = stop - group_first
-        # the first step's page, then each step loads the next one's at its top
-        if DENSE:
-            column = first_local * BK + offs_key
-            pos = column * position_stride
-            live = (column < out_width) & (pos >= span_lo) & (pos < span_hi)
-        else:
-            pos = (first_tile + first_local) * BK + offs_key
-            live = (pos >= span_lo) & (pos < span_hi)
-        words, scales, live = _load_page(
-            pos,
-            live,
-            first_tile + first_local,
+        # the first step's page (and the second's, PAGES_AHEAD = 2), then each step loads the page PAGES_AHEAD
+        # steps on at its top
+        words, scales, live = _load_tile(
+            first_local,
+            first_local,
+            n_local,
+            first_tile,
+            span_lo,
+            span_hi,
+            offs_key,
+            out_width,
+            position_stride,
             b64,
             bt_stride,
             block_table_ptr,
@@ -434,21 +515,19 @@ def score_fp4_paged_gluon_kernel(
             SCALE_OFFSET,
             SCALE_GROUP_STRIDE,
             INTERLEAVED,
+            DENSE,
         )
-        for tile_index in range(first_local, n_local):
-            more = tile_index + 1 < n_local
-            if DENSE:
-                column_n = (tile_index + 1) * BK + offs_key
-                pos_n = column_n * position_stride
-                live_n = (column_n < out_width) & (pos_n >= span_lo) & (pos_n < span_hi) & more
-            else:
-                pos_n = (first_tile + tile_index + 1) * BK + offs_key
-                live_n = (pos_n >= span_lo) & (pos_n < span_hi) & more
-            page_n = gl.where(more, first_tile + tile_index + 1, first_tile + tile_index)
-            words_n, scales_n, live_n = _load_page(
-                pos_n,
-                live_n,
-                page_n,
+        if PAGES_AHEAD == 2:
+            words_1, scales_1, live_1 = _load_tile(
+                first_local + 1,
+                first_local,
+                n_local,
+                first_tile,
+                span_lo,
+                span_hi,
+                offs_key,
+                out_width,
+                position_stride,
                 b64,
                 bt_stride,
                 block_table_ptr,
@@ -466,6 +545,37 @@ def score_fp4_paged_gluon_kernel(
                 SCALE_OFFSET,
                 SCALE_GROUP_STRIDE,
                 INTERLEAVED,
+                DENSE,
+            )
+        for tile_index in range(first_local, n_local):
+            words_n, scales_n, live_n = _load_tile(
+                tile_index + PAGES_AHEAD,
+                tile_index,
+                n_local,
+                first_tile,
+                span_lo,
+                span_hi,
+                offs_key,
+                out_width,
+                position_stride,
+                b64,
+                bt_stride,
+                block_table_ptr,
+                num_pages,
+                values_ptr,
+                scales_ptr,
+                value_page_stride,
+                scale_page_stride,
+                W3,
+                G,
+                PAGE,
+                STRIDED,
+                TOKEN_STRIDE,
+                GROUP_STRIDE,
+                SCALE_OFFSET,
+                SCALE_GROUP_STRIDE,
+                INTERLEAVED,
+                DENSE,
             )
             d, spread, kfac = _key_exponents(words, scales, W3, G)
             shift = _shift_words(d, W3)
@@ -549,9 +659,17 @@ def score_fp4_paged_gluon_kernel(
                     thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
                     gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
                     thr = gl.convert_layout(thr_h, row_of_flat)
-            words = words_n
-            scales = scales_n
-            live = live_n
+            if PAGES_AHEAD == 2:
+                words = words_1
+                scales = scales_1
+                live = live_1
+                words_1 = words_n
+                scales_1 = scales_n
+                live_1 = live_n
+            else:
+                words = words_n
+                scales = scales_n
+                live = live_n
         nonfinite = gl.sum(probe, axis=0)
         bad = gl.max(bad_rows, axis=0) != 0
         one = gl.full(nonfinite.shape, 1, gl.int8, nonfinite.type.layout)

@@ -21,6 +21,7 @@ from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend, paged
 from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
 from litetopk.kernels.triton.paged_scoring import FAULT_DENSE
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_aiter_layout import in_device, in_padded_slab
@@ -35,6 +36,18 @@ def paged_mode():
     """Every backend="triton" call in paged mode whatever its shapes (TritonBackend(paged="always"))."""
     with registry.backend_instance("triton", TritonBackend(paged="always")):
         yield
+
+
+#: GLUON_PAGED_OPTIONS of each Gluon kernel variant (the launched one first)
+GLUON_VARIANTS = {"launched": {}, "2 pages ahead": dict(PAGES_AHEAD=2)}
+
+
+@pytest.fixture(params=list(GLUON_VARIANTS))
+def gluon_variant(request, monkeypatch):
+    """The Gluon paged kernel's variant (paged_scoring_gluon.GLUON_PAGED_OPTIONS) for this test's launches."""
+    for name, value in GLUON_VARIANTS[request.param].items():
+        monkeypatch.setitem(GLUON_PAGED_OPTIONS, name, value)
+    return request.param
 
 
 def ref_split_schedule(row_to_batch: list[int], starts: list[int], ends: list[int], block_rows: int):
@@ -283,9 +296,11 @@ def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
 @pytest.mark.parametrize("spread", [1, 3])  # 1: ~90 % of tiles narrow (one MMA); 3: every full tile wide
 @pytest.mark.parametrize("block_rows", [1, 2])
 @pytest.mark.parametrize("cache_format, stride", [("litetopk", 1), ("aiter", 1), ("litetopk", 7)])
-def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_format, stride, spread, seed):
+def test_gluon_paged_kernel_gives_the_triton_kernels_bits(
+    block_rows, cache_format, stride, spread, gluon_variant, seed
+):
     p = make_problem(seed, seq_lens=[9000, 3000, 14000], rows_per_seq=2, spread=spread, causal=False)
-    where = f"[block_rows {block_rows}, {cache_format}, stride {stride}, spread {spread}] seed {seed}"
+    where = f"[block_rows {block_rows}, {cache_format}, stride {stride}, spread {spread}, {gluon_variant}] seed {seed}"
     triton_scores, triton_faults = paged_dense_scores(
         p, block_rows=block_rows, programs=264, cache_format=cache_format, stride=stride
     )
@@ -299,13 +314,13 @@ def test_gluon_paged_kernel_gives_the_triton_kernels_bits(block_rows, cache_form
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, seed):
+def test_gluon_paged_scan_answers_as_the_triton_paged_scan(next_n, gluon_variant, seed):
     p = make_problem(seed, seq_lens=[30000, 12000, 41000, 800] * 3, rows_per_seq=next_n, spread=1)
     answers = {}
     for kernel in ("triton", "gluon"):
         with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=kernel)):
             answers[kernel], _ = run_both(p)
-    where = f"[next_n {next_n}] seed {seed}"
+    where = f"[next_n {next_n}, {gluon_variant}] seed {seed}"
     for field in ("values", "raw_indices", "physical_indices", "counts", "status"):
         assert torch.equal(getattr(answers["gluon"], field), getattr(answers["triton"], field)), f"{where}: {field}"
 
