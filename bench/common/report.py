@@ -1,10 +1,10 @@
 """What a benchmark's JSON says about its run: the command line, the card, versions, and which code ran.
 
 `run_info(device)`: the card's name and properties (or the CPU's model), torch / triton / Python
-versions, and the code: the git commit (with `dirty` when the tracked files differ from it) where the
-run has a git checkout, else the LITETOPK_COMMIT environment variable (device calls run on a copy of
-the working tree without .git: pass the commit there), and always `source_sha256`, a digest of every
-.py file under kernels/ and bench/ (the same digest, the same code, with or without git).
+versions, and the code: the LITETOPK_COMMIT environment variable where it is set (device calls run on a
+copy of the working tree whose .git, where one travels, can name an older commit: pass the commit there),
+else the git commit (with `dirty` when the tracked files differ from it), and always `source_sha256`, a
+digest of every .py file under kernels/ and bench/ (the same digest, the same code, with or without git).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def run_info(device: torch.device, argv: list[str], module: str) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    commit = _git("rev-parse", "HEAD")
+    given = os.environ.get("LITETOPK_COMMIT")
+    commit = None if given else _git("rev-parse", "HEAD")
     dirty = None if commit is None else bool(_git("status", "--porcelain", "--untracked-files=no"))
     return dict(
         command=f"python -m {module} " + " ".join(argv),
@@ -72,8 +73,8 @@ def run_info(device: torch.device, argv: list[str], module: str) -> dict:
         torch=torch.__version__,
         triton=triton_version,
         python=sys.version.split()[0],
-        commit=commit or os.environ.get("LITETOPK_COMMIT"),
+        commit=given or commit,
         dirty=dirty,
-        commit_from="git" if commit else ("LITETOPK_COMMIT" if os.environ.get("LITETOPK_COMMIT") else None),
+        commit_from="LITETOPK_COMMIT" if given else ("git" if commit else None),
         source_sha256=source_sha256(),
     )
