@@ -8,7 +8,7 @@ PYTEST_WORKERS ?= 2
 # pyproject extras `make env` installs (the Docker image: `make env EXTRAS=service[,triton|,flydsl]`).
 EXTRAS ?= dev
 
-.PHONY: env run test test-gpu bench clean toolchain
+.PHONY: env run test test-gpu clean toolchain
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
