@@ -87,7 +87,9 @@ class ScoringBackend(abc.ABC):
     def sizing_calls(self, max_rows: int, max_batch: int) -> list[tuple[ScoringBackend, int, int]]:
         """The (backend, rows, sequences) of the calls whose workspaces bound every call's within these
         bounds (workspace.workspace_bytes runs each): one per scoring path the backend can take, at its
-        largest shapes. A backend with one path: itself at the bounds."""
+        largest shapes. A backend with one path: itself at the bounds. Each path's buffers_hold_windows is read
+        once, at its largest call (workspace sizing), so it must give the same answer for that path's calls of
+        fewer rows and sequences: a backend whose choice changes with the rows lists each choice here."""
         return [(self, max_rows, max_batch)]
 
     def buffers_hold_windows(self, problem: PrefillProblem) -> bool:

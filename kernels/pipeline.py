@@ -55,7 +55,7 @@ class LiteTopKTuning:
     sample_size: keys per row scored for calibration (the sample stride is max_end // sample_size,
       at most backend.MAX_SAMPLE_STRIDE; the default is measured in calibration.py). A decode-shaped
       call (a candidate buffer that holds every window: the Triton backend's paged mode) of few rows
-      takes a denser sample, max(sample_size, min(8192, 65536 / rows rounded up to a power of two)):
+      takes a denser sample, max(sample_size, min(8192, 262144 / rows rounded up to a power of two)):
       8,192 keys up to 32 rows, 4,096 up to 64 (calibration.sample_size_for). With
       calibration="scan": at least this many keys of each program's span (in whole key tiles).
     capacity_factor: candidate buffer = capacity_factor * K keys per row, unless

@@ -58,6 +58,7 @@ def probe_shape(shape: str, reps: int) -> dict:
                 selection.DECODE_CONFIG.clear()
                 selection.DECODE_CONFIG.update(select_config)
                 calibration.DECODE_SAMPLE_KEYS = sample_keys
+                GLUON_PAGED_OPTIONS.clear()
                 GLUON_PAGED_OPTIONS.update(gluon_options)
                 tuning = LiteTopKTuning(**tuning_args)
 
@@ -92,6 +93,7 @@ def probe_shape(shape: str, reps: int) -> dict:
         selection.DECODE_CONFIG.clear()
         selection.DECODE_CONFIG.update(saved[0])
         calibration.DECODE_SAMPLE_KEYS = saved[1]
+        GLUON_PAGED_OPTIONS.clear()
         GLUON_PAGED_OPTIONS.update(saved[2])
     del cache, block_table, q
     torch.cuda.empty_cache()

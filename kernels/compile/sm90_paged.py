@@ -104,14 +104,14 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
         builds = {
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
-            # the variant (GLUON_PAGED_OPTIONS): each step loads the page two steps on
-            "gluon2ahead": (
+        }
+        if not mode["strided"]:  # the variant (GLUON_PAGED_OPTIONS; a strided launch loads one page ahead in any)
+            builds["gluon2ahead"] = (
                 score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, PAGES_AHEAD=1 if mode["strided"] else 2),
+                dict(gluon_constants, PAGES_AHEAD=2),
                 gluon_options,
                 GluonASTSource,
-            ),
-        }
+            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)

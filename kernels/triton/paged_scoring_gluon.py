@@ -16,7 +16,7 @@ decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The d
 wgmma's A operand straight from registers (_register_operand): the loads' layout W3 puts each thread's
 keys where the operand's rows are and its group where its K columns are, after a K permutation that the
 queries (staged whole, K = 128, once a row group: _stage_queries) share, so the byte split and the layout
-change compile to nothing. A step has no shared-memory stores, proxy fence or barrier before its one
+change compile to nothing. A step has no operand stores, proxy fence or operand barrier before its one
 synchronous MMA (m64nNk128 in 4 instructions, N = 64 x BLOCK_ROWS); kfac and the unsupported flag are
 converted to the epilogue's layout, the tile's wide flag is one reduction over the warpgroup. The next
 step's page is loaded into registers at the top of a step (its latency overlaps the step), so with
@@ -45,7 +45,8 @@ from .scoring import SUBNORMAL_UNIT, _histogram_range
 
 GLUON_PAGED_WARPS = 4
 # ptxas register caps (maxnreg) by rows a group, so that PROGRAMS_PER_SM programs reside on an SM (65,536
-# registers / (cap x 128 threads)); offline sm_90 builds: 164 at one row with the cap (174 without), no stack.
+# registers / (cap x 128 threads)); offline sm_90 builds (compile/sm90_paged.py): 166-168 at one row, 244-254 at
+# two, no stack (PAGES_AHEAD = 2 as well, its strided launch excepted: GLUON_PAGED_OPTIONS).
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
 # The kernel's constexpr options as launched (gluon_paged_options). PAGES_AHEAD = 2 (each step loads the page two

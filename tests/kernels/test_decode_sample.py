@@ -8,14 +8,17 @@ against the dense path (the Triton kernels under the interpreter, as in test_pag
 from __future__ import annotations
 
 import pytest
+import torch
 
-from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill
+from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill, registry
 from litetopk.kernels.calibration import sample_size_changes, sample_size_for, sample_stride
 from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged import paged_block_rows
 from tests.kernels.test_triton_backend import check_against_oracle, run_both
 from tests.problems import make_problem
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 DEFAULT = LiteTopKTuning().sample_size
 
@@ -114,17 +117,26 @@ def test_the_middle_sizes_are_exact(rows_per_seq, want, sample_strides, monkeypa
     check_against_oracle(p, lite, dense, where)
 
 
-def test_a_prefill_call_keeps_its_sample(monkeypatch, seed):
-    """A call whose buffer does not hold the windows (here the reference backend) samples sample_size keys
-    at any rows."""
+@pytest.mark.interpret
+@pytest.mark.parametrize("backend", ["reference", "triton prefill mode"])
+def test_a_prefill_call_keeps_its_sample(backend, monkeypatch, seed):
+    """A call whose buffer does not hold the windows (the reference backend; the Triton backend's prefill mode,
+    TritonBackend(paged="never"), at one row) samples sample_size keys at any rows."""
     strides = []
-    score_dense = ReferenceBackend.score_dense
+    cls, instance = (
+        (ReferenceBackend, ReferenceBackend())
+        if backend == "reference"
+        else (TritonBackend, TritonBackend(paged="never"))
+    )
+    score_dense = cls.score_dense
 
     def recording(self, problem, stride=1):
         strides.append(stride)
         return score_dense(self, problem, stride)
 
-    monkeypatch.setattr(ReferenceBackend, "score_dense", recording)
+    monkeypatch.setattr(cls, "score_dense", recording)
     p = make_problem(seed, seq_lens=[5000], rows_per_seq=1, spread=1)
-    litetopk_prefill(*p.args(), topk=p.topk, backend="reference")
+    name = "reference" if backend == "reference" else "triton"
+    with registry.backend_instance(name, instance):
+        litetopk_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk, backend=name)
     assert strides == [sample_stride(p.block_table.shape[1] * 64, DEFAULT, p.topk)] == [2], f"{strides}"

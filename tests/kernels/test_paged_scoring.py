@@ -299,6 +299,8 @@ def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
 def test_gluon_paged_kernel_gives_the_triton_kernels_bits(
     block_rows, cache_format, stride, spread, gluon_variant, seed
 ):
+    if stride != 1 and GLUON_VARIANTS[gluon_variant]:
+        pytest.skip("a strided launch loads one page ahead in every variant (gluon_paged_options)")
     p = make_problem(seed, seq_lens=[9000, 3000, 14000], rows_per_seq=2, spread=spread, causal=False)
     where = f"[block_rows {block_rows}, {cache_format}, stride {stride}, spread {spread}, {gluon_variant}] seed {seed}"
     triton_scores, triton_faults = paged_dense_scores(

@@ -211,6 +211,16 @@ def test_radix_select_variants_give_the_same_keys(name, variant, seed):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("name", ["scan thresholds, compacted (<= 2K pass)", "no threshold, whole row (> 2K pass)"])
+def test_a_prefills_launch_at_k_1024_gives_the_same_keys(name, seed):
+    """CONFIG[1024] (a prefill's many rows; these tests' few rows take DECODE_CONFIG by default)."""
+    keys, kept, thresholds = case_inputs(name, 1024, seed)
+    launch = dict(zip(("tile_rows", "num_warps", "mantissa"), CONFIG[1024]))
+    got = select_topk_candidates_radix(keys.to(DEVICE), kept.to(DEVICE), thresholds.to(DEVICE), 1024, **launch)
+    assert torch.equal(got.cpu(), ref_select(keys, kept, thresholds, 1024)), f"{name}, {launch}"
+
+
+@pytest.mark.interpret
 def test_radix_select_writes_out_from_a_workspace(seed):
     """`out` with a row stride is written in place,
     its other columns untouched; the buffers carved from a caller workspace (Scratch); int32 kept;

@@ -537,7 +537,7 @@ def test_decode_sizing_covers_every_rows_and_bound(small_decode_sample, monkeypa
     """Where the candidate buffer holds the windows the sample's size depends on the rows (1 or 2 rows: 1,024
     keys; 3: sample_size 600), and so do its stride changes. An oracle that shares none of workspace_bytes'
     reasoning (sample_size_changes, shape_changes): the bytes a call of every rows <= 3 carves at every
-    window bound <= 2,200 (empty windows; the reference backend, made to report that its buffer holds the
+    window bound <= 2,112 (empty windows; the reference backend, made to report that its buffer holds the
     windows as the Triton paged mode does, is cheap), the largest of them."""
     monkeypatch.setattr(ReferenceBackend, "buffers_hold_windows", lambda self, problem: True)
     tuning = LiteTopKTuning(sample_size=600)
