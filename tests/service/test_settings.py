@@ -189,3 +189,25 @@ def test_unknown_socket_group_is_refused(tmp_path):
     s = ServiceSettings(uds=str(tmp_path / "litetopk.sock"), uds_group="litetopk-no-such-group")
     with pytest.raises(ValueError, match="no such group"):
         s.socket_group_id()
+
+
+def test_the_http_server_parses_with_httptools(monkeypatch):
+    """The pinned C parser is named, not left to uvicorn's auto-detection: without httptools the service
+    refuses to start with a message instead of serving on the slower pure-Python parser."""
+    import builtins
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from litetopk.service.principals import peer_protocol_class
+
+    assert issubclass(peer_protocol_class(), HttpToolsProtocol)
+    real_import = builtins.__import__
+
+    def without_httptools(name, *args, **kwargs):
+        if name == "uvicorn.protocols.http.httptools_impl":
+            raise ImportError("No module named 'httptools'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_httptools)
+    with pytest.raises(RuntimeError, match="needs httptools"):
+        peer_protocol_class()
