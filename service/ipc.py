@@ -5,7 +5,7 @@
                  the service sends `Hello` (protocol, /v1/info's document, the principal)
     a frame      u32 header bytes | u32 payload bytes | msgpack header | payload (service/wire.py)
     requests     TopKOp, RegisterOp, UnregisterOp, RegionsOp, RegionOp, InfoOp, ReadyOp, each with
-                 an `id`; several may be in flight on one connection (at most MAX_IN_FLIGHT: then
+                 an `id`; several may be in flight on one connection (at most ipc_max_in_flight: then
                  `overloaded`; top-k requests also wait in the device queue, `overloaded` when it is
                  full, as over HTTP); answers come as they finish, with the request's id
 
@@ -28,7 +28,8 @@ serves them there:
     the others  served on the connection's thread (a registration maps memory; an unregistration
                 waits for the requests running on the region: this connection's next frames wait)
 
-A thread accepts connections (at most MAX_CONNECTIONS, MAX_CONNECTIONS_PER_UID of one uid: beyond,
+A thread accepts connections (at most ipc_max_connections, ipc_max_connections_per_uid of one uid (settings,
+reported by /v1/info and Hello): beyond,
 the peer gets `overloaded` instead of `Hello` and is closed; no fd left to accept with is logged
 once per interval and retried, never a spin). Answers are written by whichever thread has them,
 one frame at a time under the connection's lock and without blocking (MSG_DONTWAIT): what the peer
@@ -96,9 +97,6 @@ _STRICT_DECODER = msgspec.msgpack.Decoder(IpcRequest)  # the whole frame at once
 _ID_DECODER = msgspec.msgpack.Decoder(MessageIdOnly)
 _ENCODER = msgspec.msgpack.Encoder()
 INSTANCE = "ipc"
-MAX_IN_FLIGHT = 1024  # requests of one connection in flight at once (top-k ones also meet the device queue's bound)
-MAX_CONNECTIONS = 1024  # connections at once (a thread each)
-MAX_CONNECTIONS_PER_UID = 256  # of one principal, so that one cannot take every connection
 READ_BUFFER_BYTES = 64 * 2**10  # a connection's buffer to start with (grown to its largest frame)
 ACCEPT_POLL_S = 0.2
 
@@ -290,7 +288,7 @@ class IpcConnection:
         key = next(self._keys)
         request = _InFlight(id_, started + self.state.settings.request_timeout_s)
         with self.lock:
-            if len(self.in_flight) >= MAX_IN_FLIGHT:
+            if len(self.in_flight) >= self.state.settings.ipc_max_in_flight:
                 request = None
             else:
                 self.in_flight[key] = request
@@ -299,7 +297,7 @@ class IpcConnection:
                 id_,
                 ServiceError(
                     "overloaded",
-                    f"{MAX_IN_FLIGHT} requests of this connection are in flight already",
+                    f"{self.state.settings.ipc_max_in_flight} requests of this connection are in flight already",
                     retry_after=self.state.settings.retry_after_s,
                 ),
             )
@@ -547,7 +545,8 @@ class IpcServer:
         connection = IpcConnection(self, sock, Principal(uid=uid, gid=gid, pid=pid, via="ipc"))
         with self._lock:
             mine = sum(c.principal.uid == uid for c in self.connections)
-            full = len(self.connections) >= MAX_CONNECTIONS or mine >= MAX_CONNECTIONS_PER_UID
+            s = self.state.settings
+            full = len(self.connections) >= s.ipc_max_connections or mine >= s.ipc_max_connections_per_uid
             if not full:
                 self.connections.add(connection)
         if full:
@@ -555,8 +554,8 @@ class IpcServer:
                 0,
                 ServiceError(
                     "overloaded",
-                    f"the IPC channel serves at most {MAX_CONNECTIONS} "
-                    f"connections, {MAX_CONNECTIONS_PER_UID} of one uid; close some",
+                    f"the IPC channel serves at most {s.ipc_max_connections} "
+                    f"connections, {s.ipc_max_connections_per_uid} of one uid; close some",
                     retry_after=self.state.settings.retry_after_s,
                 ),
             )

@@ -295,6 +295,9 @@ class ServiceInfo(BaseModel):
     max_rows: int = Field(description="query rows a request may send (the device workspace is sized for it)")
     max_keys: int = Field(description="the longest key window a row may see (window end); longer: invalid_row")
     max_batch: int = Field(description="sequences (block-table rows) a request may send")
+    ipc_max_connections: int = Field(description="IPC connections the service serves at once")
+    ipc_max_connections_per_uid: int = Field(description="IPC connections of one uid at once")
+    ipc_max_in_flight: int = Field(description="requests of one IPC connection in flight at once")
     version: str
 
 

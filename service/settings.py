@@ -119,6 +119,17 @@ class ServiceSettings(BaseSettings):
         16, ge=1, description="request shapes (graphs) kept at once; the least recently used is dropped"
     )
     ipc: bool = Field(True, description="serve the IPC channel (msgpack frames) on ipc.sock beside the Unix socket")
+    ipc_max_connections: int = Field(
+        1024, ge=1, description="IPC connections at once (a thread each; overloaded beyond)"
+    )
+    ipc_max_connections_per_uid: int = Field(
+        256,
+        ge=1,
+        description="IPC connections of one uid, so that one cannot take every connection (overloaded beyond)",
+    )
+    ipc_max_in_flight: int = Field(
+        1024, ge=1, description="requests of one IPC connection in flight at once (overloaded beyond)"
+    )
     max_regions_per_principal: int = Field(
         4096, ge=1, description="live regions one principal may hold (region_quota_exceeded beyond)"
     )

@@ -65,6 +65,9 @@ class ServiceState:
             max_regions_per_principal=s.max_regions_per_principal,
             max_region_bytes_per_principal=s.max_region_bytes_per_principal,
             graphs=s.graphs,
+            ipc_max_connections=s.ipc_max_connections,
+            ipc_max_connections_per_uid=s.ipc_max_connections_per_uid,
+            ipc_max_in_flight=s.ipc_max_in_flight,
             version=__version__,
         )
 

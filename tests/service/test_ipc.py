@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from litetopk.clients import InvalidRequestProblem, RegionProblem, TopKClient
 from litetopk.kernels import litetopk_prefill
-from litetopk.service.ipc import MAX_CONNECTIONS_PER_UID
+from litetopk.service.settings import ServiceSettings
 from litetopk.service.wire import FRAME, Hello, IpcAnswer, OkAnswer, ProblemAnswer
 from tests.problems import make_problem, results_equal
 from tests.servers import wait_until
@@ -205,11 +205,17 @@ def _greeted(path: str) -> bool:
 
 
 def test_one_uid_cannot_take_every_connection(service):
-    """Past MAX_CONNECTIONS_PER_UID connections of one uid, the next is answered `overloaded` (instead of
-    Hello) and closed; once the peer closes some, it connects again."""
+    """Past ipc_max_connections_per_uid connections of one uid (the setting, as Hello and /v1/info report
+    it), the next is answered `overloaded` (instead of Hello) and closed; once the peer closes some, it
+    connects again."""
+    sock, hello = _connect(service.ipc)
+    sock.close()
+    limits = {name: hello.info[name] for name in ("ipc_max_connections", "ipc_max_connections_per_uid")}
+    assert limits == {"ipc_max_connections": 1024, "ipc_max_connections_per_uid": 256}, limits
+    assert hello.info["ipc_max_in_flight"] == ServiceSettings.model_fields["ipc_max_in_flight"].default
     held, refused = [], None
     try:
-        for _ in range(MAX_CONNECTIONS_PER_UID + 1):
+        for _ in range(limits["ipc_max_connections_per_uid"] + 1):
             sock, first = _connect(service.ipc)
             held.append(sock)
             if not isinstance(first, Hello):
