@@ -143,35 +143,19 @@ def _load_page(
 def _load_tile(
     tile,
     fallback,
-    n_local,
-    first_tile,
-    span_lo,
-    span_hi,
-    offs_key,
-    out_width,
-    position_stride,
-    b64,
-    bt_stride,
-    block_table_ptr,
-    num_pages,
-    values_ptr,
-    scales_ptr,
-    value_page_stride,
-    scale_page_stride,
-    W3: gl.constexpr,
-    G: gl.constexpr,
-    PAGE: gl.constexpr,
-    STRIDED: gl.constexpr,
-    TOKEN_STRIDE: gl.constexpr,
-    GROUP_STRIDE: gl.constexpr,
-    SCALE_OFFSET: gl.constexpr,
-    SCALE_GROUP_STRIDE: gl.constexpr,
-    INTERLEAVED: gl.constexpr,
-    DENSE: gl.constexpr,
+    span,
+    pages,
+    FORMAT: gl.constexpr,
 ):
     """_load_page of local tile `tile` of the program's row group (its keys at positions (first_tile + tile)
     x 64 + offs_key; DENSE: columns tile x 64 + offs_key, position_stride apart). Past the group's n_local
-    tiles nothing is live and the block table is read at local tile `fallback`, one the program scans."""
+    tiles nothing is live and the block table is read at local tile `fallback`, one the program scans.
+    `span`: (n_local, first_tile, span_lo, span_hi, offs_key, out_width, position_stride) of the program's
+    share of the group; `pages`: _load_page's sequence, block table and cache arguments (b64 ...
+    scale_page_stride), and FORMAT its constexprs (W3 ... INTERLEAVED) and DENSE, in order."""
+    n_local, first_tile, span_lo, span_hi, offs_key, out_width, position_stride = span
+    W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED, DENSE = FORMAT
+    b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride = pages
     ok = tile < n_local
     if DENSE:
         column = tile * 64 + offs_key
@@ -487,18 +471,7 @@ def score_fp4_paged_gluon_kernel(
             bad_rows = gl.zeros([BK, 2], gl.int32, flat)
         first_local = t - group_first
         n_local = stop - group_first
-        # the first step's page (and the second's, PAGES_AHEAD = 2), then each step loads the page PAGES_AHEAD
-        # steps on at its top
-        words, scales, live = _load_tile(
-            first_local,
-            first_local,
-            n_local,
-            first_tile,
-            span_lo,
-            span_hi,
-            offs_key,
-            out_width,
-            position_stride,
+        pages = (
             b64,
             bt_stride,
             block_table_ptr,
@@ -507,6 +480,9 @@ def score_fp4_paged_gluon_kernel(
             scales_ptr,
             value_page_stride,
             scale_page_stride,
+        )
+        span = (n_local, first_tile, span_lo, span_hi, offs_key, out_width, position_stride)
+        tile_format: gl.constexpr = (
             W3,
             G,
             PAGE,
@@ -518,65 +494,30 @@ def score_fp4_paged_gluon_kernel(
             INTERLEAVED,
             DENSE,
         )
+        # the first step's page (and the second's, PAGES_AHEAD = 2), then each step loads the page PAGES_AHEAD
+        # steps on at its top
+        words, scales, live = _load_tile(
+            first_local,
+            first_local,
+            span,
+            pages,
+            tile_format,
+        )
         if PAGES_AHEAD == 2:
             words_1, scales_1, live_1 = _load_tile(
                 first_local + 1,
                 first_local,
-                n_local,
-                first_tile,
-                span_lo,
-                span_hi,
-                offs_key,
-                out_width,
-                position_stride,
-                b64,
-                bt_stride,
-                block_table_ptr,
-                num_pages,
-                values_ptr,
-                scales_ptr,
-                value_page_stride,
-                scale_page_stride,
-                W3,
-                G,
-                PAGE,
-                STRIDED,
-                TOKEN_STRIDE,
-                GROUP_STRIDE,
-                SCALE_OFFSET,
-                SCALE_GROUP_STRIDE,
-                INTERLEAVED,
-                DENSE,
+                span,
+                pages,
+                tile_format,
             )
         for tile_index in range(first_local, n_local):
             words_n, scales_n, live_n = _load_tile(
                 tile_index + PAGES_AHEAD,
                 tile_index,
-                n_local,
-                first_tile,
-                span_lo,
-                span_hi,
-                offs_key,
-                out_width,
-                position_stride,
-                b64,
-                bt_stride,
-                block_table_ptr,
-                num_pages,
-                values_ptr,
-                scales_ptr,
-                value_page_stride,
-                scale_page_stride,
-                W3,
-                G,
-                PAGE,
-                STRIDED,
-                TOKEN_STRIDE,
-                GROUP_STRIDE,
-                SCALE_OFFSET,
-                SCALE_GROUP_STRIDE,
-                INTERLEAVED,
-                DENSE,
+                span,
+                pages,
+                tile_format,
             )
             d, spread, kfac = _key_exponents(words, scales, W3, G)
             shift = _shift_words(d, W3)
