@@ -415,10 +415,9 @@ def select_topk_candidates_radix(
     `scratch` (a scratch.Scratch; the allocator where None). k a power of two. No host
     synchronization: capturable in a CUDA graph. tile_rows (keys per thread per tile), num_warps,
     mantissa (bucket resolution; the defaults: launch_config), boundary (keys one sort ranks) and window (the
-    longest bucket the
-    window sorts order; 0: always one sort of k), powers of two, and max_registers (ptxas's register
-    cap, Triton's maxnreg: more resident warps an SM, or spills) override the defaults (the probe's
-    sweep)."""
+    longest bucket the window sorts order; 0: always one sort of k), powers of two, and max_registers
+    (ptxas's register cap, Triton's maxnreg: more resident warps an SM, or spills) override the defaults
+    (the probe's sweep)."""
     rows = keys.shape[0]
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")

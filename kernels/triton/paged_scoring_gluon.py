@@ -6,10 +6,10 @@ same head-sum order; tests/kernels/test_paged_scoring.py compares the two on a G
 
 What Gluon buys (paged_scoring.py's Triton kernel runs ~540 instructions a 64-key step, ~200 of them
 layout conversions of the per-key exponent logic through shared memory, with a barrier each): every
-tensor of a step lives where it is used. One thread owns one (key, 32-element group) pair, twice:
-    packed values  uint8 [64, 4, 16]  one 16-byte load (the group's bytes, as the decode consumes them)
-    words          int32 [64, 4, 4]   the same bytes again (an L1 hit) for the group's nonzero test
-    scales         int32 [64, 4]      one byte
+tensor of a step lives where it is used. One thread owns one (key, 32-element group) pair, twice a step
+(two keys a thread):
+    words   int32 [64, 4, 4]  one 16-byte load: the group's packed E2M1 bytes, for its nonzero test and decode
+    scales  int32 [64, 4]     one byte
 so the group's nonzero test is in-thread, the key's smallest exponent and spread are two lane
 exchanges over the 4 groups of a key, and the shift d of a group is a per-thread value that the E2M1
 decode (paged_scoring.E2M1_ASM, 4 bytes an instance) folds into its table. The decoded words are the
