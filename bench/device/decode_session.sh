@@ -5,7 +5,7 @@
 # what time is left. Logs and JSON in $OUT (results.tgz and the variants' JSON).
 #   run(command="LITETOPK_COMMIT=<sha> bash bench/device/decode_session.sh", timeout_s=600)
 # STEPS picks steps (default "tests variants decode"); TESTS_S, VARIANTS_S their limits; SHARD (default 1/2) the
-# share of the kernels' test files (gpu_tests.sh).
+# share of the kernels' test files (gpu_tests.sh; SHARD= with TEST_PATHS: those files alone).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/gpu_env.sh || exit 1
@@ -15,7 +15,7 @@ START=$(date +%s)
 left() { echo $((${BUDGET:-585} - ($(date +%s) - START))); }
 for step in ${STEPS:-tests variants decode}; do
   case $step in
-    tests) echo "== tests"; OUT=$RES TESTS_S=${TESTS_S:-270} SHARD=${SHARD:-1/2} bash bench/device/gpu_tests.sh ;;
+    tests) echo "== tests"; OUT=$RES TESTS_S=${TESTS_S:-270} SHARD=${SHARD-1/2} bash bench/device/gpu_tests.sh ;;
     variants) echo "== variants"
       timeout ${VARIANTS_S:-170} python3 -m bench.probes.paged_variants --out "$RES" --reps 5 2>&1 | grep -v Warn | tail -16 ;;
     decode) T=$(( $(left) - 15 ))

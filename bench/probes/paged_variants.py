@@ -1,6 +1,7 @@
 """Device probe: the paged mode's tuning choices side by side in one process on the same inputs, each
 checked bit for bit against the first: the calibration sample's size and the candidate selection's launch
-at decode sizes (selection.DECODE_CONFIG), and the Gluon kernel's variants (GLUON_PAGED_OPTIONS).
+at decode sizes (selection.DECODE_CONFIG), the scan's threshold refresh, and the Gluon kernel's variants
+(GLUON_PAGED_OPTIONS).
 
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
@@ -28,17 +29,17 @@ from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
 from ..common.timing import gpu_activity
 
-#: name -> (LiteTopKTuning's arguments, and while it runs: selection.DECODE_CONFIG, calibration.DECODE_SAMPLE_KEYS,
-#: paged_scoring_gluon.GLUON_PAGED_OPTIONS) of each variant; the first, the production settings, is the reference
-#: of the bit-for-bit check. A call of few rows samples at least calibration.sample_size_for's keys
-#: (DECODE_SAMPLE_KEYS 0: the prefill's sample_size).
-PRODUCTION = (dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS))
+#: name -> what the variant changes from the production settings: "tuning" (LiteTopKTuning's arguments), "select"
+#: (selection.DECODE_CONFIG), "sample_keys" (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size),
+#: "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS' entries), "refresh" (TritonBackend.paged_refresh: key tiles
+#: between the scan's threshold raises). The first, the production settings, is the reference of the bit-for-bit
+#: check.
 VARIANTS = {
-    "production": ({}, *PRODUCTION),
-    "2 pages ahead": ({}, *PRODUCTION[:2], dict(PAGES_AHEAD=2)),
-    "select as prefill": ({}, dict(selection.CONFIG), *PRODUCTION[1:]),
-    "sample as prefill": ({}, PRODUCTION[0], 0, PRODUCTION[2]),
-    "sample 4096": (dict(sample_size=4096), PRODUCTION[0], 0, PRODUCTION[2]),
+    "production": {},
+    "deferred appends": dict(gluon=dict(DEFER_APPENDS=True)),
+    "refresh 16": dict(refresh=16),
+    "deferred, refresh 16": dict(gluon=dict(DEFER_APPENDS=True), refresh=16),
+    "sample as prefill": dict(sample_keys=0),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
@@ -52,15 +53,18 @@ def probe_shape(shape: str, reps: int) -> dict:
     args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     record, first = dict(shape=shape), None
     saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS)
+    backend = TritonBackend(paged="always")
+    saved_refresh = backend.paged_refresh
     try:
-        with registry.backend_instance("triton", TritonBackend(paged="always")):
-            for name, (tuning_args, select_config, sample_keys, gluon_options) in VARIANTS.items():
+        with registry.backend_instance("triton", backend):
+            for name, variant in VARIANTS.items():
                 selection.DECODE_CONFIG.clear()
-                selection.DECODE_CONFIG.update(select_config)
-                calibration.DECODE_SAMPLE_KEYS = sample_keys
+                selection.DECODE_CONFIG.update(variant.get("select", saved[0]))
+                calibration.DECODE_SAMPLE_KEYS = variant.get("sample_keys", saved[1])
                 GLUON_PAGED_OPTIONS.clear()
-                GLUON_PAGED_OPTIONS.update(gluon_options)
-                tuning = LiteTopKTuning(**tuning_args)
+                GLUON_PAGED_OPTIONS.update(saved[2], **variant.get("gluon", {}))
+                backend.paged_refresh = variant.get("refresh", saved_refresh)
+                tuning = LiteTopKTuning(**variant.get("tuning", {}))
 
                 def call(tuning=tuning):
                     return litetopk_prefill(*args, topk=topk, backend="triton", tuning=tuning)

@@ -46,22 +46,22 @@ from .scoring import SUBNORMAL_UNIT, _histogram_range
 GLUON_PAGED_WARPS = 4
 # ptxas register caps (maxnreg) by rows a group, so that PROGRAMS_PER_SM programs reside on an SM (65,536
 # registers / (cap x 128 threads)); offline sm_90 builds (compile/sm90_paged.py): 166-168 at one row, 244-254 at
-# two, no stack (PAGES_AHEAD = 2 as well, its strided launch excepted: GLUON_PAGED_OPTIONS).
+# two, no stack (DEFER_APPENDS as well).
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The kernel's constexpr options as launched (gluon_paged_options). PAGES_AHEAD = 2 (each step loads the page two
-# steps on: twice the bytes in flight for ~12 more registers; offline sm_90 builds: no stack in the scan and
-# dense launches, 8 bytes in the calibration sample's, whose per-key page addresses take the room, so that one
-# keeps 1) is compiled and checked offline and not yet run on a GPU; bench/probes/paged_variants.py times it
-# against 1, bit for bit, and the GPU tests (tests/kernels/test_paged_scoring.py) run both against the Triton
-# kernel.
-GLUON_PAGED_OPTIONS = dict(PAGES_AHEAD=1)
+# The kernel's constexpr options as launched (gluon_paged_options). DEFER_APPENDS: a scan step stores the previous
+# step's candidates and takes its own slots (an atomic add that returns the slot), so that the slot's round trip to
+# L2 overlaps a step instead of stalling the warpgroup before its next MMA. Compiled and checked offline, not yet
+# run on a GPU; bench/probes/paged_variants.py times it against the launched kernel, bit for bit, and the GPU
+# tests (tests/kernels/test_paged_scoring.py) run both against the Triton kernel. (Loading pages two steps ahead
+# was measured and gained nothing on an H100: 64 x 65,536 scoring 347 against 337 us.)
+GLUON_PAGED_OPTIONS = dict(DEFER_APPENDS=False)
 
 
 def gluon_paged_options(strided: bool) -> dict:
-    """The Gluon kernel's own constexpr options for a launch (`strided`: a page a key, the calibration sample):
-    GLUON_PAGED_OPTIONS, the sample loading one page ahead."""
-    return dict(GLUON_PAGED_OPTIONS, PAGES_AHEAD=1) if strided else dict(GLUON_PAGED_OPTIONS)
+    """The Gluon kernel's own constexpr options for a launch (`strided`: a page a key, the calibration sample,
+    which appends nothing): GLUON_PAGED_OPTIONS."""
+    return dict(GLUON_PAGED_OPTIONS)
 
 
 @gluon.jit
@@ -215,6 +215,14 @@ def _register_operand(half_a, half_b, DOT: gl.constexpr):
 
 
 @gluon.jit
+def _store_candidates(buf_ptr, rows_f, capacity, slots, keys, passing):
+    """The scan's appends: keys [64, 2] (the flat layout's one element a thread) of the passing keys into their
+    rows' candidate buffers at the slots their atomic adds returned (slots past capacity are dropped: the
+    certificate sees the count)."""
+    gl.store(buf_ptr + rows_f[None, :] * capacity + slots, keys, mask=passing & (slots < capacity))
+
+
+@gluon.jit
 def _group_rows(
     group, group_row_ptr, group_count_ptr, starts_ptr, ends_ptr, BLOCK_ROWS: gl.constexpr, layout: gl.constexpr
 ):
@@ -320,14 +328,13 @@ def score_fp4_paged_gluon_kernel(
     USE_ASM: gl.constexpr,
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
-    PAGES_AHEAD: gl.constexpr,
+    DEFER_APPENDS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    PAGES_AHEAD (1 or 2): how many steps ahead a step loads its page (GLUON_PAGED_OPTIONS)."""
+    DEFER_APPENDS: a scan step stores the previous step's candidates (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
-    gl.static_assert((PAGES_AHEAD == 1) | (PAGES_AHEAD == 2), "a page loaded 1 or 2 steps ahead")
     BK: gl.constexpr = 64
     N: gl.constexpr = BLOCK_ROWS * H
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 32])
@@ -494,8 +501,7 @@ def score_fp4_paged_gluon_kernel(
             INTERLEAVED,
             DENSE,
         )
-        # the first step's page (and the second's, PAGES_AHEAD = 2), then each step loads the page PAGES_AHEAD
-        # steps on at its top
+        # the first step's page, then each step loads the next one at its top
         words, scales, live = _load_tile(
             first_local,
             first_local,
@@ -503,17 +509,13 @@ def score_fp4_paged_gluon_kernel(
             pages,
             tile_format,
         )
-        if PAGES_AHEAD == 2:
-            words_1, scales_1, live_1 = _load_tile(
-                first_local + 1,
-                first_local,
-                span,
-                pages,
-                tile_format,
-            )
+        # DEFER_APPENDS: the previous step's candidates (keys, slots, which to store), stored one step late
+        pending_keys = gl.zeros([BK, 2], gl.int64, flat)
+        pending_slots = gl.zeros([BK, 2], gl.int32, flat)
+        pending = pending_slots != 0
         for tile_index in range(first_local, n_local):
             words_n, scales_n, live_n = _load_tile(
-                tile_index + PAGES_AHEAD,
+                tile_index + 1,
                 tile_index,
                 span,
                 pages,
@@ -579,11 +581,18 @@ def score_fp4_paged_gluon_kernel(
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
                 one = gl.full([BK, 2], 1, gl.int32, flat)
+                if DEFER_APPENDS:  # the previous step's slots came back while this step ran
+                    _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
                 slot = gl.atomic_add(
                     appended_ptr + rows_f[None, :] + 0 * pos_f[:, None], one, mask=passing, sem="relaxed"
                 )
                 keys = _ordering_keys(windowed, pos_f[:, None])
-                gl.store(buf_ptr + rows_f[None, :] * capacity + slot, keys, mask=passing & (slot < capacity))
+                if DEFER_APPENDS:
+                    pending_keys = keys
+                    pending_slots = slot
+                    pending = passing
+                else:
+                    _store_candidates(buf_ptr, rows_f, capacity, slot, keys, passing)
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
                 bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
                 gl.atomic_add(
@@ -601,17 +610,11 @@ def score_fp4_paged_gluon_kernel(
                     thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
                     gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
                     thr = gl.convert_layout(thr_h, row_of_flat)
-            if PAGES_AHEAD == 2:
-                words = words_1
-                scales = scales_1
-                live = live_1
-                words_1 = words_n
-                scales_1 = scales_n
-                live_1 = live_n
-            else:
-                words = words_n
-                scales = scales_n
-                live = live_n
+            words = words_n
+            scales = scales_n
+            live = live_n
+        if DEFER_APPENDS and not DENSE:  # the group's last step's candidates
+            _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
         nonfinite = gl.sum(probe, axis=0)
         bad = gl.max(bad_rows, axis=0) != 0
         one = gl.full(nonfinite.shape, 1, gl.int8, nonfinite.type.layout)

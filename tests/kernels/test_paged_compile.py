@@ -14,7 +14,7 @@ from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTER
 from tests.kernels.offline_compile import offline_summary
 
 BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")] + [
-    f"gluon2ahead_{variant}" for variant in PAGED_VARIANTS if not variant.startswith("strided")
+    f"gluondefer_{variant}" for variant in PAGED_VARIANTS if variant.startswith("scan")
 ]
 
 
