@@ -36,9 +36,7 @@ from ..common.timing import gpu_activity
 #: check.
 VARIANTS = {
     "production": {},
-    "deferred appends": dict(gluon=dict(DEFER_APPENDS=True)),
-    "refresh 16": dict(refresh=16),
-    "deferred, refresh 16": dict(gluon=dict(DEFER_APPENDS=True), refresh=16),
+    "refresh 4": dict(refresh=4),
     "sample as prefill": dict(sample_keys=0),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")

@@ -5,8 +5,7 @@ under the interpreter only (with the tl twin of its PTX decode), and the Gluon k
 Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
-writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched;
-gluondefer: the Gluon kernel storing each scan step's candidates one step late, DEFER_APPENDS) and
+writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -105,13 +104,6 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
-        if mode["has_ceilings"]:  # the variant (GLUON_PAGED_OPTIONS): the scan's appends, so its launches only
-            builds["gluondefer"] = (
-                score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, DEFER_APPENDS=True),
-                gluon_options,
-                GluonASTSource,
-            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)

@@ -20,7 +20,8 @@ change compile to nothing. A step has no operand stores, proxy fence or operand 
 synchronous MMA (m64nNk128 in 4 instructions, N = 64 x BLOCK_ROWS); kfac and the unsupported flag are
 converted to the epilogue's layout, the tile's wide flag is one reduction over the warpgroup. The next
 step's page is loaded into registers at the top of a step (its latency overlaps the step), so with
-several programs an SM the loads stay in flight.
+several programs an SM the loads stay in flight; a scan step stores the previous step's candidates, whose
+slots (an atomic add each, returning the slot) came back meanwhile.
 Measured (bench/probes/paged_variants.py, H100, GPU time of the scoring launches, bit for bit with the
 previous kernel, whose decoded operand and per-key flags went through shared memory with a barrier and a
 proxy fence a step, the fence compiled to MEMBAR.ALL.CTA): 64 rows x 65,536 keys 350 us (381 before),
@@ -46,16 +47,15 @@ from .scoring import SUBNORMAL_UNIT, _histogram_range
 GLUON_PAGED_WARPS = 4
 # ptxas register caps (maxnreg) by rows a group, so that PROGRAMS_PER_SM programs reside on an SM (65,536
 # registers / (cap x 128 threads)); offline sm_90 builds (compile/sm90_paged.py): 166-168 at one row, 244-254 at
-# two, no stack (DEFER_APPENDS as well).
+# two, no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The kernel's constexpr options as launched (gluon_paged_options). DEFER_APPENDS: a scan step stores the previous
-# step's candidates and takes its own slots (an atomic add that returns the slot), so that the slot's round trip to
-# L2 overlaps a step instead of stalling the warpgroup before its next MMA. Compiled and checked offline, not yet
-# run on a GPU; bench/probes/paged_variants.py times it against the launched kernel, bit for bit, and the GPU
-# tests (tests/kernels/test_paged_scoring.py) run both against the Triton kernel. (Loading pages two steps ahead
-# was measured and gained nothing on an H100: 64 x 65,536 scoring 347 against 337 us.)
-GLUON_PAGED_OPTIONS = dict(DEFER_APPENDS=False)
+# The kernel's constexpr options as launched (gluon_paged_options): none today. Variants built for a measurement go
+# here (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each
+# against the Triton kernel) and are deleted once measured. Measured on an H100 and deleted (JOURNAL, session 17):
+# loading pages two steps ahead (64 x 65,536 scoring 347 against 337 us); the deferred appends below won (336, and
+# 320 with the scan's threshold refreshed every 16 tiles instead of 4: TritonBackend.paged_refresh).
+GLUON_PAGED_OPTIONS: dict = {}
 
 
 def gluon_paged_options(strided: bool) -> dict:
@@ -328,11 +328,9 @@ def score_fp4_paged_gluon_kernel(
     USE_ASM: gl.constexpr,
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
-    DEFER_APPENDS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    DEFER_APPENDS: a scan step stores the previous step's candidates (GLUON_PAGED_OPTIONS)."""
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -509,7 +507,7 @@ def score_fp4_paged_gluon_kernel(
             pages,
             tile_format,
         )
-        # DEFER_APPENDS: the previous step's candidates (keys, slots, which to store), stored one step late
+        # the previous step's candidates (keys, slots, which to store): a step stores them once their slots are back
         pending_keys = gl.zeros([BK, 2], gl.int64, flat)
         pending_slots = gl.zeros([BK, 2], gl.int32, flat)
         pending = pending_slots != 0
@@ -581,18 +579,14 @@ def score_fp4_paged_gluon_kernel(
                 windowed = gl.where(in_window, scores, float("nan"))
                 passing = windowed >= thr[None, :]
                 one = gl.full([BK, 2], 1, gl.int32, flat)
-                if DEFER_APPENDS:  # the previous step's slots came back while this step ran
-                    _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
-                slot = gl.atomic_add(
+                # the previous step's appends (their slots came back while this step ran), then this step's slots:
+                # the atomic's round trip to L2 overlaps a step instead of stalling the warpgroup before its MMA
+                _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
+                pending_slots = gl.atomic_add(
                     appended_ptr + rows_f[None, :] + 0 * pos_f[:, None], one, mask=passing, sem="relaxed"
                 )
-                keys = _ordering_keys(windowed, pos_f[:, None])
-                if DEFER_APPENDS:
-                    pending_keys = keys
-                    pending_slots = slot
-                    pending = passing
-                else:
-                    _store_candidates(buf_ptr, rows_f, capacity, slot, keys, passing)
+                pending_keys = _ordering_keys(windowed, pos_f[:, None])
+                pending = passing
                 bin_of = ((windowed - hist_lo[None, :]) * hist_inv[None, :]).to(gl.int32)
                 bin_of = gl.minimum(gl.maximum(bin_of, 0), NB - 1)
                 gl.atomic_add(
@@ -613,7 +607,7 @@ def score_fp4_paged_gluon_kernel(
             words = words_n
             scales = scales_n
             live = live_n
-        if DEFER_APPENDS and not DENSE:  # the group's last step's candidates
+        if not DENSE:  # the group's last step's candidates
             _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
         nonfinite = gl.sum(probe, axis=0)
         bad = gl.max(bad_rows, axis=0) != 0

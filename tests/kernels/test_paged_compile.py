@@ -13,9 +13,7 @@ from litetopk.kernels.compile.sm90_paged import PAGED_VARIANTS
 from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, PROGRAMS_PER_SM
 from tests.kernels.offline_compile import offline_summary
 
-BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")] + [
-    f"gluondefer_{variant}" for variant in PAGED_VARIANTS if variant.startswith("scan")
-]
+BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")]
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def paged_mode():
 
 
 #: GLUON_PAGED_OPTIONS of each Gluon kernel variant (the launched one first)
-GLUON_VARIANTS = {"launched": {}, "deferred appends": dict(DEFER_APPENDS=True)}
+GLUON_VARIANTS = {"launched": {}}
 
 
 @pytest.fixture(params=list(GLUON_VARIANTS))
