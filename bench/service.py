@@ -42,6 +42,7 @@ from bench.common import BENCH_DIR, RESULTS_DIR
 from bench.common.service_process import ServiceProcess
 from litetopk.clients import AsyncTopKClient, TopKClient  # noqa: E402
 from litetopk.kernels import SUPPORTED_TOPK, LiteTopKGraphs, pack_kv_cache, quantize_mxfp4  # noqa: E402
+from litetopk.kernels.result import ANSWER_FIELDS, RESULT_FIELDS  # noqa: E402
 
 SHAPES = {  # name -> (sequences, rows per sequence, keys per sequence, K)
     "decode64": (64, 1, 65536, 512),
@@ -51,7 +52,7 @@ SHAPES = {  # name -> (sequences, rows per sequence, keys per sequence, K)
 CPU_SHAPES = {"decode64": (8, 1, 4096, 512), "decode128": (8, 2, 2048, 1024), "prefill": (1, 64, 8192, 512)}
 ITERS = {"decode64": {"cuda": 200, "cpu": 20}, "decode128": {"cuda": 200, "cpu": 20}, "prefill": {"cuda": 20, "cpu": 6}}
 MODES = ("in-process", "ipc", "uds+out", "tcp+out")
-FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+FIELDS = tuple(RESULT_FIELDS)  # every field written; the answers compared on ANSWER_FIELDS (candidates: a metric)
 CONCURRENCY = (1, 8)
 
 
@@ -118,7 +119,7 @@ def server_timing(header: str) -> dict[str, float]:
 
 
 def same(a, b) -> bool:
-    return all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in FIELDS)
+    return all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in ANSWER_FIELDS)
 
 
 def register_call(client, args, want, outputs: bool = True):
@@ -198,7 +199,7 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
         outs = {f: owner.register(torch.empty_like(ref[f])) for f in FIELDS}
         calls[mode] = lambda client=client, outs=outs: client.topk(*regions, **kwargs, out=outs)
         got = calls[mode]()
-        equal[mode] = all(torch.equal(getattr(got, f).cpu(), ref[f].cpu()) for f in FIELDS)
+        equal[mode] = all(torch.equal(getattr(got, f).cpu(), ref[f].cpu()) for f in ANSWER_FIELDS)
         if not equal[mode]:
             print(f"!! {name}/{mode}: the service answer differs from in-process", file=sys.stderr)
     seconds = {mode: [] for mode in calls}

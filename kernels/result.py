@@ -24,6 +24,11 @@ RESULT_FIELDS = {
     "candidates": (lambda rows, k: (rows,), torch.int32),
 }
 
+#: The fields that are the answer: the same bits on every run of a call and on every path of a backend. The
+#: rest (`candidates`) is a metric: where several programs of the Triton backend's paged mode share a row, each
+#: raises the row's threshold as it goes, so the count can differ by a few keys from run to run.
+ANSWER_FIELDS = tuple(name for name in RESULT_FIELDS if name != "candidates")
+
 
 @dataclass(frozen=True)
 class TopKResult:

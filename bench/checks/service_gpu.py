@@ -30,12 +30,13 @@ from bench.common.problems import call_args, prefill_problem
 from bench.common.service_process import ServiceProcess
 from litetopk.clients import TopKClient  # noqa: E402
 from litetopk.kernels import litetopk_prefill  # noqa: E402
+from litetopk.kernels.result import ANSWER_FIELDS, RESULT_FIELDS  # noqa: E402
 
-FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
+FIELDS = tuple(RESULT_FIELDS)  # every field written; the answers compared on ANSWER_FIELDS (candidates: a metric)
 
 
 def differs(a, b) -> list[str]:
-    return [f for f in FIELDS if not torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu())]
+    return [f for f in ANSWER_FIELDS if not torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu())]
 
 
 def worker(uds: str, url: str, rows: int, keys: int, device: torch.device, backend: str) -> int:
