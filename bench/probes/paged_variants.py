@@ -36,6 +36,7 @@ from ..common.timing import gpu_activity
 #: check.
 VARIANTS = {
     "production": {},
+    "exponents ahead": dict(gluon=dict(EXPONENTS_AHEAD=True)),
     "refresh 4": dict(refresh=4),
     "sample as prefill": dict(sample_keys=0),
 }

@@ -5,7 +5,8 @@ under the interpreter only (with the tl twin of its PTX decode), and the Gluon k
 Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
-writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched) and
+writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; gluonahead: the
+Gluon kernel computing the next page's exponents a step ahead, EXPONENTS_AHEAD) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -104,6 +105,13 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
+        if not mode["strided"]:  # the variant (GLUON_PAGED_OPTIONS); the sample's launch reads a page a key
+            builds["gluonahead"] = (
+                score_fp4_paged_gluon_kernel,
+                dict(gluon_constants, EXPONENTS_AHEAD=True),
+                gluon_options,
+                GluonASTSource,
+            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)

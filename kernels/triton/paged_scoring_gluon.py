@@ -50,18 +50,23 @@ GLUON_PAGED_WARPS = 4
 # two, no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# The kernel's constexpr options as launched (gluon_paged_options): none today. Variants built for a measurement go
-# here (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each
-# against the Triton kernel) and are deleted once measured. Measured on an H100 and deleted (JOURNAL, session 17):
-# loading pages two steps ahead (64 x 65,536 scoring 347 against 337 us); the deferred appends below won (336, and
-# 320 with the scan's threshold refreshed every 16 tiles instead of 4: TritonBackend.paged_refresh).
-GLUON_PAGED_OPTIONS: dict = {}
+# The kernel's constexpr options as launched (gluon_paged_options). Variants built for a measurement go here
+# (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each against
+# the Triton kernel) and are deleted once measured. EXPONENTS_AHEAD (compiled and checked offline, not yet run on a
+# GPU): a step computes the next page's exponents (loaded two steps ahead) in one block with this page's decode, and
+# the next page's warpgroup reduction (the wide flag) after the MMA, so that the scheduler interleaves the exponents'
+# lane exchanges with the byte permutes; Nsight Compute put the exponents' exchanges at ~16 % and the wide flag's
+# barriers at ~7 % of the scan's stall samples (JOURNAL, session 17). Offline: 168 / 255 registers, no stack.
+# Measured on an H100 and deleted: loading pages two steps ahead alone (64 x 65,536 scoring 347 against 337 us); the
+# deferred appends won (336, and 320 with the scan's threshold refreshed every 16 tiles instead of 4:
+# TritonBackend.paged_refresh).
+GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=False)
 
 
 def gluon_paged_options(strided: bool) -> dict:
-    """The Gluon kernel's own constexpr options for a launch (`strided`: a page a key, the calibration sample,
-    which appends nothing): GLUON_PAGED_OPTIONS."""
-    return dict(GLUON_PAGED_OPTIONS)
+    """The Gluon kernel's own constexpr options for a launch (`strided`: a page a key, the calibration sample, whose
+    per-key page addresses leave no registers for a page more in flight: EXPONENTS_AHEAD off): GLUON_PAGED_OPTIONS."""
+    return dict(GLUON_PAGED_OPTIONS, EXPONENTS_AHEAD=False) if strided else dict(GLUON_PAGED_OPTIONS)
 
 
 @gluon.jit
@@ -203,6 +208,25 @@ def _shift_words(d, W3: gl.constexpr):
 
 
 @gluon.jit
+def _page_flags(d, spread, live, W3: gl.constexpr):
+    """From a page's exponents (_key_exponents): (shift int32 [64, 4, 4] in W3, the groups' shifts per word; bad_key
+    int32 [64] in G's key slice, a live key whose groups span 8 binades or more; k_wide, any key of the tile spanning
+    4 or more: the hi operands' branch, a reduction over the warpgroup)."""
+    bad_key = (live & (spread >= 8)).to(gl.int32)
+    k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
+    return _shift_words(d, W3), bad_key, k_wide
+
+
+@gluon.jit
+def _page_exponents(words, scales, live, W3: gl.constexpr, G: gl.constexpr):
+    """What a step needs of its page before the decode: _page_flags' (shift, bad_key, k_wide) and kfac float32 [64]
+    (G's key slice), each key's factor."""
+    d, spread, kfac = _key_exponents(words, scales, W3, G)
+    shift, bad_key, k_wide = _page_flags(d, spread, live, W3)
+    return shift, bad_key, kfac, k_wide
+
+
+@gluon.jit
 def _register_operand(half_a, half_b, DOT: gl.constexpr):
     """int8 [64, 128] in the wgmma A-operand layout DOT of the decoded halves (int32 [64, 4, 4]: key, group g,
     word j; 4 int8 a word) of _e2m1_halves: element (key, 4 q + e), q = 16 h + 4 j + g, is byte e of
@@ -328,9 +352,11 @@ def score_fp4_paged_gluon_kernel(
     USE_ASM: gl.constexpr,
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
+    EXPONENTS_AHEAD: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode)."""
+    """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
+    EXPONENTS_AHEAD: a step computes the next page's exponents (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -507,23 +533,35 @@ def score_fp4_paged_gluon_kernel(
             pages,
             tile_format,
         )
+        if EXPONENTS_AHEAD:  # the second page, and the first page's exponents
+            words_1, scales_1, live_1 = _load_tile(
+                first_local + 1,
+                first_local,
+                span,
+                pages,
+                tile_format,
+            )
+            shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G)
         # the previous step's candidates (keys, slots, which to store): a step stores them once their slots are back
         pending_keys = gl.zeros([BK, 2], gl.int64, flat)
         pending_slots = gl.zeros([BK, 2], gl.int32, flat)
         pending = pending_slots != 0
         for tile_index in range(first_local, n_local):
             words_n, scales_n, live_n = _load_tile(
-                tile_index + 1,
+                tile_index + 1 + EXPONENTS_AHEAD,
                 tile_index,
                 span,
                 pages,
                 tile_format,
             )
-            d, spread, kfac = _key_exponents(words, scales, W3, G)
-            shift = _shift_words(d, W3)
-            bad_key = (live & (spread >= 8)).to(gl.int32)
+            if EXPONENTS_AHEAD:
+                # this page's narrow decode (its shifts came a step ago) and the next page's exponents in one block, two
+                # independent chains for the scheduler to interleave; the next page's warpgroup reduction after the MMA
+                half_a, half_b = _e2m1_halves(words, shift)
+                d_1, spread_1, kfac_1 = _key_exponents(words_1, scales_1, W3, G)
+            else:
+                shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G)
             # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
-            k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
             if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
                 in_lo = shift <= 3
                 in_hi = (shift >= 4) & (shift <= 7)
@@ -540,7 +578,8 @@ def score_fp4_paged_gluon_kernel(
                 acc = warpgroup_mma(op_lo, qa.permute((1, 0)), acc * 16)
                 relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
             else:
-                half_a, half_b = _e2m1_halves(words, shift)
+                if not EXPONENTS_AHEAD:
+                    half_a, half_b = _e2m1_halves(words, shift)
                 # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
                 acc = warpgroup_mma(
                     _register_operand(half_a, half_b, DOT),
@@ -604,9 +643,17 @@ def score_fp4_paged_gluon_kernel(
                     thr_h = gl.where((best_bin >= 1) & (hist_width_h > 0), gl.maximum(thr_h, edge), thr_h)
                     gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
                     thr = gl.convert_layout(thr_h, row_of_flat)
-            words = words_n
-            scales = scales_n
-            live = live_n
+            if EXPONENTS_AHEAD:
+                shift, bad_key, k_wide = _page_flags(d_1, spread_1, live_1, W3)
+                kfac = kfac_1
+                words = words_1
+                words_1 = words_n
+                scales_1 = scales_n
+                live_1 = live_n
+            else:
+                words = words_n
+                scales = scales_n
+                live = live_n
         if not DENSE:  # the group's last step's candidates
             _store_candidates(buf_ptr, rows_f, capacity, pending_slots, pending_keys, pending)
         nonfinite = gl.sum(probe, axis=0)

@@ -13,7 +13,9 @@ from litetopk.kernels.compile.sm90_paged import PAGED_VARIANTS
 from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, PROGRAMS_PER_SM
 from tests.kernels.offline_compile import offline_summary
 
-BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")]
+BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")] + [
+    f"gluonahead_{variant}" for variant in PAGED_VARIANTS if not variant.startswith("strided")
+]
 
 
 @pytest.fixture(scope="module")
