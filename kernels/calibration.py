@@ -174,15 +174,18 @@ def _step(mid, count, lo, hi, c_lo, c_hi, rank):
     )
 
 
-@triton.jit
+# The ranks are runtime values, unspecialized: they follow the sample's stride (K / (2 stride) and its ceiling's
+# rank), so as constexprs every stride of a new window length compiled the kernel anew (~90 builds in a GPU
+# service's workspace sizing).
+@triton.jit(do_not_specialize=["rank_a", "rank_b"])
 def calibration_order_kernel(
     scores_ptr,
     width,
     out_ptr,
     offset,  # float32 [rows, width]; float32 or int64 [2, rows]
     band_ptr,  # int32 [rows, BAND]: the bracket's values, compacted
-    RANK_A: tl.constexpr,
-    RANK_B: tl.constexpr,
+    rank_a,
+    rank_b,  # int32: the two ranks (1-based) a row is ordered for
     ROWS: tl.constexpr,
     LANES: tl.constexpr,
     BAND: tl.constexpr,
@@ -208,13 +211,13 @@ def calibration_order_kernel(
     while (lo_a == lo_b) & (hi_a == hi_b) & (c_lo_a - c_hi_a > BAND) & (lo_a < hi_a):
         mid = lo_a + (hi_a - lo_a + 1) // 2
         count = tl.sum((ordered >= mid.to(tl.int32)).to(tl.int32))
-        lo_a, hi_a, c_lo_a, c_hi_a = _step(mid, count, lo_a, hi_a, c_lo_a, c_hi_a, RANK_A)
-        lo_b, hi_b, c_lo_b, c_hi_b = _step(mid, count, lo_b, hi_b, c_lo_b, c_hi_b, RANK_B)
+        lo_a, hi_a, c_lo_a, c_hi_a = _step(mid, count, lo_a, hi_a, c_lo_a, c_hi_a, rank_a)
+        lo_b, hi_b, c_lo_b, c_hi_b = _step(mid, count, lo_b, hi_b, c_lo_b, c_hi_b, rank_b)
     found_a = tl.full([], 0, tl.int64)
     found_b = tl.full([], 0, tl.int64)
     for which in range(2):  # a runtime loop: one copy of the code for both ranks
         first = which == 0
-        rank = tl.where(first, RANK_A, RANK_B)
+        rank = tl.where(first, rank_a, rank_b)
         lo, hi = tl.where(first, lo_a, lo_b), tl.where(first, hi_a, hi_b)
         c_lo, c_hi = tl.where(first, c_lo_a, c_lo_b), tl.where(first, c_hi_a, c_hi_b)
         lo, hi, c_lo, c_hi = _bisect(ordered, lo, hi, c_lo, c_hi, rank, BAND)
@@ -279,8 +282,8 @@ def _order_statistics(
             out,
             offset,
             band_rows,
-            RANK_A=ranks[0],
-            RANK_B=ranks[1],
+            ranks[0],
+            ranks[1],
             ROWS=tile_rows,
             LANES=lanes,
             BAND=band,

@@ -89,7 +89,15 @@ async def _warm_up(state: ServiceState) -> None:
 
     def run():  # one job: the warm-up, then the operator, then the warm-up again through it
         args, kwargs = warmup_problem(state.device)
+        log.info("warm-up: a first call on %s (compiles the kernels on a cold cache)", state.device)
         litetopk_prefill(*args, **kwargs, backend=settings.backend, tuning=state.tuning).raise_for_status()
+        limits = workspace_limits(settings, state.device)
+        log.info(
+            "warm-up: sizing the workspace for %d rows, %d keys, %d sequences (a call a mode and size class)",
+            limits.max_rows,
+            limits.max_keys,
+            limits.max_batch,
+        )
         operator = allocate()
         names = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
         inputs = dict(zip(names, args))

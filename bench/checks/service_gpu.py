@@ -94,15 +94,23 @@ def main() -> int:
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(device), uuid=str(torch.cuda.get_device_properties(device).uuid))
     with tempfile.TemporaryDirectory(prefix="ltk-check-", dir="/tmp") as directory:
+        # the workspace sized for the check's calls (one sequence of --rows rows, --keys keys), not the GPU defaults
+        # (8,192 rows, 65,536 keys, 256 sequences), whose warm-up compiles for minutes on a cold cache
+        started = time.monotonic()
+        print(f"starting the service on {device} ({args.rows} rows, {args.keys} keys)", file=sys.stderr, flush=True)
         service = ServiceProcess(
             directory,
             device=str(device),
             backend=args.backend,
-            log_level="warning",
+            log_level="info",
             queue_size=256,
             request_timeout_s=900,
+            max_rows=args.rows,
+            max_keys=args.keys,
+            max_batch=1,
             timeout=300,
         )
+        print(f"service ready after {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
         child = None
         try:
             with TopKClient(service.url, token=service.token) as client:
@@ -128,7 +136,9 @@ def main() -> int:
                 text=True,
                 cwd=REPO_ROOT,
             )
+            print("worker started", file=sys.stderr, flush=True)
             line = child.stdout.readline()
+            print("worker reported", file=sys.stderr, flush=True)
             if not line:
                 raise RuntimeError(f"the worker exited with {child.wait()} before reporting")
             summary["worker"] = report = json.loads(line)

@@ -90,8 +90,10 @@ class ServiceProcess:
         self.info: dict = {}
         try:
             self._wait("/readyz" if wait_ready else "/livez", timeout)
-        except BaseException:
+        except BaseException as exc:
             self.stop()
+            if not isinstance(exc, (RuntimeError, TimeoutError)):  # interrupted (their messages carry the log)
+                sys.stderr.write(f"the service's log when its start was interrupted:\n{self.log()[-3000:]}\n")
             raise
 
     # -- what a caller needs -------------------------------------------------------------------------

@@ -22,15 +22,19 @@ status=0
 step() {  # step SECONDS COMMAND...: run with a time limit, log, remember failures
   local limit=$1; shift
   echo "== [$(date +%T)] $* (limit ${limit}s)" | tee -a "$LOG"
-  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  # SIGINT first: pytest then reports where it stopped and writes its junit XML
+  timeout -s INT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   echo "== exit $rc" | tee -a "$LOG"
+  if [ "$rc" -eq 124 ]; then  # out of time: what the services it started were doing
+    for f in /tmp/ltk*/service.log; do [ -f "$f" ] && { echo "-- $f"; tail -n 20 "$f"; }; done 2>&1 | tee -a "$LOG"
+  fi
   [ "$rc" -eq 0 ] || status=1
 }
 step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv
 step 30 python3 -c 'import torch, triton, msgspec, fastapi, uvicorn, pydantic, httptools; print("torch", torch.__version__, "triton", triton.__version__, "msgspec", msgspec.__version__, "fastapi", fastapi.__version__, "uvicorn", uvicorn.__version__, "httptools", httptools.__version__)'
-step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" --junitxml="$OUT/service-gpu-tests.xml"
-step "${CHECK_S:-100}" python3 -m bench.checks.service_gpu --backend auto --out "$OUT"
+step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -v -rs -p no:cacheprovider -o addopts="" --durations=0 --junitxml="$OUT/service-gpu-tests.xml"
+step "${CHECK_S:-120}" python3 -m bench.checks.service_gpu --backend auto --rows 256 --keys 4096 --out "$OUT"
 step "${BENCH_S:-200}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"
 step "${OVERHEAD_S:-50}" python3 -m bench.service_overhead --device cuda:0 --rows 64 --iters 300 --out "$OUT"
 echo "service_session: exit $status" | tee -a "$LOG"

@@ -179,7 +179,7 @@ KERNELS = {
         dict(nonfinite_ptr="*i8", unsupported_ptr="*i8", q_unsupported_ptr="*i8"),
     ),
     calibration.calibration_order_kernel: (
-        dict(RANK_A=512, RANK_B=8, ROWS=16, LANES=128, BAND=512, KEYS=True),
+        dict(ROWS=16, LANES=128, BAND=512, KEYS=True),
         dict(scores_ptr="*fp32", out_ptr="*i64", offset="fp32"),
     ),
 }

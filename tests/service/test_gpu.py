@@ -28,8 +28,12 @@ def uuid_of(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def gpu_service(request):
-    # one service per device for the module; its warm-up compiles the Triton kernels on a cold cache
-    process, directory = start_service(device=request.param, backend="auto", timeout=300)
+    # One service per device for the module, its workspace sized for these tests' calls (at most 400 rows of 2
+    # sequences, windows under 1,024 keys) rather than the GPU defaults (8,192 rows, 65,536 keys, 256 sequences),
+    # whose warm-up sizes the workspace over every mode and sample class and compiles for minutes on a cold cache.
+    process, directory = start_service(
+        device=request.param, backend="auto", max_rows=512, max_keys=1024, max_batch=2, timeout=240
+    )
     yield process
     process.stop()
     directory.cleanup()
