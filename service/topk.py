@@ -440,8 +440,10 @@ def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopK
         if name in answered:
             start, end = answered[name]
             tallies[name] = view[start:end].cast("i")
-        elif name not in tallies:
-            tallies[name] = memoryview(getattr(result, name).cpu().numpy())
+    missing = [name for name in TALLIED if name not in tallies]
+    if missing:  # one copy to the host (one wait on the device), not one a field
+        copied = torch.stack([getattr(result, name) for name in missing]).cpu().numpy()
+        tallies.update((name, memoryview(copied[i])) for i, name in enumerate(missing))
     return tallies
 
 
