@@ -23,7 +23,12 @@ import torch
 
 from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
+from litetopk.kernels.triton.paged_scoring_gluon import (
+    FOUR_PROGRAMS_AT_ONE_ROW,
+    GLUON_PAGED_MAX_REGISTERS,
+    GLUON_PAGED_OPTIONS,
+    PROGRAMS_PER_SM,
+)
 
 from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
@@ -32,11 +37,13 @@ from ..common.timing import gpu_activity
 #: name -> what the variant changes from the production settings: "tuning" (LiteTopKTuning's arguments), "select"
 #: (selection.DECODE_CONFIG), "sample_keys" (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size),
 #: "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS' entries), "refresh" (TritonBackend.paged_refresh: key tiles
-#: between the scan's threshold raises). The first, the production settings, is the reference of the bit-for-bit
-#: check.
+#: between the scan's threshold raises), "one_row_grid" ((register cap, programs an SM) of the Gluon kernel at one
+#: row a group: paged_scoring_gluon.GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]). The first, the production
+#: settings, is the reference of the bit-for-bit check.
 VARIANTS = {
     "production": {},
     "exponents ahead": dict(gluon=dict(EXPONENTS_AHEAD=True)),
+    "4 programs an SM": dict(one_row_grid=FOUR_PROGRAMS_AT_ONE_ROW),
     "refresh 4": dict(refresh=4),
     "sample as prefill": dict(sample_keys=0),
 }
@@ -54,6 +61,7 @@ def probe_shape(shape: str, reps: int) -> dict:
     saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS)
     backend = TritonBackend(paged="always")
     saved_refresh = backend.paged_refresh
+    saved_grid = GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]
     try:
         with registry.backend_instance("triton", backend):
             for name, variant in VARIANTS.items():
@@ -63,6 +71,7 @@ def probe_shape(shape: str, reps: int) -> dict:
                 GLUON_PAGED_OPTIONS.clear()
                 GLUON_PAGED_OPTIONS.update(saved[2], **variant.get("gluon", {}))
                 backend.paged_refresh = variant.get("refresh", saved_refresh)
+                GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = variant.get("one_row_grid", saved_grid)
                 tuning = LiteTopKTuning(**variant.get("tuning", {}))
 
                 def call(tuning=tuning):
@@ -98,6 +107,7 @@ def probe_shape(shape: str, reps: int) -> dict:
         calibration.DECODE_SAMPLE_KEYS = saved[1]
         GLUON_PAGED_OPTIONS.clear()
         GLUON_PAGED_OPTIONS.update(saved[2])
+        GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = saved_grid
     del cache, block_table, q
     torch.cuda.empty_cache()
     return record

@@ -6,7 +6,8 @@ Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
 writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; gluonahead: the
-Gluon kernel computing the next page's exponents a step ahead, EXPONENTS_AHEAD) and
+Gluon kernel computing the next page's exponents a step ahead, EXPONENTS_AHEAD; gluon4: the launched Gluon kernel at
+one row a group capped for 4 programs an SM, FOUR_PROGRAMS_AT_ONE_ROW) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -25,6 +26,7 @@ from ..cache_layout import describe_kv_cache
 from ..triton.paged import paged_launch_options
 from ..triton.paged_scoring import score_fp4_paged_kernel
 from ..triton.paged_scoring_gluon import (
+    FOUR_PROGRAMS_AT_ONE_ROW,
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_WARPS,
     gluon_paged_options,
@@ -110,6 +112,13 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
                 score_fp4_paged_gluon_kernel,
                 dict(gluon_constants, EXPONENTS_AHEAD=True),
                 gluon_options,
+                GluonASTSource,
+            )
+        if mode["block_rows"] == 1:  # the register cap variant (FOUR_PROGRAMS_AT_ONE_ROW)
+            builds["gluon4"] = (
+                score_fp4_paged_gluon_kernel,
+                gluon_constants,
+                dict(gluon_options, maxnreg=FOUR_PROGRAMS_AT_ONE_ROW[0]),
                 GluonASTSource,
             )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():

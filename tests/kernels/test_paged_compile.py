@@ -10,12 +10,17 @@ from __future__ import annotations
 import pytest
 
 from litetopk.kernels.compile.sm90_paged import PAGED_VARIANTS
-from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_MAX_REGISTERS, PROGRAMS_PER_SM
+from litetopk.kernels.triton.paged_scoring_gluon import (
+    FOUR_PROGRAMS_AT_ONE_ROW,
+    GLUON_PAGED_MAX_REGISTERS,
+    PROGRAMS_PER_SM,
+)
 from tests.kernels.offline_compile import offline_summary
 
 BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")] + [
     f"gluonahead_{variant}" for variant in PAGED_VARIANTS if not variant.startswith("strided")
 ]
+CAPPED = [f"gluon4_{variant}" for variant in PAGED_VARIANTS if variant.endswith("1")]
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +59,14 @@ def test_the_gluon_step_feeds_the_mma_from_registers(summary, build):
     opcodes = summary[build]["loop_opcodes"]
     assert opcodes.get("MEMBAR", 0) == 0 and opcodes.get("FENCE", 0) == 0, f"{build}: {opcodes}"
     assert opcodes.get("STS", 0) <= 8, f"{build}: {opcodes.get('STS', 0)} shared stores in the step loop"
+
+
+@pytest.mark.parametrize("build", CAPPED)
+def test_capped_gluon_paged_kernel_keeps_its_step_loop_in_registers(summary, build):
+    """The 4-programs-an-SM variant (FOUR_PROGRAMS_AT_ONE_ROW): within its cap, and whatever ptxas spills stays
+    outside the step loop (no local memory traffic a step)."""
+    cap, per_sm = FOUR_PROGRAMS_AT_ONE_ROW
+    info = summary[build]
+    assert info["REG"] <= cap and per_sm * info["REG"] * 128 <= 65536, f"{build}: {info['REG']} registers"
+    spills = {op: n for op, n in info["loop_opcodes"].items() if op.split(".")[0] in ("STL", "LDL")}
+    assert not spills, f"{build}: local memory in the step loop {spills}"
