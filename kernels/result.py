@@ -26,7 +26,9 @@ RESULT_FIELDS = {
 
 #: The fields that are the answer: the same bits on every run of a call and on every path of a backend. The
 #: rest (`candidates`) is a metric: where several programs of the Triton backend's paged mode share a row, each
-#: raises the row's threshold as it goes, so the count can differ by a few keys from run to run.
+#: raises the row's threshold as it goes, so the count can differ by a few keys from run to run. (`repaired` and the
+#: capacity bits of `status` follow that count against the buffer's capacity; the paged mode's buffer holds every
+#: window, so its count never reaches it, and the other modes' counts do not vary.)
 ANSWER_FIELDS = tuple(name for name in RESULT_FIELDS if name != "candidates")
 
 

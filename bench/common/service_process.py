@@ -92,7 +92,7 @@ class ServiceProcess:
             self._wait("/readyz" if wait_ready else "/livez", timeout)
         except BaseException as exc:
             self.stop()
-            if not isinstance(exc, (RuntimeError, TimeoutError)):  # interrupted (their messages carry the log)
+            if not isinstance(exc, (RuntimeError, TimeoutError)):  # interrupted or failed otherwise (the two carry it)
                 sys.stderr.write(f"the service's log when its start was interrupted:\n{self.log()[-3000:]}\n")
             raise
 

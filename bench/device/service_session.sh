@@ -22,13 +22,11 @@ status=0
 step() {  # step SECONDS COMMAND...: run with a time limit, log, remember failures
   local limit=$1; shift
   echo "== [$(date +%T)] $* (limit ${limit}s)" | tee -a "$LOG"
-  # SIGINT first: pytest then reports where it stopped and writes its junit XML
+  # SIGINT first: pytest then reports where it stopped and writes its junit XML, and a service start it interrupts
+  # prints the service's log (bench/common/service_process.py)
   timeout -s INT --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   echo "== exit $rc" | tee -a "$LOG"
-  if [ "$rc" -eq 124 ]; then  # out of time: what the services it started were doing
-    for f in /tmp/ltk*/service.log; do [ -f "$f" ] && { echo "-- $f"; tail -n 20 "$f"; }; done 2>&1 | tee -a "$LOG"
-  fi
   [ "$rc" -eq 0 ] || status=1
 }
 step 10 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv

@@ -45,6 +45,7 @@ from .operands import (
 )
 from .paged import (
     PAGED_MODES,
+    PAGED_REFRESH,
     PAGED_ROWS_PER_SEQUENCE,
     PagedOperands,
     cache_in_words,
@@ -199,9 +200,7 @@ class TritonBackend(ScoringBackend):
         self.refresh = refresh  # key steps between threshold raises in the scan
         self.num_bins = num_bins  # bins of the scan's threshold histogram (a power of two)
         self.max_registers = max_registers  # the Triton kernel's ptxas register cap (None: the compiler's choice)
-        # key tiles between threshold raises in the paged scan (several programs a row); 16 against 4 on an H100
-        # (bench/probes/paged_variants.py): 64 x 65,536 scoring 336 -> 320 us, 32 x 4 x 65,536 490 -> 473, one row even
-        self.paged_refresh = 16
+        self.paged_refresh = PAGED_REFRESH  # key tiles between threshold raises in the paged scan (paged.py)
         self._prepared: tuple[PrefillProblem, Operands] | None = None
 
     def check_device(self, device: torch.device) -> None:

@@ -48,6 +48,10 @@ from .split_schedule import SplitSchedule, _split_schedule, build_split_schedule
 PAGED_ROWS_PER_SEQUENCE = 4
 PAGED_MODES = ("auto", "never", "always")
 INTERPRETED_PROGRAMS = 3  # the grid under TRITON_INTERPRET=1: several programs share each row group's tiles
+# Key tiles between the paged scan's threshold raises (several programs a row share one threshold): 16 against 4
+# on an H100 (bench/probes/paged_variants.py, GPU busy of one eager call, bit for bit): 64 x 65,536 scoring 336 -> 320
+# us, 32 x 4 x 65,536 490 -> 473, one row even. TritonBackend.paged_refresh starts from it.
+PAGED_REFRESH = 16
 STATUS_NONFINITE_C = tl.constexpr(int(RowStatus.NONFINITE))
 STATUS_UNSUPPORTED_C = tl.constexpr(int(RowStatus.UNSUPPORTED))
 
@@ -264,7 +268,7 @@ def paged_launch_options(
     use_asm: bool,
     indirect: bool = False,
     has_ceilings: bool = False,
-    refresh: int = 4,
+    refresh: int = PAGED_REFRESH,
     num_bins: int = NUM_BINS,
 ) -> dict:
     """The constexpr arguments of one score_fp4_paged_kernel variant, as launched (shared with the
@@ -311,7 +315,7 @@ def launch_paged_scoring(
     ceilings: torch.Tensor | None = None,
     buffer: torch.Tensor | None = None,
     capacity: int = 0,
-    refresh: int = 4,
+    refresh: int = PAGED_REFRESH,
     num_bins: int = NUM_BINS,
     query_rows: torch.Tensor | None = None,
 ) -> None:
@@ -465,6 +469,7 @@ def paged_unsupported_rows(problem, ops: PagedOperands) -> torch.Tensor:
 
 __all__ = [
     "PAGED_MODES",
+    "PAGED_REFRESH",
     "PAGED_ROWS_PER_SEQUENCE",
     "PagedOperands",
     "cache_in_words",

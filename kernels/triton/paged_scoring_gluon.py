@@ -50,10 +50,11 @@ GLUON_PAGED_WARPS = 4
 # two, no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# A variant under measurement (bench/probes/paged_variants.py, "4 programs an SM"): (cap, programs an SM) at one row a
-# group. Offline at 128 registers: the launched scan spills 40 bytes, all outside its step loop (a group's values);
-# the dense and strided launches none. Nsight Compute put the scan at 3 programs an SM and 0.67 eligible warps a
-# scheduler (JOURNAL, session 17): a fourth program is a third more warps to hide the step's latencies.
+# A variant under measurement (bench/probes/paged_variants.py, "4 programs an SM", bit for bit against the launched
+# kernel; the same code under a lower register cap): (cap, programs an SM) at one row a group. Offline at 128
+# registers: the launched scan spills 40 bytes, all outside its step loop (a group's values); the dense and strided
+# launches none. Nsight Compute put the scan at 3 programs an SM and 0.67 eligible warps a scheduler (JOURNAL,
+# session 17): a fourth program is a third more warps to hide the step's latencies.
 FOUR_PROGRAMS_AT_ONE_ROW = (128, 4)
 # The kernel's constexpr options as launched (gluon_paged_options). Variants built for a measurement go here
 # (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each against

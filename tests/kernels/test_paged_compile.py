@@ -43,7 +43,7 @@ def test_gluon_paged_kernel_lets_its_programs_reside(summary, build):
     assert PROGRAMS_PER_SM[rows] * info["REG"] * 128 <= 65536, f"{build}: {PROGRAMS_PER_SM[rows]} programs an SM"
 
 
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build", BUILDS + CAPPED)
 def test_the_step_loop_holds_the_wgmma_and_the_ptx_decode(summary, build):
     opcodes = summary[build]["loop_opcodes"]
     assert opcodes.get("IGMMA", 0) >= 4, f"{build}: {opcodes.get('IGMMA', 0)} int8 wgmma in the step loop"
@@ -51,7 +51,7 @@ def test_the_step_loop_holds_the_wgmma_and_the_ptx_decode(summary, build):
     assert opcodes.get("PRMT", 0) >= 32, f"{build}: {opcodes.get('PRMT', 0)} byte permutes"
 
 
-@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("gluon")])
+@pytest.mark.parametrize("build", [b for b in BUILDS + CAPPED if b.startswith("gluon")])
 def test_the_gluon_step_feeds_the_mma_from_registers(summary, build):
     """The Gluon kernel's wgmma reads the decoded keys from registers, so the step loop
     has no proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) and stores no 16-byte operand words to shared

@@ -49,9 +49,14 @@ def test_cuda_ipc_regions_equal_in_process(gpu_service):
         cache = client.register(p.kv_cache)
         assert cache.kind == "cuda_ipc"
         values = client.register(torch.zeros(8, 512, device="cuda:0"))
-        got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, out={"values": values})
+        # the host tallies of device regions (status, candidates) are read back by the service in one copy
+        status, candidates = (client.register(torch.full((8,), -7, dtype=torch.int32, device="cuda:0")) for _ in "ab")
+        out = {"values": values, "status": status, "candidates": candidates}
+        got = client.topk(p.q_fp4, p.q_scale, cache, *p.args()[3:], topk=p.topk, out=out)
         assert results_equal(got, want) == []
         assert got.values.data_ptr() == values.tensor.data_ptr(), "the service wrote into the caller's GPU memory"
+        assert torch.equal(status.tensor, want.status), "status written into the caller's region"
+        assert torch.equal(candidates.tensor, got.candidates) and bool((candidates.tensor >= 0).all())
 
 
 @pytest.mark.gpu
