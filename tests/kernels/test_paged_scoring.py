@@ -16,7 +16,7 @@ import torch
 from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, calibration, litetopk_prefill, registry
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.calibration import calibrate
-from litetopk.kernels.keys import split_keys
+from litetopk.kernels.keys import make_keys, split_keys
 from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend, paged
 from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
@@ -374,6 +374,35 @@ def test_the_programs_of_a_row_raise_its_threshold_to_a_lower_bound(seed):
     for row in range(problem.num_rows):
         kth = np.sort(scores[row][np.isfinite(scores[row])])[::-1][p.topk - 1]
         assert float(final_scores[row]) <= kth + bound[row], f"seed {seed}, row {row}: above the K-th best"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_the_paged_scan_appends_each_passing_key_once(next_n, gluon_variant, seed):
+    """The scan's buffer (several programs a row, each appending a step late and raising the row's shared
+    threshold): a row's first `appended` keys are distinct, each the ordering key of a key of its window
+    (the same backend's dense score at that position), each at or above the calibrated threshold, and every
+    key of the window at or above the final threshold is among them (a key that passes the final threshold
+    passed every earlier one, so no program may drop it). On a GPU the Gluon kernel in each variant."""
+    if DEVICE == "cpu" and GLUON_VARIANTS[gluon_variant]:
+        pytest.skip("the interpreter runs the Triton kernel: the Gluon variants are the GPU's")
+    p = make_problem(seed, seq_lens=[3300, 2100, 2900], rows_per_seq=next_n, spread=1)
+    problem = validate_prefill(*[t.to(DEVICE) for t in p.args()], topk=p.topk)
+    backend = TritonBackend(paged="always")
+    thresholds, ceilings = calibrate(problem, backend, 1100)
+    scores, _ = backend.score_dense(problem)
+    scan = backend.scan_candidates(problem, thresholds, problem.max_end, ceilings=ceilings)
+    where = f"[next_n {next_n}, {gluon_variant}] seed {seed}"
+    for row in range(problem.num_rows):
+        start, end = int(problem.starts[row]), int(problem.ends[row])
+        positions = torch.arange(start, end, device=scores.device)
+        window = make_keys(scores[row, start:end], positions)
+        got = scan.keys[row, : int(scan.appended[row])]
+        assert got.unique().numel() == got.numel(), f"{where}, row {row}: a key appended twice"
+        assert bool(torch.isin(got, window).all()), f"{where}, row {row}: an appended key is no key of the window"
+        assert bool((got >= thresholds[row]).all()), f"{where}, row {row}: a key below the calibrated threshold"
+        must = window[window >= scan.thresholds[row]]
+        assert bool(torch.isin(must, got).all()), f"{where}, row {row}: a key above the final threshold is missing"
 
 
 @pytest.mark.gpu
