@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from bench.common import BENCH_DIR, RESULTS_DIR
+from bench.common.report import run_info
 from bench.common.service_process import ServiceProcess
 from litetopk.clients import AsyncTopKClient, TopKClient  # noqa: E402
 from litetopk.kernels import SUPPORTED_TOPK, LiteTopKGraphs, pack_kv_cache, quantize_mxfp4  # noqa: E402
@@ -367,6 +368,7 @@ def main(argv=None) -> int:
         "backend": args.backend,
         "versions": versions(),
         "command": " ".join([sys.executable, *sys.argv]),
+        "run": run_info(device, sys.argv[1:] if argv is None else argv, "bench.service"),  # commit, card
         "concurrency": list(CONCURRENCY),
         "cpu_count": os.cpu_count(),
         "load_average_start": os.getloadavg(),

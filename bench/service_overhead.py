@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from bench.common import RESULTS_DIR
+from bench.common.report import run_info
 from bench.common.service_process import ServiceProcess
 from bench.service import FIELDS, batch_problem, device_slug, register_call, server_timing, versions
 
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
         "operator": "real" if args.real else "mocked",
         "mock_writes": None if args.real else args.mock_writes,
         "command": " ".join(["python -m bench.service_overhead", *(argv if argv is not None else sys.argv[1:])]),
+        "run": run_info(device, sys.argv[1:] if argv is None else argv, "bench.service_overhead"),  # commit, card
         "iters": args.iters,
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),
