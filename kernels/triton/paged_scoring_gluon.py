@@ -90,32 +90,15 @@ def _e2m1_halves(words, shift):
 
 
 @gluon.jit
-def _load_page(
-    pos,
-    live,
-    tile_page,
-    b64,
-    bt_stride,
-    block_table_ptr,
-    num_pages,
-    values_ptr,
-    scales_ptr,
-    value_page_stride,
-    scale_page_stride,
-    W3: gl.constexpr,
-    G: gl.constexpr,
-    PAGE: gl.constexpr,
-    STRIDED: gl.constexpr,
-    TOKEN_STRIDE: gl.constexpr,
-    GROUP_STRIDE: gl.constexpr,
-    SCALE_OFFSET: gl.constexpr,
-    SCALE_GROUP_STRIDE: gl.constexpr,
-    INTERLEAVED: gl.constexpr,
-):
+def _load_page(pos, live, tile_page, pages, FORMAT: gl.constexpr):
     """(words int32 [64, 4, 4] in W3: each key's packed E2M1 bytes, one group of 16 a thread; scales int32
     [64, 4] in G; live bool [64]) of the keys at positions `pos` ([64] in G's key slice) of sequence b64.
     Contiguous tiles are one page (logical page `tile_page`: one block-table read); strided ones read a
-    page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127)."""
+    page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127). `pages`: the
+    sequence, block table and cache arguments (b64 ... scale_page_stride); FORMAT: the layouts and the cache
+    format's constexprs (W3 ... INTERLEAVED, then _load_tile's DENSE), in order."""
+    b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride = pages
+    W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED, DENSE = FORMAT
     offs_g = gl.arange(0, 4, layout=gl.SliceLayout(0, G))
     offs_word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, W3)))
     token = pos % PAGE
@@ -162,11 +145,9 @@ def _load_tile(
     x 64 + offs_key; DENSE: columns tile x 64 + offs_key, position_stride apart). Past the group's n_local
     tiles nothing is live and the block table is read at local tile `fallback`, one the program scans.
     `span`: (n_local, first_tile, span_lo, span_hi, offs_key, out_width, position_stride) of the program's
-    share of the group; `pages`: _load_page's sequence, block table and cache arguments (b64 ...
-    scale_page_stride), and FORMAT its constexprs (W3 ... INTERLEAVED) and DENSE, in order."""
+    share of the group; `pages` and FORMAT: _load_page's (FORMAT's last entry: DENSE)."""
     n_local, first_tile, span_lo, span_hi, offs_key, out_width, position_stride = span
-    W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED, DENSE = FORMAT
-    b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride = pages
+    DENSE: gl.constexpr = FORMAT[9]
     ok = tile < n_local
     if DENSE:
         column = tile * 64 + offs_key
@@ -175,28 +156,7 @@ def _load_tile(
     else:
         pos = (first_tile + tile) * 64 + offs_key
         live = (pos >= span_lo) & (pos < span_hi) & ok
-    return _load_page(
-        pos,
-        live,
-        gl.where(ok, first_tile + tile, first_tile + fallback),
-        b64,
-        bt_stride,
-        block_table_ptr,
-        num_pages,
-        values_ptr,
-        scales_ptr,
-        value_page_stride,
-        scale_page_stride,
-        W3,
-        G,
-        PAGE,
-        STRIDED,
-        TOKEN_STRIDE,
-        GROUP_STRIDE,
-        SCALE_OFFSET,
-        SCALE_GROUP_STRIDE,
-        INTERLEAVED,
-    )
+    return _load_page(pos, live, gl.where(ok, first_tile + tile, first_tile + fallback), pages, FORMAT)
 
 
 @gluon.jit
