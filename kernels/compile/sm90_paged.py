@@ -5,9 +5,9 @@ under the interpreter only (with the tl twin of its PTX decode), and the Gluon k
 Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
-writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; gluonahead: the
-Gluon kernel computing the next page's exponents a step ahead, EXPONENTS_AHEAD; gluon4: the launched Gluon kernel at
-one row a group capped for 4 programs an SM, FOUR_PROGRAMS_AT_ONE_ROW) and
+writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; gluonflag: the
+Gluon kernel with the tile's wide flag by warp votes and one barrier, ONE_BARRIER_FLAG; gluon4: the Gluon kernel at
+one row a group capped for 4 programs an SM, FOUR_PROGRAMS_AT_ONE_ROW with FOUR_PROGRAMS_OPTIONS) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -27,6 +27,7 @@ from ..triton.paged import paged_launch_options
 from ..triton.paged_scoring import score_fp4_paged_kernel
 from ..triton.paged_scoring_gluon import (
     FOUR_PROGRAMS_AT_ONE_ROW,
+    FOUR_PROGRAMS_OPTIONS,
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_WARPS,
     gluon_paged_options,
@@ -108,16 +109,16 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
         if not mode["strided"]:  # the variant (GLUON_PAGED_OPTIONS); the sample's launch reads a page a key
-            builds["gluonahead"] = (
+            builds["gluonflag"] = (
                 score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, EXPONENTS_AHEAD=True),
+                dict(gluon_constants, ONE_BARRIER_FLAG=True),
                 gluon_options,
                 GluonASTSource,
             )
-        if mode["block_rows"] == 1:  # the register cap variant (FOUR_PROGRAMS_AT_ONE_ROW)
+        if mode["block_rows"] == 1:  # the register cap variant (FOUR_PROGRAMS_AT_ONE_ROW, FOUR_PROGRAMS_OPTIONS)
             builds["gluon4"] = (
                 score_fp4_paged_gluon_kernel,
-                gluon_constants,
+                dict(gluon_constants, **FOUR_PROGRAMS_OPTIONS),
                 dict(gluon_options, maxnreg=FOUR_PROGRAMS_AT_ONE_ROW[0]),
                 GluonASTSource,
             )

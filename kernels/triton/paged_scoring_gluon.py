@@ -51,22 +51,31 @@ GLUON_PAGED_WARPS = 4
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
 # A variant under measurement (bench/probes/paged_variants.py, "4 programs an SM", bit for bit against the launched
-# kernel; the same code under a lower register cap): (cap, programs an SM) at one row a group. Offline at 128
-# registers: the launched scan spills 40 bytes, all outside its step loop (a group's values); the dense and strided
-# launches none. Nsight Compute put the scan at 3 programs an SM and 0.67 eligible warps a scheduler (JOURNAL,
-# session 17): a fourth program is a third more warps to hide the step's latencies.
+# kernel): (cap, programs an SM) at one row a group, with FOUR_PROGRAMS_OPTIONS (the step's exponents in the step: a
+# step computing the next page's ahead spills inside its loop at 128 registers, offline). Offline at 128 registers: the
+# scan spills outside its step loop only (a group's values); the dense and strided launches none. Nsight Compute put
+# the scan at 3 programs an SM and 0.67 eligible warps a scheduler (JOURNAL, session 17): a fourth program is a third
+# more warps to hide the step's latencies. Measured on an H100 (scoring launches, paged-variants-h100-v19.json): 64 x 1
+# x 65,536 305.5 us against 321 (in-step exponents at 168 registers) and 311 (the launched EXPONENTS_AHEAD); one row
+# 17.3 against 17.8 and 16.2.
 FOUR_PROGRAMS_AT_ONE_ROW = (128, 4)
+FOUR_PROGRAMS_OPTIONS = dict(EXPONENTS_AHEAD=False)
 # The kernel's constexpr options as launched (gluon_paged_options). Variants built for a measurement go here
 # (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each against
-# the Triton kernel) and are deleted once measured. EXPONENTS_AHEAD (compiled and checked offline, not yet run on a
-# GPU): a step computes the next page's exponents (loaded two steps ahead) in one block with this page's decode, and
-# the next page's warpgroup reduction (the wide flag) after the MMA, so that the scheduler interleaves the exponents'
-# lane exchanges with the byte permutes; Nsight Compute put the exponents' exchanges at ~16 % and the wide flag's
-# barriers at ~7 % of the scan's stall samples (JOURNAL, session 17). Offline: 168 / 255 registers, no stack.
+# the Triton kernel) and are deleted once measured.
+# EXPONENTS_AHEAD (launched): a step computes the next page's exponents (pages loaded two steps ahead) in one block
+# with this page's decode, and the next page's warpgroup reduction (the wide flag) after the MMA, so that the
+# scheduler interleaves the exponents' lane exchanges with the byte permutes. Measured on an H100 (GPU time of the
+# scoring launches, paged-variants-h100-v19.json): 64 x 1 x 65,536 321 -> 311 us, 32 x 4 x 65,536 483 -> 456, one row
+# 17.8 -> 16.2; "4 programs an SM" (the step's exponents in the step, at 128 registers) 305.5 / 480 / 17.3 in the
+# same run.
+# ONE_BARRIER_FLAG (a variant, not yet run on a GPU): the tile's wide flag by one vote a warp, a shared-memory slot
+# each and one barrier (_tile_any) instead of the generic reduction's lane exchanges and two barriers; Nsight Compute
+# put ~7 % of the scan's stall samples on that reduction's barriers and ~4 % on its store (JOURNAL, session 17).
 # Measured on an H100 and deleted: loading pages two steps ahead alone (64 x 65,536 scoring 347 against 337 us); the
 # deferred appends won (336, and 320 with the scan's threshold refreshed every 16 tiles instead of 4:
 # TritonBackend.paged_refresh).
-GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=False)
+GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=True, ONE_BARRIER_FLAG=False)
 
 
 def gluon_paged_options(strided: bool) -> dict:
@@ -173,22 +182,56 @@ def _shift_words(d, W3: gl.constexpr):
     return gl.broadcast(d_w[:, :, None], gl.full([64, 4, 4], 0, gl.int32, W3))[0]
 
 
+# The warp's OR of two int32 per thread (a thread's two keys of G's key slice), in both outputs: vote.sync.any.
+VOTE_ANY_ASM = gl.constexpr("""
+{
+.reg .pred p;
+.reg .b32 t;
+or.b32 t, $2, $3;
+setp.ne.b32 p, t, 0;
+vote.sync.any.pred p, p, 0xffffffff;
+selp.b32 $0, 1, 0, p;
+mov.b32 $1, $0;
+}
+""")
+
+
 @gluon.jit
-def _page_flags(d, spread, live, W3: gl.constexpr):
+def _tile_any(x, flags, parity, ONE_BARRIER: gl.constexpr):
+    """Whether any of int32 [64] `x` (G's key slice) is nonzero, in every thread of the warpgroup. ONE_BARRIER: each
+    warp's vote (VOTE_ANY_ASM) into its slot of `flags` (int32 [2, 4, 16] in shared memory, slot `parity`: a step
+    writes one slot while a slower warp may still read the other) and one barrier, then every thread reads the four
+    votes; else the generic reduction (lane exchanges, then shared memory with two barriers)."""
+    if ONE_BARRIER:
+        warp_any = gl.inline_asm_elementwise(VOTE_ANY_ASM, "=r,=r,r,r", [x], dtype=gl.int32, is_pure=False, pack=2)
+        slot = flags.index(parity)
+        slot.store(gl.reshape(warp_any, [4, 16]))
+        gl.thread_barrier()
+        votes: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[4, 1], threads_per_warp=[1, 32], warps_per_cta=[1, 4], order=[1, 0]
+        )
+        per_warp = slot.slice(0, 1, dim=1).load(votes)
+        return gl.max(gl.max(per_warp, axis=1), axis=0) > 0
+    else:
+        return gl.max(x, axis=0) > 0
+
+
+@gluon.jit
+def _page_flags(d, spread, live, W3: gl.constexpr, wide_flag):
     """From a page's exponents (_key_exponents): (shift int32 [64, 4, 4] in W3, the groups' shifts per word; bad_key
     int32 [64] in G's key slice, a live key whose groups span 8 binades or more; k_wide, any key of the tile spanning
-    4 or more: the hi operands' branch, a reduction over the warpgroup)."""
+    4 or more: the hi operands' branch, a reduction over the warpgroup: _tile_any(..., *wide_flag))."""
     bad_key = (live & (spread >= 8)).to(gl.int32)
-    k_wide = gl.max((spread >= 4).to(gl.int32), axis=0) > 0
+    k_wide = _tile_any((spread >= 4).to(gl.int32), *wide_flag)
     return _shift_words(d, W3), bad_key, k_wide
 
 
 @gluon.jit
-def _page_exponents(words, scales, live, W3: gl.constexpr, G: gl.constexpr):
+def _page_exponents(words, scales, live, W3: gl.constexpr, G: gl.constexpr, wide_flag):
     """What a step needs of its page before the decode: _page_flags' (shift, bad_key, k_wide) and kfac float32 [64]
     (G's key slice), each key's factor."""
     d, spread, kfac = _key_exponents(words, scales, W3, G)
-    shift, bad_key, k_wide = _page_flags(d, spread, live, W3)
+    shift, bad_key, k_wide = _page_flags(d, spread, live, W3, wide_flag)
     return shift, bad_key, kfac, k_wide
 
 
@@ -319,10 +362,12 @@ def score_fp4_paged_gluon_kernel(
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
     EXPONENTS_AHEAD: gl.constexpr,
+    ONE_BARRIER_FLAG: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    EXPONENTS_AHEAD: a step computes the next page's exponents (GLUON_PAGED_OPTIONS)."""
+    EXPONENTS_AHEAD: a step computes the next page's exponents; ONE_BARRIER_FLAG: the tile's wide flag by warp votes
+    and one barrier (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -369,6 +414,8 @@ def score_fp4_paged_gluon_kernel(
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
     qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
     qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
+    # the tile's wide flag: each warp's vote, two slots (_tile_any)
+    flags = gl.allocate_shared_memory(gl.int32, [2, 4, 16], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     t, t_end, group, group_tiles = _program_share(
         gl.program_id(0), num_programs, groups_ptr, tile_offset_ptr, out_width, BK, DENSE
@@ -507,7 +554,9 @@ def score_fp4_paged_gluon_kernel(
                 pages,
                 tile_format,
             )
-            shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G)
+            shift, bad_key, kfac, k_wide = _page_exponents(
+                words, scales, live, W3, G, (flags, first_local % 2, ONE_BARRIER_FLAG)
+            )
         # the previous step's candidates (keys, slots, which to store): a step stores them once their slots are back
         pending_keys = gl.zeros([BK, 2], gl.int64, flat)
         pending_slots = gl.zeros([BK, 2], gl.int32, flat)
@@ -526,7 +575,9 @@ def score_fp4_paged_gluon_kernel(
                 half_a, half_b = _e2m1_halves(words, shift)
                 d_1, spread_1, kfac_1 = _key_exponents(words_1, scales_1, W3, G)
             else:
-                shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G)
+                shift, bad_key, kfac, k_wide = _page_exponents(
+                    words, scales, live, W3, G, (flags, tile_index % 2, ONE_BARRIER_FLAG)
+                )
             # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
             if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
                 in_lo = shift <= 3
@@ -610,7 +661,9 @@ def score_fp4_paged_gluon_kernel(
                     gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
                     thr = gl.convert_layout(thr_h, row_of_flat)
             if EXPONENTS_AHEAD:
-                shift, bad_key, k_wide = _page_flags(d_1, spread_1, live_1, W3)
+                shift, bad_key, k_wide = _page_flags(
+                    d_1, spread_1, live_1, W3, (flags, (tile_index + 1) % 2, ONE_BARRIER_FLAG)
+                )
                 kfac = kfac_1
                 words = words_1
                 words_1 = words_n

@@ -18,7 +18,7 @@ from litetopk.kernels.triton.paged_scoring_gluon import (
 from tests.kernels.offline_compile import offline_summary
 
 BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")] + [
-    f"gluonahead_{variant}" for variant in PAGED_VARIANTS if not variant.startswith("strided")
+    f"gluonflag_{variant}" for variant in PAGED_VARIANTS if not variant.startswith("strided")
 ]
 CAPPED = [f"gluon4_{variant}" for variant in PAGED_VARIANTS if variant.endswith("1")]
 

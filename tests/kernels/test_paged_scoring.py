@@ -21,7 +21,7 @@ from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend, paged
 from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
 from litetopk.kernels.triton.paged_scoring import FAULT_DENSE
-from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS, gluon_paged_options
 from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, build_split_schedule_triton
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_aiter_layout import in_device, in_padded_slab
@@ -39,7 +39,13 @@ def paged_mode():
 
 
 #: GLUON_PAGED_OPTIONS of each Gluon kernel variant (the launched one first)
-GLUON_VARIANTS = {"launched": {}, "exponents ahead": dict(EXPONENTS_AHEAD=True)}
+GLUON_VARIANTS = {
+    "launched": {},
+    "one-barrier flag": dict(ONE_BARRIER_FLAG=True),
+    "exponents in step": dict(EXPONENTS_AHEAD=False),
+}
+#: the strided launch's options as launched (a variant that leaves them alone repeats the launched case there)
+LAUNCHED_STRIDED = gluon_paged_options(strided=True)
 
 
 @pytest.fixture(params=list(GLUON_VARIANTS))
@@ -299,8 +305,8 @@ def test_paged_and_prefill_modes_agree_on_the_gpu(seed):
 def test_gluon_paged_kernel_gives_the_triton_kernels_bits(
     block_rows, cache_format, stride, spread, gluon_variant, seed
 ):
-    if stride != 1 and GLUON_VARIANTS[gluon_variant]:
-        pytest.skip("the calibration sample's strided launch takes no variant (gluon_paged_options)")
+    if stride != 1 and gluon_variant != "launched" and gluon_paged_options(strided=True) == LAUNCHED_STRIDED:
+        pytest.skip("the calibration sample's strided launch is the launched one in this variant (gluon_paged_options)")
     p = make_problem(seed, seq_lens=[9000, 3000, 14000], rows_per_seq=2, spread=spread, causal=False)
     where = f"[block_rows {block_rows}, {cache_format}, stride {stride}, spread {spread}, {gluon_variant}] seed {seed}"
     triton_scores, triton_faults = paged_dense_scores(
