@@ -6,7 +6,8 @@ at decode sizes (selection.DECODE_CONFIG), the scan's threshold refresh, and the
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
 kernel's device time (the sample's launch and the scan's, torch.profiler: bench.common.timing.gpu_activity),
-the median of --reps calls. Prints a table, writes OUT/paged-variants-<card>.json.
+the median of --reps calls; then the dense path (dense_topk_prefill: the paged kernel's dense mode and a
+value top-k over the score matrix), answers compared. Prints a table, writes OUT/paged-variants-<card>.json.
 
     source bench/device/gpu_env.sh && python3 -m bench.probes.paged_variants --out /tmp [--shapes 64x1x65536x512 ...]
 """
@@ -21,7 +22,7 @@ import sys
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning, calibration, litetopk_prefill, registry, selection
+from litetopk.kernels import LiteTopKTuning, calibration, dense_topk_prefill, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged_scoring_gluon import (
     FOUR_PROGRAMS_AT_ONE_ROW,
@@ -53,6 +54,52 @@ SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 
+def _print_row(shape: str, name: str, row: dict, equal: bool) -> None:
+    heaviest = ", ".join(f"{n[:28]} {us:.0f}" for n, us in list(row["heaviest_us"].items())[:4])
+    print(
+        f"{shape:>18} {name:>26} busy {row['busy_us']:8.1f} us  scoring {row['scoring_us']:8.1f} us  "
+        f"cands {row['candidates']:7.0f}  equal {equal}  [{heaviest}]",
+        flush=True,
+    )
+
+
+def _apply(variant: dict, production: dict, backend: TritonBackend) -> None:
+    """Set the module settings and the backend's refresh for `variant` (VARIANTS' keys) over `production` (what
+    _production_settings read)."""
+    selection.DECODE_CONFIG.clear()
+    selection.DECODE_CONFIG.update(variant.get("select", production["select"]))
+    calibration.DECODE_SAMPLE_KEYS = variant.get("sample_keys", production["sample_keys"])
+    GLUON_PAGED_OPTIONS.clear()
+    GLUON_PAGED_OPTIONS.update(production["gluon"], **variant.get("gluon", {}))
+    backend.paged_refresh = variant.get("refresh", production["refresh"])
+    GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = variant.get("one_row_grid", production["one_row_grid"])
+
+
+def _production_settings(backend: TritonBackend) -> dict:
+    return dict(
+        select=dict(selection.DECODE_CONFIG),
+        sample_keys=calibration.DECODE_SAMPLE_KEYS,
+        gluon=dict(GLUON_PAGED_OPTIONS),
+        refresh=backend.paged_refresh,
+        one_row_grid=(GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]),
+    )
+
+
+def _timed(call, reps: int, candidates: float, equal: bool) -> dict:
+    """The median of `reps` profiled calls: GPU busy time, the scoring launches' time, the heaviest kernels."""
+    runs = [gpu_activity(call, top=4) for _ in range(reps)]
+    median_run = sorted(runs, key=lambda r: r["busy_ms"])[len(runs) // 2]
+    return dict(
+        busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
+        scoring_us=statistics.median(
+            sum(us for name, us in r["heaviest_us"].items() if name.startswith("score_fp4_paged")) for r in runs
+        ),
+        equal_to_first=equal,
+        candidates=candidates,
+        heaviest_us=median_run["heaviest_us"],
+    )
+
+
 def probe_shape(shape: str, reps: int) -> dict:
     batch, next_n, keys, topk = (int(x) for x in shape.split("x"))
     lengths = [keys] * batch
@@ -60,20 +107,12 @@ def probe_shape(shape: str, reps: int) -> dict:
     q = decode_queries(lengths, next_n, seed=8, device="cuda")
     args = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     record, first = dict(shape=shape), None
-    saved = dict(selection.DECODE_CONFIG), calibration.DECODE_SAMPLE_KEYS, dict(GLUON_PAGED_OPTIONS)
     backend = TritonBackend(paged="always")
-    saved_refresh = backend.paged_refresh
-    saved_grid = GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]
+    production = _production_settings(backend)
     try:
         with registry.backend_instance("triton", backend):
             for name, variant in VARIANTS.items():
-                selection.DECODE_CONFIG.clear()
-                selection.DECODE_CONFIG.update(variant.get("select", saved[0]))
-                calibration.DECODE_SAMPLE_KEYS = variant.get("sample_keys", saved[1])
-                GLUON_PAGED_OPTIONS.clear()
-                GLUON_PAGED_OPTIONS.update(saved[2], **variant.get("gluon", {}))
-                backend.paged_refresh = variant.get("refresh", saved_refresh)
-                GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = variant.get("one_row_grid", saved_grid)
+                _apply(variant, production, backend)
                 tuning = LiteTopKTuning(**variant.get("tuning", {}))
 
                 def call(tuning=tuning):
@@ -83,33 +122,22 @@ def probe_shape(shape: str, reps: int) -> dict:
                 torch.cuda.synchronize()
                 first = first or result
                 equal = all(torch.equal(getattr(result, f), getattr(first, f)) for f in FIELDS)
-                runs = [gpu_activity(call, top=4) for _ in range(reps)]
-                kernel = [
-                    sum(us for kernel_name, us in r["heaviest_us"].items() if kernel_name.startswith("score_fp4_paged"))
-                    for r in runs
-                ]
-                median_run = sorted(runs, key=lambda r: r["busy_ms"])[len(runs) // 2]
-                record[name] = dict(
-                    busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),
-                    scoring_us=statistics.median(kernel),
-                    equal_to_first=equal,
-                    candidates=float(result.candidates.float().mean()),
-                    heaviest_us=median_run["heaviest_us"],
-                )
-                heaviest = ", ".join(f"{n[:28]} {us:.0f}" for n, us in list(median_run["heaviest_us"].items())[:4])
-                print(
-                    f"{shape:>18} {name:>26} busy {record[name]['busy_us']:8.1f} us  scoring "
-                    f"{record[name]['scoring_us']:8.1f} us  cands {record[name]['candidates']:7.0f}  equal {equal}  "
-                    f"[{heaviest}]",
-                    flush=True,
-                )
+                record[name] = _timed(call, reps, float(result.candidates.float().mean()), equal)
+                _print_row(shape, name, record[name], equal)
+            # the dense path at the production settings (its scoring is the paged kernel's dense mode): what a
+            # decode call costs with the score matrix written and a value top-k over it
+            _apply({}, production, backend)
+
+            def dense_call():
+                return dense_topk_prefill(*args, topk=topk, backend="triton")
+
+            dense = dense_call()
+            torch.cuda.synchronize()
+            equal = all(torch.equal(getattr(dense, f), getattr(first, f)) for f in FIELDS)
+            record["dense path"] = _timed(dense_call, reps, 0.0, equal)
+            _print_row(shape, "dense path", record["dense path"], equal)
     finally:
-        selection.DECODE_CONFIG.clear()
-        selection.DECODE_CONFIG.update(saved[0])
-        calibration.DECODE_SAMPLE_KEYS = saved[1]
-        GLUON_PAGED_OPTIONS.clear()
-        GLUON_PAGED_OPTIONS.update(saved[2])
-        GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = saved_grid
+        _apply({}, production, backend)
     del cache, block_table, q
     torch.cuda.empty_cache()
     return record
