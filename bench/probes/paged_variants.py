@@ -25,8 +25,6 @@ import torch
 from litetopk.kernels import LiteTopKTuning, calibration, dense_topk_prefill, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged_scoring_gluon import (
-    FOUR_PROGRAMS_AT_ONE_ROW,
-    FOUR_PROGRAMS_OPTIONS,
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_OPTIONS,
     PROGRAMS_PER_SM,
@@ -44,11 +42,6 @@ from ..common.timing import gpu_activity
 #: settings, is the reference of the bit-for-bit check.
 VARIANTS = {
     "production": {},
-    "one-barrier flag": dict(gluon=dict(ONE_BARRIER_FLAG=True)),
-    "4 programs an SM": dict(one_row_grid=FOUR_PROGRAMS_AT_ONE_ROW, gluon=FOUR_PROGRAMS_OPTIONS),
-    "4 programs, 1-bar flag": dict(
-        one_row_grid=FOUR_PROGRAMS_AT_ONE_ROW, gluon=dict(FOUR_PROGRAMS_OPTIONS, ONE_BARRIER_FLAG=True)
-    ),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")

@@ -5,9 +5,8 @@ under the interpreter only (with the tl twin of its PTX decode), and the Gluon k
 Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
-writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; gluonflag: the
-Gluon kernel with the tile's wide flag by warp votes and one barrier, ONE_BARRIER_FLAG; gluon4: the Gluon kernel at
-one row a group capped for 4 programs an SM, FOUR_PROGRAMS_AT_ONE_ROW with FOUR_PROGRAMS_OPTIONS) and
+writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; a variant under
+measurement, GLUON_PAGED_OPTIONS, gets a build of its own while it lasts) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
 loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
@@ -26,8 +25,6 @@ from ..cache_layout import describe_kv_cache
 from ..triton.paged import paged_launch_options
 from ..triton.paged_scoring import score_fp4_paged_kernel
 from ..triton.paged_scoring_gluon import (
-    FOUR_PROGRAMS_AT_ONE_ROW,
-    FOUR_PROGRAMS_OPTIONS,
     GLUON_PAGED_MAX_REGISTERS,
     GLUON_PAGED_WARPS,
     gluon_paged_options,
@@ -108,20 +105,6 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
-        if not mode["strided"]:  # the variant (GLUON_PAGED_OPTIONS); the sample's launch reads a page a key
-            builds["gluonflag"] = (
-                score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, ONE_BARRIER_FLAG=True),
-                gluon_options,
-                GluonASTSource,
-            )
-        if mode["block_rows"] == 1:  # the register cap variant (FOUR_PROGRAMS_AT_ONE_ROW, FOUR_PROGRAMS_OPTIONS)
-            builds["gluon4"] = (
-                score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, **FOUR_PROGRAMS_OPTIONS),
-                dict(gluon_options, maxnreg=FOUR_PROGRAMS_AT_ONE_ROW[0]),
-                GluonASTSource,
-            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)

@@ -50,32 +50,20 @@ GLUON_PAGED_WARPS = 4
 # two, no stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
-# A variant under measurement (bench/probes/paged_variants.py, "4 programs an SM", bit for bit against the launched
-# kernel): (cap, programs an SM) at one row a group, with FOUR_PROGRAMS_OPTIONS (the step's exponents in the step: a
-# step computing the next page's ahead spills inside its loop at 128 registers, offline). Offline at 128 registers: the
-# scan spills outside its step loop only (a group's values); the dense and strided launches none. Nsight Compute put
-# the scan at 3 programs an SM and 0.67 eligible warps a scheduler (JOURNAL, session 17): a fourth program is a third
-# more warps to hide the step's latencies. Measured on an H100 (scoring launches, paged-variants-h100-v19.json): 64 x 1
-# x 65,536 305.5 us against 321 (in-step exponents at 168 registers) and 311 (the launched EXPONENTS_AHEAD); one row
-# 17.3 against 17.8 and 16.2.
-FOUR_PROGRAMS_AT_ONE_ROW = (128, 4)
-FOUR_PROGRAMS_OPTIONS = dict(EXPONENTS_AHEAD=False)
 # The kernel's constexpr options as launched (gluon_paged_options). Variants built for a measurement go here
 # (bench/probes/paged_variants.py times them against the launched kernel, bit for bit; the GPU tests run each against
 # the Triton kernel) and are deleted once measured.
-# EXPONENTS_AHEAD (launched): a step computes the next page's exponents (pages loaded two steps ahead) in one block
-# with this page's decode, and the next page's warpgroup reduction (the wide flag) after the MMA, so that the
-# scheduler interleaves the exponents' lane exchanges with the byte permutes. Measured on an H100 (GPU time of the
-# scoring launches, paged-variants-h100-v19.json): 64 x 1 x 65,536 321 -> 311 us, 32 x 4 x 65,536 483 -> 456, one row
-# 17.8 -> 16.2; "4 programs an SM" (the step's exponents in the step, at 128 registers) 305.5 / 480 / 17.3 in the
-# same run.
-# ONE_BARRIER_FLAG (a variant, not yet run on a GPU): the tile's wide flag by one vote a warp, a shared-memory slot
-# each and one barrier (_tile_any) instead of the generic reduction's lane exchanges and two barriers; Nsight Compute
-# put ~7 % of the scan's stall samples on that reduction's barriers and ~4 % on its store (JOURNAL, session 17).
+# EXPONENTS_AHEAD (launched; off in the strided launch): a step computes the next page's exponents (pages loaded two
+# steps ahead) in one block with this page's decode, and the next page's wide flag after the MMA, so that the scheduler
+# interleaves the exponents' lane exchanges with the byte permutes. Measured on an H100 (GPU time of the scoring
+# launches, paged-variants-h100-v19.json): 64 x 1 x 65,536 321 -> 311 us, 32 x 4 x 65,536 483 -> 456, one row 17.8 ->
+# 16.2.
 # Measured on an H100 and deleted: loading pages two steps ahead alone (64 x 65,536 scoring 347 against 337 us); the
 # deferred appends won (336, and 320 with the scan's threshold refreshed every 16 tiles instead of 4:
-# TritonBackend.paged_refresh).
-GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=True, ONE_BARRIER_FLAG=False)
+# TritonBackend.paged_refresh); 4 programs an SM at one row a group (128 registers, the exponents in the step, where
+# EXPONENTS_AHEAD spills): 64 x 65,536 300 -> 293 us with the one-barrier flag, but one row 15.9 -> 19.4
+# (paged-variants-h100-v19b.json).
+GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=True)
 
 
 def gluon_paged_options(strided: bool) -> dict:
@@ -197,23 +185,21 @@ mov.b32 $1, $0;
 
 
 @gluon.jit
-def _tile_any(x, flags, parity, ONE_BARRIER: gl.constexpr):
-    """Whether any of int32 [64] `x` (G's key slice) is nonzero, in every thread of the warpgroup. ONE_BARRIER: each
-    warp's vote (VOTE_ANY_ASM) into its slot of `flags` (int32 [2, 4, 16] in shared memory, slot `parity`: a step
-    writes one slot while a slower warp may still read the other) and one barrier, then every thread reads the four
-    votes; else the generic reduction (lane exchanges, then shared memory with two barriers)."""
-    if ONE_BARRIER:
-        warp_any = gl.inline_asm_elementwise(VOTE_ANY_ASM, "=r,=r,r,r", [x], dtype=gl.int32, is_pure=False, pack=2)
-        slot = flags.index(parity)
-        slot.store(gl.reshape(warp_any, [4, 16]))
-        gl.thread_barrier()
-        votes: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[4, 1], threads_per_warp=[1, 32], warps_per_cta=[1, 4], order=[1, 0]
-        )
-        per_warp = slot.slice(0, 1, dim=1).load(votes)
-        return gl.max(gl.max(per_warp, axis=1), axis=0) > 0
-    else:
-        return gl.max(x, axis=0) > 0
+def _tile_any(x, flags, parity):
+    """Whether any of int32 [64] `x` (G's key slice) is nonzero, in every thread of the warpgroup: each warp's vote
+    (VOTE_ANY_ASM) into its slot of `flags` (int32 [2, 4, 16] in shared memory, slot `parity`: a step writes one
+    slot while a slower warp may still read the other), one barrier, then every thread reads the four votes. The
+    generic reduction (gl.max) took lane exchanges and two barriers; measured on an H100 (paged-variants-h100-v19b.json,
+    scoring launches): 64 x 1 x 65,536 312 -> 300 us, 32 x 4 x 65,536 451 -> 432, one row 18.4 -> 15.9."""
+    warp_any = gl.inline_asm_elementwise(VOTE_ANY_ASM, "=r,=r,r,r", [x], dtype=gl.int32, is_pure=False, pack=2)
+    slot = flags.index(parity)
+    slot.store(gl.reshape(warp_any, [4, 16]))
+    gl.thread_barrier()
+    votes: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[4, 1], threads_per_warp=[1, 32], warps_per_cta=[1, 4], order=[1, 0]
+    )
+    per_warp = slot.slice(0, 1, dim=1).load(votes)
+    return gl.max(gl.max(per_warp, axis=1), axis=0) > 0
 
 
 @gluon.jit
@@ -362,12 +348,10 @@ def score_fp4_paged_gluon_kernel(
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
     EXPONENTS_AHEAD: gl.constexpr,
-    ONE_BARRIER_FLAG: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    EXPONENTS_AHEAD: a step computes the next page's exponents; ONE_BARRIER_FLAG: the tile's wide flag by warp votes
-    and one barrier (GLUON_PAGED_OPTIONS)."""
+    EXPONENTS_AHEAD: a step computes the next page's exponents (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -555,7 +539,7 @@ def score_fp4_paged_gluon_kernel(
                 tile_format,
             )
             shift, bad_key, kfac, k_wide = _page_exponents(
-                words, scales, live, W3, G, (flags, first_local % 2, ONE_BARRIER_FLAG)
+                words, scales, live, W3, G, (flags, first_local % 2)
             )
         # the previous step's candidates (keys, slots, which to store): a step stores them once their slots are back
         pending_keys = gl.zeros([BK, 2], gl.int64, flat)
@@ -576,7 +560,7 @@ def score_fp4_paged_gluon_kernel(
                 d_1, spread_1, kfac_1 = _key_exponents(words_1, scales_1, W3, G)
             else:
                 shift, bad_key, kfac, k_wide = _page_exponents(
-                    words, scales, live, W3, G, (flags, tile_index % 2, ONE_BARRIER_FLAG)
+                    words, scales, live, W3, G, (flags, tile_index % 2)
                 )
             # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
             if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
@@ -662,7 +646,7 @@ def score_fp4_paged_gluon_kernel(
                     thr = gl.convert_layout(thr_h, row_of_flat)
             if EXPONENTS_AHEAD:
                 shift, bad_key, k_wide = _page_flags(
-                    d_1, spread_1, live_1, W3, (flags, (tile_index + 1) % 2, ONE_BARRIER_FLAG)
+                    d_1, spread_1, live_1, W3, (flags, (tile_index + 1) % 2)
                 )
                 kfac = kfac_1
                 words = words_1
