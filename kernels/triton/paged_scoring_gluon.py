@@ -538,9 +538,7 @@ def score_fp4_paged_gluon_kernel(
                 pages,
                 tile_format,
             )
-            shift, bad_key, kfac, k_wide = _page_exponents(
-                words, scales, live, W3, G, (flags, first_local % 2)
-            )
+            shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G, (flags, first_local % 2))
         # the previous step's candidates (keys, slots, which to store): a step stores them once their slots are back
         pending_keys = gl.zeros([BK, 2], gl.int64, flat)
         pending_slots = gl.zeros([BK, 2], gl.int32, flat)
@@ -559,9 +557,7 @@ def score_fp4_paged_gluon_kernel(
                 half_a, half_b = _e2m1_halves(words, shift)
                 d_1, spread_1, kfac_1 = _key_exponents(words_1, scales_1, W3, G)
             else:
-                shift, bad_key, kfac, k_wide = _page_exponents(
-                    words, scales, live, W3, G, (flags, tile_index % 2)
-                )
+                shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G, (flags, tile_index % 2))
             # no shared memory a step: the decoded words are the MMA's A operand (_register_operand)
             if k_wide | q_wide:  # rare: hi operands (operands.py's lo + 16 hi)
                 in_lo = shift <= 3
@@ -645,9 +641,7 @@ def score_fp4_paged_gluon_kernel(
                     gl.atomic_max(raised_ptr + h_rows, thr_h, mask=h_ok, sem="relaxed")
                     thr = gl.convert_layout(thr_h, row_of_flat)
             if EXPONENTS_AHEAD:
-                shift, bad_key, k_wide = _page_flags(
-                    d_1, spread_1, live_1, W3, (flags, (tile_index + 1) % 2)
-                )
+                shift, bad_key, k_wide = _page_flags(d_1, spread_1, live_1, W3, (flags, (tile_index + 1) % 2))
                 kfac = kfac_1
                 words = words_1
                 words_1 = words_n
