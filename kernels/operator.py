@@ -201,8 +201,9 @@ def dense_topk_prefill(
     topk, weight_scale, backend, out, max_seq_len, kv_scale, check
         As litetopk_prefill.
     selector : str
-        The value top-k doing the bulk of the selection: "torch" (default) or "flashinfer"; the
-        answer does not depend on it.
+        What selects the top-K of the score matrix: "torch" (default: torch.topk, ties settled) or
+        "flashinfer" (its radix top-k, ties settled), or "radix" (dense_selection.select_topk_radix:
+        exact by itself, CUDA only); the answer does not depend on it.
     workspace : torch.Tensor, optional
         Sized with workspace_bytes(..., dense=True): it holds the score matrix.
 

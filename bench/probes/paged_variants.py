@@ -6,8 +6,8 @@ at decode sizes (selection.DECODE_CONFIG), the scan's threshold refresh, and the
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
 kernel's device time (the sample's launch and the scan's, torch.profiler: bench.common.timing.gpu_activity),
-the median of --reps calls; then the dense path (dense_topk_prefill: the paged kernel's dense mode and a
-value top-k over the score matrix), answers compared. Prints a table, writes OUT/paged-variants-<card>.json.
+the median of --reps calls; then the dense path (dense_topk_prefill: the paged kernel's dense mode, then
+each of DENSE_SELECTORS over the score matrix), answers compared. Prints a table, writes OUT/paged-variants-<card>.json.
 
     source bench/device/gpu_env.sh && python3 -m bench.probes.paged_variants --out /tmp [--shapes 64x1x65536x512 ...]
 """
@@ -44,6 +44,8 @@ VARIANTS = {
     "production": {},
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
+#: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)
+DENSE_SELECTORS = ("torch", "radix")
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status")
 
 
@@ -120,15 +122,17 @@ def probe_shape(shape: str, reps: int) -> dict:
             # the dense path at the production settings (its scoring is the paged kernel's dense mode): what a
             # decode call costs with the score matrix written and a value top-k over it
             _apply({}, production, backend)
+            for selector in DENSE_SELECTORS:
 
-            def dense_call():
-                return dense_topk_prefill(*args, topk=topk, backend="triton")
+                def dense_call(selector=selector):
+                    return dense_topk_prefill(*args, topk=topk, backend="triton", selector=selector)
 
-            dense = dense_call()
-            torch.cuda.synchronize()
-            equal = all(torch.equal(getattr(dense, f), getattr(first, f)) for f in FIELDS)
-            record["dense path"] = _timed(dense_call, reps, 0.0, equal)
-            _print_row(shape, "dense path", record["dense path"], equal)
+                name = f"dense path, {selector}"
+                dense = dense_call()
+                torch.cuda.synchronize()
+                equal = all(torch.equal(getattr(dense, f), getattr(first, f)) for f in FIELDS)
+                record[name] = _timed(dense_call, reps, 0.0, equal)
+                _print_row(shape, name, record[name], equal)
     finally:
         _apply({}, production, backend)
     del cache, block_table, q

@@ -1,6 +1,6 @@
 """Compile the pipeline's glue kernels (row checks, operand decode, schedule, the paged mode's split
 schedule, prologue and faults, scan outputs, certificate, repair and its subset operands, the
-calibration's order statistics, the dense path's tie settlement) for sm_90 without a GPU, as the
+calibration's order statistics, the dense path's tie settlement and radix selector) for sm_90 without a GPU, as the
 pipeline launches them: CI runs them under the
 interpreter only, which accepts code that the compiler refuses (loop-carried types, tuple loops);
 this build catches that.
@@ -150,6 +150,18 @@ KERNELS = {
     dense_selection.settle_ties_kernel: (
         dict(TOPK=512, LANES=512, BLOCK=dense_selection.BLOCK),
         dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
+    ),
+    dense_selection.radix_count_kernel: (
+        dict(BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True),
+        dict(scores_ptr="*fp32"),
+    ),
+    dense_selection.radix_collect_kernel: (
+        dict(TOPK=512, CAP=2048, BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64"),
+    ),
+    dense_selection.radix_finish_kernel: (
+        dict(TOPK=1024, CAP=2048, SMALL=256, BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
     ),
     split_schedule.split_schedule_kernel: (
         dict(BLOCK_ROWS=2, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32),

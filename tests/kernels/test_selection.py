@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from litetopk.kernels import InputError, RowStatus
+from litetopk.kernels import BackendUnavailableError, InputError, RowStatus
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.dense_selection import select_topk_dense
+from litetopk.kernels.dense_selection import select_topk_dense, select_topk_radix
 from litetopk.kernels.keys import NO_KEY, kth_key, make_keys, select_topk_keys, split_keys
 
 NEG_INF = float("-inf")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def ref_order(scores: list[float], positions: list[int]) -> list[int]:
@@ -199,6 +200,51 @@ def test_select_topk_dense_is_exact(case, seed):
         assert got == want + [-1] * (c["k"] - len(want)), f"{case}, row {r}, seed {seed}"
         assert values[r, : len(want)].tolist() == [float(scores[r, j]) + 0.0 for j in want], f"{case}, row {r}"
         assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", list(DENSE_CASES))
+def test_the_radix_selector_equals_the_torch_selector(case, seed):
+    """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
+    gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each warp's equal digits
+    counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are poisoned -inf where no
+    case entry lies, so a key read past a row's width would show."""
+    c = DENSE_CASES[case]
+    scores = torch.from_numpy(dense_case_scores(c, seed))
+    want = select_topk_dense(scores, c["k"])
+    padded = torch.full((c["rows"], c["width"] + 64), NEG_INF)
+    padded[:, : c["width"]] = scores
+    got = select_topk_radix(padded[:, : c["width"]].to(DEVICE), c["k"]).cpu()
+    assert torch.equal(got, want), f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", ["many exact ties across the k-th place", "all equal"])
+def test_the_radix_selector_bisects_a_boundary_digit_too_full_to_sort(case, seed):
+    """With the sort's cap at k, a boundary digit holding more keys than k takes the bisection over the row
+    (radix_finish_kernel's last branch): the same keys as the torch selector."""
+    c = DENSE_CASES[case]
+    scores = torch.from_numpy(dense_case_scores(c, seed))
+    got = select_topk_radix(scores.to(DEVICE), c["k"], cap=c["k"]).cpu()
+    assert torch.equal(got, select_topk_dense(scores, c["k"])), f"{case}, seed {seed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
+def test_the_radix_selector_at_decode_sizes(rows, width, k, seed):
+    """Decode-sized score rows (normal scores, windows of random lengths, a few exact ties) on the GPU: the radix
+    selector equals the torch selector bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.randn(rows, width, device="cuda", generator=gen)
+    scores[:, ::97] = 1.5  # ties
+    ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
+    scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
+    assert torch.equal(select_topk_radix(scores, k), select_topk_dense(scores, k)), f"{rows}x{width} K={k}"
+
+
+def test_the_radix_selector_wants_its_kernels_device(seed):
+    with pytest.raises(BackendUnavailableError, match="radix"):
+        select_topk_dense(torch.zeros(2, 600), 512, selector="radix")
 
 
 def test_select_topk_dense_rejects_an_unknown_selector():
