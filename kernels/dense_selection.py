@@ -31,22 +31,24 @@ Selectors:
 
 The radix selector (select_topk_radix; for decode-sized score rows, where torch.topk costs ~90-120 us on an
 H100 and the score matrix is small: bench/NOTES.md, next steps 0). Math: each live score (not -inf, not NaN)
-has a first digit, the top RADIX_BITS = 11 bits of its ordered bits (keys._ordered_bits, as an unsigned order:
-a larger digit, a larger score). From the row's digit histogram, the boundary digit b is the largest with at
-least K keys at or above it (-1: fewer than K keys in all); the keys of digits above b (fewer than K) are
-answers, the K-th best key has digit b, and the rest of the answer is the need = K - (keys above b) largest
-keys of digit b. Those rank below every key above b, so the row is the sure keys sorted, then the boundary's
-best `need` sorted: no merge. Exact for any data: ties are ordering keys (score, then position), distinct.
-Launches: (1) radix_count_kernel, (rows, programs a row): each program counts its span of the row into the
-row's histogram in global memory (on a GPU one atomic a digit a warp: match.any and popc in inline PTX); (2)
-radix_collect_kernel, the same grid: each program finds b from the histogram itself (a suffix sum over 2,048
-counters) and appends its sure keys and boundary keys to the row's two scratch rows (an atomic slot a key;
-boundary keys past CAP are counted, not stored); (3) radix_finish_kernel, a program a row: one tl.sort of the
-sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the smaller that holds them); a boundary
-digit with more than CAP keys (one eighth of a binade holding them: all-equal or clustered scores) is
-finished by bisection over its keys' range, one pass over the row a step (up to 53), then its keys at or
-above the need-th largest stored in column order and sorted. Not yet run on a GPU (tests/kernels/
-test_selection.py has its GPU test; CI runs the kernels under the interpreter, one atomic a key).
+has two digits, bits 31-21 and 20-10 of its ordered bits (keys._ordered_bits, as an unsigned order: a larger
+digit, a larger score; a first digit spans a quarter of a binade). From the row's first-digit histogram the
+boundary b1 is the largest digit with at least K keys at or above it (-1: fewer than K keys in all); among the
+keys of b1, from their second-digit histogram, b2 is the largest with at least K - (keys above b1) at or above
+it. The keys above (b1, b2) number fewer than K and are all answers ("sure"); the K-th best key has digits (b1,
+b2), and need = K - sure best of that boundary complete the answer. Sure keys rank above every boundary key, so
+the row is the sure keys sorted, then the boundary's best `need` sorted: no merge. Exact for any data: keys are
+(score, then position), distinct.
+Launches (rows x programs a row for the first three, each program a span of the row): (1) count the first digits
+into the row's histogram in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in inline
+PTX); (2) count the second digits of the keys of b1 (each program finds b1 from the histogram itself: a suffix
+sum over 2,048 counters); (3) append the sure keys and the boundary keys to the row's two scratch lists (one
+atomic a list a 2,048-column block, the slots by a prefix sum; boundary keys past CAP are counted, not stored);
+(4) a program a row: one tl.sort of the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the
+smaller that holds them). More than CAP boundary keys agree in 22 bits of their scores (equal or near-equal
+scores); then the need-th best of them is found by bisection over the 10 bits left (10 passes over the row), and
+the keys above it plus the first ones at it in column order complete the row. Not yet run on a GPU
+(tests/kernels/test_selection.py has its GPU test; CI runs the kernels under the interpreter, one atomic a key).
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ def flashinfer_topk(scores: torch.Tensor, take: int) -> tuple[torch.Tensor, torc
 
 # ------------------------------------------------------------------ the radix selector (exact by itself)
 
-RADIX_BITS = 11  # the first digit: the top 11 bits of the ordered score
-RADIX_BINS = 1 << RADIX_BITS
+RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ordered score (10 bits remain)
+RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 RADIX_PROGRAMS = 512  # programs of the counting and collecting launches a call aims at (rows x programs a row)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -175,10 +177,48 @@ selp.b32 $0, $0, 0, p;
 
 
 @triton.jit
-def _top_digit(scores, BITS: tl.constexpr):
-    """int32 in [0, 2^BITS): the top BITS bits of each score's ordered bits (keys._ordered_bits), as an
-    unsigned order (a larger digit, a larger score)."""
-    return ((_ordered_bits(scores) >> (32 - BITS)) + (1 << (BITS - 1))).to(tl.int32)
+def _digits(scores):
+    """(live, ordered, first, second) of float32 scores: live (not -inf, not NaN: a key), the int32 ordered bits
+    (keys._ordered_bits) and their first and second digits, bits 31-21 and 20-10 as an unsigned order (a larger
+    digit, a larger score), each in [0, 2048)."""
+    ordered = _ordered_bits(scores).to(tl.int32)
+    first = (ordered >> 21) + 1024
+    second = (ordered >> 10) & 2047
+    return scores > float("-inf"), ordered, first, second
+
+
+@triton.jit
+def _count_digits(hist_row, digit, counted, AGGREGATE: tl.constexpr):
+    """Add the `counted` ones of `digit` to the row's histogram (global memory): an atomic a digit a warp where
+    AGGREGATE (inline PTX: match.any and popc), else one a key."""
+    if AGGREGATE:
+        count = tl.inline_asm_elementwise(
+            _WARP_COUNT_ASM, "=r,r", [tl.where(counted, digit, 4096)], dtype=tl.int32, is_pure=False, pack=1
+        )
+        tl.atomic_add(hist_row + digit, count, mask=counted & (count > 0), sem="relaxed")
+    else:
+        tl.atomic_add(hist_row + digit, 1, mask=counted, sem="relaxed")
+
+
+@triton.jit
+def _boundary(hist_row, rank):
+    """(the digit of the rank-th best key, the keys of larger digits) from a histogram of 2,048 digits: the largest
+    digit with at least `rank` keys at or above it (-1 where the histogram holds fewer than `rank`)."""
+    offs_b = tl.arange(0, 2048)
+    counts = tl.load(hist_row + offs_b)
+    at_or_above = tl.cumsum(counts, axis=0, reverse=True)
+    digit = tl.max(tl.where(at_or_above >= rank, offs_b, -1), axis=0)
+    return digit, tl.sum(tl.where(offs_b > digit, counts, 0), axis=0)
+
+
+@triton.jit
+def _append(base_ptr, count_ptr, keys, take, limit):
+    """Store the `take` ones of int64 `keys` at the next free slots of a row's list (count_ptr: its length, one
+    atomic a block); slots at or past `limit` are counted, not stored."""
+    slot = (
+        tl.atomic_add(count_ptr, tl.sum(take.to(tl.int32), axis=0), sem="relaxed") + tl.cumsum(take.to(tl.int32), 0) - 1
+    )
+    tl.store(base_ptr + slot, keys, mask=take & (slot < limit))
 
 
 @triton.jit
@@ -187,41 +227,28 @@ def radix_count_kernel(
     score_stride,
     width,
     span,  # float32 [rows, width]; columns a program counts
-    hist_ptr,  # int32 [rows, BINS], zeroed: the count of each first digit
-    BITS: tl.constexpr,
+    hist_ptr,  # int32 [2, rows, 2048], zeroed: the first digits' counts, then the second's
+    rows,
+    TOPK: tl.constexpr,
     BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr,
+    SECOND: tl.constexpr,
 ):
+    """SECOND = False: count the first digits of the program's columns. SECOND: count the second digits of the keys
+    in the boundary's first digit (_boundary of the first counts)."""
     row = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) * span
-    last = tl.minimum(first + span, width)
-    hist_row = hist_ptr + row * (1 << BITS)
-    for c0 in range(first, last, BLOCK):
+    first_col = tl.program_id(1) * span
+    last = tl.minimum(first_col + span, width)
+    if SECOND:
+        boundary = _boundary(hist_ptr + row * 2048, TOPK)[0]
+    for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live = scores > float("-inf")  # -inf (outside the window) and NaN are no key
-        digit = _top_digit(scores, BITS)
-        if AGGREGATE:  # one atomic a digit a warp
-            count = tl.inline_asm_elementwise(
-                _WARP_COUNT_ASM,
-                "=r,r",
-                [tl.where(live, digit, 1 << BITS)],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
-            tl.atomic_add(hist_row + digit, count, mask=live & (count > 0), sem="relaxed")
+        live, _, first, second = _digits(scores)
+        if SECOND:
+            _count_digits(hist_ptr + (rows + row) * 2048, second, live & (first == boundary), AGGREGATE)
         else:
-            tl.atomic_add(hist_row + digit, 1, mask=live, sem="relaxed")
-
-
-@triton.jit
-def _boundary_digit(hist_row, TOPK: tl.constexpr, BITS: tl.constexpr):
-    """The first digit of the row's K-th best key (-1 where the row holds fewer than K keys), from its
-    histogram: the largest digit with at least K keys at or above it."""
-    offs_b = tl.arange(0, 1 << BITS)
-    at_or_above = tl.cumsum(tl.load(hist_row + offs_b), axis=0, reverse=True)
-    return tl.max(tl.where(at_or_above >= TOPK, offs_b, -1), axis=0)
+            _count_digits(hist_ptr + row * 2048, first, live, AGGREGATE)
 
 
 @triton.jit
@@ -231,32 +258,28 @@ def radix_collect_kernel(
     width,
     span,
     hist_ptr,
-    sure_ptr,  # int64 [rows, TOPK]: keys above the boundary digit (fewer than K), unordered
-    boundary_ptr,  # int64 [rows, CAP]: keys of the boundary digit, unordered (the first CAP)
+    sure_ptr,  # int64 [rows, TOPK]: keys above the boundary (fewer than K), unordered
+    boundary_ptr,  # int64 [rows, CAP]: keys of the boundary (both digits the K-th best key's), unordered
     counts_ptr,  # int32 [2, rows], zeroed: sure and boundary keys of each row
     rows,
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
-    BITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) * span
-    last = tl.minimum(first + span, width)
-    boundary = _boundary_digit(hist_ptr + row * (1 << BITS), TOPK, BITS)
-    for c0 in range(first, last, BLOCK):
+    first_col = tl.program_id(1) * span
+    last = tl.minimum(first_col + span, width)
+    b1, above1 = _boundary(hist_ptr + row * 2048, TOPK)
+    b2 = _boundary(hist_ptr + (rows + row) * 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
+    for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live = scores > float("-inf")
-        digit = _top_digit(scores, BITS)
+        live, _, first, second = _digits(scores)
         keys = _ordering_keys(scores, offs_c)
-        sure = live & (digit > boundary)
-        tied = live & (digit == boundary)
-        zeros = tl.zeros([BLOCK], tl.int64)
-        slot = tl.atomic_add(counts_ptr + row + zeros, 1, mask=sure, sem="relaxed")
-        tl.store(sure_ptr + row * TOPK + slot, keys, mask=sure)  # fewer than K sure keys: slot < TOPK
-        slot = tl.atomic_add(counts_ptr + rows + row + zeros, 1, mask=tied, sem="relaxed")
-        tl.store(boundary_ptr + row * CAP + slot, keys, mask=tied & (slot < CAP))
+        sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
+        tied = live & (first == b1) & (second == b2)
+        _append(sure_ptr + row * TOPK, counts_ptr + row, keys, sure, TOPK)
+        _append(boundary_ptr + row * CAP, counts_ptr + rows + row, keys, tied, CAP)
 
 
 @triton.jit
@@ -278,106 +301,106 @@ def radix_finish_kernel(
     counts_ptr,
     rows,
     out_ptr,
-    out_stride,  # int64 [rows, TOPK] (row stride out_stride): the answer
+    out_stride,  # int64 [rows, TOPK] (row stride out_stride), NO_KEY filled: the answer
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
     SMALL: tl.constexpr,
-    BITS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     out_row = out_ptr + row * out_stride
-    n_sure = tl.load(counts_ptr + row)
+    n_sure = tl.minimum(tl.load(counts_ptr + row), TOPK)
     n_tied = tl.load(counts_ptr + rows + row)
     need = TOPK - n_sure
-    # the sure keys rank above every boundary key (a larger first digit): sorted, they lead the row
+    # the sure keys rank above every boundary key: sorted, they lead the row
     _store_sorted(sure_ptr + row * TOPK, n_sure, out_row, n_sure, TOPK)
+    boundary_row = boundary_ptr + row * CAP
     if n_tied <= SMALL:
-        _store_sorted(boundary_ptr + row * CAP, n_tied, out_row + n_sure, need, SMALL)
+        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, SMALL)
     elif n_tied <= CAP:
-        _store_sorted(boundary_ptr + row * CAP, n_tied, out_row + n_sure, need, CAP)
+        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, CAP)
     else:
-        # More boundary keys than CAP (many scores in one 1/8 binade): the need-th largest of them by bisection
-        # over their keys, one pass over the row a step, then the keys at or above it in column order.
-        boundary = _boundary_digit(hist_ptr + row * (1 << BITS), TOPK, BITS)
-        ordered_lo = (boundary - (1 << (BITS - 1))).to(tl.int64) << (32 - BITS)
-        lo = ordered_lo << 32  # the bucket's smallest key
-        hi = lo + (((1 << (32 - BITS)) << 32) - 1)  # its largest (no overflow at the top bucket)
-        while lo < hi:  # invariant: >= need keys at or above lo, < need above hi
+        # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
+        # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
+        # it and, of those at it, the first in column order (keys of equal scores rank by column).
+        b1, above1 = _boundary(hist_ptr + row * 2048, TOPK)
+        b2 = _boundary(hist_ptr + (rows + row) * 2048, TOPK - above1)[0]
+        lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
+        hi = lo + 1023
+        while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi
             mid = lo + (hi - lo + 1) // 2
             count = tl.zeros([], tl.int32)
             for c0 in range(0, width, BLOCK):
                 offs_c = c0 + tl.arange(0, BLOCK)
                 scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
-                keys = _ordering_keys(scores, offs_c)
-                hit = (scores > float("-inf")) & (_top_digit(scores, BITS) == boundary) & (keys >= mid)
-                count += tl.sum(hit.to(tl.int32), axis=0)
+                live, ordered, first, second = _digits(scores)
+                count += tl.sum((live & (first == b1) & (second == b2) & (ordered >= mid)).to(tl.int32), axis=0)
             if count >= need:
                 lo = mid
             else:
                 hi = mid - 1
-        taken = tl.zeros([], tl.int32)
+        above_lo = tl.zeros([], tl.int32)  # the boundary keys scoring above lo: all taken (fewer than need)
         for c0 in range(0, width, BLOCK):
             offs_c = c0 + tl.arange(0, BLOCK)
             scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
-            keys = _ordering_keys(scores, offs_c)
-            hit = (scores > float("-inf")) & (_top_digit(scores, BITS) == boundary) & (keys >= lo)
-            slot = taken + tl.cumsum(hit.to(tl.int32), axis=0) - 1
-            tl.store(sure_ptr + row * TOPK + slot, keys, mask=hit)  # exactly `need` keys: slots < need <= TOPK
-            taken += tl.sum(hit.to(tl.int32), axis=0)
+            live, ordered, first, second = _digits(scores)
+            above_lo += tl.sum((live & (first == b1) & (second == b2) & (ordered > lo)).to(tl.int32), axis=0)
+        at_seen = tl.zeros([], tl.int32)  # then those at lo, in column order, up to `need` in all
+        slots = tl.zeros([], tl.int32)
+        for c0 in range(0, width, BLOCK):
+            offs_c = c0 + tl.arange(0, BLOCK)
+            scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
+            live, ordered, first, second = _digits(scores)
+            bucket = live & (first == b1) & (second == b2)
+            at = bucket & (ordered == lo)
+            keep = (bucket & (ordered > lo)) | (at & (at_seen + tl.cumsum(at.to(tl.int32), axis=0) <= need - above_lo))
+            slot = slots + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(boundary_row + slot, _ordering_keys(scores, offs_c), mask=keep)  # exactly `need`: < CAP
+            at_seen += tl.sum(at.to(tl.int32), axis=0)
+            slots += tl.sum(keep.to(tl.int32), axis=0)
         tl.debug_barrier()  # the keys stored above are read back below
-        _store_sorted(sure_ptr + row * TOPK, need, out_row + n_sure, need, TOPK)
+        _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
 
 
 def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = None, cap: int | None = None):
-    """int64 [rows, k]: the exact top-k ordering keys of each row of a dense float32 score matrix whose column is
-    the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded; the answer of
-    select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one publishes nothing,
-    module docstring). Three launches, no host synchronization (module docstring, "The radix selector"). k a power
-    of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one atomic (inline PTX, no interpreter);
-    `cap` (default BOUNDARY_TIERS[-1], a power of two >= k) bounds the boundary keys one sort ranks (tests force the
-    bisection with a small one)."""
+    """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float
+    dtypes are converted) whose column is the position (-inf and NaN entries are no key), sorted descending,
+    NO_KEY padded; the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row
+    with one publishes nothing, module docstring). Four launches, no host synchronization (module docstring, "The
+    radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one atomic
+    (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort
+    ranks (tests force the bisection with cap = k)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
-    cap = cap or BOUNDARY_TIERS[-1]
+    cap = max(cap or BOUNDARY_TIERS[-1], k)
+    if cap & (cap - 1):
+        raise ValueError(f"cap={cap} must be a power of two")
     small = min(BOUNDARY_TIERS[0], cap)
-    if cap & (cap - 1) or cap < k:
-        raise ValueError(f"cap={cap} must be a power of two >= k={k}")
     out = torch.full((rows, k), NO_KEY, dtype=torch.int64, device=scores.device)
     if rows == 0 or width == 0:
         return out
-    if scores.stride(1) != 1:
-        scores = scores.contiguous()
+    if scores.dtype != torch.float32 or scores.stride(1) != 1:
+        scores = scores.float().contiguous()
     aggregate = scores.device.type == "cuda" if aggregate is None else aggregate
     per_row = max(1, min(triton.cdiv(width, RADIX_BLOCK), triton.cdiv(RADIX_PROGRAMS, rows)))
     span = triton.cdiv(triton.cdiv(width, per_row), RADIX_BLOCK) * RADIX_BLOCK
     per_row = triton.cdiv(width, span)
-    hist = torch.zeros((rows, RADIX_BINS), dtype=torch.int32, device=scores.device)
+    hist = torch.zeros((2, rows, RADIX_BINS), dtype=torch.int32, device=scores.device)
     counts = torch.zeros((2, rows), dtype=torch.int32, device=scores.device)
     sure = torch.empty((rows, k), dtype=torch.int64, device=scores.device)
     boundary = torch.empty((rows, cap), dtype=torch.int64, device=scores.device)
-    radix_count_kernel[(rows, per_row)](
-        scores, scores.stride(0), width, span, hist, BITS=RADIX_BITS, BLOCK=RADIX_BLOCK, AGGREGATE=aggregate
-    )
+    stride = scores.stride(0)
+    for second in (False, True):
+        radix_count_kernel[(rows, per_row)](
+            scores, stride, width, span, hist, rows, TOPK=k, BLOCK=RADIX_BLOCK, AGGREGATE=aggregate, SECOND=second
+        )
     radix_collect_kernel[(rows, per_row)](
-        scores,
-        scores.stride(0),
-        width,
-        span,
-        hist,
-        sure,
-        boundary,
-        counts,
-        rows,
-        TOPK=k,
-        CAP=cap,
-        BITS=RADIX_BITS,
-        BLOCK=RADIX_BLOCK,
+        scores, stride, width, span, hist, sure, boundary, counts, rows, TOPK=k, CAP=cap, BLOCK=RADIX_BLOCK
     )
     radix_finish_kernel[(rows,)](
         scores,
-        scores.stride(0),
+        stride,
         width,
         hist,
         sure,
@@ -389,10 +412,18 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
         TOPK=k,
         CAP=cap,
         SMALL=small,
-        BITS=RADIX_BITS,
         BLOCK=RADIX_BLOCK,
     )
     return out
+
+
+def select_topk_exact(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """select_topk_dense's keys by the stage's exact selector: the radix selector (select_topk_radix) where
+    devices.runs_triton_stages says so, the torch selector elsewhere; the same keys (LiteTopK's dense route,
+    pipeline.run_litetopk)."""
+    if runs_triton_stages(scores.device):
+        return select_topk_radix(scores, k)
+    return select_topk_dense(scores, k, "torch")
 
 
 def _value_topk(scores: torch.Tensor, take: int, selector: str) -> tuple[torch.Tensor, torch.Tensor]:

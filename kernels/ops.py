@@ -31,7 +31,7 @@ The schema, decided (a custom op takes tensors, optional tensors and scalars, no
   on a CPU lies on 64 bytes, not the 256 validation asks for (InputError: compile with inductor,
   or call without a workspace). `prefill` (no out=) mutates nothing but the workspace and returns
   seven new tensors.
-- the tuning (pipeline.LiteTopKTuning) is flattened into its six fields (`tuning_options`), keyword
+- the tuning (pipeline.LiteTopKTuning) is flattened into its seven fields (`tuning_options`), keyword
   arguments whose defaults are the production settings: a handful of scalars that the graph keeps
   as constants (tests/kernels/test_ops.py checks that the schema names every field of the dataclass).
 - the result: a tuple in RESULT_FIELDS order (values, raw_indices, physical_indices, counts, status,
@@ -162,6 +162,7 @@ def tuning_options(tuning: LiteTopKTuning) -> dict:
         candidate_capacity=tuning.candidate_capacity,
         calibration_offset=tuning.calibration_offset,
         repair_rows=tuning.repair_rows,
+        dense_route_bytes=tuning.dense_route_bytes,
     )
 
 
@@ -218,6 +219,7 @@ def prefill(
     candidate_capacity: int | None = None,
     calibration_offset: float = DEFAULT_TUNING.calibration_offset,
     repair_rows: int = DEFAULT_TUNING.repair_rows,
+    dense_route_bytes: int = DEFAULT_TUNING.dense_route_bytes,
 ) -> Fields:
     # litetopk_prefill(..., out=None) as an op: the result fields in RESULT_FIELDS order, new tensors.
     tuning = LiteTopKTuning(
@@ -227,6 +229,7 @@ def prefill(
         candidate_capacity=candidate_capacity,
         calibration_offset=calibration_offset,
         repair_rows=repair_rows,
+        dense_route_bytes=dense_route_bytes,
     )
     return _fields(
         run_prefill(
@@ -288,6 +291,7 @@ def prefill_out(
     candidate_capacity: int | None = None,
     calibration_offset: float = DEFAULT_TUNING.calibration_offset,
     repair_rows: int = DEFAULT_TUNING.repair_rows,
+    dense_route_bytes: int = DEFAULT_TUNING.dense_route_bytes,
 ) -> None:
     # litetopk_prefill(..., out={every field}) as an op: the seven caller tensors written in place.
     tuning = LiteTopKTuning(
@@ -297,6 +301,7 @@ def prefill_out(
         candidate_capacity=candidate_capacity,
         calibration_offset=calibration_offset,
         repair_rows=repair_rows,
+        dense_route_bytes=dense_route_bytes,
     )
     out = dict(zip(RESULT_FIELDS, (values, raw_indices, physical_indices, counts, status, repaired, candidates)))
     run_prefill(

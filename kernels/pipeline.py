@@ -35,7 +35,7 @@ from .assembly import assemble_result
 from .backend import ScoringBackend
 from .calibration import calibrate, sample_size_for
 from .certify import certify
-from .dense_selection import select_topk_dense
+from .dense_selection import select_topk_dense, select_topk_exact
 from .problem import PrefillProblem
 from .profiling import stage_range
 from .repair import REPAIR_ROWS, complete_repair, repair_on_device
@@ -63,6 +63,13 @@ class LiteTopKTuning:
     calibration_offset: added to every calibrated threshold score. Fault injection for tests of
       the underfill certificate; production value 0.0.
     repair_rows: capacity-event rows the device repair rescans per call (repair.py).
+    dense_route_bytes: a call whose candidate buffer holds the windows (a decode call: the Triton
+      backend's paged mode) and whose score matrix (rows x max_end x 4 bytes) is at most this many bytes
+      takes the dense route: the backend's dense scores, then the exact selector of the dense path
+      (dense_selection.select_topk_exact: its radix selector on CUDA), no calibration, scan, certificate
+      or repair; the same answer (`candidates` then counts each row's window). 0: never. Off until
+      measured on a GPU: at decode sizes the dense mode of the paged kernel scores in ~56-79 % of the
+      scan's time (H100, bench/JOURNAL.md 18d), the radix selector is not yet timed (18g).
     """
 
     calibration: str = "sample"
@@ -71,6 +78,7 @@ class LiteTopKTuning:
     candidate_capacity: int | None = None
     calibration_offset: float = 0.0
     repair_rows: int = REPAIR_ROWS
+    dense_route_bytes: int = 0
 
     def __post_init__(self):
         if self.calibration not in CALIBRATIONS:
@@ -82,9 +90,15 @@ class LiteTopKTuning:
             )
         if self.calibration == "scan" and self.calibration_offset != 0.0:
             raise ValueError("calibration_offset applies to calibration='sample' only (the calibration stage)")
+        if self.dense_route_bytes < 0:
+            raise ValueError(f"dense_route_bytes must be >= 0 (0: never), got {self.dense_route_bytes}")
 
     def capacity(self, topk: int) -> int:
         return self.candidate_capacity if self.candidate_capacity is not None else self.capacity_factor * topk
+
+    def takes_dense_route(self, rows: int, max_end: int, holds_windows: bool) -> bool:
+        """Whether a call of `rows` rows, window bound `max_end`, takes the dense route (dense_route_bytes)."""
+        return holds_windows and rows * max_end * 4 <= self.dense_route_bytes
 
 
 def run_litetopk(
@@ -96,9 +110,12 @@ def run_litetopk(
     out: Mapping[str, torch.Tensor] | None = None,
     check: bool = False,
 ) -> TopKResult:
-    """The LiteTopK method (module docstring) on a validated problem."""
+    """The LiteTopK method (module docstring) on a validated problem; at decode sizes, with
+    LiteTopKTuning.dense_route_bytes, its dense route (run_dense with the exact selector)."""
     capacity = tuning.capacity(problem.topk)
     holds_windows = backend.buffers_hold_windows(problem)
+    if tuning.takes_dense_route(problem.num_rows, problem.max_end, holds_windows):
+        return run_dense(problem, backend, selector="exact", out=out, check=check)
     if tuning.candidate_capacity is None and holds_windows:
         capacity = max(capacity, problem.max_end)  # (a decode step: rows x max_end x 8 bytes, rows <= 4 x batch)
     # the call's sample: a denser one where the buffer holds the windows and the rows are few (calibration.py)
@@ -143,11 +160,15 @@ def run_dense(
     check: bool = False,
 ) -> TopKResult:
     """The dense baseline: the whole score matrix, then an exact top-K of it (ties across the K-th
-    place settled exactly: dense_selection.settle_ties, on the device where the Triton stages run)."""
+    place settled exactly: dense_selection.settle_ties, on the device where the Triton stages run).
+    selector "exact" (LiteTopK's dense route): dense_selection.select_topk_exact."""
     with stage_range("litetopk.dense_score"):
         scores, nonfinite = backend.score_dense(problem)
     with stage_range("litetopk.dense_select"):
-        top = select_topk_dense(scores, problem.topk, selector)
+        if selector == "exact":  # LiteTopK's dense route: the stage's own exact selector
+            top = select_topk_exact(scores, problem.topk)
+        else:
+            top = select_topk_dense(scores, problem.topk, selector)
     status = backend.scoring_faults(problem, nonfinite)
     repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
     with stage_range("litetopk.assemble"):

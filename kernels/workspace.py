@@ -154,7 +154,11 @@ def _runs(
     sample size the call's path can take, the most rows that take it (calibration.sample_size_changes), each
     at every window bound where that sample's stride changes (calibration.shape_changes). A self-calibrating
     scan has no sample, but a backend may calibrate some calls from the sample stage all the same
-    (ScoringBackend.calibration_for): those bounds are run for it too."""
+    (ScoringBackend.calibration_for): those bounds are run for it too. LiteTopKTuning.dense_route_bytes needs
+    no run of its own: a routed call carves its score matrix (4 bytes a key) where the scan would carve its
+    candidate buffer (8 bytes a key: the buffer holds the windows wherever the route is taken) and the sample,
+    so the route never carves more than the scan would at the same call, and a run point that the route
+    takes is measured routed (run_litetopk decides)."""
     if dense:
         return [(rows, k, max_seq_len) for k in ks]
     # the path's mode, from a problem at its bounds (the same for its calls of fewer rows and sequences)

@@ -42,6 +42,7 @@ from ..common.timing import gpu_activity
 #: settings, is the reference of the bit-for-bit check.
 VARIANTS = {
     "production": {},
+    "dense route": dict(tuning=dict(dense_route_bytes=1 << 30)),  # LiteTopKTuning.dense_route_bytes
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

@@ -152,15 +152,15 @@ KERNELS = {
         dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
     ),
     dense_selection.radix_count_kernel: (
-        dict(BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True),
+        dict(TOPK=512, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, SECOND=True),
         dict(scores_ptr="*fp32"),
     ),
     dense_selection.radix_collect_kernel: (
-        dict(TOPK=512, CAP=2048, BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(TOPK=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (
-        dict(TOPK=1024, CAP=2048, SMALL=256, BITS=dense_selection.RADIX_BITS, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
     ),
     split_schedule.split_schedule_kernel: (

@@ -17,6 +17,7 @@ from litetopk.kernels import BackendUnavailableError, LiteTopKTuning, calibratio
 from litetopk.kernels.aiter_layout import aiter_pages_from_litetopk
 from litetopk.kernels.calibration import calibrate
 from litetopk.kernels.keys import make_keys, split_keys
+from litetopk.kernels.result import ANSWER_FIELDS
 from litetopk.kernels.scratch import Scratch
 from litetopk.kernels.triton import TritonBackend, paged
 from litetopk.kernels.triton.paged import cache_in_words, launch_paged_scoring, paged_block_rows
@@ -217,6 +218,37 @@ def test_paged_operator_against_float64_oracle(name, seed, monkeypatch):
         windows = (p.ends - p.starts).long()
         assert bool((lite.candidates.long() < windows).all()), f"{where}: candidates {lite.candidates.tolist()}"
     check_against_oracle(p, lite, dense, where)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("next_n, topk", [(1, 512), (2, 1024)])
+def test_the_dense_route_answers_as_the_scan(next_n, topk, seed, monkeypatch):
+    """LiteTopKTuning.dense_route_bytes: a decode call takes the dense route (the paged kernel's dense scores, then
+    the exact selector: the radix selector's Triton kernels, here under the interpreter): exact against float64,
+    the scan route's published fields bit for bit, and `candidates` counts each row's window. A bound below the
+    call's score matrix keeps the scan."""
+    from contextlib import nullcontext
+
+    from bench.probes.host_time import triton_stages_on_cpu
+    from litetopk.kernels import pipeline
+
+    routes = []
+    run_dense = pipeline.run_dense
+    monkeypatch.setattr(pipeline, "run_dense", lambda *a, **kw: routes.append(kw["selector"]) or run_dense(*a, **kw))
+    p = make_problem(seed, seq_lens=[1500, 300, 2200], rows_per_seq=next_n, topk=topk, spread=1)
+    assert paged_block_rows(p.q_fp4.shape[0], p.block_table.shape[0]), "the case must be decode-shaped"
+    matrix = p.q_fp4.shape[0] * validate_prefill(*p.args(), topk=p.topk).max_end * 4  # the call's score matrix
+    with triton_stages_on_cpu() if DEVICE == "cpu" else nullcontext():
+        routed, dense = run_both(p, tuning=LiteTopKTuning(dense_route_bytes=matrix))
+    assert routes == ["exact"], f"the call did not take the dense route: {routes}"
+    scanned, _ = run_both(p, tuning=LiteTopKTuning(dense_route_bytes=matrix - 4))
+    assert routes == ["exact"], f"a bound below the score matrix must keep the scan: {routes}"
+    where = f"[next_n {next_n}, K {topk}] seed {seed}"
+    assert not routed.status.any(), f"{where}: status {routed.status.tolist()}"
+    check_against_oracle(p, routed, dense, where)
+    for field in ANSWER_FIELDS:
+        assert torch.equal(getattr(routed, field), getattr(scanned, field)), f"{where}: {field} differs from the scan's"
+    assert torch.equal(routed.candidates.long(), (p.ends - p.starts).long()), f"{where}: {routed.candidates.tolist()}"
 
 
 @pytest.mark.interpret

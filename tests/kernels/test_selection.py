@@ -218,25 +218,40 @@ def test_the_radix_selector_equals_the_torch_selector(case, seed):
     assert torch.equal(got, want), f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
 
 
+#: score rows whose K-th best shares its first or both digits with many keys (select_topk_radix's boundary)
+CLUSTERED = {
+    "clustered: randn x 0.01 + 4": lambda gen, shape: gen.standard_normal(shape) * 0.01 + 4.0,
+    "agree in 22 bits, ties": lambda gen, shape: 1.0 + gen.integers(0, 200, shape) * 2.0**-22,
+    "one value, a few larger": lambda gen, shape: np.where(gen.random(shape) < 0.03, 4.0, 3.0),
+}
+
+
 @pytest.mark.interpret
-@pytest.mark.parametrize("case", ["many exact ties across the k-th place", "all equal"])
-def test_the_radix_selector_bisects_a_boundary_digit_too_full_to_sort(case, seed):
-    """With the sort's cap at k, a boundary digit holding more keys than k takes the bisection over the row
-    (radix_finish_kernel's last branch): the same keys as the torch selector."""
-    c = DENSE_CASES[case]
-    scores = torch.from_numpy(dense_case_scores(c, seed))
-    got = select_topk_radix(scores.to(DEVICE), c["k"], cap=c["k"]).cpu()
-    assert torch.equal(got, select_topk_dense(scores, c["k"])), f"{case}, seed {seed}"
+@pytest.mark.parametrize("case", list(CLUSTERED))
+@pytest.mark.parametrize("cap", [None, 512])
+def test_the_radix_selector_on_clustered_scores(case, cap, seed):
+    """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
+    bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
+    bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
+    gen = np.random.default_rng(seed)
+    scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
+    scores[1, 2500:] = NEG_INF
+    got = select_topk_radix(scores.to(DEVICE), 512, cap=cap).cpu()
+    want = select_topk_dense(scores, 512)
+    assert torch.equal(got, want), (
+        f"{case}, cap {cap}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
 def test_the_radix_selector_at_decode_sizes(rows, width, k, seed):
-    """Decode-sized score rows (normal scores, windows of random lengths, a few exact ties) on the GPU: the radix
-    selector equals the torch selector bit for bit."""
+    """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
+    the GPU: the radix selector equals the torch selector bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
     scores[:, ::97] = 1.5  # ties
+    scores[::2] = scores[::2] * 0.01 + 4.0  # every other row clustered: many keys share the boundary's first digit
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
     assert torch.equal(select_topk_radix(scores, k), select_topk_dense(scores, k)), f"{rows}x{width} K={k}"

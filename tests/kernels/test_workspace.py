@@ -556,3 +556,27 @@ def test_decode_sizing_covers_every_rows_and_bound(small_decode_sample, monkeypa
         assert workspace_bytes(**{**sized, "max_rows": rows}) == max(v for (r, _), v in every.items() if r == rows), (
             f"{rows} rows"
         )
+
+
+def test_the_dense_routes_calls_are_sized(monkeypatch, seed):
+    """LiteTopKTuning.dense_route_bytes: a call whose score matrix (rows x bound x 4 bytes) fits the bound takes
+    the dense route, which carves that matrix instead of the scan's buffers; workspace_bytes stays exact. The
+    oracle shares none of its reasoning: the bytes a call of every rows <= 3 carves at every window bound <=
+    2,112 (empty windows; the reference backend, made to report that its buffer holds the windows as the Triton
+    paged mode does), the largest of them, for bounds that route none, some and all of the calls."""
+    monkeypatch.setattr(ReferenceBackend, "buffers_hold_windows", lambda self, problem: True)
+    p = make_problem(seed, seq_lens=[2100], rows_per_seq=3, topk=512)  # 33 pages: bound 2112
+    empty = dataclasses.replace(p, ends=p.starts.clone())
+    carved = {}
+    for route_bytes in (0, 2 * 1500 * 4, 3 * bound_of(p) * 4):
+        tuning = LiteTopKTuning(sample_size=600, dense_route_bytes=route_bytes)
+        carved[route_bytes] = {
+            (rows, end): used_by(first_rows(empty, rows), "reference", tuning, max_seq_len=end)
+            for rows in (1, 2, 3)
+            for end in range(bound_of(p) + 1)
+        }
+        sized = dict(max_rows=3, max_seq_len=bound_of(p), topk=512, device="cpu", backend="reference", tuning=tuning)
+        want = max(carved[route_bytes].values())
+        assert workspace_bytes(**sized) == want, f"dense_route_bytes {route_bytes}: the largest call carves {want}"
+    routed = [b for b in carved if b and carved[b] != carved[0]]
+    assert routed == [2 * 1500 * 4, 3 * bound_of(p) * 4], "both bounds must route calls that carve otherwise"
