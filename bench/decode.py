@@ -60,7 +60,14 @@ from bench.common.problems import (
 from bench.common.report import run_info
 from bench.common.roofline import floor_us, measure_ceilings
 from bench.common.timing import CallTimer
-from litetopk.kernels import LiteTopKGraphs, TopKResult, dense_topk_prefill, litetopk_prefill, resolve_backend
+from litetopk.kernels import (
+    LiteTopKGraphs,
+    LiteTopKTuning,
+    TopKResult,
+    dense_topk_prefill,
+    litetopk_prefill,
+    resolve_backend,
+)
 
 CHECKED = ("values", "raw_indices", "physical_indices", "counts", "status")  # LiteTopK == dense, bit for bit
 VARIANTS = ("runner", "eager", "dense")
@@ -203,8 +210,12 @@ def run_case(
     max_end = max(lengths)
     calls = {
         "runner": lambda: runner(*inputs, topk=case.topk, max_seq_len=max_end),
-        "eager": lambda: litetopk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend),
-        "dense": lambda: dense_topk_prefill(*inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend),
+        "eager": lambda: litetopk_prefill(
+            *inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend, tuning=args.tuning
+        ),
+        "dense": lambda: dense_topk_prefill(
+            *inputs, topk=case.topk, max_seq_len=max_end, backend=args.backend, selector=args.dense_selector
+        ),
     }
     t0 = time.perf_counter()
     for fn in calls.values():  # compile, capture the runner's graph
@@ -286,6 +297,7 @@ def run_group(batch: int, keys: int | None, cases: list[Case], args, timer, ceil
             backend=args.backend,
             max_batch=batch,
             max_graphs=len(cases) + 1,
+            tuning=args.tuning,
         )
         timer.sync()
         shape["build_s"] = time.perf_counter() - t0
@@ -489,12 +501,22 @@ def parse(argv):
     p.add_argument(
         "--time-limit", type=float, help="seconds from the start: begin no case after this (the rest listed as skipped)"
     )
+    p.add_argument(
+        "--dense-route-bytes",
+        type=int,
+        default=0,
+        help="LiteTopKTuning.dense_route_bytes of the runner and eager calls (0: the scan, the default)",
+    )
+    p.add_argument(
+        "--dense-selector", default="torch", help="the dense path's selector (torch, flashinfer, radix: CUDA only)"
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"), help="folder of decode-<tag>.json / .png")
     p.add_argument("--tag", help="file name tag (default: the card, e.g. h100, h200, cpu)")
     args = p.parse_args(argv)
     args.device = torch.device(args.device)
     if args.device.type == "cuda" and args.device.index is None:  # set_device and the runner want an index
         args.device = torch.device("cuda", torch.cuda.current_device())
+    args.tuning = LiteTopKTuning(dense_route_bytes=args.dense_route_bytes)
     args.defaults = GPU if args.device.type == "cuda" else CPU
     args.batch = args.batch or args.defaults["batch"]
     args.keys = args.keys or args.defaults["keys"]
@@ -549,6 +571,8 @@ def main(argv=None) -> int:
         warmup=args.warmup,
         seed=args.seed,
         spread=args.spread,
+        dense_route_bytes=args.dense_route_bytes,
+        dense_selector=args.dense_selector,
         mixed_range=list(args.mixed_range),
         memory_budget=args.memory_budget,
         windows="row i of sequence b: [0, L_b - next_n + 1 + i)",

@@ -5,7 +5,8 @@
 # what time is left. Logs and JSON in $OUT (results.tgz and the variants' JSON).
 #   run(command="LITETOPK_COMMIT=<sha> bash bench/device/decode_session.sh", timeout_s=600)
 # STEPS picks steps (default "tests variants decode"); TESTS_S, VARIANTS_S their limits; SHARD (default 1/2) the
-# share of the kernels' test files (gpu_tests.sh; SHARD= with TEST_PATHS: those files alone).
+# share of the kernels' test files (gpu_tests.sh; SHARD= with TEST_PATHS: those files alone); DECODE_ARGS more
+# bench.decode arguments (e.g. "--dense-route-bytes 268435456 --dense-selector radix").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/gpu_env.sh || exit 1
@@ -20,7 +21,7 @@ for step in ${STEPS:-tests variants decode}; do
       timeout ${VARIANTS_S:-170} python3 -m bench.probes.paged_variants --out "$RES" --reps 5 2>&1 | grep -v Warn | tail -16 ;;
     decode) T=$(( $(left) - 15 ))
       if [ $T -gt 60 ]; then
-        echo "== decode ($T s)"; timeout $T python3 -m bench.decode --out "$RES" --quick --time-limit $((T - 30)) 2>&1 | tail -14
+        echo "== decode ($T s)"; timeout $T python3 -m bench.decode --out "$RES" --quick --time-limit $((T - 30)) ${DECODE_ARGS:-} 2>&1 | tail -14
       fi ;;
     *) echo "unknown step $step (tests variants decode)" ;;
   esac
