@@ -156,6 +156,7 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 RADIX_PROGRAMS = 512  # programs of the counting and collecting launches a call aims at (rows x programs a row)
+RADIX_WARPS = 8  # every launch's (offline sm_90: 56 / 106 / 128 registers, against 89 / 206 / 168 at 4 warps)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
 
 # The warp's count of each digit, given to one lane (the lowest with it), 0 to the others: match.any.sync finds the
@@ -393,10 +394,32 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
     stride = scores.stride(0)
     for second in (False, True):
         radix_count_kernel[(rows, per_row)](
-            scores, stride, width, span, hist, rows, TOPK=k, BLOCK=RADIX_BLOCK, AGGREGATE=aggregate, SECOND=second
+            scores,
+            stride,
+            width,
+            span,
+            hist,
+            rows,
+            TOPK=k,
+            BLOCK=RADIX_BLOCK,
+            AGGREGATE=aggregate,
+            SECOND=second,
+            num_warps=RADIX_WARPS,
         )
     radix_collect_kernel[(rows, per_row)](
-        scores, stride, width, span, hist, sure, boundary, counts, rows, TOPK=k, CAP=cap, BLOCK=RADIX_BLOCK
+        scores,
+        stride,
+        width,
+        span,
+        hist,
+        sure,
+        boundary,
+        counts,
+        rows,
+        TOPK=k,
+        CAP=cap,
+        BLOCK=RADIX_BLOCK,
+        num_warps=RADIX_WARPS,
     )
     radix_finish_kernel[(rows,)](
         scores,
@@ -413,6 +436,7 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
         CAP=cap,
         SMALL=small,
         BLOCK=RADIX_BLOCK,
+        num_warps=RADIX_WARPS,
     )
     return out
 

@@ -197,6 +197,14 @@ KERNELS = {
 }
 
 
+#: kernels launched with other than 4 warps
+NUM_WARPS = {
+    dense_selection.radix_count_kernel: dense_selection.RADIX_WARPS,
+    dense_selection.radix_collect_kernel: dense_selection.RADIX_WARPS,
+    dense_selection.radix_finish_kernel: dense_selection.RADIX_WARPS,
+}
+
+
 def argument_types(kernel, constants: dict, types: dict) -> dict:
     """Every non-constexpr argument's type: `types`, else int32 pointer (*_ptr) or int32 scalar."""
     return {
@@ -212,7 +220,8 @@ def main(out_dir: str) -> int:
     for kernel, (constants, types) in KERNELS.items():
         name = kernel.fn.__name__
         path = os.path.join(out_dir, name)
-        compile_sm90(kernel, argument_types(kernel, constants, types), constants, dict(num_warps=4), path)
+        options = dict(num_warps=NUM_WARPS.get(kernel, 4))
+        compile_sm90(kernel, argument_types(kernel, constants, types), constants, options, path)
         summary[name] = resource_usage(path)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
