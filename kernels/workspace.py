@@ -154,22 +154,35 @@ def _runs(
     sample size the call's path can take, the most rows that take it (calibration.sample_size_changes), each
     at every window bound where that sample's stride changes (calibration.shape_changes). A self-calibrating
     scan has no sample, but a backend may calibrate some calls from the sample stage all the same
-    (ScoringBackend.calibration_for): those bounds are run for it too. LiteTopKTuning.dense_route_bytes needs
-    no run of its own: a routed call carves its score matrix (4 bytes a key) where the scan would carve its
-    candidate buffer (8 bytes a key: the buffer holds the windows wherever the route is taken) and the sample,
-    so the route never carves more than the scan would at the same call, and a run point that the route
-    takes is measured routed (run_litetopk decides)."""
+    (ScoringBackend.calibration_for): those bounds are run for it too. With LiteTopKTuning.dense_route_bytes,
+    the dense route's largest calls as well: a routed call carves its score matrix (4 bytes a key), which can
+    exceed what the scan carves at the same call where the tuning caps the candidate buffer
+    (candidate_capacity); a run point the route takes is measured routed (run_litetopk decides)."""
     if dense:
         return [(rows, k, max_seq_len) for k in ks]
     # the path's mode, from a problem at its bounds (the same for its calls of fewer rows and sequences)
     holds_windows = rows > 0 and backend.buffers_hold_windows(
         _problem(rows, batch, max_seq_len, max_seq_len, ks[0], device)
     )
-    return [
+    runs = [
         (run_rows, k, end)
         for run_rows, sample_size in sample_size_changes(rows, tuning.sample_size, holds_windows)
         for k in ks
         for end in shape_changes(max_seq_len, sample_size, k)
+    ]
+    if not tuning.dense_route_bytes:
+        return runs
+    # The dense route's calls: what one carves grows with its rows and its window bound, and its score matrix
+    # (rows x bound x 4 bytes) is at most dense_route_bytes, so its largest call lies at an end of that curve: its
+    # most rows at the window bound, or the path's most rows at the longest bound the route takes with them.
+    route_rows = min(rows, tuning.dense_route_bytes // (4 * max_seq_len))
+    route_end = min(max_seq_len, tuning.dense_route_bytes // (4 * rows)) if rows else 0
+    routed = [(r, e) for r, e in ((route_rows, max_seq_len), (rows, route_end)) if r and e]
+    return runs + [
+        (run_rows, k, end)
+        for run_rows, end in routed
+        for k in ks
+        if tuning.takes_dense_route(run_rows, end, holds_windows)
     ]
 
 
