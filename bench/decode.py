@@ -508,7 +508,10 @@ def parse(argv):
         help="LiteTopKTuning.dense_route_bytes of the runner and eager calls (0: the scan, the default)",
     )
     p.add_argument(
-        "--dense-selector", default="torch", help="the dense path's selector (torch, flashinfer, radix: CUDA only)"
+        "--dense-selector",
+        default="torch",
+        choices=["torch", "flashinfer", "radix"],
+        help="the dense path's selector (radix: CUDA only)",
     )
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"), help="folder of decode-<tag>.json / .png")
     p.add_argument("--tag", help="file name tag (default: the card, e.g. h100, h200, cpu)")

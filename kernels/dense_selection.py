@@ -60,6 +60,7 @@ import triton.language as tl
 from .devices import runs_triton_stages
 from .errors import BackendUnavailableError, InputError
 from .keys import NO_KEY, NO_KEY_C, _ordered_bits, _ordering_keys, make_keys, select_topk_keys
+from .scratch import Scratch
 
 BLOCK = 1024  # score columns a tied row's program compares per step
 
@@ -363,14 +364,22 @@ def radix_finish_kernel(
         _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
 
 
-def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = None, cap: int | None = None):
+def select_topk_radix(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    aggregate: bool | None = None,
+    cap: int | None = None,
+    scratch: Scratch | None = None,
+):
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float
     dtypes are converted) whose column is the position (-inf and NaN entries are no key), sorted descending,
     NO_KEY padded; the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row
     with one publishes nothing, module docstring). Four launches, no host synchronization (module docstring, "The
     radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one atomic
     (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort
-    ranks (tests force the bisection with cap = k)."""
+    ranks (tests force the bisection with cap = k). The answer and the scratch lists come from `scratch` (a
+    scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
@@ -378,7 +387,8 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
     if cap & (cap - 1):
         raise ValueError(f"cap={cap} must be a power of two")
     small = min(BOUNDARY_TIERS[0], cap)
-    out = torch.full((rows, k), NO_KEY, dtype=torch.int64, device=scores.device)
+    scratch = Scratch(scores.device) if scratch is None else scratch
+    out = scratch.full((rows, k), NO_KEY, torch.int64)
     if rows == 0 or width == 0:
         return out
     if scores.dtype != torch.float32 or scores.stride(1) != 1:
@@ -387,10 +397,10 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
     per_row = max(1, min(triton.cdiv(width, RADIX_BLOCK), triton.cdiv(RADIX_PROGRAMS, rows)))
     span = triton.cdiv(triton.cdiv(width, per_row), RADIX_BLOCK) * RADIX_BLOCK
     per_row = triton.cdiv(width, span)
-    hist = torch.zeros((2, rows, RADIX_BINS), dtype=torch.int32, device=scores.device)
-    counts = torch.zeros((2, rows), dtype=torch.int32, device=scores.device)
-    sure = torch.empty((rows, k), dtype=torch.int64, device=scores.device)
-    boundary = torch.empty((rows, cap), dtype=torch.int64, device=scores.device)
+    hist = scratch.zeros((2, rows, RADIX_BINS), torch.int32)
+    counts = scratch.zeros((2, rows), torch.int32)
+    sure = scratch.empty((rows, k), torch.int64)
+    boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     for second in (False, True):
         radix_count_kernel[(rows, per_row)](
@@ -441,12 +451,12 @@ def select_topk_radix(scores: torch.Tensor, k: int, *, aggregate: bool | None = 
     return out
 
 
-def select_topk_exact(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """select_topk_dense's keys by the stage's exact selector: the radix selector (select_topk_radix) where
-    devices.runs_triton_stages says so, the torch selector elsewhere; the same keys (LiteTopK's dense route,
-    pipeline.run_litetopk)."""
+def select_topk_exact(scores: torch.Tensor, k: int, scratch: Scratch | None = None) -> torch.Tensor:
+    """select_topk_dense's keys by the stage's exact selector: the radix selector (select_topk_radix, its buffers
+    from `scratch`) where devices.runs_triton_stages says so, the torch selector elsewhere; the same keys
+    (LiteTopK's dense route, pipeline.run_litetopk)."""
     if runs_triton_stages(scores.device):
-        return select_topk_radix(scores, k)
+        return select_topk_radix(scores, k, scratch=scratch)
     return select_topk_dense(scores, k, "torch")
 
 

@@ -166,7 +166,7 @@ def run_dense(
         scores, nonfinite = backend.score_dense(problem)
     with stage_range("litetopk.dense_select"):
         if selector == "exact":  # LiteTopK's dense route: the stage's own exact selector
-            top = select_topk_exact(scores, problem.topk)
+            top = select_topk_exact(scores, problem.topk, problem.scratch)
         else:
             top = select_topk_dense(scores, problem.topk, selector)
     status = backend.scoring_faults(problem, nonfinite)

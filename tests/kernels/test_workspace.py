@@ -581,3 +581,22 @@ def test_the_dense_routes_calls_are_sized(monkeypatch, seed):
         assert workspace_bytes(**sized) == want, f"dense_route_bytes {route_bytes}: the largest call carves {want}"
     routed = [b for b in carved if b and carved[b] != carved[0]]
     assert routed == [2 * 1500 * 4, 3 * bound_of(p) * 4], "both bounds must route calls that carve otherwise"
+
+
+@pytest.mark.parametrize("rows, repair_rows", [(24, 1), (96, 16)])
+def test_a_routed_call_past_a_capped_buffer_fits(rows, repair_rows, monkeypatch, seed):
+    """With the candidate buffer capped (candidate_capacity 512) a routed call's score matrix (rows x 2,000 x 4
+    bytes) outweighs the scan's buffers: the workspace sized for the bounds holds the routed call at the longest
+    window the route takes (a review found 118,016 bytes where 192,000 were needed)."""
+    monkeypatch.setattr(ReferenceBackend, "buffers_hold_windows", lambda self, problem: True)
+    p = make_problem(seed, seq_lens=[2100] * (rows // 4), rows_per_seq=4, topk=512, spread=1)
+    tuning = LiteTopKTuning(candidate_capacity=512, repair_rows=repair_rows, dense_route_bytes=rows * 2000 * 4)
+    workspace = allocate_workspace(
+        rows, bound_of(p), 512, device="cpu", backend="reference", tuning=tuning, max_batch=rows // 4
+    )
+    assert workspace.numel() >= rows * 2000 * 4, f"{workspace.numel()} bytes"
+    same_bits(
+        call("litetopk", p, "reference", workspace=workspace, tuning=tuning, max_seq_len=2000),
+        call("litetopk", p, "reference", tuning=tuning, max_seq_len=2000),
+        f"{rows} rows routed at bound 2000, seed {seed}",
+    )
