@@ -24,11 +24,7 @@ import torch
 
 from litetopk.kernels import LiteTopKTuning, calibration, dense_topk_prefill, litetopk_prefill, registry, selection
 from litetopk.kernels.triton import TritonBackend
-from litetopk.kernels.triton.paged_scoring_gluon import (
-    GLUON_PAGED_MAX_REGISTERS,
-    GLUON_PAGED_OPTIONS,
-    PROGRAMS_PER_SM,
-)
+from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 
 from ..common.problems import decode_queries, paged_random_cache
 from ..common.report import run_info
@@ -37,8 +33,7 @@ from ..common.timing import gpu_activity
 #: name -> what the variant changes from the production settings: "tuning" (LiteTopKTuning's arguments), "select"
 #: (selection.DECODE_CONFIG), "sample_keys" (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size),
 #: "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS' entries), "refresh" (TritonBackend.paged_refresh: key tiles
-#: between the scan's threshold raises), "one_row_grid" ((register cap, programs an SM) of the Gluon kernel at one
-#: row a group: paged_scoring_gluon.GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]). The first, the production
+#: between the scan's threshold raises). The first, the production
 #: settings, is the reference of the bit-for-bit check.
 VARIANTS = {
     "production": {},
@@ -68,7 +63,6 @@ def _apply(variant: dict, production: dict, backend: TritonBackend) -> None:
     GLUON_PAGED_OPTIONS.clear()
     GLUON_PAGED_OPTIONS.update(production["gluon"], **variant.get("gluon", {}))
     backend.paged_refresh = variant.get("refresh", production["refresh"])
-    GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1] = variant.get("one_row_grid", production["one_row_grid"])
 
 
 def _production_settings(backend: TritonBackend) -> dict:
@@ -77,7 +71,6 @@ def _production_settings(backend: TritonBackend) -> dict:
         sample_keys=calibration.DECODE_SAMPLE_KEYS,
         gluon=dict(GLUON_PAGED_OPTIONS),
         refresh=backend.paged_refresh,
-        one_row_grid=(GLUON_PAGED_MAX_REGISTERS[1], PROGRAMS_PER_SM[1]),
     )
 
 
