@@ -2,8 +2,8 @@
 
     event loop ── submit(fn) ──> bounded queue ──> worker thread: with device, stream: fn()
                  <── asyncio.Future (set from the worker with call_soon_threadsafe) ──┘
-    a transport thread ── run_if_idle(fn, *args): the device idle ──> fn(*args) on that thread, in the same
-                          device and stream context, under the same device lock (no hand-off)
+    a transport thread ── run_if_idle(fn, *args): the device idle ──> fn(*args) on that thread, on the same
+                          device and stream, under the same device lock (no hand-off)
                        ── submit_threaded(fn, settle): busy ──> the queue; settle(outcome) on the worker
 
 One job at a time, in order: every job runs under the device lock, and `run_if_idle` runs a job
@@ -17,6 +17,12 @@ The worker also holds the device's one operator (service/operator.py: workspace,
 result buffer): built once at start, after the warm-up, on the worker thread (`build_operator`),
 sized from the service's limits (max rows, max keys, max sequences, every supported K), and used
 by every call (`operator_for`): under the device lock, so never two calls on it at once.
+
+Device and stream are per thread in torch (and CUDA), so a thread that runs jobs makes the device
+and the worker's stream its current ones once, at its first job (`_enter_device`), not with two
+context managers a job (each a query and a set of the current device or stream: tens of
+microseconds a request on a slow host). Whatever else such a thread launches (a transport thread's
+region registrations) runs on that stream too, ordered with the jobs, which is what the service wants.
 
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
@@ -42,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import os
 import queue
@@ -141,7 +146,8 @@ class DeviceExecutor:
         self._count_lock = threading.Lock()
         self._busy = 0  # jobs queued or running on the worker (run_if_idle runs nothing while any are)
         self._inline = not (fault_delay_s or fault_gate_file)
-        self._idle_context = contextlib.nullcontext() if device.type == "cpu" else None
+        self._on_cpu = device.type == "cpu"  # no device context, no stream
+        self._entered = threading.local()  # `stream`: the stream this thread has made current (_enter_device)
         self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
         self.stream = None
         self.operator: DeviceOperator | None = None  # build_operator(); used by the jobs on the worker
@@ -207,7 +213,7 @@ class DeviceExecutor:
         if not self._inline or not self._device_lock.acquire(blocking=False):
             return None
         try:
-            if self._busy or (self._idle_context is None and self.stream is None):
+            if self._busy or (not self._on_cpu and self.stream is None):
                 return None
             return self._run(fn, *args)
         finally:
@@ -281,25 +287,24 @@ class DeviceExecutor:
 
     # -- worker thread -----------------------------------------------------------------------------
 
-    def _device_context(self):
-        if self._idle_context is not None:
-            return self._idle_context  # the CPU: nothing to enter
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.cuda.device(self.device))
-        stack.enter_context(torch.cuda.stream(self.stream))
-        return stack
+    def _enter_device(self) -> None:
+        """Make the device and its stream this thread's current ones (once a thread: both are per thread)."""
+        if getattr(self._entered, "stream", None) is not self.stream:
+            torch.cuda.set_device(self.device)
+            torch.cuda.set_stream(self.stream)
+            self._entered.stream = self.stream
 
     def _run(self, fn: Callable[..., Any], *args) -> Outcome:
-        """fn(*args) in the device's context, its stream synchronized after; the caller holds the device
-        lock."""
+        """fn(*args) on the device and its stream, the stream synchronized after; the caller holds the
+        device lock."""
         started = time.perf_counter()
         try:
-            if self._idle_context is not None:  # the CPU: no context, no stream
+            if self._on_cpu:
                 value = fn(*args)
             else:
-                with self._device_context():
-                    value = fn(*args)
-                    self.stream.synchronize()
+                self._enter_device()
+                value = fn(*args)
+                self.stream.synchronize()
             outcome = (True, value)
         except BaseException as exc:  # handed to the request, mapped by errors.py
             outcome = (False, exc)
@@ -310,6 +315,7 @@ class DeviceExecutor:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self.stream = torch.cuda.Stream(self.device)
+            self._enter_device()
         while True:
             job = self._queue.get()
             if self.fault_gate_file and not os.path.exists(self.fault_gate_file):

@@ -9,7 +9,10 @@ sized from the service's limits (max rows, max keys, max sequences, every suppor
                 run and captured once. With graphs off, litetopk_prefill runs eagerly on the
                 same workspace;
     results     (GPU only) one device buffer the result fields not written into the caller's
-                device regions land in, before the one copy to the host answer.
+                device regions land in, before the one copy to the host answer;
+    host_rows   (GPU only) one pinned host buffer the per-row fields read on the host after a
+                call (status, repaired, candidates) are copied into on the call's stream, so
+                that the one synchronization at the call's end brings them too.
 
 Inputs reach the operator without an extra copy where the layout allows: device regions are passed
 as they lie (the runner's one staging copy reads them); inputs that must move to the device (host
@@ -80,10 +83,12 @@ class DeviceOperator:
             if graphs
             else None
         )
-        self.results = None
+        self.results = self.host_rows = None
         if device.type != "cpu":
             _, nbytes = result_layout(RESULT_FIELDS, limits.max_rows, max(SUPPORTED_TOPK))
             self.results = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            per_row = sum(1 for _, per_k in RESULT_FIELDS.values() if not per_k)
+            self.host_rows = torch.empty((per_row, limits.max_rows), dtype=torch.int32, pin_memory=True)
         self._stale = False
 
     @property
@@ -121,6 +126,24 @@ class DeviceOperator:
             dtype = RESULT_FIELDS[e["name"]][0]
             count = math.prod(e["shape"])
             views[e["name"]] = self.results[e["offset"] : e["offset"] + count * 4].view(dtype).view(e["shape"])
+        return views
+
+    def answer_to_host(self, buffer: bytearray, nbytes: int) -> None:
+        """Copy the first `nbytes` of the result buffer into `buffer`: the fields a call of
+        `result_buffers(names, ...)` laid out first, in `result_layout(names)`'s order, in one copy
+        (the stream synchronized before)."""
+        if nbytes:
+            torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes).copy_(self.results[:nbytes])
+
+    def rows_to_host(self, fields: list[torch.Tensor]) -> list[memoryview]:
+        """Enqueue on the current stream a copy of each per-row int32 field (a device tensor of at most
+        max_rows values) into the pinned host buffer; their int32 host views, in order. They hold the
+        values once the stream is synchronized, until the next call's copies (one call at a time)."""
+        views = []
+        for i, tensor in enumerate(fields):
+            host = self.host_rows[i, : tensor.numel()]
+            host.copy_(tensor.view(-1), non_blocking=True)
+            views.append(memoryview(host.numpy()).cast("B").cast("i"))
         return views
 
     def __call__(

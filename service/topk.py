@@ -428,9 +428,11 @@ def _bind(admitted: Admitted, device: torch.device) -> Binding:
     )
 
 
-def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult) -> dict[str, memoryview]:
+def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult, operator) -> dict[str, memoryview]:
     """The int32 values of status, repaired and candidates on the host: in the host output regions, in
-    the answer buffer, or (device output regions) copied here."""
+    the answer buffer (filled after the call), or (device output regions) copied into the operator's
+    pinned host buffer on the call's stream. Read them once the stream is synchronized and the
+    answer buffer filled."""
     if len(bound.tallies) == len(TALLIED):
         return bound.tallies
     tallies = dict(bound.tallies)
@@ -441,9 +443,8 @@ def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopK
             start, end = answered[name]
             tallies[name] = view[start:end].cast("i")
     missing = [name for name in TALLIED if name not in tallies]
-    if missing:  # one copy to the host (one wait on the device), not one a field
-        copied = torch.stack([getattr(result, name) for name in missing]).cpu().numpy()
-        tallies.update((name, memoryview(copied[i])) for i, name in enumerate(missing))
+    if missing:  # enqueued behind the operator: the call's one synchronization brings them
+        tallies.update(zip(missing, operator.rows_to_host([getattr(result, name) for name in missing])))
     return tallies
 
 
@@ -485,14 +486,13 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             repair=req.repair,
             out={**direct, **staging},
         )
-        if not host and marks is not None:
-            torch.cuda.current_stream(device).synchronize()  # `op` is then the device's time
+        tallies = _tallies(bound, admitted, buffer, result, operator)
+        if device.type == "cuda":  # `op` is then the device's time; the tallies' copies are in
+            torch.cuda.current_stream(device).synchronize()
         mark(("op", time.perf_counter()))
         if staging is not answer:
-            for name, tensor in answer.items():
-                tensor.copy_(staging[name])
+            operator.answer_to_host(buffer, admitted.nbytes)  # the answered fields come first in staging
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
-        tallies = _tallies(bound, admitted, buffer, result)
         _raise_row_faults(tallies["status"])
         _check_owners_alive(admitted.owners)
         mark(("checks", time.perf_counter()))

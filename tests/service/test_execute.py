@@ -27,7 +27,8 @@ from litetopk.service.errors import ServiceError
 from litetopk.service.principals import Principal
 from litetopk.service.regions import RegionTable
 from litetopk.service.schemas import MemfdRegistration
-from litetopk.service.wire import DTYPES, RESULT_FIELDS, TopKRequest, dtype_name, result_shape
+from litetopk.service.operator import DeviceOperator
+from litetopk.service.wire import DTYPES, RESULT_FIELDS, TopKRequest, dtype_name, result_layout, result_shape
 
 
 @dataclass(eq=False)
@@ -62,9 +63,12 @@ class FakeOperator:
 
     def __init__(self, want: TopKResult):
         self.want, self.devices = want, set()
+        rows, topk = want.values.shape
+        self.results = torch.empty(result_layout(RESULT_FIELDS, rows, topk)[1], dtype=torch.uint8)  # the device's
 
-    def result_buffers(self, names, rows, topk):  # the service device's buffers, played by host tensors
-        return {n: torch.empty_like(getattr(self.want, n)) for n in names}
+    # the service device's result buffer, played by a host tensor, laid out and copied as the service does
+    result_buffers = DeviceOperator.result_buffers
+    answer_to_host = DeviceOperator.answer_to_host
 
     def __call__(self, inputs, kv_cache, *, out, **kwargs):
         self.devices |= {t.device.type for t in (*inputs.values(), kv_cache)}
