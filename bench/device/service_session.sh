@@ -3,7 +3,8 @@
 # check (bench/checks/service_gpu.py), the benchmark (bench/service.py: decode 64x1x65,536 K=512,
 # decode 128x2x32,768 K=1024, prefill 8,192x65,536 K=512; in-process graph runner, ipc, HTTP over
 # UDS with out regions, HTTP over TCP) and the service's own cost (bench/service_overhead.py,
-# operator mocked, 64 rows). No network there: torch/triton come with the image, the service's
+# operator mocked, 64 rows), then the host's own floor of a Unix-socket round trip (bench/probes/uds_pingpong.py).
+# No network there: torch/triton come with the image, the service's
 # other wheels are carried in .whl (bench/device/gpu_service_wheels.sh, here, once), and the
 # project is imported from the work tree (bench/device/gpu_env.sh). The lead runs:
 #   bash bench/device/gpu_service_wheels.sh     # here, once (needs the package index)
@@ -35,5 +36,6 @@ step "${TESTS_S:-150}" python3 -m pytest tests/service/test_gpu.py -v -rs -p no:
 step "${CHECK_S:-120}" python3 -m bench.checks.service_gpu --backend auto --rows 256 --keys 4096 --out "$OUT"
 step "${BENCH_S:-200}" python3 -m bench.service --shapes "${SHAPES:-decode64,decode128,prefill}" --out "$OUT"
 step "${OVERHEAD_S:-50}" python3 -m bench.service_overhead --device cuda:0 --rows 64 --iters 300 --out "$OUT"
+step 30 python3 -m bench.probes.uds_pingpong --iters 5000 --out "$OUT"
 echo "service_session: exit $status" | tee -a "$LOG"
 exit $status
