@@ -95,3 +95,15 @@ def test_self_calibration_probe_runs_end_to_end(tmp_path):
     assert case["exact"] == {"sample": True, "scan": True}, case
     assert case["repaired"] == {"sample": 0, "scan": 0}, case
     assert all(most < 4096 for _, most in case["candidates"].values()), case  # the buffer: 8 K
+
+
+def test_the_socket_round_trip_probe_times_both_modes(tmp_path):
+    import json
+
+    from bench.probes import uds_pingpong
+
+    assert uds_pingpong.main(["--out", str(tmp_path), "--iters", "40", "--spin-us", "100"]) == 0
+    (path,) = tmp_path.glob("uds-pingpong-*.json")
+    report = json.loads(path.read_text())
+    assert set(report["modes"]) == set(uds_pingpong.MODES), report
+    assert all(m["iters"] == 40 and 0 < m["p50_us"] <= m["p99_us"] for m in report["modes"].values()), report
