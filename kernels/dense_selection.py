@@ -316,6 +316,9 @@ def radix_finish_kernel(
     need = TOPK - n_sure
     # the sure keys rank above every boundary key: sorted, they lead the row
     _store_sorted(sure_ptr + row * TOPK, n_sure, out_row, n_sure, TOPK)
+    # Fewer than K keys in the row (no boundary digit): NO_KEY after them (the sorts below write at most SMALL)
+    offs_k = tl.arange(0, TOPK)
+    tl.store(out_row + offs_k, NO_KEY_C, mask=offs_k >= n_sure + tl.minimum(n_tied, need))
     boundary_row = boundary_ptr + row * CAP
     if n_tied <= SMALL:
         _store_sorted(boundary_row, n_tied, out_row + n_sure, need, SMALL)
@@ -375,7 +378,7 @@ def select_topk_radix(
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float
     dtypes are converted) whose column is the position (-inf and NaN entries are no key), sorted descending,
     NO_KEY padded; the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row
-    with one publishes nothing, module docstring). Four launches, no host synchronization (module docstring, "The
+    with one publishes nothing, module docstring). Four launches and one memset, no host synchronization (module docstring, "The
     radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one atomic
     (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort
     ranks (tests force the bisection with cap = k). The answer and the scratch lists come from `scratch` (a
@@ -388,17 +391,18 @@ def select_topk_radix(
         raise ValueError(f"cap={cap} must be a power of two")
     small = min(BOUNDARY_TIERS[0], cap)
     scratch = Scratch(scores.device) if scratch is None else scratch
-    out = scratch.full((rows, k), NO_KEY, torch.int64)
     if rows == 0 or width == 0:
-        return out
+        return scratch.full((rows, k), NO_KEY, torch.int64)
+    out = scratch.empty((rows, k), torch.int64)  # every slot written by the finishing launch
     if scores.dtype != torch.float32 or scores.stride(1) != 1:
         scores = scores.float().contiguous()
     aggregate = scores.device.type == "cuda" if aggregate is None else aggregate
     per_row = max(1, min(triton.cdiv(width, RADIX_BLOCK), triton.cdiv(RADIX_PROGRAMS, rows)))
     span = triton.cdiv(triton.cdiv(width, per_row), RADIX_BLOCK) * RADIX_BLOCK
     per_row = triton.cdiv(width, span)
-    hist = scratch.zeros((2, rows, RADIX_BINS), torch.int32)
-    counts = scratch.zeros((2, rows), torch.int32)
+    counters = scratch.zeros((2 * rows * (RADIX_BINS + 1),), torch.int32)  # one memset for both
+    hist = counters[: 2 * rows * RADIX_BINS].view(2, rows, RADIX_BINS)
+    counts = counters[2 * rows * RADIX_BINS :].view(2, rows)
     sure = scratch.empty((rows, k), torch.int64)
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
