@@ -6,7 +6,9 @@
 #   run(command="LITETOPK_COMMIT=<sha> bash bench/device/decode_session.sh", timeout_s=600)
 # STEPS picks steps (default "tests variants decode"); TESTS_S, VARIANTS_S their limits; SHARD (default 1/2) the
 # share of the kernels' test files (gpu_tests.sh; SHARD= with TEST_PATHS: those files alone); DECODE_ARGS more
-# bench.decode arguments (e.g. "--dense-route-bytes 268435456 --dense-selector radix").
+# bench.decode arguments (e.g. "--dense-route-bytes 268435456 --dense-selector radix"). The step "service" runs
+# service_session.sh (carry .whl) in the time left, shortened: SVC_SHAPES (default decode64), its log and JSON in
+# results.tgz under service/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/gpu_env.sh || exit 1
@@ -23,7 +25,15 @@ for step in ${STEPS:-tests variants decode}; do
       if [ $T -gt 60 ]; then
         echo "== decode ($T s)"; timeout $T python3 -m bench.decode --out "$RES" --quick --time-limit $((T - 30)) ${DECODE_ARGS:-} 2>&1 | tail -14
       fi ;;
-    *) echo "unknown step $step (tests variants decode)" ;;
+    service) T=$(( $(left) - 10 ))
+      if [ $T -gt 90 ]; then
+        echo "== service ($T s)"
+        U=$(( T - 45 ))  # nvidia-smi, the imports and the socket probe: ~45 s
+        OUT=$RES/service TESTS_S=$(( U * 35 / 100 )) CHECK_S=$(( U * 22 / 100 )) BENCH_S=$(( U * 30 / 100 )) \
+          OVERHEAD_S=$(( U * 10 / 100 )) SHAPES=${SVC_SHAPES:-decode64} bash bench/device/service_session.sh 2>&1 \
+          | grep -E "^== |passed|failed|ipc|uds|tcp|in-process|block|spin|exit" | tail -40
+      fi ;;
+    *) echo "unknown step $step (tests variants decode service)" ;;
   esac
 done
 cp "$RES"/paged-variants-*.json "$OUT"/ 2>/dev/null
