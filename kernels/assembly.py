@@ -69,6 +69,7 @@ def assemble_result_kernel(
     PAGE: tl.constexpr,
     INVALID_PAGE: tl.constexpr,
     SLOT_OVERFLOW: tl.constexpr,
+    REPAIRS: tl.constexpr,  # False: no row was repaired (repaired_ptr unread, 0 stored)
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, TOPK).to(tl.int64)
@@ -87,7 +88,10 @@ def assemble_result_kernel(
     tl.store(physical_ptr + row * physical_s0 + offs * physical_s1, tl.where(live, slots, -1).to(tl.int32))
     tl.store(counts_ptr + row * counts_s0, tl.sum(live.to(tl.int32), axis=0))
     tl.store(status_out_ptr + row * status_s0, status)
-    tl.store(repaired_out_ptr + row * repaired_s0, tl.load(repaired_ptr + row))
+    if REPAIRS:
+        tl.store(repaired_out_ptr + row * repaired_s0, tl.load(repaired_ptr + row))
+    else:
+        tl.store(repaired_out_ptr + row * repaired_s0, 0)
     tl.store(
         candidates_out_ptr + row * candidates_s0, tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32)
     )
@@ -98,7 +102,7 @@ def assemble_into_triton(
     row_to_batch: torch.Tensor,
     block_table: torch.Tensor,
     status: torch.Tensor,
-    repaired: torch.Tensor,
+    repaired: torch.Tensor | None,
     candidates: torch.Tensor,
     buffers: dict,
 ) -> None:
@@ -126,7 +130,7 @@ def assemble_into_triton(
         counts.stride(0),
         status_out,
         status_out.stride(0),
-        repaired.contiguous(),
+        repaired.contiguous() if repaired is not None else repaired_out,
         repaired_out,
         repaired_out.stride(0),
         candidates.contiguous(),
@@ -136,6 +140,7 @@ def assemble_into_triton(
         PAGE=PAGE_SIZE,
         INVALID_PAGE=int(RowStatus.INVALID_PAGE),
         SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
+        REPAIRS=repaired is not None,
         num_warps=4,
     )
 
@@ -145,7 +150,7 @@ def assemble_into_torch(
     row_to_batch: torch.Tensor,
     block_table: torch.Tensor,
     status: torch.Tensor,
-    repaired: torch.Tensor,
+    repaired: torch.Tensor | None,
     candidates: torch.Tensor,
     buffers: dict,
 ) -> None:
@@ -164,7 +169,10 @@ def assemble_into_torch(
     buffers["physical_indices"].copy_(torch.where(live, slots, -1))
     buffers["counts"].copy_(live.sum(dim=1))
     buffers["status"].copy_(status)
-    buffers["repaired"].copy_(repaired)
+    if repaired is not None:
+        buffers["repaired"].copy_(repaired)
+    else:
+        buffers["repaired"].zero_()
     buffers["candidates"].copy_(candidates.clamp(max=INT32_MAX))
 
 
@@ -183,11 +191,12 @@ def assemble_result(
     row_to_batch: torch.Tensor,
     block_table: torch.Tensor,
     status: torch.Tensor,
-    repaired: torch.Tensor,
+    repaired: torch.Tensor | None,
     candidates: torch.Tensor,
     out: Mapping[str, torch.Tensor] | None = None,
 ) -> TopKResult:
     """Turn sorted keys int64 [rows, K] into a TopKResult (module docstring), on the keys' device;
+    `repaired` None: no row was repaired (zeros, no buffer read);
     `out` as the module docstring says (checked by the operator). Runs the Triton twin where
     devices.runs_triton_stages says so."""
     rows, k = top_keys.shape

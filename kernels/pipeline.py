@@ -170,9 +170,6 @@ def run_dense(
         else:
             top = select_topk_dense(scores, problem.topk, selector)
     status = backend.scoring_faults(problem, nonfinite)
-    repaired = problem.scratch.zeros(problem.num_rows, torch.int32)
-    with stage_range("litetopk.assemble"):
-        result = assemble_result(
-            top, problem.row_to_batch, problem.block_table, status, repaired, problem.window_lengths, out
-        )
+    with stage_range("litetopk.assemble"):  # nothing repaired on the dense path
+        result = assemble_result(top, problem.row_to_batch, problem.block_table, status, None, problem.window_lengths, out)
     return result.raise_for_status() if check else result

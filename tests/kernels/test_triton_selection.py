@@ -163,6 +163,27 @@ def test_assemble_result_triton_equals_the_shared_assembly(seed):
 
 
 @pytest.mark.interpret
+def test_no_repairs_are_written_as_zeros_by_both_twins(seed):
+    """repaired=None (the dense path repairs nothing): both twins write 0 into a poisoned `repaired` buffer and
+    every other field as with a zero tensor."""
+    rng = np.random.default_rng(seed)
+    block_table = torch.from_numpy(rng.permutation(200)[:80].reshape(2, 40)).int()
+    row_to_batch = torch.tensor([1, 0, 1], dtype=torch.int32)
+    status = torch.tensor([0, 0, 4], dtype=torch.int32)
+    keys = sorted_top_keys(rng, 3, 40 * 64, [K, 100, K])
+    candidates = torch.tensor([2560, 100, 2560])
+    want = result_buffers(3, K, keys.device, None)
+    assemble_into_torch(keys, row_to_batch, block_table, status, torch.zeros(3, dtype=torch.int32), candidates, want)
+    for twin, device in ((assemble_into_torch, "cpu"), (assemble_into_triton, DEVICE)):
+        got = result_buffers(3, K, torch.device(device), None)
+        got["repaired"].fill_(-7)
+        inputs = (t.to(device) for t in (keys, row_to_batch, block_table, status))
+        twin(*inputs, None, candidates.to(device), got)
+        for name, tensor in got.items():
+            assert torch.equal(tensor.cpu(), want[name]), f"seed {seed}: {twin.__name__} field {name}"
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize(
     "page, bit",
     [(-3, RowStatus.INVALID_PAGE), (2**25, RowStatus.SLOT_OVERFLOW), (2**31 // 64 + 1000, RowStatus.SLOT_OVERFLOW)],
