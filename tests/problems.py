@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from litetopk.kernels import random_problem
+from litetopk.kernels import LiteTopKTuning, random_problem
 from litetopk.kernels.problems import RandomProblem, random_mxfp4
 from litetopk.kernels.result import ANSWER_FIELDS, RESULT_FIELDS
 
@@ -110,6 +110,13 @@ def make_problem(seed: int, *, seq_lens: list[int], rows_per_seq: int, spread: i
     """`litetopk.kernels.random_problem` with `rows_per_seq` rows for each of `seq_lens`, blocks
     spread over 3 binades by default (wide vectors included); `options` are random_problem's."""
     return random_problem(len(seq_lens) * rows_per_seq, seq_lens, seed=seed, spread=spread, **options)
+
+
+def scan_tuning(**options) -> LiteTopKTuning:
+    """LiteTopKTuning(**options) that keeps every call on LiteTopK's scan (dense_route_bytes = 0): the tests of the
+    scan (calibration, appends, certificate, repair) name it, so that they test the scan whatever the dense route's
+    default (tests/kernels/test_paged_scoring.py tests the route)."""
+    return LiteTopKTuning(dense_route_bytes=0, **options)
 
 
 def results_equal(a, b) -> list[str]:

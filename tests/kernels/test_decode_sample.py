@@ -16,7 +16,7 @@ from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged import paged_block_rows
 from tests.kernels.test_triton_backend import check_against_oracle, run_both
-from tests.problems import make_problem
+from tests.problems import make_problem, scan_tuning
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -80,7 +80,7 @@ def sample_strides(monkeypatch):
 
 @pytest.mark.interpret
 def test_one_row_with_the_production_sample_is_exact(sample_strides, seed):
-    """One decode row of 16,500 keys with the default tuning: sampled with 8,192 keys (stride 2; the
+    """One decode row of 16,500 keys with the default tuning (on the scan): sampled with 8,192 keys (stride 2; the
     prefill mode's 2,048 would take stride 8), calibrated, and exact."""
     p = make_problem(seed, seq_lens=[16500], rows_per_seq=1, spread=1)
     assert paged_block_rows(1, 1), "the case must be decode-shaped"
@@ -103,7 +103,7 @@ def test_the_middle_sizes_are_exact(rows_per_seq, want, sample_strides, monkeypa
     sample_size; exact against the oracle and the dense path."""
     monkeypatch.setattr(calibration, "DECODE_SAMPLE_KEYS", 1024)
     monkeypatch.setattr(calibration, "DECODE_SAMPLE_BUDGET", 4096)
-    tuning = LiteTopKTuning(sample_size=300)
+    tuning = scan_tuning(sample_size=300)
     p = make_problem(seed, seq_lens=[3000, 2900], rows_per_seq=rows_per_seq, spread=1)
     rows, max_end = p.q_fp4.shape[0], p.block_table.shape[1] * 64
     assert paged_block_rows(rows, 2), "the case must be decode-shaped"

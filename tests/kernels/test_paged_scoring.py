@@ -27,7 +27,7 @@ from litetopk.kernels.triton.split_schedule import build_split_schedule_torch, b
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_aiter_layout import in_device, in_padded_slab
 from tests.kernels.test_triton_backend import check_against_oracle, run_both
-from tests.problems import make_problem, oracle_scores
+from tests.problems import make_problem, oracle_scores, scan_tuning
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -183,19 +183,19 @@ PAGED_CASES = {
     "next_n 3, wide vectors (hi operands)": (dict(seq_lens=[1300, 700], rows_per_seq=3, spread=2), {}),
     "calibrated, several programs raise one row's threshold": (
         dict(seq_lens=[3200, 3000], rows_per_seq=1, spread=1),
-        dict(tuning=LiteTopKTuning(sample_size=1000)),
+        dict(tuning=scan_tuning(sample_size=1000)),
     ),
     "equal lengths, next_n 2, calibrated": (
         dict(seq_lens=[2400, 2400, 2400], rows_per_seq=2, spread=1),
-        dict(tuning=LiteTopKTuning(sample_size=500)),
+        dict(tuning=scan_tuning(sample_size=500)),
     ),
     "tiny capacity: repaired": (
         dict(seq_lens=[1500, 900], rows_per_seq=1, spread=1),
-        dict(tuning=LiteTopKTuning(candidate_capacity=40)),
+        dict(tuning=scan_tuning(candidate_capacity=40)),
     ),
     "forced underfill: repaired": (
         dict(seq_lens=[2000, 1800], rows_per_seq=2, spread=1),
-        dict(tuning=LiteTopKTuning(sample_size=600, calibration_offset=1e30)),
+        dict(tuning=scan_tuning(sample_size=600, calibration_offset=1e30)),
     ),
 }
 
@@ -257,7 +257,7 @@ def test_the_dense_route_answers_as_the_scan(next_n, topk, seed, monkeypatch):
 @pytest.mark.interpret
 def test_paged_mode_forced_on_a_prefill_shaped_call_is_exact(paged_mode, seed):
     p = make_problem(seed, seq_lens=[1400], rows_per_seq=6, spread=1)
-    lite, dense = run_both(p, tuning=LiteTopKTuning(sample_size=300))
+    lite, dense = run_both(p, tuning=scan_tuning(sample_size=300))
     where = f"seed {seed}"
     assert not lite.status.any(), f"{where}: status {lite.status.tolist()}"
     check_against_oracle(p, lite, dense, where)

@@ -45,7 +45,7 @@ from litetopk.kernels.triton.operands import (
 from litetopk.kernels.triton.schedule import build_schedule, max_programs
 from litetopk.kernels.validation import validate_prefill
 from tests.kernels.test_reference_operator import assert_nothing_published, assert_row_matches_oracle, assert_same
-from tests.problems import make_problem, oracle_kth, oracle_scores, random_fp4, scores_off_the_oracle
+from tests.problems import make_problem, oracle_kth, oracle_scores, random_fp4, scan_tuning, scores_off_the_oracle
 
 # The Triton backend's prefill mode (int8 keys, a program a row group): its kernels on small problems.
 pytestmark = pytest.mark.usefixtures("prefill_mode")
@@ -191,6 +191,8 @@ def test_decode_keys_reads_through_the_block_table(seed):
 
 
 def run_both(p, **kw):
+    """(LiteTopK, dense) on the triton backend, on the CPU; LiteTopK on its scan unless `tuning` says otherwise."""
+    kw.setdefault("tuning", scan_tuning())
     args = [t.to(DEVICE) for t in p.args()]
     common = dict(topk=p.topk, weight_scale=p.weight_scale, backend="triton")
     lite = litetopk_prefill(*args, **common, **kw)
