@@ -378,11 +378,11 @@ def select_topk_radix(
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float
     dtypes are converted) whose column is the position (-inf and NaN entries are no key), sorted descending,
     NO_KEY padded; the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row
-    with one publishes nothing, module docstring). Four launches and one memset, no host synchronization (module docstring, "The
-    radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one atomic
-    (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort
-    ranks (tests force the bisection with cap = k). The answer and the scratch lists come from `scratch` (a
-    scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
+    with one publishes nothing, module docstring). Four launches and one memset, no host synchronization (module
+    docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits
+    with one atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the
+    boundary keys one sort ranks (tests force the bisection with cap = k). The answer and the scratch lists come
+    from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1):
         raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")

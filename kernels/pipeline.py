@@ -171,5 +171,7 @@ def run_dense(
             top = select_topk_dense(scores, problem.topk, selector)
     status = backend.scoring_faults(problem, nonfinite)
     with stage_range("litetopk.assemble"):  # nothing repaired on the dense path
-        result = assemble_result(top, problem.row_to_batch, problem.block_table, status, None, problem.window_lengths, out)
+        result = assemble_result(
+            top, problem.row_to_batch, problem.block_table, status, None, problem.window_lengths, out
+        )
     return result.raise_for_status() if check else result

@@ -428,7 +428,9 @@ def _bind(admitted: Admitted, device: torch.device) -> Binding:
     )
 
 
-def _tallies(bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult, operator) -> dict[str, memoryview]:
+def _tallies(
+    bound: Binding, admitted: Admitted, buffer: bytearray, result: TopKResult, operator
+) -> dict[str, memoryview]:
     """The int32 values of status, repaired and candidates on the host: in the host output regions, in
     the answer buffer (filled after the call), or (device output regions) copied into the operator's
     pinned host buffer on the call's stream. Read them once the stream is synchronized and the

@@ -121,7 +121,8 @@ def main(argv=None) -> int:
             spin = args.spin_us if mode == "spin" else 0
             _round_trips(parent, args.size, min(200, args.iters), spin)  # warm-up
             report["modes"][mode] = _summary(_round_trips(parent, args.size, args.iters, spin))
-            print(f"{mode:6s} p50 {report['modes'][mode]['p50_us']:8.1f} us   p99 {report['modes'][mode]['p99_us']:8.1f} us")
+            got = report["modes"][mode]
+            print(f"{mode:6s} p50 {got['p50_us']:8.1f} us   p99 {got['p99_us']:8.1f} us")
     finally:
         parent.close()
         os.waitpid(pid, 0)

@@ -24,10 +24,10 @@ from litetopk.clients.memfd import SealedMemory
 from litetopk.kernels import TopKResult
 from litetopk.service import topk as life
 from litetopk.service.errors import ServiceError
+from litetopk.service.operator import DeviceOperator
 from litetopk.service.principals import Principal
 from litetopk.service.regions import RegionTable
 from litetopk.service.schemas import MemfdRegistration
-from litetopk.service.operator import DeviceOperator
 from litetopk.service.wire import DTYPES, RESULT_FIELDS, TopKRequest, dtype_name, result_layout, result_shape
 
 
