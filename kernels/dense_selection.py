@@ -303,7 +303,7 @@ def radix_finish_kernel(
     counts_ptr,
     rows,
     out_ptr,
-    out_stride,  # int64 [rows, TOPK] (row stride out_stride), NO_KEY filled: the answer
+    out_stride,  # int64 [rows, TOPK] (row stride out_stride): the answer, every slot written here
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
     SMALL: tl.constexpr,

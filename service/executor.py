@@ -21,8 +21,10 @@ by every call (`operator_for`): under the device lock, so never two calls on it 
 Device and stream are per thread in torch (and CUDA), so a thread that runs jobs makes the device
 and the worker's stream its current ones once, at its first job (`_enter_device`), not with two
 context managers a job (each a query and a set of the current device or stream: tens of
-microseconds a request on a slow host). Whatever else such a thread launches (a transport thread's
-region registrations) runs on that stream too, ordered with the jobs, which is what the service wants.
+microseconds a request on a slow host). The stream a thread made current is kept per thread, for any
+executor (`_CURRENT`). What such a thread launches between jobs runs on that stream too; a thread that
+has run no job yet (a registration before a connection's first call) still has the default stream,
+which is why opening a CUDA IPC region waits on the host for the exporter's event (service/memory.py).
 
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the
@@ -64,6 +66,7 @@ from .metrics import ServiceMetrics
 from .operator import DeviceOperator, WorkspaceLimits
 
 log = logging.getLogger("litetopk.service")
+_CURRENT = threading.local()  # `stream`: the stream this thread last made current (DeviceExecutor._enter_device)
 
 
 Outcome = tuple[bool, Any]  # (True, value) or (False, the exception raised)
@@ -147,7 +150,6 @@ class DeviceExecutor:
         self._busy = 0  # jobs queued or running on the worker (run_if_idle runs nothing while any are)
         self._inline = not (fault_delay_s or fault_gate_file)
         self._on_cpu = device.type == "cpu"  # no device context, no stream
-        self._entered = threading.local()  # `stream`: the stream this thread has made current (_enter_device)
         self._thread = threading.Thread(target=self._work, name=f"litetopk-device-{device}", daemon=True)
         self.stream = None
         self.operator: DeviceOperator | None = None  # build_operator(); used by the jobs on the worker
@@ -289,10 +291,10 @@ class DeviceExecutor:
 
     def _enter_device(self) -> None:
         """Make the device and its stream this thread's current ones (once a thread: both are per thread)."""
-        if getattr(self._entered, "stream", None) is not self.stream:
+        if getattr(_CURRENT, "stream", None) is not self.stream:
             torch.cuda.set_device(self.device)
             torch.cuda.set_stream(self.stream)
-            self._entered.stream = self.stream
+            _CURRENT.stream = self.stream
 
     def _run(self, fn: Callable[..., Any], *args) -> Outcome:
         """fn(*args) on the device and its stream, the stream synchronized after; the caller holds the

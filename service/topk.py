@@ -57,6 +57,7 @@ from .wire import (
     TopKRequest,
     dtype_name,
     fields_in,
+    layout_padding,
     result_layout,
     result_shape,
     tensor_arg_problem,
@@ -130,6 +131,7 @@ class Admitted:
     answered: list[str] = field(init=False)  # the result fields not written into regions, in the answer
     entries: list[dict] = field(init=False)  # their result_layout in the answer buffer
     tallied: dict[str, tuple[int, int]] = field(init=False)  # [start, end) of TALLIED fields in the buffer
+    padding: list[tuple[int, int]] = field(init=False)  # [start, end) of the buffer's padding bytes (zeroed)
     nbytes: int = field(init=False)
     kept: bool = field(init=False, default=False)  # kept by a connection (`Admissions`): keeps its binding
     binding: Binding | None = field(init=False, default=None)
@@ -141,6 +143,7 @@ class Admitted:
         self.owners = list({(r.pid, r.pid_start): r for r in self.regions if r.pid is not None}.values())
         self.answered = [n for n in RESULT_FIELDS if n not in self.outputs]
         self.entries, self.nbytes = result_layout(self.answered, self.rows, self.req.topk)
+        self.padding = layout_padding(self.entries)
         self.tallied = {
             e["name"]: (e["offset"], e["offset"] + e["nbytes"]) for e in self.entries if e["name"] in TALLIED
         }
@@ -452,7 +455,7 @@ def _tallies(
 
 def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
     """The device's part (on the worker thread, or on a transport thread that found the device idle;
-    inside the device and stream context either way)."""
+    on the device and its stream either way)."""
     req, rows = admitted.req, admitted.rows
     mark = marks.append if marks is not None else lambda _: None
     mark(("queue", time.perf_counter()))
@@ -494,6 +497,8 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
         mark(("op", time.perf_counter()))
         if staging is not answer:
             operator.answer_to_host(buffer, admitted.nbytes)  # the answered fields come first in staging
+            for start, end in admitted.padding:  # padding copied from the device buffer: an earlier call's bytes
+                buffer[start:end] = bytes(end - start)
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
         _raise_row_faults(tallies["status"])
         _check_owners_alive(admitted.owners)

@@ -98,6 +98,15 @@ def result_layout(names, rows: int, topk: int) -> tuple[list[dict], int]:
     return entries, offset
 
 
+def layout_padding(entries: list[dict]) -> list[tuple[int, int]]:
+    """[start, end) of the padding bytes after each field of a result_layout (a field of an odd number of
+    int32 values ends 4 bytes short of its 8-byte boundary): a buffer filled by one copy of a reused device
+    buffer must zero them, or they carry whatever an earlier call left there."""
+    return [
+        (e["offset"] + e["nbytes"], e["offset"] + e["nbytes"] + (-e["nbytes"] % 8)) for e in entries if e["nbytes"] % 8
+    ]
+
+
 def fields_in(buffer, entries: list[dict]) -> dict[str, torch.Tensor]:
     """{name: tensor} viewing the fields `entries` (result_layout) inside `buffer` (no copy)."""
     fields = {}
@@ -530,6 +539,7 @@ __all__ = [
     "encode_result_json",
     "encode_result_prefix",
     "fields_in",
+    "layout_padding",
     "problem_body",
     "result_layout",
     "result_nbytes",

@@ -41,14 +41,17 @@ def _recv_exact(sock: socket.socket, size: int, spin_s: float) -> bytes:
                 data = sock.recv(size, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 continue
-            if not data:
-                return data
-            while len(data) < size:
-                data += sock.recv(size - len(data))
-            return data
-    data = sock.recv(size)
+            return _rest(sock, data, size)
+    return _rest(sock, sock.recv(size), size)
+
+
+def _rest(sock: socket.socket, data: bytes, size: int) -> bytes:
+    """`data` completed to `size` bytes from `sock` (blocking); b"" once the peer has closed."""
     while data and len(data) < size:
-        data += sock.recv(size - len(data))
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return b""
+        data += chunk
     return data
 
 

@@ -64,7 +64,8 @@ class FakeOperator:
     def __init__(self, want: TopKResult):
         self.want, self.devices = want, set()
         rows, topk = want.values.shape
-        self.results = torch.empty(result_layout(RESULT_FIELDS, rows, topk)[1], dtype=torch.uint8)  # the device's
+        nbytes = result_layout(RESULT_FIELDS, rows, topk)[1]
+        self.results = torch.full((nbytes,), 0xAB, dtype=torch.uint8)  # the device's, holding an earlier call's bytes
 
     # the service device's result buffer, played by a host tensor, laid out and copied as the service does
     result_buffers = DeviceOperator.result_buffers
@@ -89,8 +90,9 @@ def random_result(rows: int, topk: int, gen: torch.Generator) -> TopKResult:
     )
 
 
-def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed):
-    rows, topk = 6, 512
+@pytest.mark.parametrize("rows", [6, 5])  # 5: each [rows] field of int32 ends 4 bytes short of its 8-byte boundary
+def test_output_regions_are_written_in_place_on_another_device(rows, monkeypatch, seed):
+    topk = 512
     gen = torch.Generator().manual_seed(seed)
     want = random_result(rows, topk, gen)
     operator = FakeOperator(want)
@@ -119,6 +121,9 @@ def test_output_regions_are_written_in_place_on_another_device(monkeypatch, seed
     fields = outcome.fields()
     assert set(fields) == {"raw_indices", "counts", "status", "repaired", "candidates"}
     assert torch.equal(fields["raw_indices"], want.raw_indices), "the answer buffer holds the other fields"
+    inside = {i for e in admitted.entries for i in range(e["offset"], e["offset"] + e["nbytes"])}
+    leaked = [i for i, byte in enumerate(outcome.buffer) if i not in inside and byte]
+    assert not leaked, f"rows {rows}: padding bytes {leaked[:8]} carry the device buffer's earlier contents"
     assert table.released == len(life.INPUTS) + 2, "every lease is released"
 
 
