@@ -14,6 +14,9 @@ Math, per row with status s and sorted keys [K] (keys.py's ordering keys, NO_KEY
 A live key whose page is negative or whose slot is beyond int32 cannot be published: the row gets
 INVALID_PAGE or SLOT_OVERFLOW and publishes nothing (the row checks already fail such rows; this is
 the last guard, on the device: nothing is read back on the host).
+`repaired` None: no row was repaired (zeros). `candidates` is a tensor of per-row counts, or the rows'
+windows (starts, ends): the dense path scores every key of a window, so its count is ends - starts, computed
+by the kernel (no separate launch).
 `out` takes caller-owned tensors for any subset of the result fields (TopKResult's names, shapes
 and dtypes; any strides, e.g. `buf[start:end, :K]`); the fields written there are returned as those
 tensors, the others are allocated.
@@ -62,7 +65,8 @@ def assemble_result_kernel(
     repaired_ptr,
     repaired_out_ptr,
     repaired_s0,
-    candidates_ptr,
+    candidates_ptr,  # int64 [rows], or (WINDOWS) int32 starts [rows]
+    ends_ptr,  # WINDOWS: int32 ends [rows] (candidates = ends - starts)
     candidates_out_ptr,
     candidates_s0,  # [rows]
     TOPK: tl.constexpr,
@@ -70,6 +74,7 @@ def assemble_result_kernel(
     INVALID_PAGE: tl.constexpr,
     SLOT_OVERFLOW: tl.constexpr,
     REPAIRS: tl.constexpr,  # False: no row was repaired (repaired_ptr unread, 0 stored)
+    WINDOWS: tl.constexpr,  # candidates are the windows' lengths (candidates_ptr: starts)
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, TOPK).to(tl.int64)
@@ -92,9 +97,13 @@ def assemble_result_kernel(
         tl.store(repaired_out_ptr + row * repaired_s0, tl.load(repaired_ptr + row))
     else:
         tl.store(repaired_out_ptr + row * repaired_s0, 0)
-    tl.store(
-        candidates_out_ptr + row * candidates_s0, tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32)
-    )
+    if WINDOWS:
+        tl.store(candidates_out_ptr + row * candidates_s0, tl.load(ends_ptr + row) - tl.load(candidates_ptr + row))
+    else:
+        tl.store(
+            candidates_out_ptr + row * candidates_s0,
+            tl.minimum(tl.load(candidates_ptr + row), 2147483647).to(tl.int32),
+        )
 
 
 def assemble_into_triton(
@@ -103,7 +112,7 @@ def assemble_into_triton(
     block_table: torch.Tensor,
     status: torch.Tensor,
     repaired: torch.Tensor | None,
-    candidates: torch.Tensor,
+    candidates: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     buffers: dict,
 ) -> None:
     """assemble_into_torch in one kernel (every result field written into `buffers`,
@@ -114,6 +123,11 @@ def assemble_into_triton(
     values, raw, physical = buffers["values"], buffers["raw_indices"], buffers["physical_indices"]
     counts, status_out = buffers["counts"], buffers["status"]
     repaired_out, candidates_out = buffers["repaired"], buffers["candidates"]
+    windows = isinstance(candidates, tuple)
+    # the windows' (starts, ends), or the counts and an unread pointer
+    counted, ends = (
+        (candidates[0].contiguous(), candidates[1].contiguous()) if windows else (candidates, candidates_out)
+    )
     assemble_result_kernel[(rows,)](
         top_keys.contiguous(),
         status.to(torch.int32).contiguous(),
@@ -133,7 +147,8 @@ def assemble_into_triton(
         repaired.contiguous() if repaired is not None else repaired_out,
         repaired_out,
         repaired_out.stride(0),
-        candidates.contiguous(),
+        counted.contiguous(),
+        ends,
         candidates_out,
         candidates_out.stride(0),
         TOPK=k,
@@ -141,6 +156,7 @@ def assemble_into_triton(
         INVALID_PAGE=int(RowStatus.INVALID_PAGE),
         SLOT_OVERFLOW=int(RowStatus.SLOT_OVERFLOW),
         REPAIRS=repaired is not None,
+        WINDOWS=windows,
         num_warps=4,
     )
 
@@ -151,7 +167,7 @@ def assemble_into_torch(
     block_table: torch.Tensor,
     status: torch.Tensor,
     repaired: torch.Tensor | None,
-    candidates: torch.Tensor,
+    candidates: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     buffers: dict,
 ) -> None:
     """The assembly in torch ops: writes every result field into `buffers` (candidates clamped to int32)."""
@@ -173,6 +189,8 @@ def assemble_into_torch(
         buffers["repaired"].copy_(repaired)
     else:
         buffers["repaired"].zero_()
+    if isinstance(candidates, tuple):  # the windows (starts, ends)
+        candidates = candidates[1].long() - candidates[0].long()
     buffers["candidates"].copy_(candidates.clamp(max=INT32_MAX))
 
 
@@ -192,11 +210,11 @@ def assemble_result(
     block_table: torch.Tensor,
     status: torch.Tensor,
     repaired: torch.Tensor | None,
-    candidates: torch.Tensor,
+    candidates: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     out: Mapping[str, torch.Tensor] | None = None,
 ) -> TopKResult:
     """Turn sorted keys int64 [rows, K] into a TopKResult (module docstring), on the keys' device;
-    `repaired` None: no row was repaired (zeros, no buffer read);
+    `repaired` and `candidates` as the module docstring says;
     `out` as the module docstring says (checked by the operator). Runs the Triton twin where
     devices.runs_triton_stages says so."""
     rows, k = top_keys.shape

@@ -172,6 +172,6 @@ def run_dense(
     status = backend.scoring_faults(problem, nonfinite)
     with stage_range("litetopk.assemble"):  # nothing repaired on the dense path
         result = assemble_result(
-            top, problem.row_to_batch, problem.block_table, status, None, problem.window_lengths, out
+            top, problem.row_to_batch, problem.block_table, status, None, (problem.starts, problem.ends), out
         )
     return result.raise_for_status() if check else result

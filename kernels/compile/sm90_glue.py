@@ -1,7 +1,7 @@
 """Compile the pipeline's glue kernels (row checks, operand decode, schedule, the paged mode's split
 schedule, prologue and faults, scan outputs, certificate, repair and its subset operands, the
-calibration's order statistics, the dense path's tie settlement and radix selector) for sm_90 without a GPU, as the
-pipeline launches them: CI runs them under the
+calibration's order statistics, the dense path's tie settlement, radix selector and assembly) for
+sm_90 without a GPU, as the pipeline launches them: CI runs them under the
 interpreter only, which accepts code that the compiler refuses (loop-carried types, tuple loops);
 this build catches that.
 
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from .. import calibration, certify, dense_selection, repair, row_checks
+from .. import assembly, calibration, certify, dense_selection, repair, row_checks
 from ..triton import operands, paged, scan_outputs, schedule, split_schedule, subset
 from .sm90 import compile_sm90, resource_usage
 
@@ -162,6 +162,10 @@ KERNELS = {
     dense_selection.radix_finish_kernel: (
         dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
+    ),
+    assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
+        dict(TOPK=512, PAGE=64, INVALID_PAGE=2, SLOT_OVERFLOW=8, REPAIRS=False, WINDOWS=True),
+        dict(keys_ptr="*i64", values_ptr="*fp32"),
     ),
     split_schedule.split_schedule_kernel: (
         dict(BLOCK_ROWS=2, BLOCK=split_schedule.BLOCK, KEYS=64, NB=32),

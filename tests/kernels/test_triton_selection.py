@@ -163,9 +163,9 @@ def test_assemble_result_triton_equals_the_shared_assembly(seed):
 
 
 @pytest.mark.interpret
-def test_no_repairs_are_written_as_zeros_by_both_twins(seed):
-    """repaired=None (the dense path repairs nothing): both twins write 0 into a poisoned `repaired` buffer and
-    every other field as with a zero tensor."""
+def test_the_dense_paths_form_is_written_by_both_twins(seed):
+    """The dense path's assembly: repaired=None (nothing repaired) and candidates given as the windows (starts, ends):
+    both twins write 0 and the window lengths into poisoned buffers, every field as with the tensors."""
     rng = np.random.default_rng(seed)
     block_table = torch.from_numpy(rng.permutation(200)[:80].reshape(2, 40)).int()
     row_to_batch = torch.tensor([1, 0, 1], dtype=torch.int32)
@@ -174,13 +174,18 @@ def test_no_repairs_are_written_as_zeros_by_both_twins(seed):
     candidates = torch.tensor([2560, 100, 2560])
     want = result_buffers(3, K, keys.device, None)
     assemble_into_torch(keys, row_to_batch, block_table, status, torch.zeros(3, dtype=torch.int32), candidates, want)
+    starts = torch.tensor([0, 2000, 60], dtype=torch.int32)  # the windows, whose lengths are `candidates`
+    ends = starts + candidates.int()
     for twin, device in ((assemble_into_torch, "cpu"), (assemble_into_triton, DEVICE)):
-        got = result_buffers(3, K, torch.device(device), None)
-        got["repaired"].fill_(-7)
-        inputs = (t.to(device) for t in (keys, row_to_batch, block_table, status))
-        twin(*inputs, None, candidates.to(device), got)
-        for name, tensor in got.items():
-            assert torch.equal(tensor.cpu(), want[name]), f"seed {seed}: {twin.__name__} field {name}"
+        for counted in (candidates.to(device), (starts.to(device), ends.to(device))):
+            got = result_buffers(3, K, torch.device(device), None)
+            got["repaired"].fill_(-7)
+            got["candidates"].fill_(-7)
+            inputs = (t.to(device) for t in (keys, row_to_batch, block_table, status))
+            twin(*inputs, None, counted, got)
+            form = "windows" if isinstance(counted, tuple) else "counts"
+            for name, tensor in got.items():
+                assert torch.equal(tensor.cpu(), want[name]), f"seed {seed}: {twin.__name__} ({form}) field {name}"
 
 
 @pytest.mark.interpret
