@@ -125,9 +125,7 @@ def assemble_into_triton(
     repaired_out, candidates_out = buffers["repaired"], buffers["candidates"]
     windows = isinstance(candidates, tuple)
     # the windows' (starts, ends), or the counts and an unread pointer
-    counted, ends = (
-        (candidates[0].contiguous(), candidates[1].contiguous()) if windows else (candidates, candidates_out)
-    )
+    counted, ends = (candidates[0], candidates[1].contiguous()) if windows else (candidates, candidates_out)
     assemble_result_kernel[(rows,)](
         top_keys.contiguous(),
         status.to(torch.int32).contiguous(),

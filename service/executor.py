@@ -23,8 +23,9 @@ and the worker's stream its current ones once, at its first job (`_enter_device`
 context managers a job (each a query and a set of the current device or stream: tens of
 microseconds a request on a slow host). The stream a thread made current is kept per thread, for any
 executor (`_CURRENT`). What such a thread launches between jobs runs on that stream too; a thread that
-has run no job yet (a registration before a connection's first call) still has the default stream,
-which is why opening a CUDA IPC region waits on the host for the exporter's event (service/memory.py).
+has run no job yet (a registration before a connection's first call) still has the default stream:
+torch's CUDA IPC open enqueues its wait on the exporter's event there, which orders nothing on the
+worker's stream (a client's data must be ready when it registers or calls).
 
 The event loop never blocks on the device: it only enqueues (a full queue raises `overloaded`,
 answered 429 with Retry-After) and awaits the future. A job whose future was cancelled (the

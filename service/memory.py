@@ -126,8 +126,6 @@ def _open_cuda_ipc_torch(reg, handle: bytes, device: torch.device):
         )
     except (RuntimeError, TypeError) as exc:
         raise ServiceError("ipc_unavailable", f"torch could not open the CUDA IPC handle: {exc}") from exc
-    if t.event_sync_required and t.event_handle:  # torch waited on the exporter's event on this thread's current
-        torch.cuda.current_stream(device).synchronize()  # stream, not the device worker's: wait here instead
     base = torch.empty((0,), dtype=torch.uint8, device=device)
     base.set_(storage, 0, (reg.size,), (1,))
     return base, lambda: None  # torch closes the handle when the storage's last reference goes

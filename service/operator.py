@@ -128,12 +128,15 @@ class DeviceOperator:
             views[e["name"]] = self.results[e["offset"] : e["offset"] + count * 4].view(dtype).view(e["shape"])
         return views
 
-    def answer_to_host(self, buffer: bytearray, nbytes: int) -> None:
+    def answer_to_host(self, buffer: bytearray, nbytes: int, padding: list[tuple[int, int]]) -> None:
         """Copy the first `nbytes` of the result buffer into `buffer`: the fields a call of
         `result_buffers(names, ...)` laid out first, in `result_layout(names)`'s order, in one copy
-        (the stream synchronized before)."""
+        (the stream synchronized before); then zero `padding` (wire.layout_padding of that layout),
+        which the copy filled with whatever an earlier call left in the buffer."""
         if nbytes:
             torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes).copy_(self.results[:nbytes])
+        for start, end in padding:
+            buffer[start:end] = bytes(end - start)
 
     def rows_to_host(self, fields: list[torch.Tensor]) -> list[memoryview]:
         """Enqueue on the current stream a copy of each per-row int32 field (a device tensor of at most

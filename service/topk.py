@@ -496,9 +496,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             torch.cuda.current_stream(device).synchronize()
         mark(("op", time.perf_counter()))
         if staging is not answer:
-            operator.answer_to_host(buffer, admitted.nbytes)  # the answered fields come first in staging
-            for start, end in admitted.padding:  # padding copied from the device buffer: an earlier call's bytes
-                buffer[start:end] = bytes(end - start)
+            operator.answer_to_host(buffer, admitted.nbytes, admitted.padding)  # answered fields first in staging
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
         _raise_row_faults(tallies["status"])
         _check_owners_alive(admitted.owners)
