@@ -68,6 +68,7 @@ from litetopk.kernels import (
     litetopk_prefill,
     resolve_backend,
 )
+from litetopk.kernels.pipeline import DENSE_ROUTE_BYTES
 
 CHECKED = ("values", "raw_indices", "physical_indices", "counts", "status")  # LiteTopK == dense, bit for bit
 VARIANTS = ("runner", "eager", "dense")
@@ -504,8 +505,8 @@ def parse(argv):
     p.add_argument(
         "--dense-route-bytes",
         type=int,
-        default=0,
-        help="LiteTopKTuning.dense_route_bytes of the runner and eager calls (0: the scan, the default)",
+        default=DENSE_ROUTE_BYTES,
+        help="LiteTopKTuning.dense_route_bytes of the runner and eager calls (default: its default; 0: the scan)",
     )
     p.add_argument(
         "--dense-selector",

@@ -156,8 +156,13 @@ def flashinfer_topk(scores: torch.Tensor, take: int) -> tuple[torch.Tensor, torc
 RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ordered score (10 bits remain)
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
-RADIX_PROGRAMS = 512  # programs of the counting and collecting launches a call aims at (rows x programs a row)
-RADIX_WARPS = 8  # every launch's (offline sm_90: 56 / 106 / 128 registers, against 89 / 206 / 168 at 4 warps)
+#: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
+#: row), `warps` every launch's (offline sm_90: 56 / 106 / 128 registers, against 89 / 206 / 168 at 4 warps), and
+#: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
+#: only). A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True)
+DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
+DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
 
 # The warp's count of each digit, given to one lane (the lowest with it), 0 to the others: match.any.sync finds the
@@ -214,13 +219,47 @@ def _boundary(hist_row, rank):
 
 
 @triton.jit
-def _append(base_ptr, count_ptr, keys, take, limit):
-    """Store the `take` ones of int64 `keys` at the next free slots of a row's list (count_ptr: its length, one
-    atomic a block); slots at or past `limit` are counted, not stored."""
-    slot = (
-        tl.atomic_add(count_ptr, tl.sum(take.to(tl.int32), axis=0), sem="relaxed") + tl.cumsum(take.to(tl.int32), 0) - 1
-    )
-    tl.store(base_ptr + slot, keys, mask=take & (slot < limit))
+def _floor(partial_row, per_row, GROUPS: tl.constexpr):
+    """A row's floor (ordered bits): the smallest of its GROUPS group maxima, each the largest over the row's
+    programs' (radix_floor_kernel). GROUPS >= K distinct keys score at or above it, so the K-th best key does:
+    a key below it is no answer. DEAD where a group holds no key (then every key counts)."""
+    offs = tl.arange(0, GROUPS)
+    best = tl.full([GROUPS], DEAD_C, tl.int32)
+    for p in range(per_row):
+        best = tl.maximum(best, tl.load(partial_row + p * GROUPS + offs))
+    return tl.min(best, axis=0)
+
+
+@triton.jit
+def radix_floor_kernel(
+    scores_ptr,
+    score_stride,
+    width,
+    span,  # float32 [rows, width]; columns a program reads
+    partial_ptr,  # int32 [rows, programs a row, GROUPS]: each program's group maxima (ordered bits; DEAD: no key)
+    hist_ptr,  # int32 [rows, 2, 2048] and
+    counts_ptr,  # int64 [rows]: zeroed here, by each row's first program
+    GROUPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The row's keys in GROUPS strided groups (the column modulo GROUPS), each program's largest of each (_floor
+    takes the smallest of their maxima); and the counters of the launches after it zeroed."""
+    row = tl.program_id(0).to(tl.int64)
+    program = tl.program_id(1)
+    first_col = program * span
+    last = tl.minimum(first_col + span, width)
+    offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
+    best = tl.full([GROUPS], DEAD_C, tl.int32)
+    for c0 in range(first_col, last, BLOCK):  # (span and BLOCK are multiples of GROUPS: a column's group is c % GROUPS)
+        cols = c0 + offs
+        scores = tl.load(scores_ptr + row * score_stride + cols, mask=cols < last, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
+    tl.store(partial_ptr + (row * tl.num_programs(1) + program) * GROUPS + tl.arange(0, GROUPS), best)
+    if program == 0:
+        offs_h = tl.arange(0, 4096)
+        tl.store(hist_ptr + row * 4096 + offs_h, tl.zeros([4096], tl.int32))
+        tl.store(counts_ptr + row, tl.zeros([], tl.int64))
 
 
 @triton.jit
@@ -229,28 +268,32 @@ def radix_count_kernel(
     score_stride,
     width,
     span,  # float32 [rows, width]; columns a program counts
-    hist_ptr,  # int32 [2, rows, 2048], zeroed: the first digits' counts, then the second's
-    rows,
+    partial_ptr,  # radix_floor_kernel's group maxima
+    hist_ptr,  # int32 [rows, 2, 2048], zeroed: each row's first digits' counts, then its second's
     TOPK: tl.constexpr,
+    GROUPS: tl.constexpr,
     BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr,
     SECOND: tl.constexpr,
 ):
-    """SECOND = False: count the first digits of the program's columns. SECOND: count the second digits of the keys
-    in the boundary's first digit (_boundary of the first counts)."""
+    """SECOND = False: count the first digits of the program's keys at or above the row's floor. SECOND: the second
+    digits of those in the boundary's first digit (_boundary of the first counts)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
+    floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
+    hist_row = hist_ptr + row * 4096
     if SECOND:
-        boundary = _boundary(hist_ptr + row * 2048, TOPK)[0]
+        boundary = _boundary(hist_row, TOPK)[0]
     for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, _, first, second = _digits(scores)
+        live, ordered, first, second = _digits(scores)
+        counted = live & (ordered >= floor)
         if SECOND:
-            _count_digits(hist_ptr + (rows + row) * 2048, second, live & (first == boundary), AGGREGATE)
+            _count_digits(hist_row + 2048, second, counted & (first == boundary), AGGREGATE)
         else:
-            _count_digits(hist_ptr + row * 2048, first, live, AGGREGATE)
+            _count_digits(hist_row, first, counted, AGGREGATE)
 
 
 @triton.jit
@@ -259,29 +302,37 @@ def radix_collect_kernel(
     score_stride,
     width,
     span,
+    partial_ptr,
     hist_ptr,
     sure_ptr,  # int64 [rows, TOPK]: keys above the boundary (fewer than K), unordered
-    boundary_ptr,  # int64 [rows, CAP]: keys of the boundary (both digits the K-th best key's), unordered
-    counts_ptr,  # int32 [2, rows], zeroed: sure and boundary keys of each row
-    rows,
+    boundary_ptr,  # int64 [rows, CAP]: keys of the boundary (both digits the K-th best key's) at or above the floor
+    counts_ptr,  # int64 [rows], zeroed: each row's sure keys (bits 0-31) and boundary keys (bits 32-63)
     TOPK: tl.constexpr,
+    GROUPS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
-    b1, above1 = _boundary(hist_ptr + row * 2048, TOPK)
-    b2 = _boundary(hist_ptr + (rows + row) * 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
+    floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
+    b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
+    b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
     for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, _, first, second = _digits(scores)
-        keys = _ordering_keys(scores, offs_c)
+        live, ordered, first, second = _digits(scores)
         sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
-        tied = live & (first == b1) & (second == b2)
-        _append(sure_ptr + row * TOPK, counts_ptr + row, keys, sure, TOPK)
-        _append(boundary_ptr + row * CAP, counts_ptr + rows + row, keys, tied, CAP)
+        tied = live & (first == b1) & (second == b2) & (ordered >= floor)
+        n_sure = tl.sum(sure.to(tl.int32), axis=0)
+        n_tied = tl.sum(tied.to(tl.int32), axis=0)
+        if n_sure + n_tied > 0:  # both lists' next free slots by one atomic on the row's packed lengths
+            taken = tl.atomic_add(counts_ptr + row, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+            keys = _ordering_keys(scores, offs_c)
+            slot = (taken & 0xFFFFFFFF).to(tl.int32) + tl.cumsum(sure.to(tl.int32), 0) - 1
+            tl.store(sure_ptr + row * TOPK + slot, keys, mask=sure & (slot < TOPK))
+            slot = (taken >> 32).to(tl.int32) + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
+            tl.store(boundary_ptr + row * CAP + slot, keys, mask=tied & (slot < CAP))
 
 
 @triton.jit
@@ -301,7 +352,6 @@ def radix_finish_kernel(
     sure_ptr,
     boundary_ptr,
     counts_ptr,
-    rows,
     out_ptr,
     out_stride,  # int64 [rows, TOPK] (row stride out_stride): the answer, every slot written here
     TOPK: tl.constexpr,
@@ -311,8 +361,9 @@ def radix_finish_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     out_row = out_ptr + row * out_stride
-    n_sure = tl.minimum(tl.load(counts_ptr + row), TOPK)
-    n_tied = tl.load(counts_ptr + rows + row)
+    counts = tl.load(counts_ptr + row)
+    n_sure = tl.minimum((counts & 0xFFFFFFFF).to(tl.int32), TOPK)
+    n_tied = (counts >> 32).to(tl.int32)
     need = TOPK - n_sure
     # the sure keys rank above every boundary key: sorted, they lead the row
     _store_sorted(sure_ptr + row * TOPK, n_sure, out_row, n_sure, TOPK)
@@ -328,8 +379,8 @@ def radix_finish_kernel(
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
         # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
         # it and, of those at it, the first in column order (keys of equal scores rank by column).
-        b1, above1 = _boundary(hist_ptr + row * 2048, TOPK)
-        b2 = _boundary(hist_ptr + (rows + row) * 2048, TOPK - above1)[0]
+        b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
+        b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
         hi = lo + 1023
         while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi
@@ -367,6 +418,14 @@ def radix_finish_kernel(
         _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
 
 
+def radix_spans(rows: int, width: int) -> tuple[int, int]:
+    """(programs a row, columns each reads: a multiple of RADIX_BLOCK) of the floor's, counting and collecting
+    launches over a [rows, width] score matrix: RADIX_CONFIG["programs"] in all where the rows are few."""
+    per_row = max(1, min(triton.cdiv(width, RADIX_BLOCK), triton.cdiv(RADIX_CONFIG["programs"], rows)))
+    span = triton.cdiv(triton.cdiv(width, per_row), RADIX_BLOCK) * RADIX_BLOCK
+    return triton.cdiv(width, span), span
+
+
 def select_topk_radix(
     scores: torch.Tensor,
     k: int,
@@ -384,8 +443,8 @@ def select_topk_radix(
     boundary keys one sort ranks (tests force the bisection with cap = k). The answer and the scratch lists come
     from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
     rows, width = scores.shape
-    if k <= 0 or k & (k - 1):
-        raise ValueError(f"k={k} must be a power of two (SUPPORTED_TOPK)")
+    if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
+        raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")
     cap = max(cap or BOUNDARY_TIERS[-1], k)
     if cap & (cap - 1):
         raise ValueError(f"cap={cap} must be a power of two")
@@ -396,44 +455,51 @@ def select_topk_radix(
     out = scratch.empty((rows, k), torch.int64)  # every slot written by the finishing launch
     if scores.dtype != torch.float32 or scores.stride(1) != 1:
         scores = scores.float().contiguous()
-    aggregate = scores.device.type == "cuda" if aggregate is None else aggregate
-    per_row = max(1, min(triton.cdiv(width, RADIX_BLOCK), triton.cdiv(RADIX_PROGRAMS, rows)))
-    span = triton.cdiv(triton.cdiv(width, per_row), RADIX_BLOCK) * RADIX_BLOCK
-    per_row = triton.cdiv(width, span)
-    counters = scratch.zeros((2 * rows * (RADIX_BINS + 1),), torch.int32)  # one memset for both
-    hist = counters[: 2 * rows * RADIX_BINS].view(2, rows, RADIX_BINS)
-    counts = counters[2 * rows * RADIX_BINS :].view(2, rows)
+    config = RADIX_CONFIG
+    aggregate = config["aggregate"] and scores.device.type == "cuda" if aggregate is None else aggregate
+    per_row, span = radix_spans(rows, width)
+    grid = (rows, per_row)
+    # no memset: the floor's launch zeroes the counters, the finishing launch writes every slot of the answer
+    partial = scratch.empty((rows, per_row, k), torch.int32)
+    hist = scratch.empty((rows, 2, RADIX_BINS), torch.int32)
+    counts = scratch.empty((rows,), torch.int64)
     sure = scratch.empty((rows, k), torch.int64)
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
+    warps = config["warps"]
+    radix_floor_kernel[grid](
+        scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, num_warps=warps
+    )
     for second in (False, True):
-        radix_count_kernel[(rows, per_row)](
+        radix_count_kernel[grid](
             scores,
             stride,
             width,
             span,
+            partial,
             hist,
-            rows,
             TOPK=k,
+            GROUPS=k,
             BLOCK=RADIX_BLOCK,
             AGGREGATE=aggregate,
             SECOND=second,
-            num_warps=RADIX_WARPS,
+            num_warps=warps,
         )
-    radix_collect_kernel[(rows, per_row)](
+    radix_collect_kernel[grid](
         scores,
         stride,
         width,
         span,
+        partial,
         hist,
         sure,
         boundary,
         counts,
-        rows,
         TOPK=k,
+        GROUPS=k,
         CAP=cap,
         BLOCK=RADIX_BLOCK,
-        num_warps=RADIX_WARPS,
+        num_warps=warps,
     )
     radix_finish_kernel[(rows,)](
         scores,
@@ -443,14 +509,13 @@ def select_topk_radix(
         sure,
         boundary,
         counts,
-        rows,
         out,
         out.stride(0),
         TOPK=k,
         CAP=cap,
         SMALL=small,
         BLOCK=RADIX_BLOCK,
-        num_warps=RADIX_WARPS,
+        num_warps=warps,
     )
     return out
 

@@ -44,6 +44,11 @@ from .result import TopKResult
 CALIBRATIONS = ("sample", "scan")
 
 
+#: LiteTopKTuning.dense_route_bytes' default: decode calls of up to 32 MiB of scores (128 rows x 65,536 keys, 256 x
+#: 32,768) take the dense route (bench/JOURNAL.md 20)
+DENSE_ROUTE_BYTES = 32 << 20
+
+
 @dataclass(frozen=True)
 class LiteTopKTuning:
     """Knobs of the LiteTopK method; the defaults are the production settings.
@@ -67,9 +72,8 @@ class LiteTopKTuning:
       backend's paged mode) and whose score matrix (rows x max_end x 4 bytes) is at most this many bytes
       takes the dense route: the backend's dense scores, then the exact selector of the dense path
       (dense_selection.select_topk_exact: its radix selector on CUDA), no calibration, scan, certificate
-      or repair; the same answer (`candidates` then counts each row's window). 0: never. Off until
-      measured on a GPU: at decode sizes the dense mode of the paged kernel scores in ~56-79 % of the
-      scan's time (H100, bench/JOURNAL.md 18d), the radix selector is not yet timed (18g).
+      or repair; the same answer (`candidates` then counts each row's window). 0: never. The default,
+      DENSE_ROUTE_BYTES, is measured (H100, bench/JOURNAL.md 20).
     """
 
     calibration: str = "sample"
@@ -78,7 +82,7 @@ class LiteTopKTuning:
     candidate_capacity: int | None = None
     calibration_offset: float = 0.0
     repair_rows: int = REPAIR_ROWS
-    dense_route_bytes: int = 0
+    dense_route_bytes: int = DENSE_ROUTE_BYTES
 
     def __post_init__(self):
         if self.calibration not in CALIBRATIONS:

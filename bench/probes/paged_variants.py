@@ -22,7 +22,15 @@ import sys
 
 import torch
 
-from litetopk.kernels import LiteTopKTuning, calibration, dense_topk_prefill, litetopk_prefill, registry, selection
+from litetopk.kernels import (
+    LiteTopKTuning,
+    calibration,
+    dense_selection,
+    dense_topk_prefill,
+    litetopk_prefill,
+    registry,
+    selection,
+)
 from litetopk.kernels.triton import TritonBackend
 from litetopk.kernels.triton.paged_scoring_gluon import GLUON_PAGED_OPTIONS
 
@@ -31,13 +39,18 @@ from ..common.report import run_info
 from ..common.timing import gpu_activity
 
 #: name -> what the variant changes from the production settings: "tuning" (LiteTopKTuning's arguments), "select"
-#: (selection.DECODE_CONFIG), "sample_keys" (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size),
-#: "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS' entries), "refresh" (TritonBackend.paged_refresh: key tiles
-#: between the scan's threshold raises). The first, the production
-#: settings, is the reference of the bit-for-bit check.
+#: (selection.DECODE_CONFIG), "radix" (dense_selection.RADIX_CONFIG's entries), "sample_keys"
+#: (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size), "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS'
+#: entries), "refresh" (TritonBackend.paged_refresh: key tiles between the scan's threshold raises). The first, the
+#: production settings, is the reference of the bit-for-bit check; it names the scan (dense_route_bytes = 0).
+ROUTE = dict(dense_route_bytes=1 << 30)  # LiteTopKTuning.dense_route_bytes: every shape here routed
 VARIANTS = {
-    "production": {},
-    "dense route": dict(tuning=dict(dense_route_bytes=1 << 30)),  # LiteTopKTuning.dense_route_bytes
+    "scan": dict(tuning=dict(dense_route_bytes=0)),
+    "dense route": dict(tuning=ROUTE),
+    "route, 2048 programs": dict(tuning=ROUTE, radix=dict(programs=2048)),
+    "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
+    "route, 2048 x 4 warps": dict(tuning=ROUTE, radix=dict(programs=2048, warps=4)),
+    "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)
@@ -62,6 +75,8 @@ def _apply(variant: dict, production: dict, backend: TritonBackend) -> None:
     calibration.DECODE_SAMPLE_KEYS = variant.get("sample_keys", production["sample_keys"])
     GLUON_PAGED_OPTIONS.clear()
     GLUON_PAGED_OPTIONS.update(production["gluon"], **variant.get("gluon", {}))
+    dense_selection.RADIX_CONFIG.clear()
+    dense_selection.RADIX_CONFIG.update(production["radix"], **variant.get("radix", {}))
     backend.paged_refresh = variant.get("refresh", production["refresh"])
 
 
@@ -70,6 +85,7 @@ def _production_settings(backend: TritonBackend) -> dict:
         select=dict(selection.DECODE_CONFIG),
         sample_keys=calibration.DECODE_SAMPLE_KEYS,
         gluon=dict(GLUON_PAGED_OPTIONS),
+        radix=dict(dense_selection.RADIX_CONFIG),
         refresh=backend.paged_refresh,
     )
 

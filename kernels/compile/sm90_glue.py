@@ -151,17 +151,21 @@ KERNELS = {
         dict(TOPK=512, LANES=512, BLOCK=dense_selection.BLOCK),
         dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
     ),
+    dense_selection.radix_floor_kernel: (
+        dict(GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(scores_ptr="*fp32", counts_ptr="*i64"),
+    ),
     dense_selection.radix_count_kernel: (
-        dict(TOPK=512, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, SECOND=True),
+        dict(TOPK=512, GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, SECOND=True),
         dict(scores_ptr="*fp32"),
     ),
     dense_selection.radix_collect_kernel: (
-        dict(TOPK=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
-        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64"),
+        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (
         dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
-        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
+        dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
         dict(TOPK=512, PAGE=64, INVALID_PAGE=2, SLOT_OVERFLOW=8, REPAIRS=False, WINDOWS=True),
@@ -203,9 +207,10 @@ KERNELS = {
 
 #: kernels launched with other than 4 warps
 NUM_WARPS = {
-    dense_selection.radix_count_kernel: dense_selection.RADIX_WARPS,
-    dense_selection.radix_collect_kernel: dense_selection.RADIX_WARPS,
-    dense_selection.radix_finish_kernel: dense_selection.RADIX_WARPS,
+    dense_selection.radix_floor_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_count_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_collect_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_finish_kernel: dense_selection.RADIX_CONFIG["warps"],
 }
 
 

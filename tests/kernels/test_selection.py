@@ -243,6 +243,48 @@ def test_the_radix_selector_on_clustered_scores(case, cap, seed):
     )
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("width", [20000, 2048 * 20])
+def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
+    """radix_floor_kernel: each row's largest score in each of K strided groups (the column modulo K), per program;
+    their smallest over the groups (the floor, _floor) is a lower bound of the K-th best score (K distinct keys
+    reach it), and on normal scores it leaves out most keys, which the counting launches then skip. A row with a
+    group of no key (fewer than K live keys) has no floor (DEAD). The counters are zeroed by the same launch."""
+    from litetopk.kernels.dense_selection import DEAD, radix_floor_kernel, radix_spans
+
+    k, rows = 512, 3
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, width, generator=gen)
+    scores[1, torch.rand(width, generator=gen) < 0.3] = NEG_INF
+    scores[2, 300:] = NEG_INF  # 300 keys: groups 300..511 hold none
+    per_row, span = radix_spans(rows, width)
+    assert per_row > 1, "the case must split rows over programs"
+    partial = torch.full((rows, per_row, k), 7, dtype=torch.int32)
+    hist = torch.full((rows, 2, 2048), 7, dtype=torch.int32)
+    counts = torch.full((rows,), 7, dtype=torch.int64)
+    radix_floor_kernel[(rows, per_row)](scores, width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048)
+    assert not hist.any() and not counts.any(), "the counters must be zeroed"
+    floors = partial.amax(dim=1).amin(dim=1)
+    assert floors[2] == DEAD, "a group without a key: no floor"
+    for r in range(2):
+        groups = torch.full((k,), NEG_INF)
+        for g in range(k):
+            groups[g] = scores[r, g::k].max()
+        want = float(groups.min())
+        if want == NEG_INF:  # (a group of masked keys alone)
+            assert floors[r] == DEAD, f"row {r}: a group without a key, floor {int(floors[r])}"
+            continue
+        bits = int(floors[r]) if floors[r] >= 0 else int(floors[r]) ^ 0x7FFFFFFF  # (keys._ordered_bits inverted)
+        got = float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
+        assert got == want, f"row {r}: floor {got}, the smallest group maximum {want}"
+        kth = float(scores[r].topk(k).values[-1])
+        live = int((scores[r] > NEG_INF).sum())
+        kept = int(
+            (scores[r] >= want).sum()
+        )  # ~1 - K^(-K / keys) of them: 15 % of 20,000, 21 % of 14,000, 5 % of 65,536
+        assert want <= kth and kept < live // 3, f"row {r}: floor {want}, K-th best {kth}, {kept} of {live} keys kept"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
 def test_the_radix_selector_at_decode_sizes(rows, width, k, seed):

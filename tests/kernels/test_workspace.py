@@ -38,7 +38,7 @@ from litetopk.kernels.pipeline import run_litetopk
 from litetopk.kernels.reference import ReferenceBackend
 from litetopk.kernels.scratch import ALIGNMENT
 from litetopk.kernels.validation import validate_prefill
-from tests.problems import make_problem
+from tests.problems import make_problem, scan_tuning
 
 FIELDS = ("values", "raw_indices", "physical_indices", "counts", "status", "repaired", "candidates")
 OPERATORS = {"litetopk": litetopk_prefill, "dense": dense_topk_prefill}
@@ -509,8 +509,8 @@ def test_a_decode_call_is_sized_at_its_own_sample(small_decode_sample, seed):
     stride changes at other bounds (2 up to 3,071, 3 from 3,072), so below the bound 3,136 the call at
     3,071 carves the most. workspace_bytes runs the bounds of the call's own sample (sample_size_for):
     exact, where those of sample_size (1,399, 2,099, 2,799) would miss it; a call at 3,071 runs in the
-    workspace and fails on one byte less."""
-    tuning = LiteTopKTuning(sample_size=700)
+    workspace and fails on one byte less. (On the scan: the dense route takes no sample.)"""
+    tuning = scan_tuning(sample_size=700)
     p = make_problem(seed, seq_lens=[3100], rows_per_seq=1, topk=512, spread=1)
     assert bound_of(p) >= 3136 and sample_size_for(700, 1, holds_windows=True) == 1024
     empty = dataclasses.replace(p, ends=p.starts.clone())  # (the bytes carved follow from shapes and bounds)
