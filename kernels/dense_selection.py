@@ -157,10 +157,11 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
-#: row), `warps` every launch's (offline sm_90: 56 / 106 / 128 registers, against 89 / 206 / 168 at 4 warps), and
+#: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 125, finish 120 registers);
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
-#: only). A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True)
+#: only); `two_pass` whether the collecting launch takes its slots a program at a time (radix_collect_kernel). A
+#: dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, two_pass=True)
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -297,6 +298,18 @@ def radix_count_kernel(
 
 
 @triton.jit
+def _sure_and_tied(scores_ptr, c0, last, floor, b1, b2, BLOCK: tl.constexpr):
+    """(scores, columns, sure, tied) of the row's BLOCK columns from c0 (scores_ptr: the row's): the keys above the
+    boundary (b1, b2) and those in it at or above the floor."""
+    offs_c = c0 + tl.arange(0, BLOCK)
+    scores = tl.load(scores_ptr + offs_c, mask=offs_c < last, other=float("-inf"))
+    live, ordered, first, second = _digits(scores)
+    sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
+    tied = live & (first == b1) & (second == b2) & (ordered >= floor)
+    return scores, offs_c, sure, tied
+
+
+@triton.jit
 def radix_collect_kernel(
     scores_ptr,
     score_stride,
@@ -311,28 +324,49 @@ def radix_collect_kernel(
     GROUPS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
+    TWO_PASS: tl.constexpr,
 ):
+    """Append the program's sure and boundary keys to the row's two lists. Both lists' slots come from one atomic on
+    the row's packed lengths: a block's (TWO_PASS = False), or the program's after a first pass that counts its keys
+    (TWO_PASS: one atomic's round trip a program, not one a block)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
+    row_scores = scores_ptr + row * score_stride
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
     b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
+    if TWO_PASS:
+        program_sure = tl.zeros([], tl.int32)
+        program_tied = tl.zeros([], tl.int32)
+        for c0 in range(first_col, last, BLOCK):
+            _, _, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
+            program_sure += tl.sum(sure.to(tl.int32), axis=0)
+            program_tied += tl.sum(tied.to(tl.int32), axis=0)
+        taken = tl.atomic_add(
+            counts_ptr + row, program_sure.to(tl.int64) + (program_tied.to(tl.int64) << 32), sem="relaxed"
+        )
+        next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+        next_tied = (taken >> 32).to(tl.int32)
     for c0 in range(first_col, last, BLOCK):
-        offs_c = c0 + tl.arange(0, BLOCK)
-        scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, ordered, first, second = _digits(scores)
-        sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
-        tied = live & (first == b1) & (second == b2) & (ordered >= floor)
+        scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         n_sure = tl.sum(sure.to(tl.int32), axis=0)
         n_tied = tl.sum(tied.to(tl.int32), axis=0)
-        if n_sure + n_tied > 0:  # both lists' next free slots by one atomic on the row's packed lengths
-            taken = tl.atomic_add(counts_ptr + row, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+        if n_sure + n_tied > 0:
+            if not TWO_PASS:  # this block's slots in both lists by one atomic on the row's packed lengths
+                taken = tl.atomic_add(
+                    counts_ptr + row, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed"
+                )
+                next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+                next_tied = (taken >> 32).to(tl.int32)
             keys = _ordering_keys(scores, offs_c)
-            slot = (taken & 0xFFFFFFFF).to(tl.int32) + tl.cumsum(sure.to(tl.int32), 0) - 1
+            slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
             tl.store(sure_ptr + row * TOPK + slot, keys, mask=sure & (slot < TOPK))
-            slot = (taken >> 32).to(tl.int32) + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
+            slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
             tl.store(boundary_ptr + row * CAP + slot, keys, mask=tied & (slot < CAP))
+            if TWO_PASS:
+                next_sure += n_sure
+                next_tied += n_tied
 
 
 @triton.jit
@@ -499,6 +533,7 @@ def select_topk_radix(
         GROUPS=k,
         CAP=cap,
         BLOCK=RADIX_BLOCK,
+        TWO_PASS=config["two_pass"],
         num_warps=warps,
     )
     radix_finish_kernel[(rows,)](

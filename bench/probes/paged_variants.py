@@ -47,9 +47,8 @@ ROUTE = dict(dense_route_bytes=1 << 30)  # LiteTopKTuning.dense_route_bytes: eve
 VARIANTS = {
     "scan": dict(tuning=dict(dense_route_bytes=0)),
     "dense route": dict(tuning=ROUTE),
-    "route, 2048 programs": dict(tuning=ROUTE, radix=dict(programs=2048)),
+    "route, slots a block": dict(tuning=ROUTE, radix=dict(two_pass=False)),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
-    "route, 2048 x 4 warps": dict(tuning=ROUTE, radix=dict(programs=2048, warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")

@@ -160,7 +160,7 @@ KERNELS = {
         dict(scores_ptr="*fp32"),
     ),
     dense_selection.radix_collect_kernel: (
-        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK, TWO_PASS=True),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (

@@ -259,12 +259,14 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
     scores[2, 300:] = NEG_INF  # 300 keys: groups 300..511 hold none
     per_row, span = radix_spans(rows, width)
     assert per_row > 1, "the case must split rows over programs"
-    partial = torch.full((rows, per_row, k), 7, dtype=torch.int32)
-    hist = torch.full((rows, 2, 2048), 7, dtype=torch.int32)
-    counts = torch.full((rows,), 7, dtype=torch.int64)
-    radix_floor_kernel[(rows, per_row)](scores, width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048)
+    partial = torch.full((rows, per_row, k), 7, dtype=torch.int32, device=DEVICE)
+    hist = torch.full((rows, 2, 2048), 7, dtype=torch.int32, device=DEVICE)
+    counts = torch.full((rows,), 7, dtype=torch.int64, device=DEVICE)
+    radix_floor_kernel[(rows, per_row)](
+        scores.to(DEVICE), width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048
+    )
     assert not hist.any() and not counts.any(), "the counters must be zeroed"
-    floors = partial.amax(dim=1).amin(dim=1)
+    floors = partial.amax(dim=1).amin(dim=1).cpu()
     assert floors[2] == DEAD, "a group without a key: no floor"
     for r in range(2):
         groups = torch.full((k,), NEG_INF)
