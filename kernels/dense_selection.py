@@ -161,7 +161,7 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
 #: only); `two_pass` whether the collecting launch takes its slots a program at a time (radix_collect_kernel). A
 #: dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, two_pass=True)
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=False, two_pass=True)
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -223,11 +223,15 @@ def _boundary(hist_row, rank):
 def _floor(partial_row, per_row, GROUPS: tl.constexpr):
     """A row's floor (ordered bits): the smallest of its GROUPS group maxima, each the largest over the row's
     programs' (radix_floor_kernel). GROUPS >= K distinct keys score at or above it, so the K-th best key does:
-    a key below it is no answer. DEAD where a group holds no key (then every key counts)."""
-    offs = tl.arange(0, GROUPS)
+    a key below it is no answer. DEAD where a group holds no key (then every key counts). The programs' maxima are
+    read 4,096 at a time (a load each, not one a program: a row of one call can have hundreds of programs)."""
+    CHUNK: tl.constexpr = 4096 // GROUPS
+    offs_p = tl.arange(0, CHUNK)[:, None]
+    offs_g = tl.arange(0, GROUPS)[None, :]
     best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for p in range(per_row):
-        best = tl.maximum(best, tl.load(partial_row + p * GROUPS + offs))
+    for p0 in range(0, per_row, CHUNK):
+        maxima = tl.load(partial_row + (p0 + offs_p) * GROUPS + offs_g, mask=p0 + offs_p < per_row, other=DEAD_C)
+        best = tl.maximum(best, tl.max(maxima, axis=0))
     return tl.min(best, axis=0)
 
 
