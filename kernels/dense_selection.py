@@ -39,16 +39,26 @@ it. The keys above (b1, b2) number fewer than K and are all answers ("sure"); th
 b2), and need = K - sure best of that boundary complete the answer. Sure keys rank above every boundary key, so
 the row is the sure keys sorted, then the boundary's best `need` sorted: no merge. Exact for any data: keys are
 (score, then position), distinct.
-Launches (rows x programs a row for the first three, each program a span of the row): (1) count the first digits
-into the row's histogram in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in inline
-PTX); (2) count the second digits of the keys of b1 (each program finds b1 from the histogram itself: a suffix
-sum over 2,048 counters); (3) append the sure keys and the boundary keys to the row's two scratch lists (one
-atomic a list a 2,048-column block, the slots by a prefix sum; boundary keys past CAP are counted, not stored);
-(4) a program a row: one tl.sort of the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the
-smaller that holds them). More than CAP boundary keys agree in 22 bits of their scores (equal or near-equal
-scores); then the need-th best of them is found by bisection over the 10 bits left (10 passes over the row), and
-the keys above it plus the first ones at it in column order complete the row. Not yet run on a GPU
-(tests/kernels/test_selection.py has its GPU test; CI runs the kernels under the interpreter, one atomic a key).
+The floor: the row's columns fall into K strided groups (the column modulo K); the largest score of each group
+is a key, so K distinct keys score at or above the smallest of those K maxima: the K-th best key does too, and
+a key below the floor is no answer. On normal scores ~K ln K keys of a row reach it (~5 % of 65,536 at K = 512);
+a group without a key (fewer than K keys in the row) leaves no floor. The histograms count only keys at or above
+the floor, which changes neither b1 nor b2 (the counts above the floor's digits are exact, and at its digits
+still reach the rank), and the boundary list keeps only those.
+Launches (rows x programs a row for the first four, each program a span of the row; RADIX_CONFIG):
+(1) each program's K group maxima (their smallest over the row's programs is read by the next launches), and the
+row's counters zeroed (no memset); (2) count the first digits of the keys at or above the floor into the row's
+histogram in global memory (one atomic a key; RADIX_CONFIG "aggregate": one a digit a warp, match.any.sync and
+popc in inline PTX); (3) count the second digits of those keys in b1 (each program finds b1 from the histogram
+itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
+scratch lists (a counting pass, then one atomic a program on the row's packed list lengths, then the stores,
+the slots by a prefix sum; boundary keys past CAP are counted, not stored); (5) a program a row: one tl.sort of
+the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP
+boundary keys agree in 22 bits of their scores (equal or near-equal scores); then the need-th best of them is
+found by bisection over the 10 bits left (10 passes over the row), and the keys above it plus the first ones at
+it in column order complete the row. GPU time on an H100 (bench/JOURNAL.md 20): 64 x 65,536 scores (K = 512)
+~90 us in all, one row of 65,536 ~25 us; tests/kernels/test_selection.py has its GPU tests; CI runs the kernels
+under the interpreter.
 """
 
 from __future__ import annotations
