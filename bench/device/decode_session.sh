@@ -29,8 +29,9 @@ for step in ${STEPS:-tests variants decode}; do
       if [ $T -gt 90 ]; then
         echo "== service ($T s)"
         U=$(( T - 45 ))  # nvidia-smi, the imports and the socket probe: ~45 s
-        OUT=$RES/service TESTS_S=$(( U * 35 / 100 )) CHECK_S=$(( U * 22 / 100 )) BENCH_S=$(( U * 30 / 100 )) \
-          OVERHEAD_S=$(( U * 10 / 100 )) SHAPES=${SVC_SHAPES:-decode64} bash bench/device/service_session.sh 2>&1 \
+        # shares from session 20's H100 run (tests 26 s, check 26, decode64's benchmark 89 with its service's start)
+        OUT=$RES/service TESTS_S=$(( U * 25 / 100 )) CHECK_S=$(( U * 20 / 100 )) BENCH_S=$(( U * 47 / 100 )) \
+          OVERHEAD_S=$(( U * 8 / 100 )) SHAPES=${SVC_SHAPES:-decode64} bash bench/device/service_session.sh 2>&1 \
           | grep -E "^== |passed|failed|ipc|uds|tcp|in-process|block|spin|exit" | tail -40
       fi ;;
     *) echo "unknown step $step (tests variants decode service)" ;;
