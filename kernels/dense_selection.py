@@ -219,14 +219,26 @@ def _count_digits(hist_row, digit, counted, AGGREGATE: tl.constexpr):
 
 
 @triton.jit
-def _boundary(hist_row, rank):
-    """(the digit of the rank-th best key, the keys of larger digits) from a histogram of 2,048 digits: the largest
-    digit with at least `rank` keys at or above it (-1 where the histogram holds fewer than `rank`)."""
+def _boundary(hist_row, TOPK: tl.constexpr):
+    """b1, the first digit of the K-th best key, from a row's first histogram (hist_row: [2, 2048], its two
+    histograms): the largest digit with at least K keys at or above it (-1 where the row holds fewer than K)."""
     offs_b = tl.arange(0, 2048)
-    counts = tl.load(hist_row + offs_b)
-    at_or_above = tl.cumsum(counts, axis=0, reverse=True)
-    digit = tl.max(tl.where(at_or_above >= rank, offs_b, -1), axis=0)
-    return digit, tl.sum(tl.where(offs_b > digit, counts, 0), axis=0)
+    at_or_above = tl.cumsum(tl.load(hist_row + offs_b), axis=0, reverse=True)
+    return tl.max(tl.where(at_or_above >= TOPK, offs_b, -1), axis=0)
+
+
+@triton.jit
+def _boundaries(hist_row, TOPK: tl.constexpr):
+    """(b1, b2), both digits of the K-th best key, from a row's two histograms, read and summed side by side: b1 as
+    _boundary; b2 the largest second digit with at least K - (keys above b1) keys of b1 at or above it (-1 where
+    b1 is: then the second histogram is empty)."""
+    offs_b = tl.arange(0, 2048)
+    first = tl.load(hist_row + offs_b)
+    at_or_above1 = tl.cumsum(first, axis=0, reverse=True)
+    at_or_above2 = tl.cumsum(tl.load(hist_row + 2048 + offs_b), axis=0, reverse=True)
+    b1 = tl.max(tl.where(at_or_above1 >= TOPK, offs_b, -1), axis=0)
+    above1 = tl.sum(tl.where(offs_b > b1, first, 0), axis=0)
+    return b1, tl.max(tl.where(at_or_above2 >= TOPK - above1, offs_b, -1), axis=0)
 
 
 @triton.jit
@@ -299,7 +311,7 @@ def radix_count_kernel(
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     hist_row = hist_ptr + row * 4096
     if SECOND:
-        boundary = _boundary(hist_row, TOPK)[0]
+        boundary = _boundary(hist_row, TOPK)
     for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
@@ -348,8 +360,7 @@ def radix_collect_kernel(
     last = tl.minimum(first_col + span, width)
     row_scores = scores_ptr + row * score_stride
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
-    b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
-    b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
+    b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
     if TWO_PASS:
         program_sure = tl.zeros([], tl.int32)
         program_tied = tl.zeros([], tl.int32)
@@ -427,8 +438,7 @@ def radix_finish_kernel(
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
         # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
         # it and, of those at it, the first in column order (keys of equal scores rank by column).
-        b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
-        b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]
+        b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
         hi = lo + 1023
         while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi
