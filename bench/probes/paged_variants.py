@@ -41,15 +41,14 @@ from ..common.timing import gpu_activity
 #: name -> what the variant changes from the production settings: "tuning" (LiteTopKTuning's arguments), "select"
 #: (selection.DECODE_CONFIG), "radix" (dense_selection.RADIX_CONFIG's entries), "sample_keys"
 #: (calibration.DECODE_SAMPLE_KEYS; 0: the prefill's sample_size), "gluon" (paged_scoring_gluon.GLUON_PAGED_OPTIONS'
-#: entries), "refresh" (TritonBackend.paged_refresh: key tiles between the scan's threshold raises). The first, the
-#: production settings, is the reference of the bit-for-bit check; it names the scan (dense_route_bytes = 0).
+#: entries), "refresh" (TritonBackend.paged_refresh: key tiles between the scan's threshold raises), over the
+#: production settings. The first, the scan (dense_route_bytes = 0), is the reference of the bit-for-bit check.
 ROUTE = dict(dense_route_bytes=1 << 30)  # LiteTopKTuning.dense_route_bytes: every shape here routed
 VARIANTS = {
     "scan": dict(tuning=dict(dense_route_bytes=0)),
     "dense route": dict(tuning=ROUTE),
-    "route, slots a block": dict(tuning=ROUTE, radix=dict(two_pass=False)),
+    "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
-    "route, a warp's digits by one atomic": dict(tuning=ROUTE, radix=dict(aggregate=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

@@ -160,7 +160,7 @@ KERNELS = {
         dict(scores_ptr="*fp32"),
     ),
     dense_selection.radix_collect_kernel: (
-        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK, TWO_PASS=True),
+        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (
@@ -224,6 +224,9 @@ def argument_types(kernel, constants: dict, types: dict) -> dict:
 
 
 def main(out_dir: str) -> int:
+    if out_dir.startswith("-"):  # (an option given as the folder: `--help` once made a folder of that name)
+        print(f"usage: python -m litetopk.kernels.compile.sm90_glue OUT_DIR (got {out_dir!r})", file=sys.stderr)
+        return 2
     os.makedirs(out_dir, exist_ok=True)
     summary = {}
     for kernel, (constants, types) in KERNELS.items():

@@ -249,14 +249,16 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
     """radix_floor_kernel: each row's largest score in each of K strided groups (the column modulo K), per program;
     their smallest over the groups (the floor, _floor) is a lower bound of the K-th best score (K distinct keys
     reach it), and on normal scores it leaves out most keys, which the counting launches then skip. A row with a
-    group of no key (fewer than K live keys) has no floor (DEAD). The counters are zeroed by the same launch."""
+    group of no key has no floor (DEAD), here a row of thousands of keys, its answer still exact. The counters are
+    zeroed by the same launch."""
     from litetopk.kernels.dense_selection import DEAD, radix_floor_kernel, radix_spans
 
     k, rows = 512, 3
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(rows, width, generator=gen)
     scores[1, torch.rand(width, generator=gen) < 0.3] = NEG_INF
-    scores[2, 300:] = NEG_INF  # 300 keys: groups 300..511 hold none
+    scores[2, 5::k] = NEG_INF  # thousands of keys, group 5 none: no floor
+    assert (scores[2] > NEG_INF).sum() >= k
     per_row, span = radix_spans(rows, width)
     assert per_row > 1, "the case must split rows over programs"
     partial = torch.full((rows, per_row, k), 7, dtype=torch.int32, device=DEVICE)
@@ -268,23 +270,55 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
     assert not hist.any() and not counts.any(), "the counters must be zeroed"
     floors = partial.amax(dim=1).amin(dim=1).cpu()
     assert floors[2] == DEAD, "a group without a key: no floor"
+    assert torch.equal(select_topk_radix(scores.to(DEVICE), k).cpu(), select_topk_dense(scores, k)), "the answers"
     for r in range(2):
         groups = torch.full((k,), NEG_INF)
         for g in range(k):
             groups[g] = scores[r, g::k].max()
         want = float(groups.min())
-        if want == NEG_INF:  # (a group of masked keys alone)
-            assert floors[r] == DEAD, f"row {r}: a group without a key, floor {int(floors[r])}"
-            continue
         bits = int(floors[r]) if floors[r] >= 0 else int(floors[r]) ^ 0x7FFFFFFF  # (keys._ordered_bits inverted)
         got = float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
         assert got == want, f"row {r}: floor {got}, the smallest group maximum {want}"
         kth = float(scores[r].topk(k).values[-1])
         live = int((scores[r] > NEG_INF).sum())
-        kept = int(
-            (scores[r] >= want).sum()
-        )  # ~1 - K^(-K / keys) of them: 15 % of 20,000, 21 % of 14,000, 5 % of 65,536
+        # ~1 - K^(-K / keys) of the keys reach the floor: 15 % of 20,000, 21 % of 14,000, 5 % of 65,536
+        kept = int((scores[r] >= want).sum())
         assert want <= kth and kept < live // 3, f"row {r}: floor {want}, K-th best {kth}, {kept} of {live} keys kept"
+
+
+def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
+    """The bytes select_topk_radix carves (its answer, the floor's maxima, counters and lists) grow with the rows and
+    never with fewer keys, so that a workspace sized at a call's most rows and keys holds every smaller call; counted
+    with the launches made no-ops (only the carving runs). Rows x programs a row alone would not: 255 rows of 32,768
+    keys take 3 programs a row, 256 take 2 (a review's finding)."""
+    from litetopk.kernels import dense_selection
+    from litetopk.kernels.scratch import Scratch
+
+    monkeypatch.setattr(type(dense_selection.radix_count_kernel), "run", lambda self, *args, **kwargs: None)
+
+    def carved(rows, width, k):
+        scratch = Scratch(torch.device("cpu"))
+        select_topk_radix(torch.empty(rows, width), k, scratch=scratch)
+        return scratch.used
+
+    for k in (512, 1024):
+        assert carved(255, 32768, k) <= carved(256, 32768, k), f"K={k}: 255 rows carve more than 256"
+        assert carved(127, 65536, k) <= carved(128, 65536, k), f"K={k}: 127 rows carve more than 128"
+        assert carved(3, 350208, k) <= carved(3, 350210, k), f"K={k}: fewer keys carve more"
+
+
+def test_the_floors_buffer_grows_with_the_rows_alone():
+    """select_topk_radix carves the floor's maxima for rows x radix_spans' programs a row from a buffer of (programs +
+    rows) x K: that bound must hold at every rows and width, so that a workspace sized at a call's most rows and
+    keys (workspace.workspace_bytes) holds the calls of fewer of either (a review found 255 rows needing more than
+    256 where the buffer was rows x programs a row)."""
+    from litetopk.kernels.dense_selection import RADIX_CONFIG, radix_spans
+
+    programs = RADIX_CONFIG["programs"]
+    for rows in range(1, 1100):
+        for width in (1, 2047, 2048, 2049, 32768, 65535, 131072, 350208, 1 << 20):
+            per_row, span = radix_spans(rows, width)
+            assert rows * per_row < programs + rows and per_row * span >= width > (per_row - 1) * span, (rows, width)
 
 
 @pytest.mark.gpu
