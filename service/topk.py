@@ -478,8 +478,13 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
             kv_cache = kv_cache.to(device)
             kv_scale = kv_scale.to(device) if kv_scale is not None else None
         buffer = bytearray(admitted.nbytes)
-        answer = fields_in(buffer, admitted.entries)
-        staging = answer if host else operator.result_buffers([*admitted.answered, *bound.hosted], rows, req.topk)
+        # on the CPU the answered fields are written into the answer itself; on a GPU into the operator's result
+        # buffer, copied to the answer in one piece after the call
+        staging = (
+            fields_in(buffer, admitted.entries)
+            if host
+            else operator.result_buffers([*admitted.answered, *bound.hosted], rows, req.topk)
+        )
         direct = bound.direct
         mark(("views", time.perf_counter()))
         result = operator(
@@ -495,7 +500,7 @@ def execute(admitted: Admitted, state, marks: list | None = None) -> Outcome:
         if device.type == "cuda":  # `op` is then the device's time; the tallies' copies are in
             torch.cuda.current_stream(device).synchronize()
         mark(("op", time.perf_counter()))
-        if staging is not answer:
+        if not host:
             operator.answer_to_host(buffer, admitted.nbytes, admitted.padding)  # answered fields first in staging
             result = TopKResult(**{n: out_of(n, direct, staging, result) for n in RESULT_FIELDS})
         _raise_row_faults(tallies["status"])

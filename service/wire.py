@@ -78,9 +78,12 @@ class WireFormatError(ValueError):
     """A result body that does not follow this module's format."""
 
 
+FIELD_ALIGNMENT = 8  # bytes: where each field of a result_layout starts
+
+
 def result_layout(names, rows: int, topk: int) -> tuple[list[dict], int]:
     """([{name, dtype, shape, offset, nbytes}], total bytes) of result fields `names` laid out one after
-    another, each on an 8-byte boundary (the array area of the binary form and of an IPC answer)."""
+    another, each on a FIELD_ALIGNMENT boundary (the array area of the binary form and of an IPC answer)."""
     entries, offset = [], 0
     for name in names:
         shape = list(result_shape(name, rows, topk))
@@ -94,17 +97,16 @@ def result_layout(names, rows: int, topk: int) -> tuple[list[dict], int]:
                 "nbytes": nbytes,
             }
         )
-        offset += nbytes + (-nbytes % 8)
+        offset += nbytes + (-nbytes % FIELD_ALIGNMENT)
     return entries, offset
 
 
 def layout_padding(entries: list[dict]) -> list[tuple[int, int]]:
     """[start, end) of the padding bytes after each field of a result_layout (a field of an odd number of
-    int32 values ends 4 bytes short of its 8-byte boundary): a buffer filled by one copy of a reused device
-    buffer must zero them, or they carry whatever an earlier call left there."""
-    return [
-        (e["offset"] + e["nbytes"], e["offset"] + e["nbytes"] + (-e["nbytes"] % 8)) for e in entries if e["nbytes"] % 8
-    ]
+    int32 values ends 4 bytes short of its FIELD_ALIGNMENT boundary): a buffer filled by one copy of a reused
+    device buffer must zero them, or they carry whatever an earlier call left there."""
+    ends = [e["offset"] + e["nbytes"] for e in entries]
+    return [(end, end + (-end % FIELD_ALIGNMENT)) for end in ends if end % FIELD_ALIGNMENT]
 
 
 def fields_in(buffer, entries: list[dict]) -> dict[str, torch.Tensor]:
