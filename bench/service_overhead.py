@@ -148,6 +148,7 @@ def main(argv=None) -> int:
             for i in range(args.iters + 20):  # the modes take turns call by call (drifting load hits all alike)
                 for mode, client in clients.items():
                     regions, outs = plans[mode]
+                    if os.environ.get('GAP'): time.sleep(float(os.environ['GAP']))
                     start = time.perf_counter()
                     client.topk(*regions, **kwargs, out=outs)
                     if i >= 20:

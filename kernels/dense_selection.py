@@ -46,20 +46,19 @@ a group without a key (fewer than K keys in the row) leaves no floor. The histog
 the floor, which changes neither b1 nor b2 (the counts above the floor's digits are exact, and at its digits
 still reach the rank), and the boundary list keeps only those.
 Launches (rows x programs a row for the first four, each program a span of the row; RADIX_CONFIG):
-(1) each program's K group maxima (the next launches take the smallest over the groups of their largest over the
-row's programs), and the row's counters zeroed (no memset); (2) count the first digits of the keys at or above
-the floor into the row's histogram in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc
-in inline PTX; RADIX_CONFIG "aggregate" False: one a key); (3) count the second digits of those keys in b1 (each
-program finds b1 from the histogram itself: a suffix sum over 2,048 counters); (4) append the sure keys and the
-boundary keys to the row's two scratch lists (a 2,048-column block's slots in both by one atomic on the row's
-packed list lengths, then a prefix sum; boundary keys past CAP are counted, not stored); (5) a program a row:
-one tl.sort of the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the smaller that holds them).
-More than CAP boundary keys agree in 22 bits of their scores (equal or near-equal scores); then the need-th best
-of them is found by bisection over the 10 bits left (10 passes over the row), and the keys above it plus the
-first ones at it in column order complete the row. GPU time on an H100 (bench/JOURNAL.md 20c): 88 us at 64 x
-65,536 scores (K = 512: floor 9, counts 25, collect 48, finish 6), 25 us at one row of 65,536, 160 us at 128 x
-65,536 (K = 1024); the collecting launch is the next step (bench/NOTES.md, next steps 0). tests/kernels/
-test_selection.py has its GPU tests; CI runs the kernels under the interpreter (one atomic a key).
+(1) each program's K group maxima (their smallest over the row's programs is read by the next launches), and the
+row's counters zeroed (no memset); (2) count the first digits of the keys at or above the floor into the row's
+histogram in global memory (one atomic a key; RADIX_CONFIG "aggregate": one a digit a warp, match.any.sync and
+popc in inline PTX); (3) count the second digits of those keys in b1 (each program finds b1 from the histogram
+itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
+scratch lists (a 2,048-column block's slots in both by one atomic on the row's packed list lengths, then a prefix
+sum; boundary keys past CAP are counted, not stored); (5) a program a row: one tl.sort of
+the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP
+boundary keys agree in 22 bits of their scores (equal or near-equal scores); then the need-th best of them is
+found by bisection over the 10 bits left (10 passes over the row), and the keys above it plus the first ones at
+it in column order complete the row. GPU time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512)
+87 us (floor 9, counts 23, collect 48, finish 6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has
+its GPU tests; CI runs the kernels under the interpreter.
 """
 
 from __future__ import annotations
@@ -168,10 +167,10 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
-#: row), `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 111, finish 120 registers),
-#: and `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
+#: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 125, finish 120 registers);
+#: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
 #: only). A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True)
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=False)
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -219,25 +218,41 @@ def _count_digits(hist_row, digit, counted, AGGREGATE: tl.constexpr):
 
 
 @triton.jit
-def _boundary(hist_row, rank):
-    """(the digit of the rank-th best key, the keys of larger digits) from a histogram of 2,048 digits: the largest
-    digit with at least `rank` keys at or above it (-1 where the histogram holds fewer than `rank`)."""
+def _boundary(hist_row, TOPK: tl.constexpr):
+    """b1, the first digit of the K-th best key, from a row's first histogram (hist_row: [2, 2048], its two
+    histograms): the largest digit with at least K keys at or above it (-1 where the row holds fewer than K)."""
     offs_b = tl.arange(0, 2048)
-    counts = tl.load(hist_row + offs_b)
-    at_or_above = tl.cumsum(counts, axis=0, reverse=True)
-    digit = tl.max(tl.where(at_or_above >= rank, offs_b, -1), axis=0)
-    return digit, tl.sum(tl.where(offs_b > digit, counts, 0), axis=0)
+    at_or_above = tl.cumsum(tl.load(hist_row + offs_b), axis=0, reverse=True)
+    return tl.max(tl.where(at_or_above >= TOPK, offs_b, -1), axis=0)
+
+
+@triton.jit
+def _boundaries(hist_row, TOPK: tl.constexpr):
+    """(b1, b2), both digits of the K-th best key, from a row's two histograms, read and summed side by side: b1 as
+    _boundary; b2 the largest second digit with at least K - (keys above b1) keys of b1 at or above it (-1 where
+    b1 is: then the second histogram is empty)."""
+    offs_b = tl.arange(0, 2048)
+    first = tl.load(hist_row + offs_b)
+    at_or_above1 = tl.cumsum(first, axis=0, reverse=True)
+    at_or_above2 = tl.cumsum(tl.load(hist_row + 2048 + offs_b), axis=0, reverse=True)
+    b1 = tl.max(tl.where(at_or_above1 >= TOPK, offs_b, -1), axis=0)
+    above1 = tl.sum(tl.where(offs_b > b1, first, 0), axis=0)
+    return b1, tl.max(tl.where(at_or_above2 >= TOPK - above1, offs_b, -1), axis=0)
 
 
 @triton.jit
 def _floor(partial_row, per_row, GROUPS: tl.constexpr):
     """A row's floor (ordered bits): the smallest of its GROUPS group maxima, each the largest over the row's
     programs' (radix_floor_kernel). GROUPS >= K distinct keys score at or above it, so the K-th best key does:
-    a key below it is no answer. DEAD where a group holds no key (then every key counts)."""
-    offs = tl.arange(0, GROUPS)
+    a key below it is no answer. DEAD where a group holds no key (then every key counts). The programs' maxima are
+    read 4,096 at a time (a load each, not one a program: a row of one call can have hundreds of programs)."""
+    CHUNK: tl.constexpr = 4096 // GROUPS
+    offs_p = tl.arange(0, CHUNK)[:, None]
+    offs_g = tl.arange(0, GROUPS)[None, :]
     best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for p in range(per_row):
-        best = tl.maximum(best, tl.load(partial_row + p * GROUPS + offs))
+    for p0 in range(0, per_row, CHUNK):
+        maxima = tl.load(partial_row + (p0 + offs_p) * GROUPS + offs_g, mask=p0 + offs_p < per_row, other=DEAD_C)
+        best = tl.maximum(best, tl.max(maxima, axis=0))
     return tl.min(best, axis=0)
 
 
@@ -295,7 +310,7 @@ def radix_count_kernel(
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     hist_row = hist_ptr + row * 4096
     if SECOND:
-        boundary = _boundary(hist_row, TOPK)[0]
+        boundary = _boundary(hist_row, TOPK)
     for c0 in range(first_col, last, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
@@ -305,6 +320,18 @@ def radix_count_kernel(
             _count_digits(hist_row + 2048, second, counted & (first == boundary), AGGREGATE)
         else:
             _count_digits(hist_row, first, counted, AGGREGATE)
+
+
+@triton.jit
+def _sure_and_tied(scores_ptr, c0, last, floor, b1, b2, BLOCK: tl.constexpr):
+    """(scores, columns, sure, tied) of the row's BLOCK columns from c0 (scores_ptr: the row's): the keys above the
+    boundary (b1, b2) and those in it at or above the floor."""
+    offs_c = c0 + tl.arange(0, BLOCK)
+    scores = tl.load(scores_ptr + offs_c, mask=offs_c < last, other=float("-inf"))
+    live, ordered, first, second = _digits(scores)
+    sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
+    tied = live & (first == b1) & (second == b2) & (ordered >= floor)
+    return scores, offs_c, sure, tied
 
 
 @triton.jit
@@ -323,26 +350,27 @@ def radix_collect_kernel(
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """Append the program's sure and boundary keys to the row's two lists: a block's slots in both lists by one
+    atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a: one atomic a
+    program after a counting pass was slower, 53 against 48 us at 64 x 65,536)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
+    row_scores = scores_ptr + row * score_stride
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
-    b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
-    b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]  # (b1 = -1: no second counts, b2 = -1)
+    b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
     for c0 in range(first_col, last, BLOCK):
-        offs_c = c0 + tl.arange(0, BLOCK)
-        scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, ordered, first, second = _digits(scores)
-        sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
-        tied = live & (first == b1) & (second == b2) & (ordered >= floor)
+        scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         n_sure = tl.sum(sure.to(tl.int32), axis=0)
         n_tied = tl.sum(tied.to(tl.int32), axis=0)
         if n_sure + n_tied > 0:  # both lists' next free slots by one atomic on the row's packed lengths
             taken = tl.atomic_add(counts_ptr + row, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+            next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+            next_tied = (taken >> 32).to(tl.int32)
             keys = _ordering_keys(scores, offs_c)
-            slot = (taken & 0xFFFFFFFF).to(tl.int32) + tl.cumsum(sure.to(tl.int32), 0) - 1
+            slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
             tl.store(sure_ptr + row * TOPK + slot, keys, mask=sure & (slot < TOPK))
-            slot = (taken >> 32).to(tl.int32) + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
+            slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
             tl.store(boundary_ptr + row * CAP + slot, keys, mask=tied & (slot < CAP))
 
 
@@ -390,8 +418,7 @@ def radix_finish_kernel(
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
         # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
         # it and, of those at it, the first in column order (keys of equal scores rank by column).
-        b1, above1 = _boundary(hist_ptr + row * 4096, TOPK)
-        b2 = _boundary(hist_ptr + row * 4096 + 2048, TOPK - above1)[0]
+        b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
         hi = lo + 1023
         while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi

@@ -47,8 +47,8 @@ ROUTE = dict(dense_route_bytes=1 << 30)  # LiteTopKTuning.dense_route_bytes: eve
 VARIANTS = {
     "scan": dict(tuning=dict(dense_route_bytes=0)),
     "dense route": dict(tuning=ROUTE),
-    "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
+    "route, a warp's digits by one atomic": dict(tuning=ROUTE, radix=dict(aggregate=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

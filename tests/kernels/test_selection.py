@@ -281,9 +281,11 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
         assert got == want, f"row {r}: floor {got}, the smallest group maximum {want}"
         kth = float(scores[r].topk(k).values[-1])
         live = int((scores[r] > NEG_INF).sum())
-        # ~1 - K^(-K / keys) of the keys reach the floor: 15 % of 20,000, 21 % of 14,000, 5 % of 65,536
+        # ~1 - K^(-K / keys) of the keys reach the floor: 15 % of 20,000, 21 % of 14,000, 5 % of 65,536; the floor
+        # is the smallest of K maxima, so its spread is wide: a third of 14,000 keys is passed on ~1 % of the draws,
+        # half on ~4e-6 (the chance that one of 512 maxima of 27 normal keys lies below their median)
         kept = int((scores[r] >= want).sum())
-        assert want <= kth and kept < live // 3, f"row {r}: floor {want}, K-th best {kth}, {kept} of {live} keys kept"
+        assert want <= kth and kept < live // 2, f"row {r}: floor {want}, K-th best {kth}, {kept} of {live} keys kept"
 
 
 def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
