@@ -45,20 +45,20 @@ a key below the floor is no answer. On normal scores ~K ln K keys of a row reach
 a group without a key (fewer than K keys in the row) leaves no floor. The histograms count only keys at or above
 the floor, which changes neither b1 nor b2 (the counts above the floor's digits are exact, and at its digits
 still reach the rank), and the boundary list keeps only those.
-Launches (rows x programs a row for the first four, each program a span of the row; RADIX_CONFIG):
-(1) each program's K group maxima (their smallest over the row's programs is read by the next launches), and the
-row's counters zeroed (no memset); (2) count the first digits of the keys at or above the floor into the row's
-histogram in global memory (one atomic a key; RADIX_CONFIG "aggregate": one a digit a warp, match.any.sync and
-popc in inline PTX); (3) count the second digits of those keys in b1 (each program finds b1 from the histogram
-itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
+Launches (rows x programs a row for the first four, each program a span of the row; RADIX_CONFIG): (1) each
+program's K group maxima (their smallest over the row's programs is read by the next launches), and the row's
+counters zeroed (no memset); (2) count the first digits of the keys at or above the floor into the row's histogram
+in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in inline PTX; RADIX_CONFIG
+"aggregate" False: one a key); (3) count the second digits of those keys in b1 (each program finds b1 from the
+histogram itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
 scratch lists (a 2,048-column block's slots in both by one atomic on the row's packed list lengths, then a prefix
-sum; boundary keys past CAP are counted, not stored); (5) a program a row: one tl.sort of
-the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP
-boundary keys agree in 22 bits of their scores (equal or near-equal scores); then the need-th best of them is
-found by bisection over the 10 bits left (10 passes over the row), and the keys above it plus the first ones at
-it in column order complete the row. GPU time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512)
-87 us (floor 9, counts 23, collect 48, finish 6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has
-its GPU tests; CI runs the kernels under the interpreter.
+sum; boundary keys past CAP are counted, not stored); (5) a program a row: one tl.sort of the sure keys (K) and one
+of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP boundary keys agree in 22 bits
+of their scores (equal or near-equal scores); then the need-th best of them is found by bisection over the 10 bits
+left (10 passes over the row), and the keys above it plus the first ones at it in column order complete the row. GPU
+time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512) 91 us (floor 9, counts 27, collect 48, finish
+6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has its GPU tests; CI runs the kernels under the
+interpreter.
 """
 
 from __future__ import annotations
@@ -167,10 +167,14 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
-#: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 125, finish 120 registers);
+#: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 111, finish 120 registers);
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
-#: only). A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=False)
+#: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a): on normal scores one a key is faster
+#: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
+#: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
+#: 1,106 against 674 at 128 x 65,536. The bounded worst case wins. A dict, so that a probe can set it
+#: (bench.probes.paged_variants); read at each call.
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True)
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection

@@ -48,7 +48,7 @@ VARIANTS = {
     "scan": dict(tuning=dict(dense_route_bytes=0)),
     "dense route": dict(tuning=ROUTE),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
-    "route, a warp's digits by one atomic": dict(tuning=ROUTE, radix=dict(aggregate=True)),
+    "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

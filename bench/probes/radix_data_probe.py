@@ -8,10 +8,12 @@ row's top keys all share their first digit (clustered or equal scores), the per-
 times both on such rows, so that the default is chosen on the data an engine can send, not only on normal scores.
 
 Data per row (float32, a row of `width` keys): "normal" (randn), "clustered" (randn x 0.01 + 4: the top keys in a
-few first digits), "equal" (every key the same score: one digit, every key ties, the bisection's case),
-"few distinct" (16 values: each digit's keys tie). Every answer is checked bit for bit against the torch selector
+few first digits), "equal" (every key the same score: one digit, every key ties, the bisection's case), "few
+distinct" (16 values: each digit's keys tie). Every answer is checked bit for bit against the torch selector
 (select_topk_dense(..., "torch")) before it is timed; timing: CUDA events around one call, 3 warm-up calls, the
-median of REPS. Prints a table, writes DIR/radix-data-probe-<card>.json.
+median of REPS: the host's launches and allocations included, so calls under ~300 us on the H100's host measure the
+host (its five launches from Python), not the GPU; rows of equal or few distinct scores are GPU-bound. Prints a
+table, writes DIR/radix-data-probe-<card>.json.
 
     python -m bench.probes.radix_data_probe --out DIR
 """
