@@ -6,9 +6,15 @@ an inference engine does on its hot path):
     ipc          TopKClient over the IPC channel (msgpack frames on ipc.sock)
     uds+out      TopKClient over HTTP on the Unix socket
     tcp+out      TopKClient over HTTP on TCP (bearer token)
-Measured: latency p50/p99 of sequential calls (the modes take turns call by call) and requests a
-second with 1 and 8 requests in flight (AsyncTopKClient over one connection; in-process: one
-runner, calls in sequence). Every answer is checked equal (torch.equal, every field) to in-process.
+Measured: latency p50/p99 of sequential calls and requests a second with 1 and 8 requests in flight
+(AsyncTopKClient over one connection; in-process: one runner, calls in sequence). Every answer is
+checked equal (torch.equal, every field) to in-process. The sequential calls come in blocks of BLOCK
+calls of one mode (an engine's worker sends a stream of calls over one transport), the modes taking
+turns block by block, so that drifting load hits all alike. Turns call by call (before 2026-12-06)
+put every ipc call right after an in-process one, GPU work of another process: ipc's `op` measured
+0.90 ms p50 on an H100 there against 0.68 for HTTP's, which followed another service call (the
+likely cause, the GPU's switch between the two processes' contexts, not measured apart). A block's
+first call still follows another mode's (in p99, not in p50).
 
 Shapes (K; rows x sequences x keys a sequence):
     decode64     64 x 1 x 65,536 (K=512)    one decode row each of 64 sequences
@@ -55,6 +61,7 @@ ITERS = {"decode64": {"cuda": 200, "cpu": 20}, "decode128": {"cuda": 200, "cpu":
 MODES = ("in-process", "ipc", "uds+out", "tcp+out")
 FIELDS = tuple(RESULT_FIELDS)  # every field written; the answers compared on ANSWER_FIELDS (candidates: a metric)
 CONCURRENCY = (1, 8)
+BLOCK = 20  # sequential calls of one mode in a row
 
 
 def batch_problem(sequences: int, rows_per_seq: int, keys: int, topk: int, seed: int, device: torch.device):
@@ -204,13 +211,15 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
         if not equal[mode]:
             print(f"!! {name}/{mode}: the service answer differs from in-process", file=sys.stderr)
     seconds = {mode: [] for mode in calls}
-    for i in range(iters + 2):  # two warm-up rounds
+    warm = 2  # each mode's first calls: not timed
+    for first in range(0, iters + warm, BLOCK):  # each mode's calls in blocks, the modes taking turns (docstring)
         for mode, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            if i >= 2:
-                seconds[mode].append(time.perf_counter() - start)
+            for i in range(first, min(first + BLOCK, iters + warm)):
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                if i >= warm:
+                    seconds[mode].append(time.perf_counter() - start)
     for client in reversed(clients):
         client.close()
     out = {"shape": {"sequences": sequences, "rows": rows, "keys": keys, "topk": topk}, "modes": {}}
