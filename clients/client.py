@@ -48,7 +48,7 @@ from litetopk.service.wire import (
 )
 
 from .errors import ProtocolError, RegionProblem, TopKClientError, TransportError, problem_error
-from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, PackedBody, reachable
+from .ipc import AsyncIpcChannel, IpcChannel, IpcResponse, PackedBody, http_arguments, reachable
 from .memfd import FD_SOCKET_NAME, HandoverError, SealedMemory, hand_over_fd
 from .regions import Region, RegionSlice, export, owner_fields, release_export, resolve_owner_pid
 from .transport import (
@@ -567,7 +567,9 @@ class TopKClient(_ClientBase):
     def _call(self, method: str, path: str, kwargs: dict):
         """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
         try:
-            return (self._ipc or self._http).request(method, path, **kwargs)
+            if self._ipc is not None:
+                return self._ipc.request(method, path, **kwargs)
+            return self._http.request(method, path, **http_arguments(kwargs))
         except httpx.TransportError as exc:
             raise transport_error(self.endpoint, exc) from exc
 
@@ -689,6 +691,8 @@ class AsyncTopKClient(_ClientBase):
         """One call on the client's channel (IPC, else HTTP), httpx's transport errors translated."""
         channel = self._ipc or await self._channel()
         try:
+            if channel is self._http:
+                return await channel.request(method, path, **http_arguments(kwargs))
             return await channel.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise transport_error(self.endpoint, exc) from exc

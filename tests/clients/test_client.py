@@ -27,6 +27,7 @@ from litetopk.clients import (
     UnavailableProblem,
 )
 from litetopk.clients.errors import problem_error
+from litetopk.clients.ipc import PackedBody, http_arguments
 from litetopk.clients.transport import resolve_endpoint
 from litetopk.kernels import RowFaultError, litetopk_prefill
 from tests.problems import make_problem, results_equal
@@ -343,13 +344,14 @@ async def test_async_client_takes_aiter_cache_format(service, problem):
     assert results_equal(got, reference(problem)) == []
 
 
-def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem):
-    """A planned call (every tensor a region) reads the regions' contents as they are at each call, and
-    a region the service forgot (unregistered by another client of the principal) is refused, as an
-    unplanned call naming it is."""
+@pytest.mark.parametrize("transport", ["ipc", "http"])
+def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem, transport):
+    """A planned call (every tensor a region; its body encoded once, msgpack for IPC, JSON for HTTP) reads
+    the regions' contents as they are at each call, and a region the service forgot (unregistered by
+    another client of the principal) is refused, as an unplanned call naming it is."""
     other = make_problem(43, seq_lens=[700, 690], rows_per_seq=4)
     rows = problem.q_fp4.shape[0]
-    with TopKClient(uds=service.uds) as owner, TopKClient(uds=service.uds) as client:
+    with TopKClient(uds=service.uds) as owner, TopKClient(uds=service.uds, transport=transport) as client:
         regions = [owner.register(t.clone(), access="read_only") for t in problem.args()]
         out = {"values": owner.register(torch.empty(rows, 512)), "status": owner.register(torch.empty(rows).int())}
         for p in (problem, other, problem):
@@ -364,6 +366,22 @@ def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem)
         assert err.value.code == "stale_region" and out["values"].id in err.value.detail, err.value
         out["values"] = owner.register(torch.empty(rows, 512))
         assert results_equal(client.topk(*regions, topk=512, out=out), reference(problem)) == []
+
+
+def test_a_plans_body_goes_over_http_as_httpx_encodes_it():
+    """A kept plan's body (PackedBody) is sent over HTTP as the JSON bytes httpx makes of a `json=` dict,
+    with the call's other headers kept; a body that is not a plan's is left to httpx."""
+    body = {"topk": 512, "weight_scale": 0.125, "inputs": {"q_fp4": {"region": "r-1", "offset": 0}}, "name": "é"}
+    packed = PackedBody(body)
+    want = httpx.Request("POST", "http://x/v1/topk", json=body)
+    got = http_arguments({"json": packed, "headers": {"accept": "application/json"}})
+    assert got["content"] == want.content, (got["content"], want.content)
+    assert got["headers"] == {"accept": "application/json", "content-type": "application/json"}
+    assert "json" not in got and packed.json_bytes() is got["content"], "encoded once"
+    plain = {"json": body}
+    assert http_arguments(plain) is plain
+    with pytest.raises(ValueError):  # as httpx refuses a NaN
+        PackedBody({"weight_scale": float("nan")}).json_bytes()
 
 
 @pytest.mark.asyncio
