@@ -172,9 +172,10 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a): on normal scores one a key is faster
 #: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
 #: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
-#: 1,106 against 674 at 128 x 65,536. The bounded worst case wins. A dict, so that a probe can set it
+#: 1,106 against 674 at 128 x 65,536. The bounded worst case wins. `alone`: the five launches' work in one, a
+#: program a row (radix_select_row_kernel). A dict, so that a probe can set it
 #: (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True)
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False)
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -261,6 +262,37 @@ def _floor(partial_row, per_row, GROUPS: tl.constexpr):
 
 
 @triton.jit
+def _group_maxima(row_scores, first_col, last, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+    """int32 [GROUPS]: the largest ordered score of each strided group (the column modulo GROUPS) among the row's
+    columns [first_col, last) (first_col and BLOCK multiples of GROUPS); DEAD where a group has no key there."""
+    offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
+    best = tl.full([GROUPS], DEAD_C, tl.int32)
+    for c0 in range(first_col, last, BLOCK):
+        cols = c0 + offs
+        scores = tl.load(row_scores + cols, mask=cols < last, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
+    return best
+
+
+@triton.jit
+def _count_span(
+    row_scores, first_col, last, floor, hist_row, b1, BLOCK: tl.constexpr, AGGREGATE: tl.constexpr, SECOND: tl.constexpr
+):
+    """Count the digits of the row's keys in [first_col, last) at or above `floor` into its histograms: the first
+    digits (SECOND = False), or the second digits of those whose first digit is b1."""
+    for c0 in range(first_col, last, BLOCK):
+        offs_c = c0 + tl.arange(0, BLOCK)
+        scores = tl.load(row_scores + offs_c, mask=offs_c < last, other=float("-inf"))
+        live, ordered, first, second = _digits(scores)
+        counted = live & (ordered >= floor)
+        if SECOND:
+            _count_digits(hist_row + 2048, second, counted & (first == b1), AGGREGATE)
+        else:
+            _count_digits(hist_row, first, counted, AGGREGATE)
+
+
+@triton.jit
 def radix_floor_kernel(
     scores_ptr,
     score_stride,
@@ -278,13 +310,7 @@ def radix_floor_kernel(
     program = tl.program_id(1)
     first_col = program * span
     last = tl.minimum(first_col + span, width)
-    offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
-    best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for c0 in range(first_col, last, BLOCK):  # (span and BLOCK are multiples of GROUPS: a column's group is c % GROUPS)
-        cols = c0 + offs
-        scores = tl.load(scores_ptr + row * score_stride + cols, mask=cols < last, other=float("-inf"))
-        live, ordered, _, _ = _digits(scores)
-        best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
+    best = _group_maxima(scores_ptr + row * score_stride, first_col, last, GROUPS, BLOCK)
     tl.store(partial_ptr + (row * tl.num_programs(1) + program) * GROUPS + tl.arange(0, GROUPS), best)
     if program == 0:
         offs_h = tl.arange(0, 4096)
@@ -313,17 +339,8 @@ def radix_count_kernel(
     last = tl.minimum(first_col + span, width)
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     hist_row = hist_ptr + row * 4096
-    if SECOND:
-        boundary = _boundary(hist_row, TOPK)
-    for c0 in range(first_col, last, BLOCK):
-        offs_c = c0 + tl.arange(0, BLOCK)
-        scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, ordered, first, second = _digits(scores)
-        counted = live & (ordered >= floor)
-        if SECOND:
-            _count_digits(hist_row + 2048, second, counted & (first == boundary), AGGREGATE)
-        else:
-            _count_digits(hist_row, first, counted, AGGREGATE)
+    b1 = _boundary(hist_row, TOPK) if SECOND else -1
+    _count_span(scores_ptr + row * score_stride, first_col, last, floor, hist_row, b1, BLOCK, AGGREGATE, SECOND)
 
 
 @triton.jit
@@ -360,22 +377,66 @@ def radix_collect_kernel(
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
-    row_scores = scores_ptr + row * score_stride
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
+    _collect_span(
+        scores_ptr + row * score_stride,
+        first_col,
+        last,
+        floor,
+        b1,
+        b2,
+        sure_ptr + row * TOPK,
+        boundary_ptr + row * CAP,
+        counts_ptr + row,
+        TOPK,
+        CAP,
+        BLOCK,
+        False,
+    )
+
+
+@triton.jit
+def _collect_span(
+    row_scores,
+    first_col,
+    last,
+    floor,
+    b1,
+    b2,
+    sure_row,
+    boundary_row,
+    count_ptr,
+    TOPK: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ALONE: tl.constexpr,
+):
+    """Append the row's sure and boundary keys in [first_col, last) to its two lists; (sure, boundary) keys seen.
+    A block's slots in both lists: ALONE (one program a row) after the keys it appended before; else by one atomic
+    on the row's packed lengths at count_ptr (zeroed), then a prefix sum."""
+    seen_sure = tl.zeros([], tl.int32)
+    seen_tied = tl.zeros([], tl.int32)
     for c0 in range(first_col, last, BLOCK):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         n_sure = tl.sum(sure.to(tl.int32), axis=0)
         n_tied = tl.sum(tied.to(tl.int32), axis=0)
-        if n_sure + n_tied > 0:  # both lists' next free slots by one atomic on the row's packed lengths
-            taken = tl.atomic_add(counts_ptr + row, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
-            next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
-            next_tied = (taken >> 32).to(tl.int32)
+        if n_sure + n_tied > 0:
+            if ALONE:
+                next_sure = seen_sure
+                next_tied = seen_tied
+            else:  # both lists' next free slots by one atomic on the row's packed lengths
+                taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+                next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+                next_tied = (taken >> 32).to(tl.int32)
             keys = _ordering_keys(scores, offs_c)
             slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
-            tl.store(sure_ptr + row * TOPK + slot, keys, mask=sure & (slot < TOPK))
+            tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
             slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
-            tl.store(boundary_ptr + row * CAP + slot, keys, mask=tied & (slot < CAP))
+            tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
+            seen_sure += n_sure
+            seen_tied += n_tied
+    return seen_sure, seen_tied
 
 
 @triton.jit
@@ -403,17 +464,47 @@ def radix_finish_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    out_row = out_ptr + row * out_stride
     counts = tl.load(counts_ptr + row)
-    n_sure = tl.minimum((counts & 0xFFFFFFFF).to(tl.int32), TOPK)
-    n_tied = (counts >> 32).to(tl.int32)
+    _finish_row(
+        scores_ptr + row * score_stride,
+        width,
+        hist_ptr + row * 4096,
+        sure_ptr + row * TOPK,
+        boundary_ptr + row * CAP,
+        (counts & 0xFFFFFFFF).to(tl.int32),
+        (counts >> 32).to(tl.int32),
+        out_ptr + row * out_stride,
+        TOPK,
+        CAP,
+        SMALL,
+        BLOCK,
+    )
+
+
+@triton.jit
+def _finish_row(
+    row_scores,
+    width,
+    hist_row,
+    sure_row,
+    boundary_row,
+    seen_sure,
+    n_tied,
+    out_row,
+    TOPK: tl.constexpr,
+    CAP: tl.constexpr,
+    SMALL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Write a row's answer (every one of its TOPK slots) from its lists: the sure keys sorted, then the best `need`
+    of the boundary keys (seen_sure, n_tied: the keys appended to each list, those past CAP counted only)."""
+    n_sure = tl.minimum(seen_sure, TOPK)
     need = TOPK - n_sure
     # the sure keys rank above every boundary key: sorted, they lead the row
-    _store_sorted(sure_ptr + row * TOPK, n_sure, out_row, n_sure, TOPK)
+    _store_sorted(sure_row, n_sure, out_row, n_sure, TOPK)
     # Fewer than K keys in the row (no boundary digit): NO_KEY after them (the sorts below write at most SMALL)
     offs_k = tl.arange(0, TOPK)
     tl.store(out_row + offs_k, NO_KEY_C, mask=offs_k >= n_sure + tl.minimum(n_tied, need))
-    boundary_row = boundary_ptr + row * CAP
     if n_tied <= SMALL:
         _store_sorted(boundary_row, n_tied, out_row + n_sure, need, SMALL)
     elif n_tied <= CAP:
@@ -422,7 +513,7 @@ def radix_finish_kernel(
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
         # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
         # it and, of those at it, the first in column order (keys of equal scores rank by column).
-        b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
+        b1, b2 = _boundaries(hist_row, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
         hi = lo + 1023
         while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi
@@ -430,7 +521,7 @@ def radix_finish_kernel(
             count = tl.zeros([], tl.int32)
             for c0 in range(0, width, BLOCK):
                 offs_c = c0 + tl.arange(0, BLOCK)
-                scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
+                scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
                 live, ordered, first, second = _digits(scores)
                 count += tl.sum((live & (first == b1) & (second == b2) & (ordered >= mid)).to(tl.int32), axis=0)
             if count >= need:
@@ -440,14 +531,14 @@ def radix_finish_kernel(
         above_lo = tl.zeros([], tl.int32)  # the boundary keys scoring above lo: all taken (fewer than need)
         for c0 in range(0, width, BLOCK):
             offs_c = c0 + tl.arange(0, BLOCK)
-            scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
+            scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
             live, ordered, first, second = _digits(scores)
             above_lo += tl.sum((live & (first == b1) & (second == b2) & (ordered > lo)).to(tl.int32), axis=0)
         at_seen = tl.zeros([], tl.int32)  # then those at lo, in column order, up to `need` in all
         slots = tl.zeros([], tl.int32)
         for c0 in range(0, width, BLOCK):
             offs_c = c0 + tl.arange(0, BLOCK)
-            scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < width, other=float("-inf"))
+            scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
             live, ordered, first, second = _digits(scores)
             bucket = live & (first == b1) & (second == b2)
             at = bucket & (ordered == lo)
@@ -458,6 +549,59 @@ def radix_finish_kernel(
             slots += tl.sum(keep.to(tl.int32), axis=0)
         tl.debug_barrier()  # the keys stored above are read back below
         _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
+
+
+@triton.jit
+def radix_select_row_kernel(
+    scores_ptr,
+    score_stride,
+    width,
+    hist_ptr,
+    sure_ptr,
+    boundary_ptr,
+    out_ptr,
+    out_stride,
+    TOPK: tl.constexpr,
+    CAP: tl.constexpr,
+    SMALL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    AGGREGATE: tl.constexpr,
+):
+    """The five launches' work in one, a program a row (RADIX_CONFIG "alone"): the floor, both counts, the lists
+    and the answer, one after the other over the row's columns, a barrier between them (the histograms' atomics
+    and the lists' stores are read by the program's other threads after it). Its lists' slots need no atomic."""
+    row = tl.program_id(0).to(tl.int64)
+    row_scores = scores_ptr + row * score_stride
+    hist_row = hist_ptr + row * 4096
+    sure_row = sure_ptr + row * TOPK
+    boundary_row = boundary_ptr + row * CAP
+    floor = tl.min(_group_maxima(row_scores, 0, width, TOPK, BLOCK), axis=0)
+    tl.store(hist_row + tl.arange(0, 4096), tl.zeros([4096], tl.int32))
+    tl.debug_barrier()
+    _count_span(row_scores, 0, width, floor, hist_row, -1, BLOCK, AGGREGATE, False)
+    tl.debug_barrier()
+    b1 = _boundary(hist_row, TOPK)
+    _count_span(row_scores, 0, width, floor, hist_row, b1, BLOCK, AGGREGATE, True)
+    tl.debug_barrier()
+    b1, b2 = _boundaries(hist_row, TOPK)
+    seen_sure, seen_tied = _collect_span(
+        row_scores, 0, width, floor, b1, b2, sure_row, boundary_row, hist_row, TOPK, CAP, BLOCK, True
+    )
+    tl.debug_barrier()
+    _finish_row(
+        row_scores,
+        width,
+        hist_row,
+        sure_row,
+        boundary_row,
+        seen_sure,
+        seen_tied,
+        out_ptr + row * out_stride,
+        TOPK,
+        CAP,
+        SMALL,
+        BLOCK,
+    )
 
 
 def radix_spans(rows: int, width: int) -> tuple[int, int]:
@@ -512,6 +656,24 @@ def select_topk_radix(
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     warps = config["warps"]
+    if config["alone"]:
+        radix_select_row_kernel[(rows,)](
+            scores,
+            stride,
+            width,
+            hist,
+            sure,
+            boundary,
+            out,
+            out.stride(0),
+            TOPK=k,
+            CAP=cap,
+            SMALL=small,
+            BLOCK=RADIX_BLOCK,
+            AGGREGATE=aggregate,
+            num_warps=warps,
+        )
+        return out
     radix_floor_kernel[grid](
         scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, num_warps=warps
     )

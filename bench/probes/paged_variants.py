@@ -49,6 +49,7 @@ VARIANTS = {
     "dense route": dict(tuning=ROUTE),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
+    "route, a program a row": dict(tuning=ROUTE, radix=dict(alone=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)
@@ -103,7 +104,7 @@ def _timed(call, reps: int, candidates: float, equal: bool) -> dict:
     )
 
 
-def probe_shape(shape: str, reps: int) -> dict:
+def probe_shape(shape: str, reps: int, names: list[str], dense: bool) -> dict:
     batch, next_n, keys, topk = (int(x) for x in shape.split("x"))
     lengths = [keys] * batch
     cache, block_table = paged_random_cache(lengths, seed=7, device="cuda")
@@ -114,7 +115,8 @@ def probe_shape(shape: str, reps: int) -> dict:
     production = _production_settings(backend)
     try:
         with registry.backend_instance("triton", backend):
-            for name, variant in VARIANTS.items():
+            for name in names:
+                variant = VARIANTS[name]
                 _apply(variant, production, backend)
                 tuning = LiteTopKTuning(**variant.get("tuning", {}))
 
@@ -130,7 +132,7 @@ def probe_shape(shape: str, reps: int) -> dict:
             # the dense path at the production settings (its scoring is the paged kernel's dense mode): what a
             # decode call costs with the score matrix written and a value top-k over it
             _apply({}, production, backend)
-            for selector in DENSE_SELECTORS:
+            for selector in DENSE_SELECTORS if dense else ():
 
                 def dense_call(selector=selector):
                     return dense_topk_prefill(*args, topk=topk, backend="triton", selector=selector)
@@ -152,6 +154,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), help="BxNxKEYSxK")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="the first: the reference"
+    )
+    parser.add_argument("--no-dense", action="store_true", help="leave out the dense path's selectors")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -159,7 +165,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device)
     path = os.path.join(args.out, f"paged-variants-{name.split()[1].lower() if ' ' in name else 'gpu'}.json")
     for shape in args.shapes:
-        report["shapes"].append(probe_shape(shape, args.reps))
+        report["shapes"].append(probe_shape(shape, args.reps, args.variants, not args.no_dense))
         with open(path, "w") as f:
             json.dump(report, f, indent=1, default=str)
     print(f"wrote {path}")

@@ -167,6 +167,10 @@ KERNELS = {
         dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
+    dense_selection.radix_select_row_kernel: (
+        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True),
+        dict(scores_ptr="*fp32", hist_ptr="*i32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
+    ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
         dict(TOPK=512, PAGE=64, INVALID_PAGE=2, SLOT_OVERFLOW=8, REPAIRS=False, WINDOWS=True),
         dict(keys_ptr="*i64", values_ptr="*fp32"),

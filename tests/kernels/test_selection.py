@@ -14,7 +14,7 @@ import torch
 
 from litetopk.kernels import BackendUnavailableError, InputError, RowStatus
 from litetopk.kernels.assembly import assemble_result
-from litetopk.kernels.dense_selection import select_topk_dense, select_topk_radix
+from litetopk.kernels.dense_selection import RADIX_CONFIG, select_topk_dense, select_topk_radix
 from litetopk.kernels.keys import NO_KEY, kth_key, make_keys, select_topk_keys, split_keys
 
 NEG_INF = float("-inf")
@@ -202,20 +202,29 @@ def test_select_topk_dense_is_exact(case, seed):
         assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
 
 
+#: the radix selector's two forms (RADIX_CONFIG "alone"): five launches over programs splitting each row, or one
+#: launch of a program a row
+FORMS = {"five launches": False, "a program a row": True}
+
+
 @pytest.mark.interpret
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case", list(DENSE_CASES))
-def test_the_radix_selector_equals_the_torch_selector(case, seed):
+def test_the_radix_selector_equals_the_torch_selector(case, form, seed, monkeypatch):
     """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
-    gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each warp's equal digits
-    counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are poisoned -inf where no
-    case entry lies, so a key read past a row's width would show."""
+    gives the torch selector's keys bit for bit on every dense case, in both forms: on a GPU compiled, with each
+    warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
+    poisoned -inf where no case entry lies, so a key read past a row's width would show."""
+    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
     c = DENSE_CASES[case]
     scores = torch.from_numpy(dense_case_scores(c, seed))
     want = select_topk_dense(scores, c["k"])
     padded = torch.full((c["rows"], c["width"] + 64), NEG_INF)
     padded[:, : c["width"]] = scores
     got = select_topk_radix(padded[:, : c["width"]].to(DEVICE), c["k"]).cpu()
-    assert torch.equal(got, want), f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+    assert torch.equal(got, want), (
+        f"{case}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+    )
 
 
 #: score rows whose K-th best shares its first or both digits with many keys (select_topk_radix's boundary)
@@ -227,19 +236,21 @@ CLUSTERED = {
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case", list(CLUSTERED))
 @pytest.mark.parametrize("cap", [None, 512])
-def test_the_radix_selector_on_clustered_scores(case, cap, seed):
+def test_the_radix_selector_on_clustered_scores(case, cap, form, seed, monkeypatch):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
-    bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
+    bisection over the last 10 bits and the column order of equal scores (_finish_row's last branch)."""
+    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
     gen = np.random.default_rng(seed)
     scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
     scores[1, 2500:] = NEG_INF
     got = select_topk_radix(scores.to(DEVICE), 512, cap=cap).cpu()
     want = select_topk_dense(scores, 512)
     assert torch.equal(got, want), (
-        f"{case}, cap {cap}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, cap {cap}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -324,17 +335,19 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
-def test_the_radix_selector_at_decode_sizes(rows, width, k, seed):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, form, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
-    the GPU: the radix selector equals the torch selector bit for bit."""
+    the GPU: the radix selector equals the torch selector bit for bit, in both forms."""
+    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
     scores[:, ::97] = 1.5  # ties
     scores[::2] = scores[::2] * 0.01 + 4.0  # every other row clustered: many keys share the boundary's first digit
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
-    assert torch.equal(select_topk_radix(scores, k), select_topk_dense(scores, k)), f"{rows}x{width} K={k}"
+    assert torch.equal(select_topk_radix(scores, k), select_topk_dense(scores, k)), f"{rows}x{width} K={k}, {form}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
