@@ -10,7 +10,7 @@ Measured: latency p50/p99 of sequential calls and requests a second with 1 and 8
 (AsyncTopKClient over one connection; in-process: one runner, calls in sequence). Every answer is
 checked equal (torch.equal, every field) to in-process. The sequential calls come in blocks of BLOCK
 calls of one mode (an engine's worker sends a stream of calls over one transport), the modes taking
-turns block by block, so that drifting load hits all alike. Turns call by call (before 2026-12-06)
+turns block by block, so that drifting load hits all alike. Turns call by call (before 3ebba96)
 put every ipc call right after an in-process one, GPU work of another process: ipc's `op` measured
 0.90 ms p50 on an H100 there against 0.68 for HTTP's, which followed another service call (the
 likely cause, the GPU's switch between the two processes' contexts, not measured apart). A block's
@@ -167,8 +167,8 @@ async def concurrent_throughput(endpoint: dict, args, kwargs, want, requests: in
 
 
 def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_ns) -> dict:
-    """Every mode timed in turn, call by call (round robin), so that drifting load on the machine
-    weighs on all modes alike; then the throughput of each mode with 1 and 8 in flight."""
+    """Every mode timed in blocks of BLOCK calls, the modes taking turns block by block, so that drifting
+    load on the machine weighs on all modes alike; then the throughput of each mode with 1 and 8 in flight."""
     sequences, rows_per_seq, keys, topk = (SHAPES if device.type == "cuda" else CPU_SHAPES)[name]
     iters = args_ns.iters or ITERS[name][device.type]
     args, kwargs = batch_problem(sequences, rows_per_seq, keys, topk, seed=7, device=device)
@@ -379,6 +379,7 @@ def main(argv=None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
         "run": run_info(device, sys.argv[1:] if argv is None else argv, "bench.service"),  # commit, card
         "concurrency": list(CONCURRENCY),
+        "block": BLOCK,  # sequential calls of one mode in a row (the modes take turns block by block)
         "cpu_count": os.cpu_count(),
         "load_average_start": os.getloadavg(),
         "shapes": {},

@@ -18,8 +18,9 @@ minus the service's total is transport + client.
     python3 -m bench.service_overhead --real                   # the real operator
 
 Modes: ipc (the IPC channel), uds (HTTP over the Unix socket), tcp (HTTP over TCP); inputs in
-registered regions, results into caller regions (an engine's hot path). Writes
-<out>/service-overhead-<device>.json.
+registered regions, results into caller regions (an engine's hot path). Each mode's calls come in
+blocks of --block, the modes taking turns block by block. Writes <out>/service-overhead-<device>[-real]
+[-gap<ms>ms].json.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("--keys", type=int, default=4096, help="compressed keys a sequence (the mock ignores them)")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--block", type=int, default=20, help="calls of one mode in a row before the next mode's")
+    parser.add_argument(
+        "--block", type=int, default=20, help="calls of one mode in a row before the next mode's (at least 1)"
+    )
     parser.add_argument(
         "--gap-ms",
         type=float,
@@ -115,6 +118,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", default=str(RESULTS_DIR))
     args = parser.parse_args(argv)
+    if args.block < 1 or args.iters < 1:
+        parser.error(f"--block {args.block} and --iters {args.iters} must be at least 1")
     device = torch.device(args.device)
     sequences = args.rows if args.rows <= 256 else 1  # a decode batch (one row a sequence) or a prefill chunk
     call, kwargs = batch_problem(sequences, args.rows // sequences, args.keys, 512, seed=7, device=device)
@@ -155,7 +160,8 @@ def main(argv=None) -> int:
             # each mode's calls come in blocks of --block in a row, as an engine's worker sends its stream over one
             # transport; the modes take turns block by block (drifting load hits all alike). Turns call by call put
             # each request behind another transport's, whose tail work (uvicorn's after the client has its answer)
-            # then shares the 2 cores: ipc 0.111 ms p50 in blocks against 0.198 call by call (bench/JOURNAL.md 21b)
+            # then shares the 2 cores: on our 2-core VM ipc 0.074 ms p50 in blocks against 0.198 call by call
+            # (bench/results/service-overhead/cpu-session21-blocks.json; bench/JOURNAL.md 21d)
             warm = 20
             for first in range(0, args.iters + warm, args.block):
                 for mode, client in clients.items():

@@ -59,6 +59,10 @@ left (10 passes over the row), and the keys above it plus the first ones at it i
 time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512) 91 us (floor 9, counts 27, collect 48, finish
 6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has its GPU tests; CI runs the kernels under the
 interpreter.
+One launch instead (RADIX_CONFIG "alone", radix_select_row_kernel; built, not yet measured): a program a row does
+the five steps in turn over the whole row, a barrier between them (its threads read what the others counted and
+stored), the floor from its own maxima and its lists' slots from running counts (no atomic). The same span helpers
+(_group_maxima, _count_span, _collect_span, _finish_row) serve both forms.
 """
 
 from __future__ import annotations
@@ -172,10 +176,13 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a): on normal scores one a key is faster
 #: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
 #: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
-#: 1,106 against 674 at 128 x 65,536. The bounded worst case wins. `alone`: the five launches' work in one, a
+#: 1,106 against 674 at 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a
 #: program a row (radix_select_row_kernel). A dict, so that a probe can set it
 #: (bench.probes.paged_variants); read at each call.
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False)
+#: ptxas's register cap (maxnreg) of radix_select_row_kernel at 8 warps: left to itself ptxas takes 128 and spills
+#: 32 bytes; at 168 no stack and one program an SM (offline sm_90, compile/sm90_glue.py)
+RADIX_ROW_MAX_REGISTERS = 168
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -585,7 +592,19 @@ def radix_select_row_kernel(
     tl.debug_barrier()
     b1, b2 = _boundaries(hist_row, TOPK)
     seen_sure, seen_tied = _collect_span(
-        row_scores, 0, width, floor, b1, b2, sure_row, boundary_row, hist_row, TOPK, CAP, BLOCK, True
+        row_scores,
+        0,
+        width,
+        floor,
+        b1,
+        b2,
+        sure_row,
+        boundary_row,
+        None,
+        TOPK,
+        CAP,
+        BLOCK,
+        True,  # (no lengths)
     )
     tl.debug_barrier()
     _finish_row(
@@ -620,14 +639,15 @@ def select_topk_radix(
     cap: int | None = None,
     scratch: Scratch | None = None,
 ):
-    """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float
-    dtypes are converted) whose column is the position (-inf and NaN entries are no key), sorted descending,
-    NO_KEY padded; the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row
-    with one publishes nothing, module docstring). Five launches and no memset, no host synchronization (module
-    docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits
-    with one atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the
-    boundary keys one sort ranks (tests force the bisection with cap = k). The answer and the scratch lists come
-    from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
+    """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float dtypes
+    are converted) whose column is the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded;
+    the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one
+    publishes nothing, module docstring). Five launches (RADIX_CONFIG "alone": one, a program a row) and no memset,
+    no host synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on
+    CUDA) counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default
+    BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort ranks (tests force the bisection with cap =
+    k). The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's
+    dense route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
         raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")
@@ -645,18 +665,13 @@ def select_topk_radix(
     aggregate = config["aggregate"] and scores.device.type == "cuda" if aggregate is None else aggregate
     per_row, span = radix_spans(rows, width)
     grid = (rows, per_row)
-    # no memset: the floor's launch zeroes the counters, the finishing launch writes every slot of the answer
-    # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
-    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys
-    partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
-    partial = partial.view(rows, per_row, k)
+    # no memset: the first launch zeroes the counters, the finishing part writes every slot of the answer
     hist = scratch.empty((rows, 2, RADIX_BINS), torch.int32)
-    counts = scratch.empty((rows,), torch.int64)
     sure = scratch.empty((rows, k), torch.int64)
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     warps = config["warps"]
-    if config["alone"]:
+    if config["alone"]:  # one launch, a program a row: no floor maxima a program, no list lengths in memory
         radix_select_row_kernel[(rows,)](
             scores,
             stride,
@@ -672,8 +687,14 @@ def select_topk_radix(
             BLOCK=RADIX_BLOCK,
             AGGREGATE=aggregate,
             num_warps=warps,
+            maxnreg=RADIX_ROW_MAX_REGISTERS,
         )
         return out
+    # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
+    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys
+    partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
+    partial = partial.view(rows, per_row, k)
+    counts = scratch.empty((rows,), torch.int64)
     radix_floor_kernel[grid](
         scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, num_warps=warps
     )

@@ -1,7 +1,8 @@
 """Device probe: the paged mode's tuning choices side by side in one process on the same inputs, each
-checked bit for bit against the first: the calibration sample's size and the candidate selection's launch
-at decode sizes (selection.DECODE_CONFIG), the scan's threshold refresh, and the Gluon kernel's variants
-(GLUON_PAGED_OPTIONS).
+checked bit for bit against the first: LiteTopK's dense route against the scan (LiteTopKTuning), the radix
+selector's forms (dense_selection.RADIX_CONFIG), the calibration sample's size and the candidate selection's
+launch at decode sizes (selection.DECODE_CONFIG), the scan's threshold refresh, and the Gluon kernel's variants
+(GLUON_PAGED_OPTIONS); `--variants` picks some.
 
 For each decode shape (sequences x rows x C4 keys, K) and each variant: LiteTopK calls in
 TritonBackend(paged="always") (Gluon kernel), after a warm-up; per call the GPU busy time and the scoring
@@ -138,9 +139,9 @@ def probe_shape(shape: str, reps: int, names: list[str], dense: bool) -> dict:
                     return dense_topk_prefill(*args, topk=topk, backend="triton", selector=selector)
 
                 name = f"dense path, {selector}"
-                dense = dense_call()
+                answer = dense_call()
                 torch.cuda.synchronize()
-                equal = all(torch.equal(getattr(dense, f), getattr(first, f)) for f in FIELDS)
+                equal = all(torch.equal(getattr(answer, f), getattr(first, f)) for f in FIELDS)
                 record[name] = _timed(dense_call, reps, 0.0, equal)
                 _print_row(shape, name, record[name], equal)
     finally:
@@ -161,7 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     args = parser.parse_args(argv)
     device = torch.device("cuda")
-    report = dict(run_info(device, sys.argv, "bench.probes.paged_variants"), variants=VARIANTS, shapes=[])
+    chosen = {name: VARIANTS[name] for name in args.variants}
+    report = dict(run_info(device, sys.argv, "bench.probes.paged_variants"), variants=chosen, shapes=[])
     name = torch.cuda.get_device_name(device)
     path = os.path.join(args.out, f"paged-variants-{name.split()[1].lower() if ' ' in name else 'gpu'}.json")
     for shape in args.shapes:

@@ -215,7 +215,10 @@ NUM_WARPS = {
     dense_selection.radix_count_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_collect_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_finish_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_select_row_kernel: dense_selection.RADIX_CONFIG["warps"],
 }
+#: kernels launched with a register cap (maxnreg)
+MAX_REGISTERS = {dense_selection.radix_select_row_kernel: dense_selection.RADIX_ROW_MAX_REGISTERS}
 
 
 def argument_types(kernel, constants: dict, types: dict) -> dict:
@@ -237,6 +240,8 @@ def main(out_dir: str) -> int:
         name = kernel.fn.__name__
         path = os.path.join(out_dir, name)
         options = dict(num_warps=NUM_WARPS.get(kernel, 4))
+        if kernel in MAX_REGISTERS:
+            options["maxnreg"] = MAX_REGISTERS[kernel]
         compile_sm90(kernel, argument_types(kernel, constants, types), constants, options, path)
         summary[name] = resource_usage(path)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:

@@ -352,6 +352,7 @@ def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem,
     other = make_problem(43, seq_lens=[700, 690], rows_per_seq=4)
     rows = problem.q_fp4.shape[0]
     with TopKClient(uds=service.uds) as owner, TopKClient(uds=service.uds, transport=transport) as client:
+        sent = _record_http_bodies(client._http)
         regions = [owner.register(t.clone(), access="read_only") for t in problem.args()]
         out = {"values": owner.register(torch.empty(rows, 512)), "status": owner.register(torch.empty(rows).int())}
         for p in (problem, other, problem):
@@ -360,6 +361,8 @@ def test_planned_calls_read_their_regions_anew_and_follow_them(service, problem,
             got = client.topk(*regions, topk=512, out=out)
             assert results_equal(got, reference(p)) == [] and got.values is out["values"].tensor
         assert len(client._flows._plans) == 1
+        if transport == "http":
+            assert sent[1:] == ["content", "content"], f"planned calls sent {sent}"
         owner.unregister(out["values"])
         with pytest.raises(RegionProblem) as err:
             client.topk(*regions, topk=512, out=out)
@@ -385,12 +388,14 @@ def test_a_plans_body_goes_over_http_as_httpx_encodes_it():
 
 
 @pytest.mark.asyncio
-async def test_async_planned_calls_in_flight_together(service, problem):
+@pytest.mark.parametrize("transport", ["ipc", "http"])
+async def test_async_planned_calls_in_flight_together(service, problem, transport):
     """The async client's planned calls (every tensor a region) share one connection, several in flight
-    at once, each answered into its own output region."""
+    at once, each answered into its own output region; over HTTP a plan's body goes as its JSON bytes."""
     rows = problem.q_fp4.shape[0]
     want = reference(problem)
-    async with AsyncTopKClient(uds=service.uds) as client:
+    async with AsyncTopKClient(uds=service.uds, transport=transport) as client:
+        sent = _record_http_bodies(client._http)
         regions = [await client.register(t, access="read_only") for t in problem.args()]
         outs = [{"values": await client.register(torch.empty(rows, 512))} for _ in range(4)]
         for _ in range(2):  # the first round makes the plans, the second uses them
@@ -398,6 +403,22 @@ async def test_async_planned_calls_in_flight_together(service, problem):
             assert all(results_equal(r, want) == [] for r in results)
             assert all(torch.equal(out["values"].tensor, want.values) for out in outs)
         assert len(client._flows._plans) == len(outs)
+        if transport == "http":
+            assert sent[-len(outs) :] == ["content"] * len(outs), f"planned calls sent {sent}"
+
+
+def _record_http_bodies(http) -> list[str]:
+    """Wrap the httpx client's `request`: a list, filled with how each /v1/topk call's body went (json= or
+    content=)."""
+    sent, request = [], http.request
+
+    def recording(method, url, **kwargs):
+        if url == "/v1/topk":
+            sent.append("content" if "content" in kwargs else "json" if "json" in kwargs else "none")
+        return request(method, url, **kwargs)
+
+    http.request = recording
+    return sent
 
 
 def test_row_fault_is_the_kernels_row_fault_error(service, problem):

@@ -207,6 +207,26 @@ def test_select_topk_dense_is_exact(case, seed):
 FORMS = {"five launches": False, "a program a row": True}
 
 
+class _NotLaunched:
+    """A kernel that the form under test must not launch: indexing its grid fails the test."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"{self.name} launched in the other form")
+
+
+def use_form(monkeypatch, form: str) -> None:
+    """Select the radix selector's `form` for the test, the other form's first kernel made unlaunchable."""
+    from litetopk.kernels import dense_selection
+
+    alone = FORMS[form]
+    monkeypatch.setitem(RADIX_CONFIG, "alone", alone)
+    other = "radix_floor_kernel" if alone else "radix_select_row_kernel"
+    monkeypatch.setattr(dense_selection, other, _NotLaunched(other))
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case", list(DENSE_CASES))
@@ -215,7 +235,7 @@ def test_the_radix_selector_equals_the_torch_selector(case, form, seed, monkeypa
     gives the torch selector's keys bit for bit on every dense case, in both forms: on a GPU compiled, with each
     warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
     poisoned -inf where no case entry lies, so a key read past a row's width would show."""
-    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
+    use_form(monkeypatch, form)
     c = DENSE_CASES[case]
     scores = torch.from_numpy(dense_case_scores(c, seed))
     want = select_topk_dense(scores, c["k"])
@@ -243,7 +263,7 @@ def test_the_radix_selector_on_clustered_scores(case, cap, form, seed, monkeypat
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
     bisection over the last 10 bits and the column order of equal scores (_finish_row's last branch)."""
-    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
+    use_form(monkeypatch, form)
     gen = np.random.default_rng(seed)
     scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
     scores[1, 2500:] = NEG_INF
@@ -340,7 +360,7 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 def test_the_radix_selector_at_decode_sizes(rows, width, k, form, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
     the GPU: the radix selector equals the torch selector bit for bit, in both forms."""
-    monkeypatch.setitem(RADIX_CONFIG, "alone", FORMS[form])
+    use_form(monkeypatch, form)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
     scores[:, ::97] = 1.5  # ties
