@@ -173,7 +173,7 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
 #: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 111, finish 120 registers);
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
-#: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a): on normal scores one a key is faster
+#: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster
 #: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
 #: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
 #: 1,106 against 674 at 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a
