@@ -177,12 +177,13 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
 #: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
 #: 1,106 against 674 at 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a
-#: program a row (radix_select_row_kernel). A dict, so that a probe can set it
+#: program a row (radix_select_row_kernel). `stages`: the column loops' software pipelining (tl.range num_stages:
+#: > 1 loads the next blocks by cp.async while one is counted; 1 as measured). A dict, so that a probe can set it
 #: (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False)
-#: ptxas's register cap (maxnreg) of radix_select_row_kernel at 8 warps: left to itself ptxas takes 128 and spills
-#: 32 bytes; at 168 no stack and one program an SM (offline sm_90, compile/sm90_glue.py)
-RADIX_ROW_MAX_REGISTERS = 168
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False, stages=1)
+#: ptxas's register cap (maxnreg) of radix_select_row_kernel at 8 warps: left to itself ptxas takes 128 and spills;
+#: at 255, one program an SM, no stack (offline sm_90, compile/sm90_glue.py: ~210 with its loads pipelined)
+RADIX_ROW_MAX_REGISTERS = 255
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -269,12 +270,12 @@ def _floor(partial_row, per_row, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _group_maxima(row_scores, first_col, last, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+def _group_maxima(row_scores, first_col, last, GROUPS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     """int32 [GROUPS]: the largest ordered score of each strided group (the column modulo GROUPS) among the row's
     columns [first_col, last) (first_col and BLOCK multiples of GROUPS); DEAD where a group has no key there."""
     offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
     best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for c0 in range(first_col, last, BLOCK):
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         cols = c0 + offs
         scores = tl.load(row_scores + cols, mask=cols < last, other=float("-inf"))
         live, ordered, _, _ = _digits(scores)
@@ -284,11 +285,20 @@ def _group_maxima(row_scores, first_col, last, GROUPS: tl.constexpr, BLOCK: tl.c
 
 @triton.jit
 def _count_span(
-    row_scores, first_col, last, floor, hist_row, b1, BLOCK: tl.constexpr, AGGREGATE: tl.constexpr, SECOND: tl.constexpr
+    row_scores,
+    first_col,
+    last,
+    floor,
+    hist_row,
+    b1,
+    BLOCK: tl.constexpr,
+    AGGREGATE: tl.constexpr,
+    SECOND: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Count the digits of the row's keys in [first_col, last) at or above `floor` into its histograms: the first
     digits (SECOND = False), or the second digits of those whose first digit is b1."""
-    for c0 in range(first_col, last, BLOCK):
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(row_scores + offs_c, mask=offs_c < last, other=float("-inf"))
         live, ordered, first, second = _digits(scores)
@@ -310,6 +320,7 @@ def radix_floor_kernel(
     counts_ptr,  # int64 [rows]: zeroed here, by each row's first program
     GROUPS: tl.constexpr,
     BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """The row's keys in GROUPS strided groups (the column modulo GROUPS), each program's largest of each (_floor
     takes the smallest of their maxima); and the counters of the launches after it zeroed."""
@@ -317,7 +328,7 @@ def radix_floor_kernel(
     program = tl.program_id(1)
     first_col = program * span
     last = tl.minimum(first_col + span, width)
-    best = _group_maxima(scores_ptr + row * score_stride, first_col, last, GROUPS, BLOCK)
+    best = _group_maxima(scores_ptr + row * score_stride, first_col, last, GROUPS, BLOCK, STAGES)
     tl.store(partial_ptr + (row * tl.num_programs(1) + program) * GROUPS + tl.arange(0, GROUPS), best)
     if program == 0:
         offs_h = tl.arange(0, 4096)
@@ -338,6 +349,7 @@ def radix_count_kernel(
     BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr,
     SECOND: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """SECOND = False: count the first digits of the program's keys at or above the row's floor. SECOND: the second
     digits of those in the boundary's first digit (_boundary of the first counts)."""
@@ -347,7 +359,7 @@ def radix_count_kernel(
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     hist_row = hist_ptr + row * 4096
     b1 = _boundary(hist_row, TOPK) if SECOND else -1
-    _count_span(scores_ptr + row * score_stride, first_col, last, floor, hist_row, b1, BLOCK, AGGREGATE, SECOND)
+    _count_span(scores_ptr + row * score_stride, first_col, last, floor, hist_row, b1, BLOCK, AGGREGATE, SECOND, STAGES)
 
 
 @triton.jit
@@ -377,6 +389,7 @@ def radix_collect_kernel(
     GROUPS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Append the program's sure and boundary keys to the row's two lists: a block's slots in both lists by one
     atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a: one atomic a
@@ -400,6 +413,7 @@ def radix_collect_kernel(
         CAP,
         BLOCK,
         False,
+        STAGES,
     )
 
 
@@ -418,13 +432,14 @@ def _collect_span(
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     ALONE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Append the row's sure and boundary keys in [first_col, last) to its two lists; (sure, boundary) keys seen.
     A block's slots in both lists: ALONE (one program a row) after the keys it appended before; else by one atomic
     on the row's packed lengths at count_ptr (zeroed), then a prefix sum."""
     seen_sure = tl.zeros([], tl.int32)
     seen_tied = tl.zeros([], tl.int32)
-    for c0 in range(first_col, last, BLOCK):
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         n_sure = tl.sum(sure.to(tl.int32), axis=0)
         n_tied = tl.sum(tied.to(tl.int32), axis=0)
@@ -573,6 +588,7 @@ def radix_select_row_kernel(
     SMALL: tl.constexpr,
     BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """The five launches' work in one, a program a row (RADIX_CONFIG "alone"): the floor, both counts, the lists
     and the answer, one after the other over the row's columns, a barrier between them (the histograms' atomics
@@ -582,13 +598,13 @@ def radix_select_row_kernel(
     hist_row = hist_ptr + row * 4096
     sure_row = sure_ptr + row * TOPK
     boundary_row = boundary_ptr + row * CAP
-    floor = tl.min(_group_maxima(row_scores, 0, width, TOPK, BLOCK), axis=0)
+    floor = tl.min(_group_maxima(row_scores, 0, width, TOPK, BLOCK, STAGES), axis=0)
     tl.store(hist_row + tl.arange(0, 4096), tl.zeros([4096], tl.int32))
     tl.debug_barrier()
-    _count_span(row_scores, 0, width, floor, hist_row, -1, BLOCK, AGGREGATE, False)
+    _count_span(row_scores, 0, width, floor, hist_row, -1, BLOCK, AGGREGATE, False, STAGES)
     tl.debug_barrier()
     b1 = _boundary(hist_row, TOPK)
-    _count_span(row_scores, 0, width, floor, hist_row, b1, BLOCK, AGGREGATE, True)
+    _count_span(row_scores, 0, width, floor, hist_row, b1, BLOCK, AGGREGATE, True, STAGES)
     tl.debug_barrier()
     b1, b2 = _boundaries(hist_row, TOPK)
     seen_sure, seen_tied = _collect_span(
@@ -605,6 +621,7 @@ def radix_select_row_kernel(
         CAP,
         BLOCK,
         True,  # (no lengths)
+        STAGES,
     )
     tl.debug_barrier()
     _finish_row(
@@ -670,7 +687,7 @@ def select_topk_radix(
     sure = scratch.empty((rows, k), torch.int64)
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
-    warps = config["warps"]
+    warps, stages = config["warps"], config["stages"]
     if config["alone"]:  # one launch, a program a row: no floor maxima a program, no list lengths in memory
         radix_select_row_kernel[(rows,)](
             scores,
@@ -686,6 +703,7 @@ def select_topk_radix(
             SMALL=small,
             BLOCK=RADIX_BLOCK,
             AGGREGATE=aggregate,
+            STAGES=stages,
             num_warps=warps,
             maxnreg=RADIX_ROW_MAX_REGISTERS,
         )
@@ -696,7 +714,7 @@ def select_topk_radix(
     partial = partial.view(rows, per_row, k)
     counts = scratch.empty((rows,), torch.int64)
     radix_floor_kernel[grid](
-        scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, num_warps=warps
+        scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, STAGES=stages, num_warps=warps
     )
     for second in (False, True):
         radix_count_kernel[grid](
@@ -711,6 +729,7 @@ def select_topk_radix(
             BLOCK=RADIX_BLOCK,
             AGGREGATE=aggregate,
             SECOND=second,
+            STAGES=stages,
             num_warps=warps,
         )
     radix_collect_kernel[grid](
@@ -727,6 +746,7 @@ def select_topk_radix(
         GROUPS=k,
         CAP=cap,
         BLOCK=RADIX_BLOCK,
+        STAGES=stages,
         num_warps=warps,
     )
     radix_finish_kernel[(rows,)](

@@ -50,7 +50,9 @@ VARIANTS = {
     "dense route": dict(tuning=ROUTE),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
-    "route, a program a row": dict(tuning=ROUTE, radix=dict(alone=True)),
+    "route, loads pipelined": dict(tuning=ROUTE, radix=dict(stages=4)),
+    "route, a program a row": dict(tuning=ROUTE, radix=dict(alone=True, stages=4)),
+    "route, a program a row, unpipelined": dict(tuning=ROUTE, radix=dict(alone=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

@@ -152,15 +152,28 @@ KERNELS = {
         dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
     ),
     dense_selection.radix_floor_kernel: (
-        dict(GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK, STAGES=dense_selection.RADIX_CONFIG["stages"]),
         dict(scores_ptr="*fp32", counts_ptr="*i64"),
     ),
     dense_selection.radix_count_kernel: (
-        dict(TOPK=512, GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, SECOND=True),
+        dict(
+            TOPK=512,
+            GROUPS=512,
+            BLOCK=dense_selection.RADIX_BLOCK,
+            AGGREGATE=True,
+            SECOND=True,
+            STAGES=dense_selection.RADIX_CONFIG["stages"],
+        ),
         dict(scores_ptr="*fp32"),
     ),
     dense_selection.radix_collect_kernel: (
-        dict(TOPK=512, GROUPS=512, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(
+            TOPK=512,
+            GROUPS=512,
+            CAP=2048,
+            BLOCK=dense_selection.RADIX_BLOCK,
+            STAGES=dense_selection.RADIX_CONFIG["stages"],
+        ),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (
@@ -168,7 +181,7 @@ KERNELS = {
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
     dense_selection.radix_select_row_kernel: (
-        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True),
+        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, STAGES=4),  # as probed
         dict(scores_ptr="*fp32", hist_ptr="*i32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
     ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows

@@ -296,7 +296,7 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
     hist = torch.full((rows, 2, 2048), 7, dtype=torch.int32, device=DEVICE)
     counts = torch.full((rows,), 7, dtype=torch.int64, device=DEVICE)
     radix_floor_kernel[(rows, per_row)](
-        scores.to(DEVICE), width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048
+        scores.to(DEVICE), width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048, STAGES=1
     )
     assert not hist.any() and not counts.any(), "the counters must be zeroed"
     floors = partial.amax(dim=1).amin(dim=1).cpu()
@@ -355,19 +355,23 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stages", [1, 4])
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
-def test_the_radix_selector_at_decode_sizes(rows, width, k, form, seed, monkeypatch):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, form, stages, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
-    the GPU: the radix selector equals the torch selector bit for bit, in both forms."""
+    the GPU: the radix selector equals the torch selector bit for bit, in both forms, its column loops pipelined
+    (RADIX_CONFIG "stages") or not."""
     use_form(monkeypatch, form)
+    monkeypatch.setitem(RADIX_CONFIG, "stages", stages)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
     scores[:, ::97] = 1.5  # ties
     scores[::2] = scores[::2] * 0.01 + 4.0  # every other row clustered: many keys share the boundary's first digit
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
-    assert torch.equal(select_topk_radix(scores, k), select_topk_dense(scores, k)), f"{rows}x{width} K={k}, {form}"
+    got, want = select_topk_radix(scores, k), select_topk_dense(scores, k)
+    assert torch.equal(got, want), f"{rows}x{width} K={k}, {form}, stages {stages}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
