@@ -688,6 +688,7 @@ def select_topk_radix(
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     warps, stages = config["warps"], config["stages"]
+    answer = dict(TOPK=k, CAP=cap, SMALL=small, BLOCK=RADIX_BLOCK, num_warps=warps)  # the finishing part's shape
     if config["alone"]:  # one launch, a program a row: no floor maxima a program, no list lengths in memory
         radix_select_row_kernel[(rows,)](
             scores,
@@ -698,14 +699,10 @@ def select_topk_radix(
             boundary,
             out,
             out.stride(0),
-            TOPK=k,
-            CAP=cap,
-            SMALL=small,
-            BLOCK=RADIX_BLOCK,
             AGGREGATE=aggregate,
             STAGES=stages,
-            num_warps=warps,
             maxnreg=RADIX_ROW_MAX_REGISTERS,
+            **answer,
         )
         return out
     # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
@@ -749,22 +746,7 @@ def select_topk_radix(
         STAGES=stages,
         num_warps=warps,
     )
-    radix_finish_kernel[(rows,)](
-        scores,
-        stride,
-        width,
-        hist,
-        sure,
-        boundary,
-        counts,
-        out,
-        out.stride(0),
-        TOPK=k,
-        CAP=cap,
-        SMALL=small,
-        BLOCK=RADIX_BLOCK,
-        num_warps=warps,
-    )
+    radix_finish_kernel[(rows,)](scores, stride, width, hist, sure, boundary, counts, out, out.stride(0), **answer)
     return out
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 from bench.common.report import run_info
+from bench.common.timing import cuda_ms
 from litetopk.kernels import dense_selection
 from litetopk.kernels.dense_selection import select_topk_dense, select_topk_radix
 
@@ -41,21 +41,6 @@ DATA = {
 }
 AGGREGATE = (False, True)
 WARM, REPS = 3, 15
-
-
-def time_call(fn) -> float:
-    """Median GPU microseconds of one call (CUDA events)."""
-    for _ in range(WARM):
-        fn()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(1e3 * start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -73,7 +58,8 @@ def main() -> int:
             for aggregate in AGGREGATE:
                 got = select_topk_radix(scores, k, aggregate=aggregate)
                 entry["equal"][str(aggregate)] = bool(torch.equal(got, want))
-                entry["us"][str(aggregate)] = time_call(lambda: select_topk_radix(scores, k, aggregate=aggregate))
+                call = lambda: select_topk_radix(scores, k, aggregate=aggregate)  # noqa: E731
+                entry["us"][str(aggregate)] = 1e3 * cuda_ms(call, reps=REPS, warm=WARM)
             results.append(entry)
             print(
                 f"{rows}x{width} K{k:<5}".ljust(18)
