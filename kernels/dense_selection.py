@@ -172,18 +172,27 @@ RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
 #: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 111, finish 120 registers);
-#: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA
-#: only), else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster
-#: (counts 23 against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter:
-#: rows of equal scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536,
-#: 1,106 against 674 at 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a
-#: program a row (radix_select_row_kernel). `stages`: the column loops' software pipelining (tl.range num_stages:
-#: > 1 loads the next blocks by cp.async while one is counted; 1 as measured). A dict, so that a probe can set it
+#: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA only),
+#: else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster (counts 23
+#: against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter: rows of equal
+#: scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536, 1,106 against 674 at
+#: 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a program a row
+#: (radix_select_row_kernel). `stages`: the column loops' software pipelining (tl.range num_stages: > 1 loads the next
+#: blocks by cp.async while one is counted; 1: the form measured in 21a, 4 not yet). A dict, so that a probe can set it
 #: (bench.probes.paged_variants); read at each call.
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False, stages=1)
 #: ptxas's register cap (maxnreg) of radix_select_row_kernel at 8 warps: left to itself ptxas takes 128 and spills;
-#: at 255, one program an SM, no stack (offline sm_90, compile/sm90_glue.py: ~210 with its loads pipelined)
+#: at 255, one program an SM, no stack (offline sm_90, compile/sm90_glue.py: ~210 with its loads pipelined). Other
+#: warp counts take what an SM's 65,536 registers allow (radix_row_max_registers).
 RADIX_ROW_MAX_REGISTERS = 255
+
+
+def radix_row_max_registers(warps: int) -> int:
+    """radix_select_row_kernel's register cap at `warps` warps: RADIX_ROW_MAX_REGISTERS, at most what one program of
+    that many warps can hold on an SM."""
+    return min(RADIX_ROW_MAX_REGISTERS, 65536 // (32 * warps))
+
+
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
@@ -688,8 +697,15 @@ def select_topk_radix(
     boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     warps, stages = config["warps"], config["stages"]
-    answer = dict(TOPK=k, CAP=cap, SMALL=small, BLOCK=RADIX_BLOCK, num_warps=warps)  # the finishing part's shape
-    if config["alone"]:  # one launch, a program a row: no floor maxima a program, no list lengths in memory
+    finish_shape = dict(TOPK=k, CAP=cap, SMALL=small, BLOCK=RADIX_BLOCK, num_warps=warps)
+    # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
+    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys; both
+    # forms carve the same bytes (the one-launch form uses neither the maxima nor the lengths), so that a workspace
+    # sized in one form holds the calls of the other
+    partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
+    partial = partial.view(rows, per_row, k)
+    counts = scratch.empty((rows,), torch.int64)
+    if config["alone"]:  # one launch, a program a row
         radix_select_row_kernel[(rows,)](
             scores,
             stride,
@@ -701,15 +717,10 @@ def select_topk_radix(
             out.stride(0),
             AGGREGATE=aggregate,
             STAGES=stages,
-            maxnreg=RADIX_ROW_MAX_REGISTERS,
-            **answer,
+            maxnreg=radix_row_max_registers(warps),
+            **finish_shape,
         )
         return out
-    # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
-    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys
-    partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
-    partial = partial.view(rows, per_row, k)
-    counts = scratch.empty((rows,), torch.int64)
     radix_floor_kernel[grid](
         scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, STAGES=stages, num_warps=warps
     )
@@ -746,7 +757,9 @@ def select_topk_radix(
         STAGES=stages,
         num_warps=warps,
     )
-    radix_finish_kernel[(rows,)](scores, stride, width, hist, sure, boundary, counts, out, out.stride(0), **answer)
+    radix_finish_kernel[(rows,)](
+        scores, stride, width, hist, sure, boundary, counts, out, out.stride(0), **finish_shape
+    )
     return out
 
 

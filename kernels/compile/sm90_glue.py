@@ -231,7 +231,11 @@ NUM_WARPS = {
     dense_selection.radix_select_row_kernel: dense_selection.RADIX_CONFIG["warps"],
 }
 #: kernels launched with a register cap (maxnreg)
-MAX_REGISTERS = {dense_selection.radix_select_row_kernel: dense_selection.RADIX_ROW_MAX_REGISTERS}
+MAX_REGISTERS = {
+    dense_selection.radix_select_row_kernel: dense_selection.radix_row_max_registers(
+        dense_selection.RADIX_CONFIG["warps"]
+    )
+}
 
 
 def argument_types(kernel, constants: dict, types: dict) -> dict:

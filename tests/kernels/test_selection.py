@@ -338,6 +338,10 @@ def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
         assert carved(255, 32768, k) <= carved(256, 32768, k), f"K={k}: 255 rows carve more than 256"
         assert carved(127, 65536, k) <= carved(128, 65536, k), f"K={k}: 127 rows carve more than 128"
         assert carved(3, 350208, k) <= carved(3, 350210, k), f"K={k}: fewer keys carve more"
+        five = carved(64, 65536, k)
+        monkeypatch.setitem(RADIX_CONFIG, "alone", True)  # a workspace sized in one form holds the other's calls
+        assert carved(64, 65536, k) == five, f"K={k}: the one-launch form carves other bytes"
+        monkeypatch.setitem(RADIX_CONFIG, "alone", False)
 
 
 def test_the_floors_buffer_grows_with_the_rows_alone():
@@ -357,11 +361,21 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 @pytest.mark.gpu
 @pytest.mark.parametrize("stages", [1, 4])
 @pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("rows, width, k", [(1, 65536, 512), (64, 65536, 512), (128, 32768, 1024), (3, 131072, 1024)])
+@pytest.mark.parametrize(
+    "rows, width, k",
+    [
+        (1, 65536, 512),
+        (64, 65536, 512),
+        (128, 32768, 1024),
+        (3, 131072, 1024),
+        (2, 65536 - 777, 512),
+        (64, 50000, 1024),
+    ],
+)
 def test_the_radix_selector_at_decode_sizes(rows, width, k, form, stages, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
     the GPU: the radix selector equals the torch selector bit for bit, in both forms, its column loops pipelined
-    (RADIX_CONFIG "stages") or not."""
+    (RADIX_CONFIG "stages") or not; widths that are no multiple of a block end in a masked one."""
     use_form(monkeypatch, form)
     monkeypatch.setitem(RADIX_CONFIG, "stages", stages)
     gen = torch.Generator(device="cuda").manual_seed(seed)
