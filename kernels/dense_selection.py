@@ -240,26 +240,32 @@ def _count_digits(hist_row, digit, counted, AGGREGATE: tl.constexpr):
 
 
 @triton.jit
+def _largest_reaching(counts, rank):
+    """The largest digit of a 2,048-digit histogram `counts` with at least `rank` keys at or above it (-1 where the
+    histogram holds fewer than `rank`)."""
+    offs_b = tl.arange(0, 2048)
+    at_or_above = tl.cumsum(counts, axis=0, reverse=True)
+    return tl.max(tl.where(at_or_above >= rank, offs_b, -1), axis=0)
+
+
+@triton.jit
 def _boundary(hist_row, TOPK: tl.constexpr):
     """b1, the first digit of the K-th best key, from a row's first histogram (hist_row: [2, 2048], its two
-    histograms): the largest digit with at least K keys at or above it (-1 where the row holds fewer than K)."""
-    offs_b = tl.arange(0, 2048)
-    at_or_above = tl.cumsum(tl.load(hist_row + offs_b), axis=0, reverse=True)
-    return tl.max(tl.where(at_or_above >= TOPK, offs_b, -1), axis=0)
+    histograms): _largest_reaching K (-1 where the row holds fewer than K)."""
+    return _largest_reaching(tl.load(hist_row + tl.arange(0, 2048)), TOPK)
 
 
 @triton.jit
 def _boundaries(hist_row, TOPK: tl.constexpr):
-    """(b1, b2), both digits of the K-th best key, from a row's two histograms, read and summed side by side: b1 as
-    _boundary; b2 the largest second digit with at least K - (keys above b1) keys of b1 at or above it (-1 where
-    b1 is: then the second histogram is empty)."""
+    """(b1, b2), both digits of the K-th best key, from a row's two histograms, read side by side: b1 as _boundary;
+    b2 the largest second digit with at least K - (keys above b1) keys of b1 at or above it (-1 where b1 is: then
+    the second histogram is empty)."""
     offs_b = tl.arange(0, 2048)
     first = tl.load(hist_row + offs_b)
-    at_or_above1 = tl.cumsum(first, axis=0, reverse=True)
-    at_or_above2 = tl.cumsum(tl.load(hist_row + 2048 + offs_b), axis=0, reverse=True)
-    b1 = tl.max(tl.where(at_or_above1 >= TOPK, offs_b, -1), axis=0)
+    second = tl.load(hist_row + 2048 + offs_b)
+    b1 = _largest_reaching(first, TOPK)
     above1 = tl.sum(tl.where(offs_b > b1, first, 0), axis=0)
-    return b1, tl.max(tl.where(at_or_above2 >= TOPK - above1, offs_b, -1), axis=0)
+    return b1, _largest_reaching(second, TOPK - above1)
 
 
 @triton.jit
@@ -372,11 +378,11 @@ def radix_count_kernel(
 
 
 @triton.jit
-def _sure_and_tied(scores_ptr, c0, last, floor, b1, b2, BLOCK: tl.constexpr):
-    """(scores, columns, sure, tied) of the row's BLOCK columns from c0 (scores_ptr: the row's): the keys above the
-    boundary (b1, b2) and those in it at or above the floor."""
+def _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK: tl.constexpr):
+    """(scores, columns, sure, tied) of the row's BLOCK columns from c0: the keys above the boundary (b1, b2) and
+    those in it at or above the floor."""
     offs_c = c0 + tl.arange(0, BLOCK)
-    scores = tl.load(scores_ptr + offs_c, mask=offs_c < last, other=float("-inf"))
+    scores = tl.load(row_scores + offs_c, mask=offs_c < last, other=float("-inf"))
     live, ordered, first, second = _digits(scores)
     sure = live & ((first > b1) | ((first == b1) & (second > b2)))  # fewer than K: slots < TOPK
     tied = live & (first == b1) & (second == b2) & (ordered >= floor)
