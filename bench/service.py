@@ -47,6 +47,7 @@ import torch
 from bench.common import BENCH_DIR, RESULTS_DIR
 from bench.common.report import run_info
 from bench.common.service_process import ServiceProcess
+from bench.common.timing import wall_seconds_in_blocks
 from litetopk.clients import AsyncTopKClient, TopKClient  # noqa: E402
 from litetopk.kernels import SUPPORTED_TOPK, LiteTopKGraphs, pack_kv_cache, quantize_mxfp4  # noqa: E402
 from litetopk.kernels.result import ANSWER_FIELDS, RESULT_FIELDS  # noqa: E402
@@ -89,19 +90,6 @@ def batch_problem(sequences: int, rows_per_seq: int, keys: int, topk: int, seed:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def timed(fn, iters: int, warmup: int, device: torch.device) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    seconds = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        seconds.append(time.perf_counter() - start)
-    return seconds
 
 
 def summarize(seconds: list[float], rows: int) -> dict:
@@ -210,16 +198,9 @@ def bench_shape(name: str, device: torch.device, service: ServiceProcess, args_n
         equal[mode] = all(torch.equal(getattr(got, f).cpu(), ref[f].cpu()) for f in ANSWER_FIELDS)
         if not equal[mode]:
             print(f"!! {name}/{mode}: the service answer differs from in-process", file=sys.stderr)
-    seconds = {mode: [] for mode in calls}
-    warm = 2  # each mode's first calls: not timed
-    for first in range(0, iters + warm, BLOCK):  # each mode's calls in blocks, the modes taking turns (docstring)
-        for mode, fn in calls.items():
-            for i in range(first, min(first + BLOCK, iters + warm)):
-                start = time.perf_counter()
-                fn()
-                sync(device)
-                if i >= warm:
-                    seconds[mode].append(time.perf_counter() - start)
+    # each mode's calls in blocks, the modes taking turns (docstring); a call is timed until the device is idle
+    synced = {mode: lambda fn=fn: (fn(), sync(device)) for mode, fn in calls.items()}
+    seconds = wall_seconds_in_blocks(synced, iters, warm=2, block=BLOCK)
     for client in reversed(clients):
         client.close()
     out = {"shape": {"sequences": sequences, "rows": rows, "keys": keys, "topk": topk}, "modes": {}}

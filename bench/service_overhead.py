@@ -40,6 +40,7 @@ import torch
 from bench.common import RESULTS_DIR
 from bench.common.report import run_info
 from bench.common.service_process import ServiceProcess
+from bench.common.timing import wall_seconds_in_blocks
 from bench.service import FIELDS, batch_problem, device_slug, register_call, server_timing, versions
 
 MODES = {"ipc": "ipc", "uds": "http", "tcp": "http"}
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", default=str(RESULTS_DIR))
     args = parser.parse_args(argv)
-    if args.block < 1 or args.iters < 1:
+    if args.block < 1 or args.iters < 1:  # (wall_seconds_in_blocks' bounds, said before the service starts)
         parser.error(f"--block {args.block} and --iters {args.iters} must be at least 1")
     device = torch.device(args.device)
     sequences = args.rows if args.rows <= 256 else 1  # a decode batch (one row a sequence) or a prefill chunk
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
                 physical_indices=torch.empty(rows, 512, dtype=torch.int32, device=device),
                 **{f: torch.empty(rows, dtype=torch.int32, device=device) for f in FIELDS[3:]},
             )
-            clients, plans, timings, totals = {}, {}, {}, {}
+            clients, plans, timings = {}, {}, {}
             owner = TopKClient(uds=service.uds)  # regions registered once, named by every mode (one principal)
             regions, _ = register_call(owner, call, want, outputs=False)
             for mode in args.modes.split(","):
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
                 )
                 clients[mode] = client = TopKClient(**endpoint)
                 plans[mode] = (regions, {f: owner.register(torch.empty_like(getattr(want, f))) for f in FIELDS})
-                timings[mode], totals[mode] = [], []
+                timings[mode] = []
                 client.observe = timings[mode].append  # each answer: its Server-Timing read after the timed calls
             # each mode's calls come in blocks of --block in a row, as an engine's worker sends its stream over one
             # transport; the modes take turns block by block (drifting load hits all alike). Turns call by call put
@@ -163,16 +164,13 @@ def main(argv=None) -> int:
             # then shares the 2 cores: on our 2-core VM ipc 0.074 ms p50 in blocks against 0.198 call by call
             # (bench/results/service-overhead/cpu-session21-blocks.json; bench/JOURNAL.md 21d)
             warm = 20
-            for first in range(0, args.iters + warm, args.block):
-                for mode, client in clients.items():
-                    regions, outs = plans[mode]
-                    for i in range(first, min(first + args.block, args.iters + warm)):
-                        if args.gap_ms:
-                            time.sleep(args.gap_ms / 1e3)
-                        start = time.perf_counter()
-                        client.topk(*regions, **kwargs, out=outs)
-                        if i >= warm:
-                            totals[mode].append(1e3 * (time.perf_counter() - start))
+            calls = {
+                mode: lambda client=client, plan=plans[mode]: client.topk(*plan[0], **kwargs, out=plan[1])
+                for mode, client in clients.items()
+            }
+            pause = (lambda: time.sleep(args.gap_ms / 1e3)) if args.gap_ms else None
+            seconds = wall_seconds_in_blocks(calls, args.iters, warm, args.block, before=pause)
+            totals = {mode: [1e3 * s for s in samples] for mode, samples in seconds.items()}
             for mode, client in clients.items():
                 client.close()
                 got = [server_timing(answer.headers.get("server-timing", "")) for answer in timings[mode][warm:]]

@@ -1,6 +1,7 @@
-"""Timing helpers of the device probes: CUDA-event medians, the GPU time of single calls with a cold
-L2 and no launch gaps (CallTimer), a JSON report written as it grows, and one profiled call
-(torch.profiler table and chrome trace)."""
+"""Timing helpers of the benchmarks and device probes: CUDA-event medians, the GPU time of single calls with a
+cold L2 and no launch gaps (CallTimer), the wall time of calls of several functions in blocks
+(wall_seconds_in_blocks), a JSON report written as it grows, and one profiled call (torch.profiler table and
+chrome trace)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,34 @@ def cuda_ms(fn, reps: int = 5, warm: int = 2) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def wall_seconds_in_blocks(
+    calls: dict[str, Callable[[], object]],
+    iters: int,
+    warm: int,
+    block: int,
+    before: Callable[[], object] | None = None,
+) -> dict[str, list[float]]:
+    """Per name of `calls`: the wall seconds of `iters` timed calls, after `warm` untimed ones. Each function's calls
+    come in blocks of `block` in a row, the functions taking turns block by block: drifting load hits all alike, and
+    (unlike turns call by call) a call does not follow another function's, whose tail work (another process's GPU
+    work, a server's bookkeeping after its answer) would land in it; a block's first call still does. `before`, when
+    given, runs before each call, outside its time (a pause between calls)."""
+    if block < 1 or iters < 1 or warm < 0:
+        raise ValueError(f"block={block}, iters={iters}, warm={warm}: block and iters >= 1, warm >= 0")
+    seconds = {name: [] for name in calls}
+    for first in range(0, iters + warm, block):
+        for name, fn in calls.items():
+            for i in range(first, min(first + block, iters + warm)):
+                if before is not None:
+                    before()
+                start = time.perf_counter()
+                fn()
+                elapsed = time.perf_counter() - start
+                if i >= warm:
+                    seconds[name].append(elapsed)
+    return seconds
 
 
 class CallTimer:
