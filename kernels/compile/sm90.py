@@ -128,6 +128,32 @@ def innermost_mma_loop(sass: str) -> list[str]:
     return min(mma_loops(sass), key=len, default=[])
 
 
+def operand_writes_in_flight(loop: list[str]) -> list[str]:
+    """The instructions of `loop` (mma_loops' form) that write a register of an in-flight wgmma's A operand: from an
+    IGMMA whose A operand is in registers (its second operand, R<n>: R<n>..R<n+3>) to the next WARPGROUP.DEPBAR, any
+    other instruction whose first operand (its destination) is one of them. PTX leaves that undefined (the operand
+    is read while the MMA runs), so an asynchronous chain of register-operand MMAs must find none."""
+    found, live = [], set()
+    for line in loop:
+        words = line.replace(",", " ").split()[1:]
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if not words:
+            continue
+        op = words[0]
+        if op.startswith("WARPGROUP.DEPBAR"):
+            live.clear()
+        elif op.startswith(("IGMMA", "HGMMA", "QGMMA")):
+            a = re.fullmatch(r"R(\d+)", words[2]) if len(words) > 2 else None
+            if a:
+                live.update(range(int(a.group(1)), int(a.group(1)) + 4))
+        elif live and len(words) > 1:
+            d = re.fullmatch(r"R(\d+)", words[1])
+            if d and int(d.group(1)) in live:
+                found.append(line)
+    return found
+
+
 def opcode_mix(loop: list[str]) -> collections.Counter:
     """Opcode counts (without modifiers or predicates) of `loop`."""
     mix = collections.Counter()

@@ -6,9 +6,9 @@ Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
 writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; a variant under
-measurement, GLUON_PAGED_OPTIONS, gets a build of its own while it lasts) and
-OUT_DIR/summary.json: per build its registers, stack, shared memory, and the opcode counts of its innermost wgmma
-loop. The page strides are declared multiples of 16, as the launches of a cache in words specialize them
+measurement, MEASURED_GLUON_OPTIONS, gets a build of its own while it lasts) and
+OUT_DIR/summary.json: per build its registers, stack, shared memory, the opcode counts of its innermost wgmma
+loop and the loop's writes to the A operand of an MMA in flight (sm90.operand_writes_in_flight: none allowed). The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
 """
 
@@ -30,7 +30,7 @@ from ..triton.paged_scoring_gluon import (
     gluon_paged_options,
     score_fp4_paged_gluon_kernel,
 )
-from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, resource_usage
+from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, operand_writes_in_flight, resource_usage
 
 #: Argument types of both paged kernels (the same signature).
 PAGED_TYPES = dict(
@@ -78,6 +78,11 @@ PAGED_VARIANTS = {
 }
 
 
+#: Gluon builds of the options under measurement (GLUON_PAGED_OPTIONS' entries over the launched ones), each in
+#: every mode while it lasts: "gluonnarrow" the narrow step's saturating relu and sign-split operand.
+MEASURED_GLUON_OPTIONS = {"gluonnarrow": dict(SAT_RELU=True, SIGN_SPLIT=True)}
+
+
 def _source(base):
     """An AST source that declares the page strides multiples of 16 (besides the pointers)."""
 
@@ -105,6 +110,13 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
+        for measured, options in MEASURED_GLUON_OPTIONS.items():
+            builds[measured] = (
+                score_fp4_paged_gluon_kernel,
+                dict(gluon_constants, **options),
+                gluon_options,
+                GluonASTSource,
+            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)
@@ -115,6 +127,7 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
                 loop_instructions=len(loop),
                 loop_opcodes=opcode_mix(loop),
                 mma_loop_instructions=[len(body) for body in mma_loops(sass)],
+                operand_writes_in_flight=operand_writes_in_flight(loop),
             )
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.compile.sm90_paged import PAGED_VARIANTS
+from litetopk.kernels.compile.sm90_paged import MEASURED_GLUON_OPTIONS, PAGED_VARIANTS
 from litetopk.kernels.triton.paged_scoring_gluon import (
     GLUON_PAGED_MAX_REGISTERS,
     PROGRAMS_PER_SM,
 )
 from tests.kernels.offline_compile import offline_summary
 
-BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon")]
+BUILDS = [f"{kernel}_{variant}" for variant in PAGED_VARIANTS for kernel in ("triton", "gluon", *MEASURED_GLUON_OPTIONS)]
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +64,35 @@ def test_the_gluon_wide_flag_is_a_warp_vote_and_one_barrier(summary, build):
     opcodes = summary[build]["loop_opcodes"]
     assert opcodes.get("VOTE", 0) >= 1, f"{build}: no warp vote in the step loop: {opcodes}"
     assert opcodes.get("BAR", 0) <= 5, f"{build}: {opcodes.get('BAR', 0)} barriers in the step loop"
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("gluon")])
+def test_no_instruction_writes_the_operand_of_an_mma_in_flight(summary, build):
+    """The sign-split step (paged_scoring_gluon._narrow_dot) issues its two MMAs with one wait: between an MMA and the
+    wait nothing may write the registers its A operand is read from (sm90.operand_writes_in_flight)."""
+    assert summary[build]["operand_writes_in_flight"] == [], f"{build}: {summary[build]['operand_writes_in_flight']}"
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if b.startswith("gluonnarrow")])
+def test_the_narrow_step_relu_runs_on_the_fma_pipe(summary, build):
+    """SAT_RELU: the dot's relu is a saturating float add or multiply (FADD.SAT / FMUL.SAT: 32 a row a thread), and
+    SIGN_SPLIT: the step issues 8 int8 wgmma (two K = 128 MMAs) on its narrow path."""
+    opcodes = summary[build]["loop_opcodes"]
+    assert opcodes.get("FADD", 0) + opcodes.get("FMUL", 0) >= 32 * int(build[-1]), f"{build}: {opcodes}"
+    assert opcodes.get("IGMMA", 0) >= 8 + 4, f"{build}: {opcodes.get('IGMMA', 0)} int8 wgmma in the step loop"
+
+
+def test_operand_writes_in_flight_finds_a_write_before_the_wait():
+    from litetopk.kernels.compile.sm90 import operand_writes_in_flight
+
+    loop = [
+        "0010 WARPGROUP.ARRIVE",
+        "0020 IGMMA.64x64x32.S8.S8 R24, R88, gdesc[UR8], RZ, !UPT",
+        "0030 IGMMA.64x64x32.S8.S8 R24, R76, gdesc[UR48], R24",
+        "0040 PRMT R90, R29, R41, R66",
+        "0050 WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "0060 PRMT R91, R29, R41, R66",
+        "0070 @P5 LOP3.LUT R77, R56, 0x8888, RZ, 0x3c, !PT",
+    ]
+    assert operand_writes_in_flight(loop) == ["0040 PRMT R90, R29, R41, R66"]
+    assert operand_writes_in_flight(loop[:3] + loop[6:]) == ["0070 @P5 LOP3.LUT R77, R56, 0x8888, RZ, 0x3c, !PT"]
