@@ -184,7 +184,10 @@ def _load_page(pos, live, tile_page, pages, FORMAT: gl.constexpr):
     W3, G, PAGE, STRIDED, TOKEN_STRIDE, GROUP_STRIDE, SCALE_OFFSET, SCALE_GROUP_STRIDE, INTERLEAVED, DENSE = FORMAT
     offs_g = gl.arange(0, 4, layout=gl.SliceLayout(0, G))
     offs_word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, W3)))
-    token = pos % PAGE
+    if STRIDED:
+        token = pos % PAGE
+    else:  # a tile is one page (BLOCK_KEYS = PAGE, page-aligned positions: position_stride 1): the in-page offsets are
+        token = gl.arange(0, PAGE, layout=gl.SliceLayout(1, G))  # the same every step (hoisted out of the step loop)
     if INTERLEAVED:  # AITER: token t's scales at (t % 16) * 4 + t // 16 of each group's 64 bytes
         token_scale = (token % 16) * 4 + token // 16
     else:
