@@ -59,10 +59,10 @@ left (10 passes over the row), and the keys above it plus the first ones at it i
 time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512) 91 us (floor 9, counts 27, collect 48, finish
 6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has its GPU tests; CI runs the kernels under the
 interpreter.
-One launch instead (RADIX_CONFIG "alone", radix_select_row_kernel; built, not yet measured): a program a row does
-the five steps in turn over the whole row, a barrier between them (its threads read what the others counted and
-stored), the floor from its own maxima and its lists' slots from running counts (no atomic). The same span helpers
-(_group_maxima, _count_span, _collect_span, _finish_row) serve both forms.
+The column loops are software-pipelined (RADIX_CONFIG "stages": the next blocks load by cp.async while one is
+counted). Measured on an H100 and deleted (bench/JOURNAL.md 22a): the five launches' work in one, a program a row
+(the phases in turn with a barrier between them): 165 against 95 us at 64 x 65,536, 162 against 38 at one row; a row's
+passes on one SM wait out the L2's latency, where five launches spread it over 32 programs.
 """
 
 from __future__ import annotations
@@ -176,21 +176,12 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster (counts 23
 #: against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter: rows of equal
 #: scores (a padded decode row with a zeroed query is one) take 815 against 543 us at 64 x 65,536, 1,106 against 674 at
-#: 128 x 65,536 (K = 1024). The bounded worst case wins. `alone`: the five launches' work in one, a program a row
-#: (radix_select_row_kernel). `stages`: the column loops' software pipelining (tl.range num_stages: > 1 loads the next
-#: blocks by cp.async while one is counted; 1: the form measured in 21a, 4 not yet). A dict, so that a probe can set it
-#: (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, alone=False, stages=1)
-#: ptxas's register cap (maxnreg) of radix_select_row_kernel at 8 warps: left to itself ptxas takes 128 and spills;
-#: at 255, one program an SM, no stack (offline sm_90, compile/sm90_glue.py: ~210 with its loads pipelined). Other
-#: warp counts take what an SM's 65,536 registers allow (radix_row_max_registers).
-RADIX_ROW_MAX_REGISTERS = 255
-
-
-def radix_row_max_registers(warps: int) -> int:
-    """radix_select_row_kernel's register cap at `warps` warps: RADIX_ROW_MAX_REGISTERS, at most what one program of
-    that many warps can hold on an SM."""
-    return min(RADIX_ROW_MAX_REGISTERS, 65536 // (32 * warps))
+#: 128 x 65,536 (K = 1024). The bounded worst case wins. `stages`: the column loops' software pipelining (tl.range
+#: num_stages: the next blocks load by cp.async while one is counted); measured on an H100 (bench/JOURNAL.md 22a, GPU
+#: busy of a dense-route call): 4 stages against 1, 64 x 65,536 (K = 512) 319.2 against 325.1 us (collect 44 / 48,
+#: counts 24 / 27), 32 x 4 x 65,536 (K = 1024) 460.5 against 479.1, 128 x 2 x 32,768 477.1 against 494.6, one row 46.2
+#: against 46.8. A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4)
 
 
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
@@ -427,7 +418,6 @@ def radix_collect_kernel(
         TOPK,
         CAP,
         BLOCK,
-        False,
         STAGES,
     )
 
@@ -446,34 +436,23 @@ def _collect_span(
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
-    ALONE: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    """Append the row's sure and boundary keys in [first_col, last) to its two lists; (sure, boundary) keys seen.
-    A block's slots in both lists: ALONE (one program a row) after the keys it appended before; else by one atomic
-    on the row's packed lengths at count_ptr (zeroed), then a prefix sum."""
-    seen_sure = tl.zeros([], tl.int32)
-    seen_tied = tl.zeros([], tl.int32)
+    """Append the row's sure and boundary keys in [first_col, last) to its two lists: a block's slots in both by one
+    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum."""
     for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         n_sure = tl.sum(sure.to(tl.int32), axis=0)
         n_tied = tl.sum(tied.to(tl.int32), axis=0)
         if n_sure + n_tied > 0:
-            if ALONE:
-                next_sure = seen_sure
-                next_tied = seen_tied
-            else:  # both lists' next free slots by one atomic on the row's packed lengths
-                taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
-                next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
-                next_tied = (taken >> 32).to(tl.int32)
+            taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+            next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+            next_tied = (taken >> 32).to(tl.int32)
             keys = _ordering_keys(scores, offs_c)
             slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
             tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
             slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
             tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
-            seen_sure += n_sure
-            seen_tied += n_tied
-    return seen_sure, seen_tied
 
 
 @triton.jit
@@ -500,41 +479,18 @@ def radix_finish_kernel(
     SMALL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """Write a row's answer (every one of its TOPK slots; a program a row) from its lists: the sure keys sorted, then
+    the best `need` of the boundary keys (the lists' lengths at counts_ptr: the keys appended to each list, those
+    past CAP counted only)."""
     row = tl.program_id(0).to(tl.int64)
     counts = tl.load(counts_ptr + row)
-    _finish_row(
-        scores_ptr + row * score_stride,
-        width,
-        hist_ptr + row * 4096,
-        sure_ptr + row * TOPK,
-        boundary_ptr + row * CAP,
-        (counts & 0xFFFFFFFF).to(tl.int32),
-        (counts >> 32).to(tl.int32),
-        out_ptr + row * out_stride,
-        TOPK,
-        CAP,
-        SMALL,
-        BLOCK,
-    )
-
-
-@triton.jit
-def _finish_row(
-    row_scores,
-    width,
-    hist_row,
-    sure_row,
-    boundary_row,
-    seen_sure,
-    n_tied,
-    out_row,
-    TOPK: tl.constexpr,
-    CAP: tl.constexpr,
-    SMALL: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Write a row's answer (every one of its TOPK slots) from its lists: the sure keys sorted, then the best `need`
-    of the boundary keys (seen_sure, n_tied: the keys appended to each list, those past CAP counted only)."""
+    seen_sure = (counts & 0xFFFFFFFF).to(tl.int32)
+    n_tied = (counts >> 32).to(tl.int32)
+    row_scores = scores_ptr + row * score_stride
+    hist_row = hist_ptr + row * 4096
+    sure_row = sure_ptr + row * TOPK
+    boundary_row = boundary_ptr + row * CAP
+    out_row = out_ptr + row * out_stride
     n_sure = tl.minimum(seen_sure, TOPK)
     need = TOPK - n_sure
     # the sure keys rank above every boundary key: sorted, they lead the row
@@ -588,73 +544,6 @@ def _finish_row(
         _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
 
 
-@triton.jit
-def radix_select_row_kernel(
-    scores_ptr,
-    score_stride,
-    width,
-    hist_ptr,
-    sure_ptr,
-    boundary_ptr,
-    out_ptr,
-    out_stride,
-    TOPK: tl.constexpr,
-    CAP: tl.constexpr,
-    SMALL: tl.constexpr,
-    BLOCK: tl.constexpr,
-    AGGREGATE: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """The five launches' work in one, a program a row (RADIX_CONFIG "alone"): the floor, both counts, the lists
-    and the answer, one after the other over the row's columns, a barrier between them (the histograms' atomics
-    and the lists' stores are read by the program's other threads after it). Its lists' slots need no atomic."""
-    row = tl.program_id(0).to(tl.int64)
-    row_scores = scores_ptr + row * score_stride
-    hist_row = hist_ptr + row * 4096
-    sure_row = sure_ptr + row * TOPK
-    boundary_row = boundary_ptr + row * CAP
-    floor = tl.min(_group_maxima(row_scores, 0, width, TOPK, BLOCK, STAGES), axis=0)
-    tl.store(hist_row + tl.arange(0, 4096), tl.zeros([4096], tl.int32))
-    tl.debug_barrier()
-    _count_span(row_scores, 0, width, floor, hist_row, -1, BLOCK, AGGREGATE, False, STAGES)
-    tl.debug_barrier()
-    b1 = _boundary(hist_row, TOPK)
-    _count_span(row_scores, 0, width, floor, hist_row, b1, BLOCK, AGGREGATE, True, STAGES)
-    tl.debug_barrier()
-    b1, b2 = _boundaries(hist_row, TOPK)
-    seen_sure, seen_tied = _collect_span(
-        row_scores,
-        0,
-        width,
-        floor,
-        b1,
-        b2,
-        sure_row,
-        boundary_row,
-        None,
-        TOPK,
-        CAP,
-        BLOCK,
-        True,  # (no lengths)
-        STAGES,
-    )
-    tl.debug_barrier()
-    _finish_row(
-        row_scores,
-        width,
-        hist_row,
-        sure_row,
-        boundary_row,
-        seen_sure,
-        seen_tied,
-        out_ptr + row * out_stride,
-        TOPK,
-        CAP,
-        SMALL,
-        BLOCK,
-    )
-
-
 def radix_spans(rows: int, width: int) -> tuple[int, int]:
     """(programs a row, columns each reads: a multiple of RADIX_BLOCK) of the floor's, counting and collecting
     launches over a [rows, width] score matrix: RADIX_CONFIG["programs"] in all where the rows are few."""
@@ -674,7 +563,7 @@ def select_topk_radix(
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float dtypes
     are converted) whose column is the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded;
     the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one
-    publishes nothing, module docstring). Five launches (RADIX_CONFIG "alone": one, a program a row) and no memset,
+    publishes nothing, module docstring). Five launches and no memset,
     no host synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on
     CUDA) counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default
     BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort ranks (tests force the bisection with cap =
@@ -705,28 +594,10 @@ def select_topk_radix(
     warps, stages = config["warps"], config["stages"]
     finish_shape = dict(TOPK=k, CAP=cap, SMALL=small, BLOCK=RADIX_BLOCK, num_warps=warps)
     # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
-    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys; both
-    # forms carve the same bytes (the one-launch form uses neither the maxima nor the lengths), so that a workspace
-    # sized in one form holds the calls of the other
+    # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys
     partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
     partial = partial.view(rows, per_row, k)
     counts = scratch.empty((rows,), torch.int64)
-    if config["alone"]:  # one launch, a program a row
-        radix_select_row_kernel[(rows,)](
-            scores,
-            stride,
-            width,
-            hist,
-            sure,
-            boundary,
-            out,
-            out.stride(0),
-            AGGREGATE=aggregate,
-            STAGES=stages,
-            maxnreg=radix_row_max_registers(warps),
-            **finish_shape,
-        )
-        return out
     radix_floor_kernel[grid](
         scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, STAGES=stages, num_warps=warps
     )

@@ -50,13 +50,6 @@ VARIANTS = {
     "dense route": dict(tuning=ROUTE),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
-    "route, loads pipelined": dict(tuning=ROUTE, radix=dict(stages=4)),
-    "route, a program a row": dict(tuning=ROUTE, radix=dict(alone=True, stages=4)),
-    "route, a program a row, unpipelined": dict(tuning=ROUTE, radix=dict(alone=True)),
-    "route, relu saturated": dict(tuning=ROUTE, gluon=dict(SAT_RELU=True)),
-    "route, signs split": dict(tuning=ROUTE, gluon=dict(SIGN_SPLIT=True)),
-    "route, narrow step": dict(tuning=ROUTE, gluon=dict(SAT_RELU=True, SIGN_SPLIT=True)),
-    "scan, narrow step": dict(tuning=dict(dense_route_bytes=0), gluon=dict(SAT_RELU=True, SIGN_SPLIT=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

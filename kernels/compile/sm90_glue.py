@@ -180,10 +180,6 @@ KERNELS = {
         dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
-    dense_selection.radix_select_row_kernel: (
-        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK, AGGREGATE=True, STAGES=4),  # as probed
-        dict(scores_ptr="*fp32", hist_ptr="*i32", sure_ptr="*i64", boundary_ptr="*i64", out_ptr="*i64"),
-    ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
         dict(TOPK=512, PAGE=64, INVALID_PAGE=2, SLOT_OVERFLOW=8, REPAIRS=False, WINDOWS=True),
         dict(keys_ptr="*i64", values_ptr="*fp32"),
@@ -228,13 +224,6 @@ NUM_WARPS = {
     dense_selection.radix_count_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_collect_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_finish_kernel: dense_selection.RADIX_CONFIG["warps"],
-    dense_selection.radix_select_row_kernel: dense_selection.RADIX_CONFIG["warps"],
-}
-#: kernels launched with a register cap (maxnreg)
-MAX_REGISTERS = {
-    dense_selection.radix_select_row_kernel: dense_selection.radix_row_max_registers(
-        dense_selection.RADIX_CONFIG["warps"]
-    )
 }
 
 
@@ -257,8 +246,6 @@ def main(out_dir: str) -> int:
         name = kernel.fn.__name__
         path = os.path.join(out_dir, name)
         options = dict(num_warps=NUM_WARPS.get(kernel, 4))
-        if kernel in MAX_REGISTERS:
-            options["maxnreg"] = MAX_REGISTERS[kernel]
         compile_sm90(kernel, argument_types(kernel, constants, types), constants, options, path)
         summary[name] = resource_usage(path)
     with open(os.path.join(out_dir, "summary.json"), "w") as fh:

@@ -78,9 +78,9 @@ PAGED_VARIANTS = {
 }
 
 
-#: Gluon builds of the options under measurement (GLUON_PAGED_OPTIONS' entries over the launched ones), each in
-#: every mode while it lasts: "gluonnarrow" the narrow step's saturating relu and sign-split operand.
-MEASURED_GLUON_OPTIONS = {"gluonnarrow": dict(SAT_RELU=True, SIGN_SPLIT=True)}
+#: Gluon builds of the options under measurement (GLUON_PAGED_OPTIONS' entries over the launched ones, by build
+#: name), each in every mode while it lasts; none now.
+MEASURED_GLUON_OPTIONS: dict[str, dict] = {}
 
 
 def _source(base):

@@ -63,15 +63,12 @@ PROGRAMS_PER_SM = {1: 3, 2: 2}
 # TritonBackend.paged_refresh); 4 programs an SM at one row a group (128 registers, the exponents in the step, where
 # EXPONENTS_AHEAD spills): 64 x 65,536 300 -> 293 us with the one-barrier flag, but one row 15.9 -> 19.4
 # (paged-variants-h100-v19b.json).
-# Under measurement (both exact, the same bits; offline they move integer-pipe work, which bounds the dense mode's step
-# (bench/JOURNAL.md 22a), elsewhere):
-# SAT_RELU: the relu of the int32 dot as one saturating float multiply of its bits (mul.sat.f32 by 1.0: a negative
-# int32 is a negative float or a NaN, both saturate to +0; a non-negative one below 2^23 is the subnormal the epilogue
-# reads anyway), on the FMA pipe instead of an integer max.
-# SIGN_SPLIT: the key operand as two halves, the positive codes' magnitudes and the negative codes' (a byte permute
-# each, no per-byte negation), two MMAs of K = 128, against the queries and their negation (_narrow_dot): 4 byte
-# permutes, 2 XORs and a shift a word instead of 4, 4, 2, 2 and 1; twice the MMA's work.
-GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=True, SAT_RELU=False, SIGN_SPLIT=False)
+# Measured on an H100 and deleted (paged-variants-h100-v22.json, bench/JOURNAL.md 22a): the narrow key operand split
+# by sign (the positive and the negative codes' magnitudes, a byte permute each, two MMAs against the queries and
+# their negation: 34 fewer integer-pipe instructions a step offline, twice the MMA's work): scoring 222.5 against 220.4
+# us at 64 x 1 x 65,536, 332.1 against 303.0 at 32 x 4 x 65,536. The step is not bound by the integer pipe's issue
+# alone (its latency chains and the MMA's wait).
+GLUON_PAGED_OPTIONS = dict(EXPONENTS_AHEAD=True)
 
 
 def gluon_paged_options(strided: bool) -> dict:
@@ -94,63 +91,11 @@ def _e2m1_halves(words, shift):
     )
 
 
-# Four int8x4 words of one 32-bit word of 8 packed E2M1 codes ($4) and the group's shift d ($5, 0..3): $0, $1 the
-# positive codes' magnitudes 2 * |E2M1| << d of values 0-3 and 4-7 (zero where a code is negative), $2, $3 the negative
-# codes' (zero where a code is positive). prmt's selector nibble is the code (E2M1_ASM's table; a negative code's bit 3
-# replicates the sign of a table byte < 128: zero) and, for the negative codes, the code with its sign bit flipped.
-E2M1_SPLIT_ASM = gl.constexpr("""
-{
-.reg .b32 t0, t1, hi, x, xh;
-mov.b32 t0, 0x03020100;
-mov.b32 t1, 0x0C080604;
-shl.b32 t0, t0, $5;
-shl.b32 t1, t1, $5;
-shr.u32 hi, $4, 16;
-xor.b32 x, $4, 0x8888;
-xor.b32 xh, hi, 0x8888;
-prmt.b32 $0, t0, t1, $4;
-prmt.b32 $1, t0, t1, hi;
-prmt.b32 $2, t0, t1, x;
-prmt.b32 $3, t0, t1, xh;
-}
-""")
-
-
-@gluon.jit
-def _narrow_decode(words, shift, SIGN_SPLIT: gl.constexpr):
-    """A narrow page's decoded words (int32 [64, 4, 4] each, 4 int8 a word, shifts 0..3): (half_a, half_b) the signed
-    values (_e2m1_halves), or with SIGN_SPLIT (pos_a, pos_b, neg_a, neg_b) the positive and the negative codes'
-    magnitudes (E2M1_SPLIT_ASM): half = pos - neg."""
-    if SIGN_SPLIT:
-        return gl.inline_asm_elementwise(
-            E2M1_SPLIT_ASM,
-            "=r,=r,=r,=r,r,r",
-            [words, shift],
-            dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-            is_pure=True,
-            pack=1,
-        )
-    else:
-        return _e2m1_halves(words, shift)
-
-
-@gluon.jit
-def _narrow_dot(decoded, qa, qa_neg, acc, DOT: gl.constexpr, SIGN_SPLIT: gl.constexpr):
-    """The exact int32 dot of a narrow page (_narrow_decode's words: the MMA's A operand from registers) with the
-    staged queries: one synchronous MMA of K = 128 (a wait cannot keep int8 register operands alive), or with
-    SIGN_SPLIT two, the second the negative codes' magnitudes against the negated queries `qa_neg` (pos.q + neg.(-q)).
-    `acc`: zeros in the MMA's layout (not accumulated)."""
-    if SIGN_SPLIT:
-        pos_a, pos_b, neg_a, neg_b = decoded
-        acc = warpgroup_mma(_register_operand(pos_a, pos_b, DOT), qa.permute((1, 0)), acc, use_acc=False, is_async=True)
-        return warpgroup_mma(_register_operand(neg_a, neg_b, DOT), qa_neg.permute((1, 0)), acc)
-    else:
-        half_a, half_b = decoded
-        return warpgroup_mma(_register_operand(half_a, half_b, DOT), qa.permute((1, 0)), acc, use_acc=False)
-
-
 # relu(x) of an int32 x as float32 bits (x < 2^23 where it is used: the subnormal x * 2^-149): x's bits times 1.0,
 # saturated. A negative int32 is a negative float or a NaN, both of which saturate to +0; a non-negative one is itself.
+# ptxas makes it one FADD.SAT, on the FMA pipe where an integer max would take the integer pipe, which the step's
+# decode and exponents keep busy. Measured on an H100 (paged-variants-h100-v22.json, the dense mode's scoring): 64 x 1
+# x 65,536 220.4 -> 211.8 us, 32 x 4 x 65,536 303.0 -> 287.4, 128 x 2 x 32,768 305.9 -> 290.0, one row 8.6 -> 8.7.
 SAT_RELU_ASM = gl.constexpr("""
 {
 .reg .f32 t;
@@ -162,13 +107,9 @@ mov.b32 $0, t;
 
 
 @gluon.jit
-def _relu_bits(acc, SAT_RELU: gl.constexpr):
-    """relu of the int32 dot `acc` (|acc| < 2^23) as float32 bits, the subnormal acc * 2^-149: an integer max, or with
-    SAT_RELU one saturating float multiply (SAT_RELU_ASM: the FMA pipe instead of the integer pipe)."""
-    if SAT_RELU:
-        relu = gl.inline_asm_elementwise(SAT_RELU_ASM, "=r,r", [acc], dtype=gl.int32, is_pure=True, pack=1)
-    else:
-        relu = gl.maximum(acc, 0)
+def _relu_bits(acc):
+    """relu of the int32 dot `acc` (|acc| < 2^23) as float32 bits, the subnormal acc * 2^-149 (SAT_RELU_ASM)."""
+    relu = gl.inline_asm_elementwise(SAT_RELU_ASM, "=r,r", [acc], dtype=gl.int32, is_pure=True, pack=1)
     return relu.to(gl.float32, bitcast=True)
 
 
@@ -368,13 +309,10 @@ def _stage_queries(
     D: gl.constexpr,
     layout: gl.constexpr,
     INDIRECT: gl.constexpr,
-    neg_smem,
-    NEGATED: gl.constexpr,
 ):
     """Store the group's queries (row n = head n // BLOCK_ROWS of row lane n % BLOCK_ROWS; lanes past the
     group's count read zeros) of operand q_ptr (q_lo or q_hi) into q_smem [N, 128] in the key operand's
-    K order: column 4 q + e, q = 16 h + 4 j + g, holds dimension 32 g + 8 j + 4 h + e (_register_operand);
-    NEGATED: their negation into neg_smem too (q_lo's values lie within -96..96)."""
+    K order: column 4 q + e, q = 16 h + 4 j + g, holds dimension 32 g + 8 j + 4 h + e (_register_operand)."""
     first = gl.load(group_row_ptr + group)
     count = gl.load(group_count_ptr + group)
     offs_n = gl.arange(0, N, layout=gl.SliceLayout(1, layout))
@@ -383,10 +321,7 @@ def _stage_queries(
     vec = n_rows.to(gl.int64) * H + offs_n // BLOCK_ROWS
     k = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
     dim = 32 * ((k // 4) % 4) + 8 * ((k // 16) % 4) + 4 * (k // 64) + k % 4
-    values = gl.load(q_ptr + vec[:, None] * D + dim[None, :], mask=n_ok[:, None], other=0)
-    q_smem.store(values)
-    if NEGATED:
-        neg_smem.store(-values)
+    q_smem.store(gl.load(q_ptr + vec[:, None] * D + dim[None, :], mask=n_ok[:, None], other=0))
 
 
 @gluon.jit
@@ -443,13 +378,10 @@ def score_fp4_paged_gluon_kernel(
     INDIRECT: gl.constexpr,
     HAS_CEILINGS: gl.constexpr,
     EXPONENTS_AHEAD: gl.constexpr,
-    SAT_RELU: gl.constexpr,
-    SIGN_SPLIT: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """paged_scoring.score_fp4_paged_kernel's arguments and outputs (USE_ASM: always the PTX decode);
-    EXPONENTS_AHEAD: a step computes the next page's exponents; SAT_RELU, SIGN_SPLIT: the narrow step's relu and
-    key operand (GLUON_PAGED_OPTIONS)."""
+    EXPONENTS_AHEAD: a step computes the next page's exponents (GLUON_PAGED_OPTIONS)."""
     gl.static_assert(num_warps == 4, "one warpgroup")
     gl.static_assert((BLOCK_ROWS == 1) | (BLOCK_ROWS == 2), "groups of 1 or 2 rows")
     BK: gl.constexpr = 64
@@ -496,10 +428,6 @@ def score_fp4_paged_gluon_kernel(
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([N, 128], gl.int8)
     qa = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
     qa_hi = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
-    if SIGN_SPLIT:  # the negated queries (_narrow_dot)
-        qa_neg = gl.allocate_shared_memory(gl.int8, [N, 128], q_layout)
-    else:
-        qa_neg = qa
     # the tile's wide flag: each warp's vote, two slots (_tile_any)
     flags = gl.allocate_shared_memory(gl.int32, [2, 4, 16], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
@@ -555,8 +483,6 @@ def score_fp4_paged_gluon_kernel(
             D,
             ld,
             INDIRECT,
-            qa_neg,
-            SIGN_SPLIT,
         )
         if q_wide:
             _stage_queries(
@@ -572,8 +498,6 @@ def score_fp4_paged_gluon_kernel(
                 D,
                 ld,
                 INDIRECT,
-                qa_hi,
-                False,
             )
         fence_async_shared()  # the queries' stores before the MMAs read them
         gl.thread_barrier()
@@ -660,7 +584,7 @@ def score_fp4_paged_gluon_kernel(
             if EXPONENTS_AHEAD:
                 # this page's narrow decode (its shifts came a step ago) and the next page's exponents in one block, two
                 # independent chains for the scheduler to interleave; the next page's warpgroup reduction after the MMA
-                decoded = _narrow_decode(words, shift, SIGN_SPLIT)
+                half_a, half_b = _e2m1_halves(words, shift)
                 d_1, spread_1, kfac_1 = _key_exponents(words_1, scales_1, W3, G)
             else:
                 shift, bad_key, kfac, k_wide = _page_exponents(words, scales, live, W3, G, (flags, tile_index % 2))
@@ -682,9 +606,15 @@ def score_fp4_paged_gluon_kernel(
                 relu_sub = gl.maximum(acc.to(gl.float32), 0.0) * SUBNORMAL_UNIT
             else:
                 if not EXPONENTS_AHEAD:
-                    decoded = _narrow_decode(words, shift, SIGN_SPLIT)
-                acc = _narrow_dot(decoded, qa, qa_neg, gl.zeros([BK, N], gl.int32, mma), DOT, SIGN_SPLIT)
-                relu_sub = _relu_bits(acc, SAT_RELU)
+                    half_a, half_b = _e2m1_halves(words, shift)
+                # one synchronous MMA (K = 128): a wait cannot keep int8 register operands alive
+                acc = warpgroup_mma(
+                    _register_operand(half_a, half_b, DOT),
+                    qa.permute((1, 0)),
+                    gl.zeros([BK, N], gl.int32, mma),
+                    use_acc=False,
+                )
+                relu_sub = _relu_bits(acc)
             terms = relu_sub * wq[None, :]
             scores = gl.sum(gl.reshape(terms, [BK, H, BLOCK_ROWS]), axis=1)
             kfac_t = gl.convert_layout(kfac, key_of_tile)

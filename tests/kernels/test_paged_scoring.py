@@ -40,7 +40,7 @@ def paged_mode():
 
 
 #: GLUON_PAGED_OPTIONS of each Gluon kernel variant (the launched one first)
-GLUON_VARIANTS = {"launched": {}, "narrow step": dict(SAT_RELU=True, SIGN_SPLIT=True)}
+GLUON_VARIANTS = {"launched": {}}
 #: the strided launch's options as launched (a variant that leaves them alone repeats the launched case there)
 LAUNCHED_STRIDED = gluon_paged_options(strided=True)
 

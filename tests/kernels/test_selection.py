@@ -202,40 +202,13 @@ def test_select_topk_dense_is_exact(case, seed):
         assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
 
 
-#: the radix selector's two forms (RADIX_CONFIG "alone"): five launches over programs splitting each row, or one
-#: launch of a program a row
-FORMS = {"five launches": False, "a program a row": True}
-
-
-class _NotLaunched:
-    """A kernel that the form under test must not launch: indexing its grid fails the test."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __getitem__(self, grid):
-        raise AssertionError(f"{self.name} launched in the other form")
-
-
-def use_form(monkeypatch, form: str) -> None:
-    """Select the radix selector's `form` for the test, the other form's first kernel made unlaunchable."""
-    from litetopk.kernels import dense_selection
-
-    alone = FORMS[form]
-    monkeypatch.setitem(RADIX_CONFIG, "alone", alone)
-    other = "radix_floor_kernel" if alone else "radix_select_row_kernel"
-    monkeypatch.setattr(dense_selection, other, _NotLaunched(other))
-
-
 @pytest.mark.interpret
-@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case", list(DENSE_CASES))
-def test_the_radix_selector_equals_the_torch_selector(case, form, seed, monkeypatch):
+def test_the_radix_selector_equals_the_torch_selector(case, seed):
     """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
-    gives the torch selector's keys bit for bit on every dense case, in both forms: on a GPU compiled, with each
+    gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each
     warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
     poisoned -inf where no case entry lies, so a key read past a row's width would show."""
-    use_form(monkeypatch, form)
     c = DENSE_CASES[case]
     scores = torch.from_numpy(dense_case_scores(c, seed))
     want = select_topk_dense(scores, c["k"])
@@ -243,7 +216,7 @@ def test_the_radix_selector_equals_the_torch_selector(case, form, seed, monkeypa
     padded[:, : c["width"]] = scores
     got = select_topk_radix(padded[:, : c["width"]].to(DEVICE), c["k"]).cpu()
     assert torch.equal(got, want), (
-        f"{case}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -256,21 +229,19 @@ CLUSTERED = {
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("case", list(CLUSTERED))
 @pytest.mark.parametrize("cap", [None, 512])
-def test_the_radix_selector_on_clustered_scores(case, cap, form, seed, monkeypatch):
+def test_the_radix_selector_on_clustered_scores(case, cap, seed):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
-    bisection over the last 10 bits and the column order of equal scores (_finish_row's last branch)."""
-    use_form(monkeypatch, form)
+    bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
     gen = np.random.default_rng(seed)
     scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
     scores[1, 2500:] = NEG_INF
     got = select_topk_radix(scores.to(DEVICE), 512, cap=cap).cpu()
     want = select_topk_dense(scores, 512)
     assert torch.equal(got, want), (
-        f"{case}, cap {cap}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, cap {cap}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -338,10 +309,6 @@ def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
         assert carved(255, 32768, k) <= carved(256, 32768, k), f"K={k}: 255 rows carve more than 256"
         assert carved(127, 65536, k) <= carved(128, 65536, k), f"K={k}: 127 rows carve more than 128"
         assert carved(3, 350208, k) <= carved(3, 350210, k), f"K={k}: fewer keys carve more"
-        five = carved(64, 65536, k)
-        monkeypatch.setitem(RADIX_CONFIG, "alone", True)  # a workspace sized in one form holds the other's calls
-        assert carved(64, 65536, k) == five, f"K={k}: the one-launch form carves other bytes"
-        monkeypatch.setitem(RADIX_CONFIG, "alone", False)
 
 
 def test_the_floors_buffer_grows_with_the_rows_alone():
@@ -360,7 +327,6 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stages", [1, 4])
-@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize(
     "rows, width, k",
     [
@@ -372,11 +338,10 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
         (64, 50000, 1024),
     ],
 )
-def test_the_radix_selector_at_decode_sizes(rows, width, k, form, stages, seed, monkeypatch):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
-    the GPU: the radix selector equals the torch selector bit for bit, in both forms, its column loops pipelined
+    the GPU: the radix selector equals the torch selector bit for bit, its column loops pipelined
     (RADIX_CONFIG "stages") or not; widths that are no multiple of a block end in a masked one."""
-    use_form(monkeypatch, form)
     monkeypatch.setitem(RADIX_CONFIG, "stages", stages)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
@@ -385,7 +350,7 @@ def test_the_radix_selector_at_decode_sizes(rows, width, k, form, stages, seed, 
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
     got, want = select_topk_radix(scores, k), select_topk_dense(scores, k)
-    assert torch.equal(got, want), f"{rows}x{width} K={k}, {form}, stages {stages}"
+    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
