@@ -10,7 +10,7 @@ echo "ncu: ${NCU:-none}"
 [ -n "$NCU" ] || exit 0
 for shape in ${NCU_SHAPES:-64x1x65536x512}; do
   rep=/tmp/ncu-paged-$shape
-  timeout ${NCU_TIMEOUT:-200} "$NCU" --kernel-name regex:score_fp4_paged --launch-skip 2 --launch-count 2 --set full \
+  timeout ${NCU_TIMEOUT:-200} "$NCU" --kernel-name regex:score_fp4_paged --launch-skip ${NCU_SKIP:-2} --launch-count 1 --set full \
     --import-source no -f -o "$rep" python3 -m bench.probes.ncu_paged --shape "$shape" ${NCU_PROBE_ARGS:-} 2>&1 | tail -3
   "$NCU" -i "$rep.ncu-rep" --print-details all > "$OUT/ncu-paged-$shape.txt" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-paged-sass-$shape.csv" 2>&1

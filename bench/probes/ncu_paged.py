@@ -1,12 +1,12 @@
-"""Nsight Compute view of the paged mode's scoring kernel (Gluon, sm_90) on one decode shape: one LiteTopK
-call in TritonBackend(paged="always") to compile and warm, then one measured call. Run it under ncu:
+"""Nsight Compute view of the paged mode's scoring kernel (Gluon, sm_90) on one decode shape: three LiteTopK
+calls in TritonBackend(paged="always") at the default tuning (a call whose score matrix fits
+LiteTopKTuning.dense_route_bytes scores densely: one launch a call; a larger one scans: one launch a call, the
+scan calibrating itself), the first two to compile and warm. Run it under ncu:
 
-    ncu --kernel-name regex:score_fp4_paged --launch-skip 2 --launch-count 2 --set full \\
+    ncu --kernel-name regex:score_fp4_paged --launch-skip 2 --launch-count 1 --set full \\
         python3 -m bench.probes.ncu_paged --shape 64x1x65536x512
 
-(a call launches the kernel twice: the calibration sample (dense mode, a page a key), then the scan: the
-3rd and 4th launches are the measured ones). bench/device/gpu_ncu_paged.sh runs it on the device and keeps
-the report and its per-instruction source page.
+bench/device/gpu_ncu_paged.sh runs it on the device and keeps the report and its per-instruction source page.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     q = decode_queries(lengths, next_n, seed=8, device="cuda")
     call = (q["q_fp4"], q["q_scale"], cache, block_table, q["weights"], q["row_to_batch"], q["starts"], q["ends"])
     with registry.backend_instance("triton", TritonBackend(paged="always", scoring_kernel=args.kernel)):
-        for _ in range(2):
+        for _ in range(3):
             result = litetopk_prefill(*call, topk=topk, backend="triton")
     torch.cuda.synchronize()
     print(f"done: {args.shape}, candidates a row {float(result.candidates.float().mean()):.0f}")
