@@ -52,17 +52,18 @@ in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in
 "aggregate" False: one a key); (3) count the second digits of those keys in b1 (each program finds b1 from the
 histogram itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
 scratch lists (a 2,048-column block's slots in both by one atomic on the row's packed list lengths, then a prefix
-sum; boundary keys past CAP are counted, not stored); (5) a program a row: one tl.sort of the sure keys (K) and one
+sum; RADIX_CONFIG "warp_slots": a warp's, by one atomic a list, _warp_slots; boundary keys past CAP are counted, not
+stored); (5) a program a row: one tl.sort of the sure keys (K) and one
 of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP boundary keys agree in 22 bits
 of their scores (equal or near-equal scores); then the need-th best of them is found by bisection over the 10 bits
 left (10 passes over the row), and the keys above it plus the first ones at it in column order complete the row. GPU
-time on an H100 (bench/JOURNAL.md 21a): 64 x 65,536 scores (K = 512) 91 us (floor 9, counts 27, collect 48, finish
-6), one row of 65,536 ~25 us; tests/kernels/test_selection.py has its GPU tests; CI runs the kernels under the
-interpreter.
+time on an H100 (bench/JOURNAL.md 22a, the loops pipelined): 64 x 65,536 scores (K = 512) 84 us (floor 10, counts
+24, collect 44, finish 6), one row of 65,536 27 us; tests/kernels/test_selection.py has its GPU tests; CI runs the
+kernels under the interpreter.
 The column loops are software-pipelined (RADIX_CONFIG "stages": the next blocks load by cp.async while one is
 counted). Measured on an H100 and deleted (bench/JOURNAL.md 22a): the five launches' work in one, a program a row
-(the phases in turn with a barrier between them): 165 against 95 us at 64 x 65,536, 162 against 38 at one row; a row's
-passes on one SM wait out the L2's latency, where five launches spread it over 32 programs.
+(the phases in turn with a barrier between them): 165 against 84 us at 64 x 65,536, 162 against 27 at one row; a row's
+passes on one SM wait out the L2's latency, where five launches spread it over up to 32 programs a row.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
-#: row); `warps` every launch's (offline sm_90 at 8 warps: floor 29, count 58, collect 111, finish 120 registers);
+#: row); `warps` every launch's (offline sm_90 at 8 warps, 4 stages: floor 59, count 48, collect 108, finish 120
+#: registers);
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA only),
 #: else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster (counts 23
 #: against 27 us at 64 x 65,536), but where a row's keys share a digit they contend for one counter: rows of equal
@@ -181,7 +183,10 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: busy of a dense-route call): 4 stages against 1, 64 x 65,536 (K = 512) 319.2 against 325.1 us (collect 44 / 48,
 #: counts 24 / 27), 32 x 4 x 65,536 (K = 1024) 460.5 against 479.1, 128 x 2 x 32,768 477.1 against 494.6, one row 46.2
 #: against 46.8. A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4)
+#: `warp_slots`: the collect's list slots a warp at a time (_warp_slots: on CUDA one atomic a list for a warp's keys of
+#: one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes them a block at a time
+#: (two block sums, an atomic, two block prefix sums: barriers across the program's warps a block). Not yet measured.
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False)
 
 
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
@@ -204,6 +209,62 @@ popc.b32 $0, m;
 selp.b32 $0, $0, 0, p;
 }
 """)
+
+
+# A key's place in its warp's share of its list: $2 the list (0: none, 1: the sure keys, 2: the boundary keys).
+# match.any.sync finds the lanes of the same list; $0 their number in the lowest such lane (the one that takes their
+# slots by one atomic), 0 in the others; $1 the lane's rank among them (the lanes below it in the same list).
+_WARP_RANK_ASM = tl.constexpr("""
+{
+.reg .b32 m, l, low, lt;
+.reg .pred p;
+match.any.sync.b32 m, $2, 0xffffffff;
+mov.u32 l, %laneid;
+mov.u32 lt, %lanemask_lt;
+and.b32 lt, lt, m;
+popc.b32 $1, lt;
+neg.s32 low, m;
+and.b32 low, low, m;
+shr.b32 low, low, l;
+setp.eq.u32 p, low, 1;
+popc.b32 $0, m;
+selp.b32 $0, $0, 0, p;
+}
+""")
+# The value $1 (the first slot the atomic returned) of the lowest lane holding the same list $2 as this one.
+_WARP_LEADER_ASM = tl.constexpr("""
+{
+.reg .b32 m, low, leader;
+match.any.sync.b32 m, $2, 0xffffffff;
+neg.s32 low, m;
+and.b32 low, low, m;
+bfind.u32 leader, low;
+shfl.sync.idx.b32 $0, $1, leader, 0x1f, 0xffffffff;
+}
+""")
+
+
+@triton.jit
+def _warp_slots(count_ptr, sure, tied, AGGREGATE: tl.constexpr):
+    """Each sure and boundary key's slot in its list (int32; meaningful where `sure` / `tied`) from the row's packed
+    lengths at count_ptr (sure keys bits 0-31, boundary keys 32-63): where AGGREGATE, one atomic for each list of a
+    warp's keys of one register (the lanes execute the same instruction), taken by the list's lowest lane, each key
+    its lane's rank among them (_WARP_RANK_ASM, _WARP_LEADER_ASM: inline PTX, CUDA only); else one atomic a key."""
+    which = tl.where(sure, 1, tl.where(tied, 2, 0))
+    step = tl.where(which == 1, 1, 4294967296).to(tl.int64)
+    if AGGREGATE:
+        count, rank = tl.inline_asm_elementwise(
+            _WARP_RANK_ASM, "=r,=r,r", [which], dtype=(tl.int32, tl.int32), is_pure=False, pack=1
+        )
+        taken = tl.atomic_add(count_ptr + 0 * which, step * count, mask=(which > 0) & (count > 0), sem="relaxed")
+        first = tl.where(which == 1, taken & 0xFFFFFFFF, taken >> 32).to(tl.int32)
+        first = tl.inline_asm_elementwise(
+            _WARP_LEADER_ASM, "=r,r,r", [first, which], dtype=tl.int32, is_pure=False, pack=1
+        )
+        return first + rank
+    else:
+        taken = tl.atomic_add(count_ptr + 0 * which, step, mask=which > 0, sem="relaxed")
+        return tl.where(which == 1, taken & 0xFFFFFFFF, taken >> 32).to(tl.int32)
 
 
 @triton.jit
@@ -396,10 +457,13 @@ def radix_collect_kernel(
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     STAGES: tl.constexpr,
+    WARP_SLOTS: tl.constexpr,
+    AGGREGATE: tl.constexpr,
 ):
-    """Append the program's sure and boundary keys to the row's two lists: a block's slots in both lists by one
-    atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a: one atomic a
-    program after a counting pass was slower, 53 against 48 us at 64 x 65,536)."""
+    """Append the program's sure and boundary keys to the row's two lists (_collect_span): a block's slots in both
+    lists by one atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a:
+    one atomic a program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a key's
+    slot from its warp's atomic (_warp_slots; AGGREGATE false: one atomic a key, the interpreter's)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
@@ -419,6 +483,8 @@ def radix_collect_kernel(
         CAP,
         BLOCK,
         STAGES,
+        WARP_SLOTS,
+        AGGREGATE,
     )
 
 
@@ -437,22 +503,32 @@ def _collect_span(
     CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     STAGES: tl.constexpr,
+    WARP_SLOTS: tl.constexpr,
+    AGGREGATE: tl.constexpr,
 ):
     """Append the row's sure and boundary keys in [first_col, last) to its two lists: a block's slots in both by one
-    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum."""
+    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum; WARP_SLOTS: each key's slot from
+    _warp_slots (no block sum, no barrier). Either way a list's length counts every key appended, its keys past
+    the list's size (CAP boundary keys) not stored."""
     for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
-        n_sure = tl.sum(sure.to(tl.int32), axis=0)
-        n_tied = tl.sum(tied.to(tl.int32), axis=0)
-        if n_sure + n_tied > 0:
-            taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
-            next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
-            next_tied = (taken >> 32).to(tl.int32)
+        if WARP_SLOTS:
+            slot = _warp_slots(count_ptr, sure, tied, AGGREGATE)
             keys = _ordering_keys(scores, offs_c)
-            slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
             tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
-            slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
             tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
+        else:
+            n_sure = tl.sum(sure.to(tl.int32), axis=0)
+            n_tied = tl.sum(tied.to(tl.int32), axis=0)
+            if n_sure + n_tied > 0:
+                taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+                next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+                next_tied = (taken >> 32).to(tl.int32)
+                keys = _ordering_keys(scores, offs_c)
+                slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
+                tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
+                slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
+                tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
 
 
 @triton.jit
@@ -632,6 +708,8 @@ def select_topk_radix(
         CAP=cap,
         BLOCK=RADIX_BLOCK,
         STAGES=stages,
+        WARP_SLOTS=config["warp_slots"],
+        AGGREGATE=aggregate,
         num_warps=warps,
     )
     radix_finish_kernel[(rows,)](

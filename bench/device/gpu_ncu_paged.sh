@@ -2,6 +2,8 @@
 # Nsight Compute on the paged scoring kernel (bench/probes/ncu_paged.py) at decode shapes: the full section
 # set in $OUT/ncu-paged-<shape>.txt and each report's per-instruction SASS page (stall samples) as CSV.
 #   run(command="bash bench/device/gpu_ncu_paged.sh", timeout_s=400); NCU_SHAPES="64x1x65536x512 ..."
+# NCU_SKIP (default 2) picks the third call's launch of a routed shape (one launch a call); a shape the scan takes
+# (over LiteTopKTuning.dense_route_bytes: two launches a call) needs NCU_SKIP=5, so run such shapes on their own.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/gpu_env.sh || exit 1

@@ -1,7 +1,8 @@
 """Nsight Compute view of the paged mode's scoring kernel (Gluon, sm_90) on one decode shape: three LiteTopK
-calls in TritonBackend(paged="always") at the default tuning (a call whose score matrix fits
-LiteTopKTuning.dense_route_bytes scores densely: one launch a call; a larger one scans: one launch a call, the
-scan calibrating itself), the first two to compile and warm. Run it under ncu:
+calls in TritonBackend(paged="always") at the default tuning, the first two to compile and warm. A call whose score
+matrix fits LiteTopKTuning.dense_route_bytes scores densely: one launch a call (--launch-skip 2: the third call's);
+a larger one scans: two launches a call, the calibration sample's then the scan's (--launch-skip 5: the third
+call's scan). Run it under ncu:
 
     ncu --kernel-name regex:score_fp4_paged --launch-skip 2 --launch-count 1 --set full \\
         python3 -m bench.probes.ncu_paged --shape 64x1x65536x512

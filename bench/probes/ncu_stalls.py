@@ -1,7 +1,6 @@
 """Summarize an Nsight Compute source page (`ncu -i REPORT --page source --print-source sass --csv`, as
-bench/device/gpu_ncu_paged.sh writes it): the warp stall samples of one kernel by reason, and by the instructions
-that drew the most, with their opcode and reasons; the step loop's instruction count (the backward branch
-around the most samples).
+bench/device/gpu_ncu_paged.sh writes it): the warp stall samples of one kernel by reason, by opcode, and by the
+instructions that drew the most, with their reasons.
 
     python3 -m bench.probes.ncu_stalls ncu-paged-sass-64x1x65536x512.csv[.gz] [--top 40] [--json OUT]
 """

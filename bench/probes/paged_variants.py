@@ -50,6 +50,7 @@ VARIANTS = {
     "dense route": dict(tuning=ROUTE),
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
+    "route, warp slots": dict(tuning=ROUTE, radix=dict(warp_slots=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)

@@ -130,9 +130,11 @@ def innermost_mma_loop(sass: str) -> list[str]:
 
 def operand_writes_in_flight(loop: list[str]) -> list[str]:
     """The instructions of `loop` (mma_loops' form) that write a register of an in-flight wgmma's A operand: from an
-    IGMMA whose A operand is in registers (its second operand, R<n>: R<n>..R<n+3>) to the next WARPGROUP.DEPBAR, any
-    other instruction whose first operand (its destination) is one of them. PTX leaves that undefined (the operand
-    is read while the MMA runs), so an asynchronous chain of register-operand MMAs must find none."""
+    IGMMA whose A operand is in registers (its second operand, R<n>: R<n>..R<n+3>) to the next wait for every group
+    (WARPGROUP.DEPBAR.LE gsb0, 0x0; a wait that leaves groups in flight keeps them all live), any other instruction
+    whose destination register (its first register operand after any predicate destinations: SHFL's and ATOMG's
+    `PT, R5, ...`) is one of them. PTX leaves that undefined (the operand is read while the MMA runs), so an
+    asynchronous chain of register-operand MMAs must find none."""
     found, live = [], set()
     for line in loop:
         words = line.replace(",", " ").split()[1:]
@@ -142,16 +144,26 @@ def operand_writes_in_flight(loop: list[str]) -> list[str]:
             continue
         op = words[0]
         if op.startswith("WARPGROUP.DEPBAR"):
-            live.clear()
+            if words[-1] == "0x0":
+                live.clear()
         elif op.startswith(("IGMMA", "HGMMA", "QGMMA")):
             a = re.fullmatch(r"R(\d+)", words[2]) if len(words) > 2 else None
             if a:
                 live.update(range(int(a.group(1)), int(a.group(1)) + 4))
-        elif live and len(words) > 1:
-            d = re.fullmatch(r"R(\d+)", words[1])
+        elif live:
+            operands = words[1:]
+            while operands and re.fullmatch(r"!?U?P(T|\d+)", operands[0]):
+                operands = operands[1:]
+            d = re.fullmatch(r"R(\d+)", operands[0]) if operands else None
             if d and int(d.group(1)) in live:
                 found.append(line)
     return found
+
+
+def register_operand_mmas(loop: list[str]) -> int:
+    """The IGMMA / HGMMA / QGMMA instructions of `loop` whose A operand is in registers (operand_writes_in_flight
+    watches them)."""
+    return sum(1 for line in loop if re.search(r"\b[IHQ]GMMA\S*\s+R\d+,\s*R\d+,", line))
 
 
 def opcode_mix(loop: list[str]) -> collections.Counter:

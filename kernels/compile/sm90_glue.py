@@ -173,6 +173,8 @@ KERNELS = {
             CAP=2048,
             BLOCK=dense_selection.RADIX_BLOCK,
             STAGES=dense_selection.RADIX_CONFIG["stages"],
+            WARP_SLOTS=True,  # the form under measurement (RADIX_CONFIG "warp_slots"); the block form is its branch
+            AGGREGATE=True,
         ),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),

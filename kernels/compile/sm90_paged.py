@@ -8,7 +8,9 @@ Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; a variant under
 measurement, MEASURED_GLUON_OPTIONS, gets a build of its own while it lasts) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, the opcode counts of its innermost wgmma
-loop and the loop's writes to the A operand of an MMA in flight (sm90.operand_writes_in_flight: none allowed). The page strides are declared multiples of 16, as the launches of a cache in words specialize them
+loop, the loop's writes to the A operand of an MMA in flight (sm90.operand_writes_in_flight: none allowed) and
+its MMAs of a register A operand, and its saturating float adds (the relu).
+The page strides are declared multiples of 16, as the launches of a cache in words specialize them
 (paged.cache_in_words).
 """
 
@@ -30,7 +32,15 @@ from ..triton.paged_scoring_gluon import (
     gluon_paged_options,
     score_fp4_paged_gluon_kernel,
 )
-from .sm90 import compile_sm90, innermost_mma_loop, mma_loops, opcode_mix, operand_writes_in_flight, resource_usage
+from .sm90 import (
+    compile_sm90,
+    innermost_mma_loop,
+    mma_loops,
+    opcode_mix,
+    operand_writes_in_flight,
+    register_operand_mmas,
+    resource_usage,
+)
 
 #: Argument types of both paged kernels (the same signature).
 PAGED_TYPES = dict(
@@ -128,6 +138,8 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
                 loop_opcodes=opcode_mix(loop),
                 mma_loop_instructions=[len(body) for body in mma_loops(sass)],
                 operand_writes_in_flight=operand_writes_in_flight(loop),
+                register_operand_mmas=register_operand_mmas(loop),
+                saturating_adds=sum(" FADD.SAT " in line + " " for line in loop),
             )
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -46,8 +46,8 @@ from .scoring import SUBNORMAL_UNIT, _histogram_range
 
 GLUON_PAGED_WARPS = 4
 # ptxas register caps (maxnreg) by rows a group, so that PROGRAMS_PER_SM programs reside on an SM (65,536
-# registers / (cap x 128 threads)); offline sm_90 builds (compile/sm90_paged.py): 166-168 at one row, 244-254 at
-# two, no stack.
+# registers / (cap x 128 threads)); offline sm_90 builds (compile/sm90_paged.py): 168 at one row, 249-255 at two, no
+# stack.
 GLUON_PAGED_MAX_REGISTERS = {1: 168, 2: 255}
 PROGRAMS_PER_SM = {1: 3, 2: 2}
 # The kernel's constexpr options as launched (gluon_paged_options). Variants built for a measurement go here
@@ -117,8 +117,8 @@ def _relu_bits(acc):
 def _load_page(pos, live, tile_page, pages, FORMAT: gl.constexpr):
     """(words int32 [64, 4, 4] in W3: each key's packed E2M1 bytes, one group of 16 a thread; scales int32
     [64, 4] in G; live bool [64]) of the keys at positions `pos` ([64] in G's key slice) of sequence b64.
-    Contiguous tiles are one page (logical page `tile_page`: one block-table read); strided ones read a
-    page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127). `pages`: the
+    Contiguous tiles are one page (logical page `tile_page`: one block-table read; `pos` must be tile_page x PAGE
+    + the key's lane 0..63, which the in-page offsets assume without reading `pos`); strided ones read a page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127). `pages`: the
     sequence, block table and cache arguments (b64 ... scale_page_stride); FORMAT: the layouts and the cache
     format's constexprs (W3 ... INTERLEAVED, then _load_tile's DENSE), in order."""
     b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride = pages

@@ -202,9 +202,20 @@ def test_select_topk_dense_is_exact(case, seed):
         assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
 
 
+#: the collect's two ways of taking list slots (RADIX_CONFIG "warp_slots"): a block at a time, or a warp at a time (on a
+#: GPU one atomic a list a warp, _warp_slots' inline PTX; under the interpreter one atomic a key)
+SLOTS = {"block slots": False, "warp slots": True}
+
+
+@pytest.fixture(params=list(SLOTS))
+def slots(request, monkeypatch):
+    monkeypatch.setitem(RADIX_CONFIG, "warp_slots", SLOTS[request.param])
+    return request.param
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(DENSE_CASES))
-def test_the_radix_selector_equals_the_torch_selector(case, seed):
+def test_the_radix_selector_equals_the_torch_selector(case, slots, seed):
     """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
     gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each
     warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
@@ -216,7 +227,7 @@ def test_the_radix_selector_equals_the_torch_selector(case, seed):
     padded[:, : c["width"]] = scores
     got = select_topk_radix(padded[:, : c["width"]].to(DEVICE), c["k"]).cpu()
     assert torch.equal(got, want), (
-        f"{case}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, {slots}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -231,7 +242,7 @@ CLUSTERED = {
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(CLUSTERED))
 @pytest.mark.parametrize("cap", [None, 512])
-def test_the_radix_selector_on_clustered_scores(case, cap, seed):
+def test_the_radix_selector_on_clustered_scores(case, cap, slots, seed):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
     bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
@@ -241,7 +252,7 @@ def test_the_radix_selector_on_clustered_scores(case, cap, seed):
     got = select_topk_radix(scores.to(DEVICE), 512, cap=cap).cpu()
     want = select_topk_dense(scores, 512)
     assert torch.equal(got, want), (
-        f"{case}, cap {cap}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, cap {cap}, {slots}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -338,7 +349,7 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
         (64, 50000, 1024),
     ],
 )
-def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, seed, monkeypatch):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, slots, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
     the GPU: the radix selector equals the torch selector bit for bit, its column loops pipelined
     (RADIX_CONFIG "stages") or not; widths that are no multiple of a block end in a masked one."""
@@ -350,7 +361,7 @@ def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, seed, monkey
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
     got, want = select_topk_radix(scores, k), select_topk_dense(scores, k)
-    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}"
+    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {slots}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
