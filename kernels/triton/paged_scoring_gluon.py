@@ -118,7 +118,8 @@ def _load_page(pos, live, tile_page, pages, FORMAT: gl.constexpr):
     """(words int32 [64, 4, 4] in W3: each key's packed E2M1 bytes, one group of 16 a thread; scales int32
     [64, 4] in G; live bool [64]) of the keys at positions `pos` ([64] in G's key slice) of sequence b64.
     Contiguous tiles are one page (logical page `tile_page`: one block-table read; `pos` must be tile_page x PAGE
-    + the key's lane 0..63, which the in-page offsets assume without reading `pos`); strided ones read a page a key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127). `pages`: the
+    + the key's lane 0..63, which the in-page offsets assume without reading `pos`); strided ones read a page a
+    key. Keys not `live` or on a page outside the cache read nothing (zeros, scale 127). `pages`: the
     sequence, block table and cache arguments (b64 ... scale_page_stride); FORMAT: the layouts and the cache
     format's constexprs (W3 ... INTERLEAVED, then _load_tile's DENSE), in order."""
     b64, bt_stride, block_table_ptr, num_pages, values_ptr, scales_ptr, value_page_stride, scale_page_stride = pages
