@@ -150,7 +150,89 @@ def _split_schedule(
         tl.store(raised_ptr + row, tl.full([BLOCK], float("-inf"), tl.float32), mask=live)
     for w0 in range(0, rows * NB, BLOCK):
         tl.store(hist_ptr + w0 + offs, tl.zeros([BLOCK], tl.int32), mask=w0 + offs < rows * NB)
-    # Groups: runs of one sequence, cut every BLOCK_ROWS rows (carried across blocks of rows).
+    if BLOCK_ROWS == 1:  # a group a row: its span its window, in one pass (no groups written and read back)
+        _one_row_groups(
+            starts_ptr,
+            ends_ptr,
+            rows,
+            groups_ptr,
+            group_row_ptr,
+            group_count_ptr,
+            group_span_ptr,
+            tile_offset_ptr,
+            BLOCK,
+            KEYS,
+        )
+    else:
+        _row_groups(
+            rtb_ptr,
+            starts_ptr,
+            ends_ptr,
+            rows,
+            groups_ptr,
+            group_row_ptr,
+            group_count_ptr,
+            group_span_ptr,
+            tile_offset_ptr,
+            BLOCK_ROWS,
+            BLOCK,
+            KEYS,
+        )
+
+
+@triton.jit
+def _one_row_groups(
+    starts_ptr,
+    ends_ptr,
+    rows,
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,
+    BLOCK: tl.constexpr,
+    KEYS: tl.constexpr,
+):
+    """_row_groups at BLOCK_ROWS = 1: group g is row g (count 1), its span the row's window ((0, 0) where empty)."""
+    offs = tl.arange(0, BLOCK)
+    tiles_before = 0
+    tl.store(tile_offset_ptr, 0)
+    for r0 in range(0, rows, BLOCK):
+        row = r0 + offs
+        live = row < rows
+        start = tl.load(starts_ptr + row, mask=live, other=0)
+        end = tl.load(ends_ptr + row, mask=live, other=0)
+        window = live & (end > start)
+        lo = tl.where(window, start, 0)
+        hi = tl.where(window, end, 0)
+        tiles = tl.where(window, tl.cdiv(hi, KEYS) - lo // KEYS, 0)
+        tl.store(group_row_ptr + row, row, mask=live)
+        tl.store(group_count_ptr + row, tl.full([BLOCK], 1, tl.int32), mask=live)
+        tl.store(group_span_ptr + 2 * row, lo, mask=live)
+        tl.store(group_span_ptr + 2 * row + 1, hi, mask=live)
+        tl.store(tile_offset_ptr + row + 1, tiles_before + tl.cumsum(tiles, 0), mask=live)
+        tiles_before += tl.sum(tiles, 0)
+    tl.store(groups_ptr, rows)
+
+
+@triton.jit
+def _row_groups(
+    rtb_ptr,
+    starts_ptr,
+    ends_ptr,
+    rows,
+    groups_ptr,
+    group_row_ptr,
+    group_count_ptr,
+    group_span_ptr,
+    tile_offset_ptr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KEYS: tl.constexpr,
+):
+    """The groups (runs of one sequence, cut every BLOCK_ROWS rows, carried across blocks of rows: written, then read
+    back for their spans) and their spans and tile offsets."""
+    offs = tl.arange(0, BLOCK)
     run_start = 0
     groups = 0
     for r0 in range(0, rows, BLOCK):
