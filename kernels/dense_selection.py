@@ -52,7 +52,7 @@ in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in
 "aggregate" False: one a key); (3) count the second digits of those keys in b1 (each program finds b1 from the
 histogram itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
 scratch lists (a 2,048-column block's slots in both by one atomic on the row's packed list lengths, then a prefix
-sum; RADIX_CONFIG "warp_slots": a warp's, by one atomic a list, _warp_slots; boundary keys past CAP are counted, not
+sum; RADIX_CONFIG "warp_slots": a warp's, by one atomic a list, _warp_append; boundary keys past CAP are counted, not
 stored); (5) a program a row: one tl.sort of the sure keys (K) and one
 of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP boundary keys agree in 22 bits
 of their scores (equal or near-equal scores); then the need-th best of them is found by bisection over the 10 bits
@@ -183,7 +183,7 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: busy of a dense-route call): 4 stages against 1, 64 x 65,536 (K = 512) 319.2 against 325.1 us (collect 44 / 48,
 #: counts 24 / 27), 32 x 4 x 65,536 (K = 1024) 460.5 against 479.1, 128 x 2 x 32,768 477.1 against 494.6, one row 46.2
 #: against 46.8. A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-#: `warp_slots`: the collect's list slots a warp at a time (_warp_slots: on CUDA one atomic a list for a warp's keys of
+#: `warp_slots`: the collect's list slots a warp at a time (_warp_append: on CUDA one atomic a list for a warp's keys of
 #: one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes them a block at a time
 #: (two block sums, an atomic, two block prefix sums: barriers across the program's warps a block). Not yet measured.
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False)
@@ -211,60 +211,86 @@ selp.b32 $0, $0, 0, p;
 """)
 
 
-# A key's place in its warp's share of its list: $2 the list (0: none, 1: the sure keys, 2: the boundary keys).
-# match.any.sync finds the lanes of the same list; $0 their number in the lowest such lane (the one that takes their
-# slots by one atomic), 0 in the others; $1 the lane's rank among them (the lanes below it in the same list).
-_WARP_RANK_ASM = tl.constexpr("""
+# The warp's sure and boundary keys of one register appended to their lists (one instance for the 32 lanes; $1 the
+# key's list: 0 none, 1 the sure keys, 2 the boundary keys; $2 the address of the row's packed lengths, sure keys in
+# bits 0-31, boundary keys in 32-63; $3 the key; $4, $5 the lists; $6, $7 their sizes, TOPK and CAP). match.any.sync
+# finds the lanes of the same list, the lowest of them adds their number to the list's length by one atomic, shfl.sync
+# hands the length it found to the others, each lane adds its rank (the lanes below it in the list) and stores its key
+# there when the slot lies inside the list ($0: the slot). The slots are taken and used in one asm block: Triton
+# copies an elementwise asm whose result it needs in several layouts, which must not happen to an atomic or split the
+# lanes that take slots from those that read them.
+_WARP_APPEND_ASM = tl.constexpr("""
 {
-.reg .b32 m, l, low, lt;
-.reg .pred p;
-match.any.sync.b32 m, $2, 0xffffffff;
-mov.u32 l, %laneid;
+.reg .b32 m, lt, rank, count, low, leader, lo, hi, slot;
+.reg .b64 step, old, at;
+.reg .pred is_leader, is_listed, is_boundary, keep;
+match.any.sync.b32 m, $1, 0xffffffff;
 mov.u32 lt, %lanemask_lt;
 and.b32 lt, lt, m;
-popc.b32 $1, lt;
-neg.s32 low, m;
-and.b32 low, low, m;
-shr.b32 low, low, l;
-setp.eq.u32 p, low, 1;
-popc.b32 $0, m;
-selp.b32 $0, $0, 0, p;
-}
-""")
-# The value $1 (the first slot the atomic returned) of the lowest lane holding the same list $2 as this one.
-_WARP_LEADER_ASM = tl.constexpr("""
-{
-.reg .b32 m, low, leader;
-match.any.sync.b32 m, $2, 0xffffffff;
+popc.b32 rank, lt;
+popc.b32 count, m;
 neg.s32 low, m;
 and.b32 low, low, m;
 bfind.u32 leader, low;
-shfl.sync.idx.b32 $0, $1, leader, 0x1f, 0xffffffff;
+mov.u32 lt, %laneid;
+setp.eq.u32 is_leader, leader, lt;
+setp.ne.u32 is_listed, $1, 0;
+and.pred is_leader, is_leader, is_listed;
+setp.eq.u32 is_boundary, $1, 2;
+cvt.u64.u32 step, count;
+@is_boundary shl.b64 step, step, 32;
+mov.b64 old, 0;
+@is_leader atom.global.relaxed.gpu.add.u64 old, [$2], step;
+mov.b64 {lo, hi}, old;
+@is_boundary mov.b32 lo, hi;
+shfl.sync.idx.b32 lo, lo, leader, 0x1f, 0xffffffff;
+add.u32 slot, lo, rank;
+setp.eq.u32 keep, $1, 1;
+setp.lt.and.u32 keep, slot, $6, keep;
+mul.wide.u32 at, slot, 8;
+add.u64 at, at, $4;
+@keep st.global.u64 [at], $3;
+setp.lt.and.u32 keep, slot, $7, is_boundary;
+mul.wide.u32 at, slot, 8;
+add.u64 at, at, $5;
+@keep st.global.u64 [at], $3;
+mov.u32 $0, slot;
 }
 """)
 
 
 @triton.jit
-def _warp_slots(count_ptr, sure, tied, AGGREGATE: tl.constexpr):
-    """Each sure and boundary key's slot in its list (int32; meaningful where `sure` / `tied`) from the row's packed
-    lengths at count_ptr (sure keys bits 0-31, boundary keys 32-63): where AGGREGATE, one atomic for each list of a
-    warp's keys of one register (the lanes execute the same instruction), taken by the list's lowest lane, each key
-    its lane's rank among them (_WARP_RANK_ASM, _WARP_LEADER_ASM: inline PTX, CUDA only); else one atomic a key."""
+def _warp_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK: tl.constexpr, CAP: tl.constexpr):
+    """Append the `sure` and `tied` (boundary) ones of int64 `keys` to the row's two lists (sure_row: TOPK slots,
+    boundary_row: CAP, the count past it kept only) by the row's packed lengths at count_ptr (sure keys bits 0-31,
+    boundary keys 32-63): one atomic for each list of a warp's keys of one register (_WARP_APPEND_ASM, inline PTX,
+    CUDA only)."""
     which = tl.where(sure, 1, tl.where(tied, 2, 0))
-    step = tl.where(which == 1, 1, 4294967296).to(tl.int64)
-    if AGGREGATE:
-        count, rank = tl.inline_asm_elementwise(
-            _WARP_RANK_ASM, "=r,=r,r", [which], dtype=(tl.int32, tl.int32), is_pure=False, pack=1
-        )
-        taken = tl.atomic_add(count_ptr + 0 * which, step * count, mask=(which > 0) & (count > 0), sem="relaxed")
-        first = tl.where(which == 1, taken & 0xFFFFFFFF, taken >> 32).to(tl.int32)
-        first = tl.inline_asm_elementwise(
-            _WARP_LEADER_ASM, "=r,r,r", [first, which], dtype=tl.int32, is_pure=False, pack=1
-        )
-        return first + rank
-    else:
-        taken = tl.atomic_add(count_ptr + 0 * which, step, mask=which > 0, sem="relaxed")
-        return tl.where(which == 1, taken & 0xFFFFFFFF, taken >> 32).to(tl.int32)
+    zero = 0 * which
+    tl.inline_asm_elementwise(
+        _WARP_APPEND_ASM,
+        "=r,r,l,l,l,l,r,r",
+        [
+            which,
+            (count_ptr + zero).to(tl.int64, bitcast=True),
+            keys,
+            (sure_row + zero).to(tl.int64, bitcast=True),
+            (boundary_row + zero).to(tl.int64, bitcast=True),
+            zero + TOPK,
+            zero + CAP,
+        ],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _key_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK: tl.constexpr, CAP: tl.constexpr):
+    """_warp_append by one atomic a key (the interpreter's: no inline PTX)."""
+    taken = tl.atomic_add(count_ptr + 0 * keys, tl.where(sure, 1, 4294967296), mask=sure | tied, sem="relaxed")
+    tl.store(sure_row + (taken & 0xFFFFFFFF), keys, mask=sure & ((taken & 0xFFFFFFFF) < TOPK))
+    tl.store(boundary_row + (taken >> 32), keys, mask=tied & ((taken >> 32) < CAP))
 
 
 @triton.jit
@@ -462,8 +488,8 @@ def radix_collect_kernel(
 ):
     """Append the program's sure and boundary keys to the row's two lists (_collect_span): a block's slots in both
     lists by one atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a:
-    one atomic a program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a key's
-    slot from its warp's atomic (_warp_slots; AGGREGATE false: one atomic a key, the interpreter's)."""
+    one atomic a program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a warp's
+    slots by its own atomic (_warp_append; AGGREGATE false: one atomic a key, the interpreter's)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
@@ -507,16 +533,18 @@ def _collect_span(
     AGGREGATE: tl.constexpr,
 ):
     """Append the row's sure and boundary keys in [first_col, last) to its two lists: a block's slots in both by one
-    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum; WARP_SLOTS: each key's slot from
-    _warp_slots (no block sum, no barrier). Either way a list's length counts every key appended, its keys past
-    the list's size (CAP boundary keys) not stored."""
+    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum; WARP_SLOTS: a warp's keys of one
+    register by one atomic a list (_warp_append where AGGREGATE, else one atomic a key: no block sum, no barrier).
+    Either way a list's length counts every key appended, its keys past the list's size (CAP boundary keys) not
+    stored."""
     for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         if WARP_SLOTS:
-            slot = _warp_slots(count_ptr, sure, tied, AGGREGATE)
             keys = _ordering_keys(scores, offs_c)
-            tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
-            tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
+            if AGGREGATE:
+                _warp_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK, CAP)
+            else:
+                _key_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK, CAP)
         else:
             n_sure = tl.sum(sure.to(tl.int32), axis=0)
             n_tied = tl.sum(tied.to(tl.int32), axis=0)

@@ -173,7 +173,7 @@ KERNELS = {
             CAP=2048,
             BLOCK=dense_selection.RADIX_BLOCK,
             STAGES=dense_selection.RADIX_CONFIG["stages"],
-            WARP_SLOTS=True,  # the form under measurement (RADIX_CONFIG "warp_slots"); the block form is its branch
+            WARP_SLOTS=dense_selection.RADIX_CONFIG["warp_slots"],
             AGGREGATE=True,
         ),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
@@ -229,6 +229,12 @@ NUM_WARPS = {
 }
 
 
+#: builds of a form under measurement, by name: (kernel, its constants' changes over KERNELS'), while it lasts
+MEASURED = {
+    "radix_collect_kernel_warp_slots": (dense_selection.radix_collect_kernel, dict(WARP_SLOTS=True)),
+}
+
+
 def argument_types(kernel, constants: dict, types: dict) -> dict:
     """Every non-constexpr argument's type: `types`, else int32 pointer (*_ptr) or int32 scalar."""
     return {
@@ -244,8 +250,11 @@ def main(out_dir: str) -> int:
         return 2
     os.makedirs(out_dir, exist_ok=True)
     summary = {}
-    for kernel, (constants, types) in KERNELS.items():
-        name = kernel.fn.__name__
+    builds = [(kernel.fn.__name__, kernel, constants, types) for kernel, (constants, types) in KERNELS.items()]
+    for name, (kernel, changes) in MEASURED.items():
+        constants, types = KERNELS[kernel]
+        builds.append((name, kernel, dict(constants, **changes), types))
+    for name, kernel, constants, types in builds:
         path = os.path.join(out_dir, name)
         options = dict(num_warps=NUM_WARPS.get(kernel, 4))
         compile_sm90(kernel, argument_types(kernel, constants, types), constants, options, path)

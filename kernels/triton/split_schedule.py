@@ -202,7 +202,7 @@ def _one_row_groups(
         live = row < rows
         start = tl.load(starts_ptr + row, mask=live, other=0)
         end = tl.load(ends_ptr + row, mask=live, other=0)
-        window = live & (end > start)
+        window = live & (end > start) & (end > 0)  # _row_groups' test (its span's end above 0), for any metadata
         lo = tl.where(window, start, 0)
         hi = tl.where(window, end, 0)
         tiles = tl.where(window, tl.cdiv(hi, KEYS) - lo // KEYS, 0)

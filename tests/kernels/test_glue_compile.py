@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from litetopk.kernels.compile.sm90_glue import KERNELS
+from litetopk.kernels.compile.sm90_glue import KERNELS, MEASURED
 from tests.kernels.offline_compile import offline_summary
 
-NAMES = [kernel.fn.__name__ for kernel in KERNELS]
+NAMES = [kernel.fn.__name__ for kernel in KERNELS] + list(MEASURED)
 
 
 @pytest.fixture(scope="module")
@@ -36,3 +36,17 @@ def test_the_radix_selectors_column_loops_are_pipelined(build, name):
     """RADIX_CONFIG "stages" (4): the floor's, counting and collecting launches load their next column blocks by
     cp.async while one is counted (the form measured faster on an H100, bench/JOURNAL.md 22a)."""
     assert "cp.async" in (build[1] / f"{name}.ptx").read_text(), f"{name}: its column loads are not pipelined"
+
+
+def test_the_warp_slots_append_once_a_list_a_warp(build):
+    """RADIX_CONFIG "warp_slots": the collect's append is one inline-PTX block (_WARP_APPEND_ASM) a register of keys,
+    so that its atomic runs once for each list of a warp: Triton copies an elementwise asm it needs in several
+    layouts, which would repeat the atomic. The compiled loop holds one match.any and one atomic per asm instance,
+    and the block form no match.any at all."""
+    folder = build[1]
+    warp = (folder / "radix_collect_kernel_warp_slots.ptx").read_text()
+    block = (folder / "radix_collect_kernel.ptx").read_text()
+    matches, atomics = warp.count("match.any.sync"), warp.count("atom.global.relaxed.gpu.add.u64")
+    assert matches == atomics > 0, f"{matches} match.any, {atomics} list atomics"
+    assert (folder / "radix_collect_kernel_warp_slots.ttgir").read_text().count("elementwise_inline_asm") == 1
+    assert "match.any.sync" not in block, "the block form appends by block sums"

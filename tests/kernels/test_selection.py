@@ -203,7 +203,7 @@ def test_select_topk_dense_is_exact(case, seed):
 
 
 #: the collect's two ways of taking list slots (RADIX_CONFIG "warp_slots"): a block at a time, or a warp at a time (on a
-#: GPU one atomic a list a warp, _warp_slots' inline PTX; under the interpreter one atomic a key)
+#: GPU one atomic a list a warp, _warp_append's inline PTX; under the interpreter one atomic a key)
 SLOTS = {"block slots": False, "warp slots": True}
 
 
