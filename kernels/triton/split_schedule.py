@@ -150,50 +150,17 @@ def _split_schedule(
         tl.store(raised_ptr + row, tl.full([BLOCK], float("-inf"), tl.float32), mask=live)
     for w0 in range(0, rows * NB, BLOCK):
         tl.store(hist_ptr + w0 + offs, tl.zeros([BLOCK], tl.int32), mask=w0 + offs < rows * NB)
+    schedule = (groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr)
     if BLOCK_ROWS == 1:  # a group a row: its span its window, in one pass (no groups written and read back)
-        _one_row_groups(
-            starts_ptr,
-            ends_ptr,
-            rows,
-            groups_ptr,
-            group_row_ptr,
-            group_count_ptr,
-            group_span_ptr,
-            tile_offset_ptr,
-            BLOCK,
-            KEYS,
-        )
+        _one_row_groups(starts_ptr, ends_ptr, rows, schedule, BLOCK, KEYS)
     else:
-        _row_groups(
-            rtb_ptr,
-            starts_ptr,
-            ends_ptr,
-            rows,
-            groups_ptr,
-            group_row_ptr,
-            group_count_ptr,
-            group_span_ptr,
-            tile_offset_ptr,
-            BLOCK_ROWS,
-            BLOCK,
-            KEYS,
-        )
+        _row_groups(rtb_ptr, starts_ptr, ends_ptr, rows, schedule, BLOCK_ROWS, BLOCK, KEYS)
 
 
 @triton.jit
-def _one_row_groups(
-    starts_ptr,
-    ends_ptr,
-    rows,
-    groups_ptr,
-    group_row_ptr,
-    group_count_ptr,
-    group_span_ptr,
-    tile_offset_ptr,
-    BLOCK: tl.constexpr,
-    KEYS: tl.constexpr,
-):
+def _one_row_groups(starts_ptr, ends_ptr, rows, schedule, BLOCK: tl.constexpr, KEYS: tl.constexpr):
     """_row_groups at BLOCK_ROWS = 1: group g is row g (count 1), its span the row's window ((0, 0) where empty)."""
+    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr = schedule
     offs = tl.arange(0, BLOCK)
     tiles_before = 0
     tl.store(tile_offset_ptr, 0)
@@ -217,21 +184,12 @@ def _one_row_groups(
 
 @triton.jit
 def _row_groups(
-    rtb_ptr,
-    starts_ptr,
-    ends_ptr,
-    rows,
-    groups_ptr,
-    group_row_ptr,
-    group_count_ptr,
-    group_span_ptr,
-    tile_offset_ptr,
-    BLOCK_ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-    KEYS: tl.constexpr,
+    rtb_ptr, starts_ptr, ends_ptr, rows, schedule, BLOCK_ROWS: tl.constexpr, BLOCK: tl.constexpr, KEYS: tl.constexpr
 ):
     """The groups (runs of one sequence, cut every BLOCK_ROWS rows, carried across blocks of rows: written, then read
-    back for their spans) and their spans and tile offsets."""
+    back for their spans) and their spans and tile offsets into `schedule` (groups_ptr, group_row_ptr,
+    group_count_ptr, group_span_ptr, tile_offset_ptr)."""
+    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr = schedule
     offs = tl.arange(0, BLOCK)
     run_start = 0
     groups = 0
