@@ -352,7 +352,11 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
 def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, slots, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
     the GPU: the radix selector equals the torch selector bit for bit, its column loops pipelined
-    (RADIX_CONFIG "stages") or not; widths that are no multiple of a block end in a masked one."""
+    (RADIX_CONFIG "stages") or not, its list slots a block or a warp at a time; widths that are no multiple of a
+    block end in a masked one. The selector's lists and answer are carved from a workspace of poison bytes (each int64
+    0x7F7F...: a key above every real one), so that a list slot that is counted but never written shows."""
+    from litetopk.kernels.scratch import Scratch
+
     monkeypatch.setitem(RADIX_CONFIG, "stages", stages)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.randn(rows, width, device="cuda", generator=gen)
@@ -360,7 +364,8 @@ def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, slots, seed,
     scores[::2] = scores[::2] * 0.01 + 4.0  # every other row clustered: many keys share the boundary's first digit
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
-    got, want = select_topk_radix(scores, k), select_topk_dense(scores, k)
+    poisoned = Scratch(scores.device, torch.full((32 << 20,), 0x7F, dtype=torch.uint8, device="cuda"))
+    got, want = select_topk_radix(scores, k, scratch=poisoned), select_topk_dense(scores, k)
     assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {slots}"
 
 
