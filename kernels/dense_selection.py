@@ -363,46 +363,6 @@ def _floor(partial_row, per_row, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _group_maxima(row_scores, first_col, last, GROUPS: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    """int32 [GROUPS]: the largest ordered score of each strided group (the column modulo GROUPS) among the row's
-    columns [first_col, last) (first_col and BLOCK multiples of GROUPS); DEAD where a group has no key there."""
-    offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
-    best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
-        cols = c0 + offs
-        scores = tl.load(row_scores + cols, mask=cols < last, other=float("-inf"))
-        live, ordered, _, _ = _digits(scores)
-        best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
-    return best
-
-
-@triton.jit
-def _count_span(
-    row_scores,
-    first_col,
-    last,
-    floor,
-    hist_row,
-    b1,
-    BLOCK: tl.constexpr,
-    AGGREGATE: tl.constexpr,
-    SECOND: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """Count the digits of the row's keys in [first_col, last) at or above `floor` into its histograms: the first
-    digits (SECOND = False), or the second digits of those whose first digit is b1."""
-    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
-        offs_c = c0 + tl.arange(0, BLOCK)
-        scores = tl.load(row_scores + offs_c, mask=offs_c < last, other=float("-inf"))
-        live, ordered, first, second = _digits(scores)
-        counted = live & (ordered >= floor)
-        if SECOND:
-            _count_digits(hist_row + 2048, second, counted & (first == b1), AGGREGATE)
-        else:
-            _count_digits(hist_row, first, counted, AGGREGATE)
-
-
-@triton.jit
 def radix_floor_kernel(
     scores_ptr,
     score_stride,
@@ -421,7 +381,15 @@ def radix_floor_kernel(
     program = tl.program_id(1)
     first_col = program * span
     last = tl.minimum(first_col + span, width)
-    best = _group_maxima(scores_ptr + row * score_stride, first_col, last, GROUPS, BLOCK, STAGES)
+    row_scores = scores_ptr + row * score_stride
+    offs = tl.arange(0, BLOCK // GROUPS)[:, None] * GROUPS + tl.arange(0, GROUPS)[None, :]
+    best = tl.full([GROUPS], DEAD_C, tl.int32)
+    # (span and BLOCK are multiples of GROUPS: a column's group is c % GROUPS)
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
+        cols = c0 + offs
+        scores = tl.load(row_scores + cols, mask=cols < last, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
     tl.store(partial_ptr + (row * tl.num_programs(1) + program) * GROUPS + tl.arange(0, GROUPS), best)
     if program == 0:
         offs_h = tl.arange(0, 4096)
@@ -451,8 +419,17 @@ def radix_count_kernel(
     last = tl.minimum(first_col + span, width)
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     hist_row = hist_ptr + row * 4096
-    b1 = _boundary(hist_row, TOPK) if SECOND else -1
-    _count_span(scores_ptr + row * score_stride, first_col, last, floor, hist_row, b1, BLOCK, AGGREGATE, SECOND, STAGES)
+    if SECOND:
+        b1 = _boundary(hist_row, TOPK)
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
+        offs_c = c0 + tl.arange(0, BLOCK)
+        scores = tl.load(scores_ptr + row * score_stride + offs_c, mask=offs_c < last, other=float("-inf"))
+        live, ordered, first, second = _digits(scores)
+        counted = live & (ordered >= floor)
+        if SECOND:
+            _count_digits(hist_row + 2048, second, counted & (first == b1), AGGREGATE)
+        else:
+            _count_digits(hist_row, first, counted, AGGREGATE)
 
 
 @triton.jit
@@ -486,57 +463,21 @@ def radix_collect_kernel(
     WARP_SLOTS: tl.constexpr,
     AGGREGATE: tl.constexpr,
 ):
-    """Append the program's sure and boundary keys to the row's two lists (_collect_span): a block's slots in both
-    lists by one atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a:
-    one atomic a program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a warp's
-    slots by its own atomic (_warp_append; AGGREGATE false: one atomic a key, the interpreter's)."""
+    """Append the program's sure and boundary keys to the row's two lists: a block's slots in both lists by one
+    atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a: one atomic a
+    program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a warp's keys of one
+    register by one atomic a list (_warp_append where AGGREGATE, else one atomic a key, the interpreter's: no block
+    sum, no barrier). Either way a list's length counts every key appended, its keys past the list's size (CAP
+    boundary keys) not stored."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
     floor = _floor(partial_ptr + row * tl.num_programs(1) * GROUPS, tl.num_programs(1), GROUPS)
     b1, b2 = _boundaries(hist_ptr + row * 4096, TOPK)
-    _collect_span(
-        scores_ptr + row * score_stride,
-        first_col,
-        last,
-        floor,
-        b1,
-        b2,
-        sure_ptr + row * TOPK,
-        boundary_ptr + row * CAP,
-        counts_ptr + row,
-        TOPK,
-        CAP,
-        BLOCK,
-        STAGES,
-        WARP_SLOTS,
-        AGGREGATE,
-    )
-
-
-@triton.jit
-def _collect_span(
-    row_scores,
-    first_col,
-    last,
-    floor,
-    b1,
-    b2,
-    sure_row,
-    boundary_row,
-    count_ptr,
-    TOPK: tl.constexpr,
-    CAP: tl.constexpr,
-    BLOCK: tl.constexpr,
-    STAGES: tl.constexpr,
-    WARP_SLOTS: tl.constexpr,
-    AGGREGATE: tl.constexpr,
-):
-    """Append the row's sure and boundary keys in [first_col, last) to its two lists: a block's slots in both by one
-    atomic on the row's packed lengths at count_ptr (zeroed), then a prefix sum; WARP_SLOTS: a warp's keys of one
-    register by one atomic a list (_warp_append where AGGREGATE, else one atomic a key: no block sum, no barrier).
-    Either way a list's length counts every key appended, its keys past the list's size (CAP boundary keys) not
-    stored."""
+    row_scores = scores_ptr + row * score_stride
+    sure_row = sure_ptr + row * TOPK
+    boundary_row = boundary_ptr + row * CAP
+    count_ptr = counts_ptr + row
     for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
         if WARP_SLOTS:
@@ -667,12 +608,11 @@ def select_topk_radix(
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float dtypes
     are converted) whose column is the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded;
     the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one
-    publishes nothing, module docstring). Five launches and no memset,
-    no host synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on
-    CUDA) counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default
-    BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one sort ranks (tests force the bisection with cap =
-    k). The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's
-    dense route; None: the allocator)."""
+    publishes nothing, module docstring). Five launches and no memset, no host synchronization (module docstring,
+    "The radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one
+    atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one
+    sort ranks (tests force the bisection with cap = k). The answer and the scratch lists come from `scratch` (a
+    scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
         raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")

@@ -6,7 +6,7 @@ Layer: public face (compile/, an offline tool; imports triton/'s kernels).
 
     python -m litetopk.kernels.compile.sm90_paged OUT_DIR
 writes OUT_DIR/<kernel>_<variant>.{cubin,ptx,ttgir,sass} (kernel: triton, gluon, as launched; a variant under
-measurement, MEASURED_GLUON_OPTIONS, gets a build of its own while it lasts) and
+measurement, GLUON_PAGED_OPTIONS, gets a build of its own while it lasts) and
 OUT_DIR/summary.json: per build its registers, stack, shared memory, the opcode counts of its innermost wgmma
 loop, the loop's writes to the A operand of an MMA in flight (sm90.operand_writes_in_flight: none allowed) and
 its MMAs of a register A operand, and its saturating float adds (the relu).
@@ -88,11 +88,6 @@ PAGED_VARIANTS = {
 }
 
 
-#: Gluon builds of the options under measurement (GLUON_PAGED_OPTIONS' entries over the launched ones, by build
-#: name), each in every mode while it lasts; none now.
-MEASURED_GLUON_OPTIONS: dict[str, dict] = {}
-
-
 def _source(base):
     """An AST source that declares the page strides multiples of 16 (besides the pointers)."""
 
@@ -120,13 +115,6 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
             "triton": (score_fp4_paged_kernel, constants, dict(num_warps=4), ASTSource),
             "gluon": (score_fp4_paged_gluon_kernel, gluon_constants, gluon_options, GluonASTSource),
         }
-        for measured, options in MEASURED_GLUON_OPTIONS.items():
-            builds[measured] = (
-                score_fp4_paged_gluon_kernel,
-                dict(gluon_constants, **options),
-                gluon_options,
-                GluonASTSource,
-            )
         for kernel_name, (kernel, kernel_constants, options, base) in builds.items():
             name = f"{kernel_name}_{variant}"
             path = os.path.join(out_dir, name)
@@ -139,7 +127,7 @@ def compile_paged_scoring(out_dir: str, topk: int = 512) -> dict[str, dict]:
                 mma_loop_instructions=[len(body) for body in mma_loops(sass)],
                 operand_writes_in_flight=operand_writes_in_flight(loop),
                 register_operand_mmas=register_operand_mmas(loop),
-                saturating_adds=sum(" FADD.SAT " in line + " " for line in loop),
+                saturating_adds=sum("FADD.SAT" in line for line in loop),
             )
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

@@ -160,7 +160,7 @@ def _split_schedule(
 @triton.jit
 def _one_row_groups(starts_ptr, ends_ptr, rows, schedule, BLOCK: tl.constexpr, KEYS: tl.constexpr):
     """_row_groups at BLOCK_ROWS = 1: group g is row g (count 1), its span the row's window ((0, 0) where empty)."""
-    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr = schedule
+    groups_ptr, group_row_ptr, group_count_ptr, _, tile_offset_ptr = schedule
     offs = tl.arange(0, BLOCK)
     tiles_before = 0
     tl.store(tile_offset_ptr, 0)
@@ -169,16 +169,12 @@ def _one_row_groups(starts_ptr, ends_ptr, rows, schedule, BLOCK: tl.constexpr, K
         live = row < rows
         start = tl.load(starts_ptr + row, mask=live, other=0)
         end = tl.load(ends_ptr + row, mask=live, other=0)
-        window = live & (end > start) & (end > 0)  # _row_groups' test (its span's end above 0), for any metadata
-        lo = tl.where(window, start, 0)
-        hi = tl.where(window, end, 0)
-        tiles = tl.where(window, tl.cdiv(hi, KEYS) - lo // KEYS, 0)
+        window = live & (end > start)
         tl.store(group_row_ptr + row, row, mask=live)
         tl.store(group_count_ptr + row, tl.full([BLOCK], 1, tl.int32), mask=live)
-        tl.store(group_span_ptr + 2 * row, lo, mask=live)
-        tl.store(group_span_ptr + 2 * row + 1, hi, mask=live)
-        tl.store(tile_offset_ptr + row + 1, tiles_before + tl.cumsum(tiles, 0), mask=live)
-        tiles_before += tl.sum(tiles, 0)
+        tiles_before = _store_spans(
+            row, live, tl.where(window, start, 0), tl.where(window, end, 0), schedule, tiles_before, KEYS
+        )
     tl.store(groups_ptr, rows)
 
 
@@ -189,7 +185,7 @@ def _row_groups(
     """The groups (runs of one sequence, cut every BLOCK_ROWS rows, carried across blocks of rows: written, then read
     back for their spans) and their spans and tile offsets into `schedule` (groups_ptr, group_row_ptr,
     group_count_ptr, group_span_ptr, tile_offset_ptr)."""
-    groups_ptr, group_row_ptr, group_count_ptr, group_span_ptr, tile_offset_ptr = schedule
+    groups_ptr, group_row_ptr, group_count_ptr, _, tile_offset_ptr = schedule
     offs = tl.arange(0, BLOCK)
     run_start = 0
     groups = 0
@@ -230,15 +226,23 @@ def _row_groups(
             window = in_group & (end > start)
             lo = tl.where(window, tl.minimum(lo, start), lo)
             hi = tl.where(window, tl.maximum(hi, end), hi)
-        any_window = hi > 0
-        lo = tl.where(any_window, lo, 0)
-        tiles = tl.where(any_window, tl.cdiv(hi, KEYS) - lo // KEYS, 0)
         tl.store(group_row_ptr + group, first_row, mask=in_grid & ~used)
         tl.store(group_count_ptr + group, count, mask=in_grid & ~used)
-        tl.store(group_span_ptr + 2 * group, lo, mask=in_grid)
-        tl.store(group_span_ptr + 2 * group + 1, hi, mask=in_grid)
-        tl.store(tile_offset_ptr + group + 1, tiles_before + tl.cumsum(tiles, 0), mask=in_grid)
-        tiles_before += tl.sum(tiles, 0)
+        tiles_before = _store_spans(group, in_grid, lo, hi, schedule, tiles_before, KEYS)
+
+
+@triton.jit
+def _store_spans(group, in_grid, lo, hi, schedule, tiles_before, KEYS: tl.constexpr):
+    """Store the spans of a block of groups (lo, hi: their windows' union; hi 0 where none, then (0, 0)) and the
+    prefix of their key tiles after the `tiles_before` of the groups before them; return the tiles up to them."""
+    _, _, _, group_span_ptr, tile_offset_ptr = schedule
+    any_window = hi > 0
+    lo = tl.where(any_window, lo, 0)
+    tiles = tl.where(any_window, tl.cdiv(hi, KEYS) - lo // KEYS, 0)
+    tl.store(group_span_ptr + 2 * group, lo, mask=in_grid)
+    tl.store(group_span_ptr + 2 * group + 1, hi, mask=in_grid)
+    tl.store(tile_offset_ptr + group + 1, tiles_before + tl.cumsum(tiles, 0), mask=in_grid)
+    return tiles_before + tl.sum(tiles, 0)
 
 
 def _buffers(rows: int, num_bins: int, scratch: Scratch) -> tuple[torch.Tensor, ...]:
