@@ -186,7 +186,8 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: `warp_slots`: the collect's list slots a warp at a time (_warp_append: on CUDA one atomic a list for a warp's keys of
 #: one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes them a block at a time
 #: (two block sums, an atomic, two block prefix sums: barriers across the program's warps a block). Not yet measured.
-RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False)
+RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False, candidates=False)
+CANDIDATE_GROUPS = 2  # the candidates form's floor groups a K (module docstring)
 
 
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
@@ -347,11 +348,10 @@ def _boundaries(hist_row, TOPK: tl.constexpr):
 
 
 @triton.jit
-def _floor(partial_row, per_row, GROUPS: tl.constexpr):
-    """A row's floor (ordered bits): the smallest of its GROUPS group maxima, each the largest over the row's
-    programs' (radix_floor_kernel). GROUPS >= K distinct keys score at or above it, so the K-th best key does:
-    a key below it is no answer. DEAD where a group holds no key (then every key counts). The programs' maxima are
-    read 4,096 at a time (a load each, not one a program: a row of one call can have hundreds of programs)."""
+def _group_maxima(partial_row, per_row, GROUPS: tl.constexpr):
+    """A row's GROUPS group maxima (ordered bits; DEAD: a group without a key), each the largest over the row's
+    programs' (radix_floor_kernel). The programs' maxima are read 4,096 at a time (a load each, not one a program: a
+    row of one call can have hundreds of programs)."""
     CHUNK: tl.constexpr = 4096 // GROUPS
     offs_p = tl.arange(0, CHUNK)[:, None]
     offs_g = tl.arange(0, GROUPS)[None, :]
@@ -359,7 +359,15 @@ def _floor(partial_row, per_row, GROUPS: tl.constexpr):
     for p0 in range(0, per_row, CHUNK):
         maxima = tl.load(partial_row + (p0 + offs_p) * GROUPS + offs_g, mask=p0 + offs_p < per_row, other=DEAD_C)
         best = tl.maximum(best, tl.max(maxima, axis=0))
-    return tl.min(best, axis=0)
+    return best
+
+
+@triton.jit
+def _floor(partial_row, per_row, GROUPS: tl.constexpr):
+    """A row's floor (ordered bits): the smallest of its GROUPS group maxima (_group_maxima). GROUPS >= K distinct
+    keys score at or above it, so the K-th best key does: a key below it is no answer. DEAD where a group holds no
+    key (then every key counts)."""
+    return tl.min(_group_maxima(partial_row, per_row, GROUPS), axis=0)
 
 
 @triton.jit
@@ -369,14 +377,16 @@ def radix_floor_kernel(
     width,
     span,  # float32 [rows, width]; columns a program reads
     partial_ptr,  # int32 [rows, programs a row, GROUPS]: each program's group maxima (ordered bits; DEAD: no key)
-    hist_ptr,  # int32 [rows, 2, 2048] and
+    hist_ptr,  # int32 [rows, 2, 2048] (HISTOGRAMS) and
     counts_ptr,  # int64 [rows]: zeroed here, by each row's first program
     GROUPS: tl.constexpr,
     BLOCK: tl.constexpr,
     STAGES: tl.constexpr,
+    HISTOGRAMS: tl.constexpr,
 ):
     """The row's keys in GROUPS strided groups (the column modulo GROUPS), each program's largest of each (_floor
-    takes the smallest of their maxima); and the counters of the launches after it zeroed."""
+    takes the smallest of their maxima, radix_threshold_kernel the K-th largest); and the counters of the launches
+    after it zeroed (the digits' histograms where HISTOGRAMS)."""
     row = tl.program_id(0).to(tl.int64)
     program = tl.program_id(1)
     first_col = program * span
@@ -392,8 +402,9 @@ def radix_floor_kernel(
         best = tl.maximum(best, tl.max(tl.where(live, ordered, DEAD_C), axis=0))
     tl.store(partial_ptr + (row * tl.num_programs(1) + program) * GROUPS + tl.arange(0, GROUPS), best)
     if program == 0:
-        offs_h = tl.arange(0, 4096)
-        tl.store(hist_ptr + row * 4096 + offs_h, tl.zeros([4096], tl.int32))
+        if HISTOGRAMS:
+            offs_h = tl.arange(0, 4096)
+            tl.store(hist_ptr + row * 4096 + offs_h, tl.zeros([4096], tl.int32))
         tl.store(counts_ptr + row, tl.zeros([], tl.int64))
 
 
@@ -445,6 +456,48 @@ def _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _append(
+    count_ptr,
+    sure_row,
+    boundary_row,
+    scores,
+    offs_c,
+    sure,
+    tied,
+    SURE: tl.constexpr,
+    CAP: tl.constexpr,
+    TIED: tl.constexpr,
+    WARP_SLOTS: tl.constexpr,
+    AGGREGATE: tl.constexpr,
+):
+    """Append the keys of a block's `sure` and `tied` scores (at columns offs_c) to the row's two lists (sure_row:
+    SURE slots, boundary_row: CAP) by the row's packed lengths at count_ptr (the first list's in bits 0-31, the
+    second's in 32-63: every key counted, those past a list's size not stored; TIED False: no `tied` key, the second
+    list unused): the block's slots in both lists by one atomic, then a prefix sum; WARP_SLOTS: a warp's keys of one
+    register by one atomic a list (_warp_append where AGGREGATE, else one atomic a key, the interpreter's: no block
+    sum, no barrier)."""
+    if WARP_SLOTS:
+        keys = _ordering_keys(scores, offs_c)
+        if AGGREGATE:
+            _warp_append(count_ptr, sure_row, boundary_row, keys, sure, tied, SURE, CAP)
+        else:
+            _key_append(count_ptr, sure_row, boundary_row, keys, sure, tied, SURE, CAP)
+    else:
+        n_sure = tl.sum(sure.to(tl.int32), axis=0)
+        n_tied = tl.sum(tied.to(tl.int32), axis=0) if TIED else 0
+        if n_sure + n_tied > 0:
+            taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
+            next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
+            next_tied = (taken >> 32).to(tl.int32)
+            keys = _ordering_keys(scores, offs_c)
+            slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
+            tl.store(sure_row + slot, keys, mask=sure & (slot < SURE))
+            if TIED:
+                slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
+                tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
+
+
+@triton.jit
 def radix_collect_kernel(
     scores_ptr,
     score_stride,
@@ -480,24 +533,7 @@ def radix_collect_kernel(
     count_ptr = counts_ptr + row
     for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
         scores, offs_c, sure, tied = _sure_and_tied(row_scores, c0, last, floor, b1, b2, BLOCK)
-        if WARP_SLOTS:
-            keys = _ordering_keys(scores, offs_c)
-            if AGGREGATE:
-                _warp_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK, CAP)
-            else:
-                _key_append(count_ptr, sure_row, boundary_row, keys, sure, tied, TOPK, CAP)
-        else:
-            n_sure = tl.sum(sure.to(tl.int32), axis=0)
-            n_tied = tl.sum(tied.to(tl.int32), axis=0)
-            if n_sure + n_tied > 0:
-                taken = tl.atomic_add(count_ptr, n_sure.to(tl.int64) + (n_tied.to(tl.int64) << 32), sem="relaxed")
-                next_sure = (taken & 0xFFFFFFFF).to(tl.int32)
-                next_tied = (taken >> 32).to(tl.int32)
-                keys = _ordering_keys(scores, offs_c)
-                slot = next_sure + tl.cumsum(sure.to(tl.int32), 0) - 1
-                tl.store(sure_row + slot, keys, mask=sure & (slot < TOPK))
-                slot = next_tied + tl.cumsum(tied.to(tl.int32), 0) - 1  # past CAP: counted, not stored
-                tl.store(boundary_row + slot, keys, mask=tied & (slot < CAP))
+        _append(count_ptr, sure_row, boundary_row, scores, offs_c, sure, tied, TOPK, CAP, True, WARP_SLOTS, AGGREGATE)
 
 
 @triton.jit
@@ -506,6 +542,49 @@ def _store_sorted(keys_ptr, count, out_ptr, limit, SIZE: tl.constexpr):
     offs = tl.arange(0, SIZE)
     ranked = tl.sort(tl.load(keys_ptr + offs, mask=offs < count, other=NO_KEY_C), descending=True)
     tl.store(out_ptr + offs, ranked, mask=offs < limit)
+
+
+@triton.jit
+def _select_in_range(row_scores, width, lo, hi, need, out_ptr, BLOCK: tl.constexpr):
+    """Store into out_ptr[0, need), unordered, the best `need` keys of a row's keys whose ordered scores lie in
+    [lo, hi] (int32; at least `need` keys do): the need-th best score v of the range by bisection (a pass over the row
+    a step, one program), then the range's keys above v and, of those at v, the first in column order (keys of equal
+    scores rank by column)."""
+    top = hi.to(tl.int64)
+    lo = lo.to(tl.int64)
+    hi = top
+    while lo < hi:  # invariant: >= need keys of the range score at or above lo, < need above hi
+        mid = lo + (hi - lo + 1) // 2
+        count = tl.zeros([], tl.int32)
+        for c0 in range(0, width, BLOCK):
+            offs_c = c0 + tl.arange(0, BLOCK)
+            scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
+            live, ordered, _, _ = _digits(scores)
+            count += tl.sum((live & (ordered >= mid) & (ordered <= top)).to(tl.int32), axis=0)
+        if count >= need:
+            lo = mid
+        else:
+            hi = mid - 1
+    above_lo = tl.zeros([], tl.int32)  # the range's keys scoring above lo: all taken (fewer than need)
+    for c0 in range(0, width, BLOCK):
+        offs_c = c0 + tl.arange(0, BLOCK)
+        scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        above_lo += tl.sum((live & (ordered > lo) & (ordered <= top)).to(tl.int32), axis=0)
+    at_seen = tl.zeros([], tl.int32)  # then those at lo, in column order, up to `need` in all
+    slots = tl.zeros([], tl.int32)
+    for c0 in range(0, width, BLOCK):
+        offs_c = c0 + tl.arange(0, BLOCK)
+        scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        at = live & (ordered == lo)
+        keep = (live & (ordered > lo) & (ordered <= top)) | (
+            at & (at_seen + tl.cumsum(at.to(tl.int32), axis=0) <= need - above_lo)
+        )
+        slot = slots + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(out_ptr + slot, _ordering_keys(scores, offs_c), mask=keep)  # exactly `need`
+        at_seen += tl.sum(at.to(tl.int32), axis=0)
+        slots += tl.sum(keep.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -549,44 +628,118 @@ def radix_finish_kernel(
         _store_sorted(boundary_row, n_tied, out_row + n_sure, need, CAP)
     else:
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
-        # score by bisection over the 10 bits left, one pass over the row a step, then the boundary keys above
-        # it and, of those at it, the first in column order (keys of equal scores rank by column).
+        # of them by bisection over the 10 bits left (_select_in_range), then ranked.
         b1, b2 = _boundaries(hist_row, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
-        hi = lo + 1023
-        while lo < hi:  # invariant: >= need boundary keys score at or above lo, < need above hi
-            mid = lo + (hi - lo + 1) // 2
-            count = tl.zeros([], tl.int32)
-            for c0 in range(0, width, BLOCK):
-                offs_c = c0 + tl.arange(0, BLOCK)
-                scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
-                live, ordered, first, second = _digits(scores)
-                count += tl.sum((live & (first == b1) & (second == b2) & (ordered >= mid)).to(tl.int32), axis=0)
-            if count >= need:
-                lo = mid
-            else:
-                hi = mid - 1
-        above_lo = tl.zeros([], tl.int32)  # the boundary keys scoring above lo: all taken (fewer than need)
-        for c0 in range(0, width, BLOCK):
-            offs_c = c0 + tl.arange(0, BLOCK)
-            scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
-            live, ordered, first, second = _digits(scores)
-            above_lo += tl.sum((live & (first == b1) & (second == b2) & (ordered > lo)).to(tl.int32), axis=0)
-        at_seen = tl.zeros([], tl.int32)  # then those at lo, in column order, up to `need` in all
-        slots = tl.zeros([], tl.int32)
-        for c0 in range(0, width, BLOCK):
-            offs_c = c0 + tl.arange(0, BLOCK)
-            scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
-            live, ordered, first, second = _digits(scores)
-            bucket = live & (first == b1) & (second == b2)
-            at = bucket & (ordered == lo)
-            keep = (bucket & (ordered > lo)) | (at & (at_seen + tl.cumsum(at.to(tl.int32), axis=0) <= need - above_lo))
-            slot = slots + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            tl.store(boundary_row + slot, _ordering_keys(scores, offs_c), mask=keep)  # exactly `need`: < CAP
-            at_seen += tl.sum(at.to(tl.int32), axis=0)
-            slots += tl.sum(keep.to(tl.int32), axis=0)
-        tl.debug_barrier()  # the keys stored above are read back below
+        _select_in_range(row_scores, width, lo, lo + 1023, need, boundary_row, BLOCK)
+        tl.debug_barrier()  # the keys stored there are read back below
         _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
+
+
+# The candidates form (RADIX_CONFIG "candidates"): a sharper floor and one list, no digits.
+
+
+@triton.jit
+def radix_threshold_kernel(
+    partial_ptr,  # radix_floor_kernel's group maxima: int32 [rows, per_row, GROUPS]
+    per_row,
+    bounds_ptr,  # int32 [rows, 2]: each row's floor and its best score (ordered bits)
+    TOPK: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
+    """A row's floor (a program a row): the TOPK-th largest of its GROUPS group maxima (_group_maxima), by bisection
+    (DEAD where fewer than TOPK groups hold a key); and its best score, the largest. The groups of the TOPK largest
+    maxima hold TOPK distinct keys at or above the floor, so the K-th best key scores at or above it: a key below it
+    is no answer."""
+    row = tl.program_id(0).to(tl.int64)
+    maxima = _group_maxima(partial_ptr + row * per_row * GROUPS, per_row, GROUPS).to(tl.int64)
+    lo = tl.min(maxima, axis=0)
+    best = tl.max(maxima, axis=0)
+    hi = best
+    while lo < hi:  # invariant: >= TOPK maxima at or above lo, fewer than TOPK above hi
+        mid = lo + (hi - lo + 1) // 2
+        if tl.sum((maxima >= mid).to(tl.int32), axis=0) >= TOPK:
+            lo = mid
+        else:
+            hi = mid - 1
+    tl.store(bounds_ptr + row * 2, lo.to(tl.int32))
+    tl.store(bounds_ptr + row * 2 + 1, best.to(tl.int32))
+
+
+@triton.jit
+def radix_candidates_kernel(
+    scores_ptr,
+    score_stride,
+    width,
+    span,
+    bounds_ptr,
+    list_ptr,  # int64 [rows, CAP]: the keys at or above the row's floor, unordered (those past CAP counted only)
+    counts_ptr,  # int64 [rows], zeroed: each row's keys at or above its floor (bits 0-31)
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STAGES: tl.constexpr,
+    WARP_SLOTS: tl.constexpr,
+    AGGREGATE: tl.constexpr,
+):
+    """Append the program's keys at or above the row's floor (radix_threshold_kernel) to the row's list (_append)."""
+    row = tl.program_id(0).to(tl.int64)
+    first_col = tl.program_id(1) * span
+    last = tl.minimum(first_col + span, width)
+    floor = tl.load(bounds_ptr + row * 2)
+    row_scores = scores_ptr + row * score_stride
+    list_row = list_ptr + row * CAP
+    for c0 in tl.range(first_col, last, BLOCK, num_stages=STAGES):
+        offs_c = c0 + tl.arange(0, BLOCK)
+        scores = tl.load(row_scores + offs_c, mask=offs_c < last, other=float("-inf"))
+        live, ordered, _, _ = _digits(scores)
+        taken = live & (ordered >= floor)
+        _append(
+            counts_ptr + row,
+            list_row,
+            list_row,
+            scores,
+            offs_c,
+            taken,
+            offs_c < 0,
+            CAP,
+            CAP,
+            False,
+            WARP_SLOTS,
+            AGGREGATE,
+        )
+
+
+@triton.jit
+def radix_finish_candidates_kernel(
+    scores_ptr,
+    score_stride,
+    width,
+    bounds_ptr,
+    list_ptr,
+    counts_ptr,
+    out_ptr,
+    out_stride,  # int64 [rows, TOPK] (row stride out_stride): the answer, every slot written here
+    TOPK: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Write a row's answer (every one of its TOPK slots; a program a row): its listed keys sorted (NO_KEY after them
+    where fewer than TOPK); where more than CAP keys reach the floor (equal or near-equal scores), the best TOPK of
+    the row's keys between the floor and its best score (_select_in_range), sorted."""
+    row = tl.program_id(0).to(tl.int64)
+    count = (tl.load(counts_ptr + row) & 0xFFFFFFFF).to(tl.int32)
+    list_row = list_ptr + row * CAP
+    out_row = out_ptr + row * out_stride
+    if count <= TOPK:
+        _store_sorted(list_row, count, out_row, TOPK, TOPK)
+    elif count <= CAP:
+        _store_sorted(list_row, count, out_row, TOPK, CAP)
+    else:
+        floor = tl.load(bounds_ptr + row * 2)
+        best = tl.load(bounds_ptr + row * 2 + 1)
+        _select_in_range(scores_ptr + row * score_stride, width, floor, best, TOPK, list_row, BLOCK)
+        tl.debug_barrier()  # the keys stored there are read back below
+        _store_sorted(list_row, TOPK, out_row, TOPK, TOPK)
 
 
 def radix_spans(rows: int, width: int) -> tuple[int, int]:
@@ -608,43 +761,78 @@ def select_topk_radix(
     """int64 [rows, k]: the exact top-k ordering keys of each row of a dense score matrix (float32; other float dtypes
     are converted) whose column is the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded;
     the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one
-    publishes nothing, module docstring). Five launches and no memset, no host synchronization (module docstring,
-    "The radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a warp's equal digits with one
-    atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], raised to k) bounds the boundary keys one
-    sort ranks (tests force the bisection with cap = k). The answer and the scratch lists come from `scratch` (a
-    scratch.Scratch: the call's workspace in LiteTopK's dense route; None: the allocator)."""
+    publishes nothing, module docstring). Five launches (four in the candidates form) and no memset, no host
+    synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA)
+    counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], in
+    the candidates form 2k; raised to k) bounds the keys one sort ranks (tests force the bisection with cap = k).
+    The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense
+    route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
         raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")
-    cap = max(cap or BOUNDARY_TIERS[-1], k)
+    config = RADIX_CONFIG
+    candidates = config["candidates"]
+    cap = max(cap or (CANDIDATE_GROUPS * k if candidates else BOUNDARY_TIERS[-1]), k)
     if cap & (cap - 1):
         raise ValueError(f"cap={cap} must be a power of two")
-    small = min(BOUNDARY_TIERS[0], cap)
     scratch = Scratch(scores.device) if scratch is None else scratch
     if rows == 0 or width == 0:
         return scratch.full((rows, k), NO_KEY, torch.int64)
     out = scratch.empty((rows, k), torch.int64)  # every slot written by the finishing launch
     if scores.dtype != torch.float32 or scores.stride(1) != 1:
         scores = scores.float().contiguous()
-    config = RADIX_CONFIG
     aggregate = config["aggregate"] and scores.device.type == "cuda" if aggregate is None else aggregate
     per_row, span = radix_spans(rows, width)
     grid = (rows, per_row)
-    # no memset: the first launch zeroes the counters, the finishing part writes every slot of the answer
-    hist = scratch.empty((rows, 2, RADIX_BINS), torch.int32)
-    sure = scratch.empty((rows, k), torch.int64)
-    boundary = scratch.empty((rows, cap), torch.int64)
     stride = scores.stride(0)
     warps, stages = config["warps"], config["stages"]
-    finish_shape = dict(TOPK=k, CAP=cap, SMALL=small, BLOCK=RADIX_BLOCK, num_warps=warps)
+    groups = min(CANDIDATE_GROUPS * k, RADIX_BLOCK) if candidates else k
+    # no memset: the first launch zeroes the counters, the finishing part writes every slot of the answer
+    hist = None if candidates else scratch.empty((rows, 2, RADIX_BINS), torch.int32)
     # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
     # that a workspace sized at its most rows (workspace.workspace_bytes) holds every call of fewer rows or keys
-    partial = scratch.empty(((config["programs"] + rows) * k,), torch.int32)[: rows * per_row * k]
-    partial = partial.view(rows, per_row, k)
+    partial = scratch.empty(((config["programs"] + rows) * groups,), torch.int32)[: rows * per_row * groups]
+    partial = partial.view(rows, per_row, groups)
     counts = scratch.empty((rows,), torch.int64)
     radix_floor_kernel[grid](
-        scores, stride, width, span, partial, hist, counts, GROUPS=k, BLOCK=RADIX_BLOCK, STAGES=stages, num_warps=warps
+        scores,
+        stride,
+        width,
+        span,
+        partial,
+        counts if candidates else hist,
+        counts,
+        GROUPS=groups,
+        BLOCK=RADIX_BLOCK,
+        STAGES=stages,
+        HISTOGRAMS=not candidates,
+        num_warps=warps,
     )
+    slots = dict(BLOCK=RADIX_BLOCK, STAGES=stages, WARP_SLOTS=config["warp_slots"], AGGREGATE=aggregate)
+    if candidates:
+        bounds = scratch.empty((rows, 2), torch.int32)
+        listed = scratch.empty((rows, cap), torch.int64)
+        radix_threshold_kernel[(rows,)](partial, per_row, bounds, TOPK=k, GROUPS=groups, num_warps=warps)
+        radix_candidates_kernel[grid](
+            scores, stride, width, span, bounds, listed, counts, CAP=cap, **slots, num_warps=warps
+        )
+        radix_finish_candidates_kernel[(rows,)](
+            scores,
+            stride,
+            width,
+            bounds,
+            listed,
+            counts,
+            out,
+            out.stride(0),
+            TOPK=k,
+            CAP=cap,
+            BLOCK=RADIX_BLOCK,
+            num_warps=warps,
+        )
+        return out
+    sure = scratch.empty((rows, k), torch.int64)
+    boundary = scratch.empty((rows, cap), torch.int64)
     for second in (False, True):
         radix_count_kernel[grid](
             scores,
@@ -674,14 +862,24 @@ def select_topk_radix(
         TOPK=k,
         GROUPS=k,
         CAP=cap,
-        BLOCK=RADIX_BLOCK,
-        STAGES=stages,
-        WARP_SLOTS=config["warp_slots"],
-        AGGREGATE=aggregate,
+        **slots,
         num_warps=warps,
     )
     radix_finish_kernel[(rows,)](
-        scores, stride, width, hist, sure, boundary, counts, out, out.stride(0), **finish_shape
+        scores,
+        stride,
+        width,
+        hist,
+        sure,
+        boundary,
+        counts,
+        out,
+        out.stride(0),
+        TOPK=k,
+        CAP=cap,
+        SMALL=min(BOUNDARY_TIERS[0], cap),
+        BLOCK=RADIX_BLOCK,
+        num_warps=warps,
     )
     return out
 

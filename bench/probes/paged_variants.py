@@ -51,6 +51,8 @@ VARIANTS = {
     "route, 4 warps": dict(tuning=ROUTE, radix=dict(warps=4)),
     "route, an atomic a key": dict(tuning=ROUTE, radix=dict(aggregate=False)),
     "route, warp slots": dict(tuning=ROUTE, radix=dict(warp_slots=True)),
+    "route, candidates": dict(tuning=ROUTE, radix=dict(candidates=True)),
+    "route, candidates, warp slots": dict(tuning=ROUTE, radix=dict(candidates=True, warp_slots=True)),
 }
 SHAPES = ("64x1x65536x512", "1x1x65536x512", "32x4x65536x1024")
 #: the dense path's selectors timed after the variants (dense_selection: torch.topk and tie settlement; radix)
@@ -92,7 +94,7 @@ def _production_settings(backend: TritonBackend) -> dict:
 
 def _timed(call, reps: int, candidates: float, equal: bool) -> dict:
     """The median of `reps` profiled calls: GPU busy time, the scoring launches' time, the heaviest kernels."""
-    runs = [gpu_activity(call, top=4) for _ in range(reps)]
+    runs = [gpu_activity(call, top=8) for _ in range(reps)]
     median_run = sorted(runs, key=lambda r: r["busy_ms"])[len(runs) // 2]
     return dict(
         busy_us=1e3 * statistics.median(r["busy_ms"] for r in runs),

@@ -152,7 +152,12 @@ KERNELS = {
         dict(scores_ptr="*fp32", values_ptr="*fp32", keys_ptr="*i64"),
     ),
     dense_selection.radix_floor_kernel: (
-        dict(GROUPS=512, BLOCK=dense_selection.RADIX_BLOCK, STAGES=dense_selection.RADIX_CONFIG["stages"]),
+        dict(
+            GROUPS=512,
+            BLOCK=dense_selection.RADIX_BLOCK,
+            STAGES=dense_selection.RADIX_CONFIG["stages"],
+            HISTOGRAMS=True,
+        ),
         dict(scores_ptr="*fp32", counts_ptr="*i64"),
     ),
     dense_selection.radix_count_kernel: (
@@ -181,6 +186,21 @@ KERNELS = {
     dense_selection.radix_finish_kernel: (
         dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
+    ),
+    dense_selection.radix_threshold_kernel: (dict(TOPK=512, GROUPS=1024), {}),
+    dense_selection.radix_candidates_kernel: (
+        dict(
+            CAP=1024,
+            BLOCK=dense_selection.RADIX_BLOCK,
+            STAGES=dense_selection.RADIX_CONFIG["stages"],
+            WARP_SLOTS=dense_selection.RADIX_CONFIG["warp_slots"],
+            AGGREGATE=True,
+        ),
+        dict(scores_ptr="*fp32", list_ptr="*i64", counts_ptr="*i64"),
+    ),
+    dense_selection.radix_finish_candidates_kernel: (
+        dict(TOPK=1024, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(scores_ptr="*fp32", list_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
         dict(TOPK=512, PAGE=64, INVALID_PAGE=2, SLOT_OVERFLOW=8, REPAIRS=False, WINDOWS=True),
@@ -226,6 +246,9 @@ NUM_WARPS = {
     dense_selection.radix_count_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_collect_kernel: dense_selection.RADIX_CONFIG["warps"],
     dense_selection.radix_finish_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_threshold_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_candidates_kernel: dense_selection.RADIX_CONFIG["warps"],
+    dense_selection.radix_finish_candidates_kernel: dense_selection.RADIX_CONFIG["warps"],
 }
 
 

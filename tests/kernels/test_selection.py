@@ -202,20 +202,28 @@ def test_select_topk_dense_is_exact(case, seed):
         assert (values[r, len(want) :] == NEG_INF).all(), f"{case}, row {r}: padding"
 
 
-#: the collect's two ways of taking list slots (RADIX_CONFIG "warp_slots"): a block at a time, or a warp at a time (on a
-#: GPU one atomic a list a warp, _warp_append's inline PTX; under the interpreter one atomic a key)
-SLOTS = {"block slots": False, "warp slots": True}
+#: the selector's forms (RADIX_CONFIG): the digits' (two counts, the sure and boundary keys collected) or the
+#: candidates' (a sharper floor, the keys at or above it collected), and the collect's two ways of taking list slots,
+#: a block at a time or a warp at a time (on a GPU one atomic a list a warp, _warp_append's inline PTX; under the
+#: interpreter one atomic a key)
+FORMS = {
+    "digits, block slots": dict(candidates=False, warp_slots=False),
+    "digits, warp slots": dict(candidates=False, warp_slots=True),
+    "candidates, block slots": dict(candidates=True, warp_slots=False),
+    "candidates, warp slots": dict(candidates=True, warp_slots=True),
+}
 
 
-@pytest.fixture(params=list(SLOTS))
-def slots(request, monkeypatch):
-    monkeypatch.setitem(RADIX_CONFIG, "warp_slots", SLOTS[request.param])
+@pytest.fixture(params=list(FORMS))
+def form(request, monkeypatch):
+    for name, value in FORMS[request.param].items():
+        monkeypatch.setitem(RADIX_CONFIG, name, value)
     return request.param
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(DENSE_CASES))
-def test_the_radix_selector_equals_the_torch_selector(case, slots, seed):
+def test_the_radix_selector_equals_the_torch_selector(case, form, seed):
     """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
     gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each
     warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
@@ -227,7 +235,7 @@ def test_the_radix_selector_equals_the_torch_selector(case, slots, seed):
     padded[:, : c["width"]] = scores
     got = select_topk_radix(padded[:, : c["width"]].to(DEVICE), c["k"]).cpu()
     assert torch.equal(got, want), (
-        f"{case}, {slots}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -242,7 +250,7 @@ CLUSTERED = {
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(CLUSTERED))
 @pytest.mark.parametrize("cap", [None, 512])
-def test_the_radix_selector_on_clustered_scores(case, cap, slots, seed):
+def test_the_radix_selector_on_clustered_scores(case, cap, form, seed):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
     bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
@@ -252,7 +260,7 @@ def test_the_radix_selector_on_clustered_scores(case, cap, slots, seed):
     got = select_topk_radix(scores.to(DEVICE), 512, cap=cap).cpu()
     want = select_topk_dense(scores, 512)
     assert torch.equal(got, want), (
-        f"{case}, cap {cap}, {slots}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
+        f"{case}, cap {cap}, {form}, seed {seed}: rows {(got != want).any(dim=1).nonzero().flatten().tolist()}"
     )
 
 
@@ -278,7 +286,7 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
     hist = torch.full((rows, 2, 2048), 7, dtype=torch.int32, device=DEVICE)
     counts = torch.full((rows,), 7, dtype=torch.int64, device=DEVICE)
     radix_floor_kernel[(rows, per_row)](
-        scores.to(DEVICE), width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048, STAGES=1
+        scores.to(DEVICE), width, width, span, partial, hist, counts, GROUPS=k, BLOCK=2048, STAGES=1, HISTOGRAMS=True
     )
     assert not hist.any() and not counts.any(), "the counters must be zeroed"
     floors = partial.amax(dim=1).amin(dim=1).cpu()
@@ -349,7 +357,7 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
         (64, 50000, 1024),
     ],
 )
-def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, slots, seed, monkeypatch):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, form, seed, monkeypatch):
     """Decode-sized score rows (normal scores and clustered ones, windows of random lengths, a few exact ties) on
     the GPU: the radix selector equals the torch selector bit for bit, its column loops pipelined
     (RADIX_CONFIG "stages") or not, its list slots a block or a warp at a time; widths that are no multiple of a
@@ -366,7 +374,7 @@ def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, slots, seed,
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
     poisoned = Scratch(scores.device, torch.full((32 << 20,), 0x7F, dtype=torch.uint8, device="cuda"))
     got, want = select_topk_radix(scores, k, scratch=poisoned), select_topk_dense(scores, k)
-    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {slots}"
+    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {form}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
