@@ -192,6 +192,8 @@ CANDIDATE_GROUPS = 2  # the candidates form's floor groups a K (module docstring
 
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
 DEAD_C = tl.constexpr(DEAD)
+RANGE_DIGIT = tl.constexpr(8)  # bits a pass of the radix narrowing (_narrowed)
+RANGE_RADIX = tl.constexpr(256)  # its digits: 1 << RANGE_DIGIT
 BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
 
 # The warp's count of each digit, given to one lane (the lowest with it), 0 to the others: match.any.sync finds the
@@ -545,44 +547,69 @@ def _store_sorted(keys_ptr, count, out_ptr, limit, SIZE: tl.constexpr):
 
 
 @triton.jit
+def _first_shift(base, end):
+    """The narrowing's first shift (a multiple of RANGE_DIGIT) over the window [base, end] (int64): the smallest with
+    fewer than RANGE_RADIX digits in the window."""
+    shift = tl.zeros([], tl.int64)
+    while ((end - base) >> shift) >= RANGE_RADIX:
+        shift += RANGE_DIGIT
+    return shift
+
+
+@triton.jit
+def _digit_of(values, base, end, shift):
+    """(digit int32, inside) of int64 `values` in the window [base, end]: (value - base) >> shift, 0 outside."""
+    inside = (values >= base) & (values <= end)
+    return tl.where(inside, (values - base) >> shift, 0).to(tl.int32), inside
+
+
+@triton.jit
+def _narrowed(hist, need, base, end, shift):
+    """One radix-narrowing step: from `hist`, the histogram of the window [base, end]'s values by digit (_digit_of),
+    the digit that holds the need-th largest of them; returns that digit's window, the need-th's rank among its
+    values (the larger digits' values counted out) and the next shift. The window is one value once base == end."""
+    bins = tl.arange(0, RANGE_RADIX)
+    chosen = tl.max(tl.where(tl.cumsum(hist, axis=0, reverse=True) >= need, bins, 0), axis=0)
+    need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+    base += chosen.to(tl.int64) << shift
+    end = tl.minimum(end, base + (1 << shift) - 1)
+    return need, base, end, tl.maximum(shift - RANGE_DIGIT, 0)
+
+
+@triton.jit
 def _select_in_range(row_scores, width, lo, hi, need, out_ptr, BLOCK: tl.constexpr):
     """Store into out_ptr[0, need), unordered, the best `need` keys of a row's keys whose ordered scores lie in
-    [lo, hi] (int32; at least `need` keys do): the need-th best score v of the range by bisection (a pass over the row
-    a step, one program), then the range's keys above v and, of those at v, the first in column order (keys of equal
-    scores rank by column)."""
+    [lo, hi] (int32; at least `need` keys do), one program: the need-th best score v of the range by radix narrowing
+    (RANGE_DIGIT bits a pass over the row: a histogram of the window's keys by digit, the window narrowed to the
+    digit of the need-th best, at most 4 passes), then the range's keys above v and, of those at v, the first in
+    column order (keys of equal scores rank by column): one pass more."""
+    need = tl.zeros([], tl.int32) + need
     top = hi.to(tl.int64)
-    lo = lo.to(tl.int64)
-    hi = top
-    while lo < hi:  # invariant: >= need keys of the range score at or above lo, < need above hi
-        mid = lo + (hi - lo + 1) // 2
-        count = tl.zeros([], tl.int32)
+    base = lo.to(tl.int64)  # the window [base, end] holds the need-th best; the keys above it are counted out
+    end = top
+    shift = _first_shift(base, end)
+    while base < end:
+        hist = tl.zeros([RANGE_RADIX], tl.int32)
         for c0 in range(0, width, BLOCK):
             offs_c = c0 + tl.arange(0, BLOCK)
             scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
             live, ordered, _, _ = _digits(scores)
-            count += tl.sum((live & (ordered >= mid) & (ordered <= top)).to(tl.int32), axis=0)
-        if count >= need:
-            lo = mid
-        else:
-            hi = mid - 1
-    above_lo = tl.zeros([], tl.int32)  # the range's keys scoring above lo: all taken (fewer than need)
-    for c0 in range(0, width, BLOCK):
-        offs_c = c0 + tl.arange(0, BLOCK)
-        scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
-        live, ordered, _, _ = _digits(scores)
-        above_lo += tl.sum((live & (ordered > lo) & (ordered <= top)).to(tl.int32), axis=0)
-    at_seen = tl.zeros([], tl.int32)  # then those at lo, in column order, up to `need` in all
+            digit, inside = _digit_of(ordered.to(tl.int64), base, end, shift)
+            hist += tl.histogram(digit, RANGE_RADIX, mask=live & inside)
+        need, base, end, shift = _narrowed(hist, need, base, end, shift)
+    # the range's keys above v are all taken (counted out above), then `need` of those at v, in column order
+    at_seen = tl.zeros([], tl.int32)
     slots = tl.zeros([], tl.int32)
     for c0 in range(0, width, BLOCK):
         offs_c = c0 + tl.arange(0, BLOCK)
         scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
         live, ordered, _, _ = _digits(scores)
-        at = live & (ordered == lo)
-        keep = (live & (ordered > lo) & (ordered <= top)) | (
-            at & (at_seen + tl.cumsum(at.to(tl.int32), axis=0) <= need - above_lo)
+        at = live & (ordered == base)
+        keep = (live & (ordered > base) & (ordered <= top)) | (
+            at & (at_seen + tl.cumsum(at.to(tl.int32), axis=0) <= need)
         )
         slot = slots + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-        tl.store(out_ptr + slot, _ordering_keys(scores, offs_c), mask=keep)  # exactly `need`
+        tl.store(out_ptr + slot, _ordering_keys(scores, offs_c), mask=keep)  # exactly the `need` asked for
         at_seen += tl.sum(at.to(tl.int32), axis=0)
         slots += tl.sum(keep.to(tl.int32), axis=0)
 
@@ -647,21 +674,20 @@ def radix_threshold_kernel(
     TOPK: tl.constexpr,
     GROUPS: tl.constexpr,
 ):
-    """A row's floor (a program a row): the TOPK-th largest of its GROUPS group maxima (_group_maxima), by bisection
-    (DEAD where fewer than TOPK groups hold a key); and its best score, the largest. The groups of the TOPK largest
-    maxima hold TOPK distinct keys at or above the floor, so the K-th best key scores at or above it: a key below it
-    is no answer."""
+    """A row's floor (a program a row): the TOPK-th largest of its GROUPS group maxima (_group_maxima), by radix
+    narrowing (_narrowed; DEAD where fewer than TOPK groups hold a key); and its best score, the largest. The groups
+    of the TOPK largest maxima hold TOPK distinct keys at or above the floor, so the K-th best key scores at or above
+    it: a key below it is no answer."""
     row = tl.program_id(0).to(tl.int64)
     maxima = _group_maxima(partial_ptr + row * per_row * GROUPS, per_row, GROUPS).to(tl.int64)
-    lo = tl.min(maxima, axis=0)
     best = tl.max(maxima, axis=0)
-    hi = best
-    while lo < hi:  # invariant: >= TOPK maxima at or above lo, fewer than TOPK above hi
-        mid = lo + (hi - lo + 1) // 2
-        if tl.sum((maxima >= mid).to(tl.int32), axis=0) >= TOPK:
-            lo = mid
-        else:
-            hi = mid - 1
+    need = tl.zeros([], tl.int32) + TOPK
+    lo = tl.min(maxima, axis=0)  # the window [lo, end] holds the TOPK-th largest (_narrowed)
+    end = best
+    shift = _first_shift(lo, end)
+    while lo < end:
+        digit, inside = _digit_of(maxima, lo, end, shift)
+        need, lo, end, shift = _narrowed(tl.histogram(digit, RANGE_RADIX, mask=inside), need, lo, end, shift)
     tl.store(bounds_ptr + row * 2, lo.to(tl.int32))
     tl.store(bounds_ptr + row * 2 + 1, best.to(tl.int32))
 
