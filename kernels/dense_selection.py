@@ -55,11 +55,22 @@ scratch lists (a 2,048-column block's slots in both by one atomic on the row's p
 sum; RADIX_CONFIG "warp_slots": a warp's, by one atomic a list, _warp_append; boundary keys past CAP are counted, not
 stored); (5) a program a row: one tl.sort of the sure keys (K) and one
 of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP boundary keys agree in 22 bits
-of their scores (equal or near-equal scores); then the need-th best of them is found by bisection over the 10 bits
-left (10 passes over the row), and the keys above it plus the first ones at it in column order complete the row. GPU
+of their scores (equal or near-equal scores); then the need-th best of them is found by radix narrowing over the 10 bits
+left (_select_in_range: two passes over the row), and the keys above it plus the first ones at it in column order
+complete the row. GPU
 time on an H100 (bench/JOURNAL.md 22a, the loops pipelined): 64 x 65,536 scores (K = 512) 84 us (floor 10, counts
 24, collect 44, finish 6), one row of 65,536 27 us; tests/kernels/test_selection.py has its GPU tests; CI runs the
 kernels under the interpreter.
+The candidates form (RADIX_CONFIG "candidates"; four launches, two passes over the scores): the floor launch
+takes 2K strided groups (CANDIDATE_GROUPS; RADIX_BLOCK at K = 2,048), and the row's floor is the K-th largest of
+their maxima (radix_threshold_kernel, a program a row, by radix narrowing): the groups of the K largest maxima hold
+K distinct keys at or above it, so the K-th best key does, and on any data without ties ~1.35 K keys reach it (K
+ln K-ish for the smallest of K maxima; simulated on normal scores: 708 of 65,536 at K = 512, 1,389 at K = 1024,
+independent of the scores' spread, as the floor is a rank). The collect launch appends every key at or above the
+floor to one list of 2K slots; the finishing launch sorts the list (K or 2K keys) and writes the first K. More than
+2K keys at or above the floor (many equal scores at the top, a row of one value) take the row's best K by radix
+narrowing between the floor and the row's best score (_select_in_range: at most 4 passes over the row, none where
+they are equal, then one to collect).
 The column loops are software-pipelined (RADIX_CONFIG "stages": the next blocks load by cp.async while one is
 counted). Measured on an H100 and deleted (bench/JOURNAL.md 22a): the five launches' work in one, a program a row
 (the phases in turn with a barrier between them): 165 against 84 us at 64 x 65,536, 162 against 27 at one row; a row's
@@ -194,7 +205,10 @@ DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -
 DEAD_C = tl.constexpr(DEAD)
 RANGE_DIGIT = tl.constexpr(8)  # bits a pass of the radix narrowing (_narrowed)
 RANGE_RADIX = tl.constexpr(256)  # its digits: 1 << RANGE_DIGIT
-BOUNDARY_TIERS = (256, 2048)  # boundary keys one sort ranks (the smallest tier that holds them); more: bisection
+BOUNDARY_TIERS = (
+    256,
+    2048,
+)  # boundary keys one sort ranks (the smallest tier that holds them); more: radix narrowing (_select_in_range)
 
 # The warp's count of each digit, given to one lane (the lowest with it), 0 to the others: match.any.sync finds the
 # lanes holding the same value, popc counts them. Dead lanes carry a digit no live lane has.
@@ -655,7 +669,7 @@ def radix_finish_kernel(
         _store_sorted(boundary_row, n_tied, out_row + n_sure, need, CAP)
     else:
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
-        # of them by bisection over the 10 bits left (_select_in_range), then ranked.
+        # of them by radix narrowing over the 10 bits left (_select_in_range), then ranked.
         b1, b2 = _boundaries(hist_row, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
         _select_in_range(row_scores, width, lo, lo + 1023, need, boundary_row, BLOCK)
@@ -790,7 +804,7 @@ def select_topk_radix(
     publishes nothing, module docstring). Five launches (four in the candidates form) and no memset, no host
     synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA)
     counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], in
-    the candidates form 2k; raised to k) bounds the keys one sort ranks (tests force the bisection with cap = k).
+    the candidates form 2k; raised to k) bounds the keys one sort ranks (tests force the narrowing with cap = k).
     The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense
     route; None: the allocator)."""
     rows, width = scores.shape

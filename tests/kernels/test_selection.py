@@ -253,7 +253,7 @@ CLUSTERED = {
 def test_the_radix_selector_on_clustered_scores(case, cap, form, seed):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
-    bisection over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
+    radix narrowing over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
     gen = np.random.default_rng(seed)
     scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
     scores[1, 2500:] = NEG_INF
