@@ -53,16 +53,15 @@ in global memory (on a GPU one atomic a digit a warp: match.any.sync and popc in
 histogram itself: a suffix sum over 2,048 counters); (4) append the sure keys and the boundary keys to the row's two
 scratch lists (a 2,048-column block's slots in both by one atomic on the row's packed list lengths, then a prefix
 sum; RADIX_CONFIG "warp_slots": a warp's, by one atomic a list, _warp_append; boundary keys past CAP are counted, not
-stored); (5) a program a row: one tl.sort of the sure keys (K) and one
-of the boundary keys (256 or CAP = 2,048, the smaller that holds them). More than CAP boundary keys agree in 22 bits
-of their scores (equal or near-equal scores); then the need-th best of them is found by radix narrowing over the 10 bits
-left (_select_in_range: two passes over the row), and the keys above it plus the first ones at it in column order
-complete the row. GPU
-time on an H100 (bench/JOURNAL.md 22a, the loops pipelined): 64 x 65,536 scores (K = 512) 84 us (floor 10, counts
-24, collect 44, finish 6), one row of 65,536 27 us; tests/kernels/test_selection.py has its GPU tests; CI runs the
+stored); (5) a program a row: one tl.sort of the sure keys (K) and one of the boundary keys (256 or CAP = 2,048, the
+smaller that holds them). More than CAP boundary keys agree in 22 bits of their scores (equal or near-equal scores);
+then the need-th best of them is found by radix narrowing over the 10 bits left (_select_in_range: two narrowing passes
+over the row and one to collect), and the keys above it plus the first ones at it in column order complete the row. GPU
+time on an H100 (bench/JOURNAL.md 22a, the loops pipelined): 64 x 65,536 scores (K = 512) 84 us (floor 10, counts 24,
+collect 44, finish 6), one row of 65,536 27 us; tests/kernels/test_selection.py has its GPU tests; CI runs the
 kernels under the interpreter.
-The candidates form (RADIX_CONFIG "candidates"; four launches, two passes over the scores): the floor launch
-takes 2K strided groups (CANDIDATE_GROUPS; RADIX_BLOCK at K = 2,048), and the row's floor is the K-th largest of
+The candidates form (RADIX_CONFIG "candidates"; four launches, two passes over the scores; K up to RADIX_BLOCK / 2):
+the floor launch takes 2K strided groups (CANDIDATE_GROUPS), and the row's floor is the K-th largest of
 their maxima (radix_threshold_kernel, a program a row, by radix narrowing): the groups of the K largest maxima hold
 K distinct keys at or above it, so the K-th best key does, and on any data without ties ~1.35 K keys reach it (K
 ln K-ish for the smallest of K maxima; simulated on normal scores: 708 of 65,536 at K = 512, 1,389 at K = 1024,
@@ -70,7 +69,7 @@ independent of the scores' spread, as the floor is a rank). The collect launch a
 floor to one list of 2K slots; the finishing launch sorts the list (K or 2K keys) and writes the first K. More than
 2K keys at or above the floor (many equal scores at the top, a row of one value) take the row's best K by radix
 narrowing between the floor and the row's best score (_select_in_range: at most 4 passes over the row, none where
-they are equal, then one to collect).
+they are equal, then one to collect). The collect's list is the digits form's first (_append: its second unused).
 The column loops are software-pipelined (RADIX_CONFIG "stages": the next blocks load by cp.async while one is
 counted). Measured on an H100 and deleted (bench/JOURNAL.md 22a): the five launches' work in one, a program a row
 (the phases in turn with a barrier between them): 165 against 84 us at 64 x 65,536, 162 against 27 at one row; a row's
@@ -194,9 +193,12 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: busy of a dense-route call): 4 stages against 1, 64 x 65,536 (K = 512) 319.2 against 325.1 us (collect 44 / 48,
 #: counts 24 / 27), 32 x 4 x 65,536 (K = 1024) 460.5 against 479.1, 128 x 2 x 32,768 477.1 against 494.6, one row 46.2
 #: against 46.8. A dict, so that a probe can set it (bench.probes.paged_variants); read at each call.
-#: `warp_slots`: the collect's list slots a warp at a time (_warp_append: on CUDA one atomic a list for a warp's keys of
-#: one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes them a block at a time
-#: (two block sums, an atomic, two block prefix sums: barriers across the program's warps a block). Not yet measured.
+#: `warp_slots`: the collect launch's list slots (either form's) a warp at a time (_warp_append: on CUDA one atomic a
+#: list for a warp's keys of one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes
+#: them a block at a time (two block sums, an atomic, two block prefix sums: barriers across the program's warps a
+#: block). Not yet measured. `candidates`: the candidates form (module docstring; K up to RADIX_BLOCK / 2, where its 2K
+#: groups fit a block: the digits form above that), offline sm_90 threshold 59, collect 114, finish 80 registers. Not
+#: yet measured; a workspace is measured under the form in force (workspace.workspace_bytes).
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False, candidates=False)
 CANDIDATE_GROUPS = 2  # the candidates form's floor groups a K (module docstring)
 
@@ -205,6 +207,8 @@ DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -
 DEAD_C = tl.constexpr(DEAD)
 RANGE_DIGIT = tl.constexpr(8)  # bits a pass of the radix narrowing (_narrowed)
 RANGE_RADIX = tl.constexpr(256)  # its digits: 1 << RANGE_DIGIT
+# columns a step of the narrowing's passes (one program a row; 2,048 spilled a register in the finishing kernels)
+RANGE_BLOCK = tl.constexpr(1024)
 BOUNDARY_TIERS = (
     256,
     2048,
@@ -553,17 +557,29 @@ def radix_collect_kernel(
 
 
 @triton.jit
-def _store_sorted(keys_ptr, count, out_ptr, limit, SIZE: tl.constexpr):
-    """The first `count` of keys_ptr[0, SIZE) sorted descending (NO_KEY beyond) into out_ptr[0, limit)."""
+def _store_sorted(keys_ptr, count, out_ptr, limit, SIZE: tl.constexpr, BY_RANK: tl.constexpr):
+    """The first `count` (<= SIZE) of keys_ptr[0, SIZE), distinct keys, sorted descending (NO_KEY beyond) into
+    out_ptr[0, limit): one tl.sort, or BY_RANK (Triton's interpreter, where tl.sort's network of 2,048 keys takes ~7 s
+    of Python) each key stored at its rank, the count of the keys above it."""
     offs = tl.arange(0, SIZE)
-    ranked = tl.sort(tl.load(keys_ptr + offs, mask=offs < count, other=NO_KEY_C), descending=True)
-    tl.store(out_ptr + offs, ranked, mask=offs < limit)
+    keys = tl.load(keys_ptr + offs, mask=offs < count, other=NO_KEY_C)
+    if BY_RANK:  # (compared a chunk of keys at a time: the interpreter takes tensors of up to 2^20 elements)
+        CHUNK: tl.constexpr = min(SIZE, 1048576 // SIZE)
+        rank = tl.zeros([SIZE], tl.int32)
+        for j0 in tl.static_range(0, SIZE, CHUNK):
+            offs_j = j0 + tl.arange(0, CHUNK)
+            others = tl.load(keys_ptr + offs_j, mask=offs_j < count, other=NO_KEY_C)
+            rank += tl.sum((others[None, :] > keys[:, None]).to(tl.int32), axis=1)
+        tl.store(out_ptr + rank, keys, mask=(offs < count) & (rank < limit))
+        tl.store(out_ptr + offs, NO_KEY_C, mask=(offs >= count) & (offs < limit))
+    else:
+        tl.store(out_ptr + offs, tl.sort(keys, descending=True), mask=offs < limit)
 
 
 @triton.jit
 def _first_shift(base, end):
     """The narrowing's first shift (a multiple of RANGE_DIGIT) over the window [base, end] (int64): the smallest with
-    fewer than RANGE_RADIX digits in the window."""
+    at most RANGE_RADIX digits in the window ((end - base) >> shift < RANGE_RADIX)."""
     shift = tl.zeros([], tl.int64)
     while ((end - base) >> shift) >= RANGE_RADIX:
         shift += RANGE_DIGIT
@@ -591,12 +607,12 @@ def _narrowed(hist, need, base, end, shift):
 
 
 @triton.jit
-def _select_in_range(row_scores, width, lo, hi, need, out_ptr, BLOCK: tl.constexpr):
+def _select_in_range(row_scores, width, lo, hi, need, out_ptr):
     """Store into out_ptr[0, need), unordered, the best `need` keys of a row's keys whose ordered scores lie in
     [lo, hi] (int32; at least `need` keys do), one program: the need-th best score v of the range by radix narrowing
     (RANGE_DIGIT bits a pass over the row: a histogram of the window's keys by digit, the window narrowed to the
     digit of the need-th best, at most 4 passes), then the range's keys above v and, of those at v, the first in
-    column order (keys of equal scores rank by column): one pass more."""
+    column order (keys of equal scores rank by column): one pass more; RANGE_BLOCK columns a step."""
     need = tl.zeros([], tl.int32) + need
     top = hi.to(tl.int64)
     base = lo.to(tl.int64)  # the window [base, end] holds the need-th best; the keys above it are counted out
@@ -604,8 +620,8 @@ def _select_in_range(row_scores, width, lo, hi, need, out_ptr, BLOCK: tl.constex
     shift = _first_shift(base, end)
     while base < end:
         hist = tl.zeros([RANGE_RADIX], tl.int32)
-        for c0 in range(0, width, BLOCK):
-            offs_c = c0 + tl.arange(0, BLOCK)
+        for c0 in range(0, width, RANGE_BLOCK):
+            offs_c = c0 + tl.arange(0, RANGE_BLOCK)
             scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
             live, ordered, _, _ = _digits(scores)
             digit, inside = _digit_of(ordered.to(tl.int64), base, end, shift)
@@ -614,8 +630,8 @@ def _select_in_range(row_scores, width, lo, hi, need, out_ptr, BLOCK: tl.constex
     # the range's keys above v are all taken (counted out above), then `need` of those at v, in column order
     at_seen = tl.zeros([], tl.int32)
     slots = tl.zeros([], tl.int32)
-    for c0 in range(0, width, BLOCK):
-        offs_c = c0 + tl.arange(0, BLOCK)
+    for c0 in range(0, width, RANGE_BLOCK):
+        offs_c = c0 + tl.arange(0, RANGE_BLOCK)
         scores = tl.load(row_scores + offs_c, mask=offs_c < width, other=float("-inf"))
         live, ordered, _, _ = _digits(scores)
         at = live & (ordered == base)
@@ -642,7 +658,7 @@ def radix_finish_kernel(
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
     SMALL: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BY_RANK: tl.constexpr,
 ):
     """Write a row's answer (every one of its TOPK slots; a program a row) from its lists: the sure keys sorted, then
     the best `need` of the boundary keys (the lists' lengths at counts_ptr: the keys appended to each list, those
@@ -659,22 +675,22 @@ def radix_finish_kernel(
     n_sure = tl.minimum(seen_sure, TOPK)
     need = TOPK - n_sure
     # the sure keys rank above every boundary key: sorted, they lead the row
-    _store_sorted(sure_row, n_sure, out_row, n_sure, TOPK)
+    _store_sorted(sure_row, n_sure, out_row, n_sure, TOPK, BY_RANK)
     # Fewer than K keys in the row (no boundary digit): NO_KEY after them (the sorts below write at most SMALL)
     offs_k = tl.arange(0, TOPK)
     tl.store(out_row + offs_k, NO_KEY_C, mask=offs_k >= n_sure + tl.minimum(n_tied, need))
     if n_tied <= SMALL:
-        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, SMALL)
+        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, SMALL, BY_RANK)
     elif n_tied <= CAP:
-        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, CAP)
+        _store_sorted(boundary_row, n_tied, out_row + n_sure, need, CAP, BY_RANK)
     else:
         # More boundary keys than CAP (their scores agree in 22 bits: near-equal or equal scores): the need-th best
         # of them by radix narrowing over the 10 bits left (_select_in_range), then ranked.
         b1, b2 = _boundaries(hist_row, TOPK)
         lo = ((b1 - 1024) << 21) | (b2 << 10)  # the boundary's smallest ordered score
-        _select_in_range(row_scores, width, lo, lo + 1023, need, boundary_row, BLOCK)
+        _select_in_range(row_scores, width, lo, lo + 1023, need, boundary_row)
         tl.debug_barrier()  # the keys stored there are read back below
-        _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK)
+        _store_sorted(boundary_row, need, out_row + n_sure, need, TOPK, BY_RANK)
 
 
 # The candidates form (RADIX_CONFIG "candidates"): a sharper floor and one list, no digits.
@@ -761,7 +777,7 @@ def radix_finish_candidates_kernel(
     out_stride,  # int64 [rows, TOPK] (row stride out_stride): the answer, every slot written here
     TOPK: tl.constexpr,
     CAP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BY_RANK: tl.constexpr,
 ):
     """Write a row's answer (every one of its TOPK slots; a program a row): its listed keys sorted (NO_KEY after them
     where fewer than TOPK); where more than CAP keys reach the floor (equal or near-equal scores), the best TOPK of
@@ -771,15 +787,15 @@ def radix_finish_candidates_kernel(
     list_row = list_ptr + row * CAP
     out_row = out_ptr + row * out_stride
     if count <= TOPK:
-        _store_sorted(list_row, count, out_row, TOPK, TOPK)
+        _store_sorted(list_row, count, out_row, TOPK, TOPK, BY_RANK)
     elif count <= CAP:
-        _store_sorted(list_row, count, out_row, TOPK, CAP)
+        _store_sorted(list_row, count, out_row, TOPK, CAP, BY_RANK)
     else:
         floor = tl.load(bounds_ptr + row * 2)
         best = tl.load(bounds_ptr + row * 2 + 1)
-        _select_in_range(scores_ptr + row * score_stride, width, floor, best, TOPK, list_row, BLOCK)
+        _select_in_range(scores_ptr + row * score_stride, width, floor, best, TOPK, list_row)
         tl.debug_barrier()  # the keys stored there are read back below
-        _store_sorted(list_row, TOPK, out_row, TOPK, TOPK)
+        _store_sorted(list_row, TOPK, out_row, TOPK, TOPK, BY_RANK)
 
 
 def radix_spans(rows: int, width: int) -> tuple[int, int]:
@@ -802,17 +818,18 @@ def select_topk_radix(
     are converted) whose column is the position (-inf and NaN entries are no key), sorted descending, NO_KEY padded;
     the answer of select_topk_dense's torch selector, bit for bit, on every row without a NaN (a row with one
     publishes nothing, module docstring). Five launches (four in the candidates form) and no memset, no host
-    synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA)
-    counts a warp's equal digits with one atomic (inline PTX, no interpreter); `cap` (default BOUNDARY_TIERS[-1], in
-    the candidates form 2k; raised to k) bounds the keys one sort ranks (tests force the narrowing with cap = k).
-    The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's workspace in LiteTopK's dense
-    route; None: the allocator)."""
+    synchronization (module docstring, "The radix selector"). k a power of two; `aggregate` (default: on CUDA) counts a
+    warp's equal digits with one atomic (inline PTX, no interpreter; in either form the warp slots' append); `cap`
+    (default BOUNDARY_TIERS[-1], in the candidates form 2k; raised to k) bounds the keys one sort ranks (tests force the
+    narrowing with cap = k). The answer and the scratch lists come from `scratch` (a scratch.Scratch: the call's
+    workspace in LiteTopK's dense route; None: the allocator)."""
     rows, width = scores.shape
     if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
         raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")
     config = RADIX_CONFIG
-    candidates = config["candidates"]
-    cap = max(cap or (CANDIDATE_GROUPS * k if candidates else BOUNDARY_TIERS[-1]), k)
+    groups = CANDIDATE_GROUPS * k  # the candidates form's floor groups and list slots
+    candidates = config["candidates"] and groups <= RADIX_BLOCK  # (RADIX_CONFIG: K = 2,048 takes the digits form)
+    cap = max(cap or (groups if candidates else BOUNDARY_TIERS[-1]), k)
     if cap & (cap - 1):
         raise ValueError(f"cap={cap} must be a power of two")
     scratch = Scratch(scores.device) if scratch is None else scratch
@@ -826,7 +843,7 @@ def select_topk_radix(
     grid = (rows, per_row)
     stride = scores.stride(0)
     warps, stages = config["warps"], config["stages"]
-    groups = min(CANDIDATE_GROUPS * k, RADIX_BLOCK) if candidates else k
+    groups = groups if candidates else k
     # no memset: the first launch zeroes the counters, the finishing part writes every slot of the answer
     hist = None if candidates else scratch.empty((rows, 2, RADIX_BINS), torch.int32)
     # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
@@ -840,7 +857,7 @@ def select_topk_radix(
         width,
         span,
         partial,
-        counts if candidates else hist,
+        hist,  # (None in the candidates form: HISTOGRAMS off)
         counts,
         GROUPS=groups,
         BLOCK=RADIX_BLOCK,
@@ -849,6 +866,7 @@ def select_topk_radix(
         num_warps=warps,
     )
     slots = dict(BLOCK=RADIX_BLOCK, STAGES=stages, WARP_SLOTS=config["warp_slots"], AGGREGATE=aggregate)
+    by_rank = scores.device.type != "cuda"  # Triton's interpreter: the finish ranks by comparison (_store_sorted)
     if candidates:
         bounds = scratch.empty((rows, 2), torch.int32)
         listed = scratch.empty((rows, cap), torch.int64)
@@ -867,7 +885,7 @@ def select_topk_radix(
             out.stride(0),
             TOPK=k,
             CAP=cap,
-            BLOCK=RADIX_BLOCK,
+            BY_RANK=by_rank,
             num_warps=warps,
         )
         return out
@@ -918,7 +936,7 @@ def select_topk_radix(
         TOPK=k,
         CAP=cap,
         SMALL=min(BOUNDARY_TIERS[0], cap),
-        BLOCK=RADIX_BLOCK,
+        BY_RANK=by_rank,
         num_warps=warps,
     )
     return out

@@ -184,7 +184,7 @@ KERNELS = {
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_kernel: (
-        dict(TOPK=1024, CAP=2048, SMALL=256, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(TOPK=1024, CAP=2048, SMALL=256, BY_RANK=False),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
     dense_selection.radix_threshold_kernel: (dict(TOPK=512, GROUPS=1024), {}),
@@ -199,7 +199,7 @@ KERNELS = {
         dict(scores_ptr="*fp32", list_ptr="*i64", counts_ptr="*i64"),
     ),
     dense_selection.radix_finish_candidates_kernel: (
-        dict(TOPK=1024, CAP=2048, BLOCK=dense_selection.RADIX_BLOCK),
+        dict(TOPK=1024, CAP=2048, BY_RANK=False),
         dict(scores_ptr="*fp32", list_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
     assembly.assemble_result_kernel: (  # the dense path's form: nothing repaired, candidates the windows
@@ -255,6 +255,8 @@ NUM_WARPS = {
 #: builds of a form under measurement, by name: (kernel, its constants' changes over KERNELS'), while it lasts
 MEASURED = {
     "radix_collect_kernel_warp_slots": (dense_selection.radix_collect_kernel, dict(WARP_SLOTS=True)),
+    "radix_floor_kernel_candidates": (dense_selection.radix_floor_kernel, dict(GROUPS=1024, HISTOGRAMS=False)),
+    "radix_candidates_kernel_warp_slots": (dense_selection.radix_candidates_kernel, dict(WARP_SLOTS=True)),
 }
 
 

@@ -214,34 +214,21 @@ FORMS = {
 }
 
 
-#: under the interpreter a warp's slots are one atomic a key (_key_append) in either form, so the candidates form runs
-#: with block slots there (CI's time), and in every form on a GPU (test_the_radix_selector_at_decode_sizes)
-INTERPRETED_FORMS = [name for name in FORMS if name != "candidates, warp slots"]
-
-
-def _set_form(monkeypatch, name: str) -> str:
-    for key, value in FORMS[name].items():
-        monkeypatch.setitem(RADIX_CONFIG, key, value)
-    return name
-
-
-@pytest.fixture(params=INTERPRETED_FORMS)
-def form(request, monkeypatch):
-    return _set_form(monkeypatch, request.param)
-
-
 @pytest.fixture(params=list(FORMS))
-def every_form(request, monkeypatch):
-    return _set_form(monkeypatch, request.param)
+def form(request, monkeypatch):
+    for key, value in FORMS[request.param].items():
+        monkeypatch.setitem(RADIX_CONFIG, key, value)
+    return request.param
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("case", list(DENSE_CASES))
 def test_the_radix_selector_equals_the_torch_selector(case, form, seed):
-    """select_topk_radix (count the first digits, collect the sure and boundary keys, rank them: exact by itself)
-    gives the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each
-    warp's equal digits counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are
-    poisoned -inf where no case entry lies, so a key read past a row's width would show."""
+    """select_topk_radix (the digits form: count the first digits, collect the sure and boundary keys, rank them; the
+    candidates form: a floor from 2K group maxima, the keys at or above it listed and sorted; exact by itself) gives
+    the torch selector's keys bit for bit on every dense case: on a GPU compiled, with each warp's equal digits
+    counted by one atomic; on the CPU under the interpreter, one atomic a key. Scores are poisoned -inf where no case
+    entry lies, so a key read past a row's width would show."""
     c = DENSE_CASES[case]
     scores = torch.from_numpy(dense_case_scores(c, seed))
     want = select_topk_dense(scores, c["k"])
@@ -258,6 +245,7 @@ CLUSTERED = {
     "clustered: randn x 0.01 + 4": lambda gen, shape: gen.standard_normal(shape) * 0.01 + 4.0,
     "agree in 22 bits, ties": lambda gen, shape: 1.0 + gen.integers(0, 200, shape) * 2.0**-22,
     "one value, a few larger": lambda gen, shape: np.where(gen.random(shape) < 0.03, 4.0, 3.0),
+    "one negative value, a few positive": lambda gen, shape: np.where(gen.random(shape) < 0.03, 5.0, -3.0),
 }
 
 
@@ -267,7 +255,9 @@ CLUSTERED = {
 def test_the_radix_selector_on_clustered_scores(case, cap, form, seed):
     """Scores whose K-th best shares its first digit (a quarter binade) with thousands of keys, or both digits (22
     bits): the second digit splits the first; with the sort's cap at k, a boundary fuller than that takes the
-    radix narrowing over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch)."""
+    radix narrowing over the last 10 bits and the column order of equal scores (radix_finish_kernel's last branch).
+    In the candidates form more keys than the list holds reach the floor (its cap: 2k, or k) and the finish narrows
+    between the floor and the row's best score (across binades and signs: the narrowing's widest first digit)."""
     gen = np.random.default_rng(seed)
     scores = torch.from_numpy(CLUSTERED[case](gen, (2, 3000)).astype(np.float32))
     scores[1, 2500:] = NEG_INF
@@ -323,6 +313,62 @@ def test_the_radix_floor_is_the_smallest_strided_group_maximum(width, seed):
         assert want <= kth and kept < live // 2, f"row {r}: floor {want}, K-th best {kth}, {kept} of {live} keys kept"
 
 
+@pytest.mark.interpret
+def test_the_candidates_floor_is_the_kth_largest_of_2k_group_maxima(seed):
+    """radix_threshold_kernel: each row's floor is the K-th largest of its 2K strided group maxima (the column modulo
+    2K, over the row's programs: radix_floor_kernel), DEAD where fewer than K groups hold a key, and its best score
+    the row's largest; a floor too low would stay exact and only make rows slow, so it is checked here. At most
+    ~1.4 K keys of a normal row reach it (JOURNAL 23b: ~708 of 20,000 at K = 512)."""
+    from litetopk.kernels.dense_selection import DEAD, radix_floor_kernel, radix_spans, radix_threshold_kernel
+
+    k, rows, width = 512, 4, 20000
+    groups = 2 * k
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, width, generator=gen)
+    scores[1, torch.rand(width, generator=gen) < 0.3] = NEG_INF
+    scores[2] = torch.where(torch.rand(width, generator=gen) < 0.01, 3.0, -2.0)  # many ties, both signs
+    scores[3, torch.arange(width) % 4 != 0] = NEG_INF  # keys in 256 groups only: no floor
+    per_row, span = radix_spans(rows, width)
+    assert per_row > 1, "the case must split rows over programs"
+    partial = torch.full((rows, per_row, groups), 7, dtype=torch.int32, device=DEVICE)
+    counts = torch.full((rows,), 7, dtype=torch.int64, device=DEVICE)
+    bounds = torch.full((rows, 2), 7, dtype=torch.int32, device=DEVICE)
+    radix_floor_kernel[(rows, per_row)](
+        scores.to(DEVICE),
+        width,
+        width,
+        span,
+        partial,
+        None,
+        counts,
+        GROUPS=groups,
+        BLOCK=2048,
+        STAGES=1,
+        HISTOGRAMS=False,
+    )
+    assert not counts.any(), "the list lengths must be zeroed"
+    radix_threshold_kernel[(rows,)](partial, per_row, bounds, TOPK=k, GROUPS=groups)
+    bounds = bounds.cpu()
+
+    def score_of(bits: int) -> float:  # (keys._ordered_bits inverted)
+        bits = bits if bits >= 0 else bits ^ 0x7FFFFFFF
+        return float(torch.tensor([bits], dtype=torch.int32).view(torch.float32))
+
+    for r in range(rows):
+        maxima = torch.stack([scores[r, g::groups].max() for g in range(groups)])
+        live_maxima = maxima[maxima > NEG_INF]
+        assert score_of(int(bounds[r, 1])) == float(scores[r].max()), f"row {r}: the best score"
+        if live_maxima.numel() < k:
+            assert int(bounds[r, 0]) == DEAD, f"row {r}: {live_maxima.numel()} groups hold a key: no floor"
+            continue
+        want = float(live_maxima.topk(k).values[-1])
+        assert score_of(int(bounds[r, 0])) == want, f"row {r}: floor {score_of(int(bounds[r, 0]))}, want {want}"
+        assert want <= float(scores[r].topk(k).values[-1]), f"row {r}: the floor above the K-th best"
+        if r == 0:
+            kept = int((scores[r] >= want).sum())
+            assert kept < 2 * k, f"row {r}: {kept} keys reach the floor of a normal row"
+
+
 def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
     """The bytes select_topk_radix carves (its answer, the floor's maxima, counters and lists) grow with the rows and
     never with fewer keys, so that a workspace sized at a call's most rows and keys holds every smaller call; counted
@@ -338,17 +384,22 @@ def test_a_call_of_fewer_rows_carves_no_more(monkeypatch):
         select_topk_radix(torch.empty(rows, width), k, scratch=scratch)
         return scratch.used
 
-    for k in (512, 1024):
-        assert carved(255, 32768, k) <= carved(256, 32768, k), f"K={k}: 255 rows carve more than 256"
-        assert carved(127, 65536, k) <= carved(128, 65536, k), f"K={k}: 127 rows carve more than 128"
-        assert carved(3, 350208, k) <= carved(3, 350210, k), f"K={k}: fewer keys carve more"
+    for k, candidates in ((512, False), (1024, False), (512, True), (1024, True)):
+        monkeypatch.setitem(RADIX_CONFIG, "candidates", candidates)
+        assert carved(255, 32768, k) <= carved(256, 32768, k), (
+            f"K={k}, candidates {candidates}: 255 rows carve more than 256"
+        )
+        assert carved(127, 65536, k) <= carved(128, 65536, k), (
+            f"K={k}, candidates {candidates}: 127 rows carve more than 128"
+        )
+        assert carved(3, 350208, k) <= carved(3, 350210, k), f"K={k}, candidates {candidates}: fewer keys carve more"
 
 
 def test_the_floors_buffer_grows_with_the_rows_alone():
     """select_topk_radix carves the floor's maxima for rows x radix_spans' programs a row from a buffer of (programs +
-    rows) x K: that bound must hold at every rows and width, so that a workspace sized at a call's most rows and
-    keys (workspace.workspace_bytes) holds the calls of fewer of either (a review found 255 rows needing more than
-    256 where the buffer was rows x programs a row)."""
+    rows) x its groups (K, or 2K in the candidates form): that bound must hold at every rows and width, so that a
+    workspace sized at a call's most rows and keys (workspace.workspace_bytes) holds the calls of fewer of either (a
+    review found 255 rows needing more than 256 where the buffer was rows x programs a row)."""
     from litetopk.kernels.dense_selection import RADIX_CONFIG, radix_spans
 
     programs = RADIX_CONFIG["programs"]
@@ -371,7 +422,7 @@ def test_the_floors_buffer_grows_with_the_rows_alone():
         (64, 50000, 1024),
     ],
 )
-def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, every_form, seed, monkeypatch):
+def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, form, seed, monkeypatch):
     """Decode-sized score rows (normal scores, clustered ones, rows of one value, windows of random lengths, a few
     exact ties) on the GPU: the radix selector equals the torch selector bit for bit in each form, its column loops
     pipelined (RADIX_CONFIG "stages") or not; widths that are no multiple of a block end in a masked one. The
@@ -384,12 +435,15 @@ def test_the_radix_selector_at_decode_sizes(rows, width, k, stages, every_form, 
     scores = torch.randn(rows, width, device="cuda", generator=gen)
     scores[:, ::97] = 1.5  # ties
     scores[::2] = scores[::2] * 0.01 + 4.0  # every other row clustered: many keys share the boundary's first digit
-    scores[1::4] = 2.0  # rows of one value (a padded decode row): every key at the floor, the narrowing's case
+    scores[1::4] = 2.0  # rows of one value (a padded decode row): every key at the floor
+    # rows of three values, most at the middle one: more keys than the lists hold between the floor and the best
+    three = torch.rand(rows, width, device="cuda", generator=gen)
+    scores[3::8] = torch.where(three < 0.002, 3.0, torch.where(three < 0.4, 2.0, 1.0))[3::8]
     ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen)
     scores[torch.arange(width, device="cuda")[None, :] >= ends[:, None]] = NEG_INF
     poisoned = Scratch(scores.device, torch.full((32 << 20,), 0x7F, dtype=torch.uint8, device="cuda"))
     got, want = select_topk_radix(scores, k, scratch=poisoned), select_topk_dense(scores, k)
-    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {every_form}"
+    assert torch.equal(got, want), f"{rows}x{width} K={k}, stages {stages}, {form}"
 
 
 def test_the_radix_selector_wants_its_kernels_device(seed):
