@@ -182,7 +182,7 @@ RADIX_BITS = (11, 11)  # the two digits counted: bits 31-21 and 20-10 of the ord
 RADIX_BINS = 1 << 11
 RADIX_BLOCK = 2048  # columns a program reads a step
 #: the launches' shape: `programs` the floor's, counting and collecting launches aim at in a call (rows x programs a
-#: row); `warps` every launch's (offline sm_90 at 8 warps, 4 stages: floor 59, count 48, collect 108, finish 120
+#: row); `warps` every launch's (offline sm_90 at 8 warps, 4 stages: floor 59, count 48, collect 114, finish 116
 #: registers);
 #: `aggregate` whether a warp's equal digits are counted with one atomic (match.any and popc in inline PTX; CUDA only),
 #: else one atomic a key. Measured on an H100 (bench/JOURNAL.md 21a-b): on normal scores one a key is faster (counts 23
@@ -197,8 +197,8 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: list for a warp's keys of one register, inline PTX, no barrier; elsewhere one atomic a key), where the default takes
 #: them a block at a time (two block sums, an atomic, two block prefix sums: barriers across the program's warps a
 #: block). Not yet measured. `candidates`: the candidates form (module docstring; K up to RADIX_BLOCK / 2, where its 2K
-#: groups fit a block: the digits form above that), offline sm_90 threshold 59, collect 114, finish 80 registers. Not
-#: yet measured; a workspace is measured under the form in force (workspace.workspace_bytes).
+#: groups fit a block: the digits form above that), offline sm_90 threshold 59, collect 114 (80 with warp slots), finish
+#: 64 registers. Not yet measured; a workspace is measured under the form in force (workspace.workspace_bytes).
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False, candidates=False)
 CANDIDATE_GROUPS = 2  # the candidates form's floor groups a K (module docstring)
 

@@ -4,8 +4,9 @@
 #   run(command="bash bench/device/gpu_ncu_paged.sh", timeout_s=400); NCU_SHAPES="64x1x65536x512 ..."
 # NCU_SKIP (default 2) picks the third call's launch of a routed shape (one launch a call); a shape the scan takes
 # (over LiteTopKTuning.dense_route_bytes: two launches a call) needs NCU_SKIP=5, so run such shapes on their own.
-# NCU_RADIX=1 also profiles a routed shape's radix selector (the third call's five launches: floor, two counts,
-# collect, finish) into $OUT/ncu-radix-<shape>.txt, and prints each launch's duration, issue and stall lines.
+# NCU_RADIX=1 also profiles a routed shape's radix selector in its default form, the digits form (the third call's five
+# launches: floor, two counts, collect, finish; the candidates form makes four), into $OUT/ncu-radix-<shape>.txt, and
+# prints each launch's duration, issue and stall lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/gpu_env.sh || exit 1
