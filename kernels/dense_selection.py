@@ -201,6 +201,8 @@ RADIX_BLOCK = 2048  # columns a program reads a step
 #: 64 registers. Not yet measured; a workspace is measured under the form in force (workspace.workspace_bytes).
 RADIX_CONFIG = dict(programs=512, warps=8, aggregate=True, stages=4, warp_slots=False, candidates=False)
 CANDIDATE_GROUPS = 2  # the candidates form's floor groups a K (module docstring)
+# loads of the programs' maxima in flight in radix_threshold_kernel (16 KB each; 32 of them at one row of 65,536)
+THRESHOLD_STAGES = 3
 
 
 DEAD = -(2**31)  # the ordered bits of no key: below every score's (-inf's are -2,139,095,041)
@@ -368,15 +370,15 @@ def _boundaries(hist_row, TOPK: tl.constexpr):
 
 
 @triton.jit
-def _group_maxima(partial_row, per_row, GROUPS: tl.constexpr):
+def _group_maxima(partial_row, per_row, GROUPS: tl.constexpr, STAGES: tl.constexpr):
     """A row's GROUPS group maxima (ordered bits; DEAD: a group without a key), each the largest over the row's
     programs' (radix_floor_kernel). The programs' maxima are read 4,096 at a time (a load each, not one a program: a
-    row of one call can have hundreds of programs)."""
+    row of one call can have hundreds of programs), STAGES loads in flight (cp.async)."""
     CHUNK: tl.constexpr = 4096 // GROUPS
     offs_p = tl.arange(0, CHUNK)[:, None]
     offs_g = tl.arange(0, GROUPS)[None, :]
     best = tl.full([GROUPS], DEAD_C, tl.int32)
-    for p0 in range(0, per_row, CHUNK):
+    for p0 in tl.range(0, per_row, CHUNK, num_stages=STAGES):
         maxima = tl.load(partial_row + (p0 + offs_p) * GROUPS + offs_g, mask=p0 + offs_p < per_row, other=DEAD_C)
         best = tl.maximum(best, tl.max(maxima, axis=0))
     return best
@@ -387,7 +389,7 @@ def _floor(partial_row, per_row, GROUPS: tl.constexpr):
     """A row's floor (ordered bits): the smallest of its GROUPS group maxima (_group_maxima). GROUPS >= K distinct
     keys score at or above it, so the K-th best key does: a key below it is no answer. DEAD where a group holds no
     key (then every key counts)."""
-    return tl.min(_group_maxima(partial_row, per_row, GROUPS), axis=0)
+    return tl.min(_group_maxima(partial_row, per_row, GROUPS, 1), axis=0)
 
 
 @triton.jit
@@ -703,13 +705,14 @@ def radix_threshold_kernel(
     bounds_ptr,  # int32 [rows, 2]: each row's floor and its best score (ordered bits)
     TOPK: tl.constexpr,
     GROUPS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """A row's floor (a program a row): the TOPK-th largest of its GROUPS group maxima (_group_maxima), by radix
     narrowing (_narrowed; DEAD where fewer than TOPK groups hold a key); and its best score, the largest. The groups
     of the TOPK largest maxima hold TOPK distinct keys at or above the floor, so the K-th best key scores at or above
     it: a key below it is no answer."""
     row = tl.program_id(0).to(tl.int64)
-    maxima = _group_maxima(partial_ptr + row * per_row * GROUPS, per_row, GROUPS).to(tl.int64)
+    maxima = _group_maxima(partial_ptr + row * per_row * GROUPS, per_row, GROUPS, STAGES).to(tl.int64)
     best = tl.max(maxima, axis=0)
     need = tl.zeros([], tl.int32) + TOPK
     lo = tl.min(maxima, axis=0)  # the window [lo, end] holds the TOPK-th largest (_narrowed)
@@ -870,7 +873,9 @@ def select_topk_radix(
     if candidates:
         bounds = scratch.empty((rows, 2), torch.int32)
         listed = scratch.empty((rows, cap), torch.int64)
-        radix_threshold_kernel[(rows,)](partial, per_row, bounds, TOPK=k, GROUPS=groups, num_warps=warps)
+        radix_threshold_kernel[(rows,)](
+            partial, per_row, bounds, TOPK=k, GROUPS=groups, STAGES=THRESHOLD_STAGES, num_warps=warps
+        )
         radix_candidates_kernel[grid](
             scores, stride, width, span, bounds, listed, counts, CAP=cap, **slots, num_warps=warps
         )

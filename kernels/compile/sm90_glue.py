@@ -187,7 +187,7 @@ KERNELS = {
         dict(TOPK=1024, CAP=2048, SMALL=256, BY_RANK=False),
         dict(scores_ptr="*fp32", sure_ptr="*i64", boundary_ptr="*i64", counts_ptr="*i64", out_ptr="*i64"),
     ),
-    dense_selection.radix_threshold_kernel: (dict(TOPK=512, GROUPS=1024), {}),
+    dense_selection.radix_threshold_kernel: (dict(TOPK=512, GROUPS=1024, STAGES=dense_selection.THRESHOLD_STAGES), {}),
     dense_selection.radix_candidates_kernel: (
         dict(
             CAP=1024,

@@ -31,10 +31,13 @@ def test_glue_kernel_compiles_for_sm90_without_spills(summary, name):
     assert info["STACK"] == 0, f"{name}: {info['STACK']} bytes of stack (spills)"
 
 
-@pytest.mark.parametrize("name", ["radix_floor_kernel", "radix_count_kernel", "radix_collect_kernel"])
+@pytest.mark.parametrize(
+    "name", ["radix_floor_kernel", "radix_count_kernel", "radix_collect_kernel", "radix_threshold_kernel"]
+)
 def test_the_radix_selectors_column_loops_are_pipelined(build, name):
     """RADIX_CONFIG "stages" (4): the floor's, counting and collecting launches load their next column blocks by
-    cp.async while one is counted (the form measured faster on an H100, bench/JOURNAL.md 22a)."""
+    cp.async while one is counted (the form measured faster on an H100, bench/JOURNAL.md 22a); the candidates
+    form's threshold its next programs' maxima (THRESHOLD_STAGES)."""
     assert "cp.async" in (build[1] / f"{name}.ptx").read_text(), f"{name}: its column loads are not pipelined"
 
 

@@ -347,7 +347,7 @@ def test_the_candidates_floor_is_the_kth_largest_of_2k_group_maxima(seed):
         HISTOGRAMS=False,
     )
     assert not counts.any(), "the list lengths must be zeroed"
-    radix_threshold_kernel[(rows,)](partial, per_row, bounds, TOPK=k, GROUPS=groups)
+    radix_threshold_kernel[(rows,)](partial, per_row, bounds, TOPK=k, GROUPS=groups, STAGES=3)
     bounds = bounds.cpu()
 
     def score_of(bits: int) -> float:  # (keys._ordered_bits inverted)
