@@ -211,10 +211,8 @@ RANGE_DIGIT = tl.constexpr(8)  # bits a pass of the radix narrowing (_narrowed)
 RANGE_RADIX = tl.constexpr(256)  # its digits: 1 << RANGE_DIGIT
 # columns a step of the narrowing's passes (one program a row; 2,048 spilled a register in the finishing kernels)
 RANGE_BLOCK = tl.constexpr(1024)
-BOUNDARY_TIERS = (
-    256,
-    2048,
-)  # boundary keys one sort ranks (the smallest tier that holds them); more: radix narrowing (_select_in_range)
+# boundary keys one sort ranks (the smallest tier that holds them); more: radix narrowing (_select_in_range)
+BOUNDARY_TIERS = (256, 2048)
 
 # The warp's count of each digit, given to one lane (the lowest with it), 0 to the others: match.any.sync finds the
 # lanes holding the same value, popc counts them. Dead lanes carry a digit no live lane has.
@@ -538,12 +536,9 @@ def radix_collect_kernel(
     WARP_SLOTS: tl.constexpr,
     AGGREGATE: tl.constexpr,
 ):
-    """Append the program's sure and boundary keys to the row's two lists: a block's slots in both lists by one
-    atomic on the row's packed lengths, then a prefix sum (measured on an H100, bench/JOURNAL.md 21a: one atomic a
-    program after a counting pass was slower, 53 against 48 us at 64 x 65,536); WARP_SLOTS: a warp's keys of one
-    register by one atomic a list (_warp_append where AGGREGATE, else one atomic a key, the interpreter's: no block
-    sum, no barrier). Either way a list's length counts every key appended, its keys past the list's size (CAP
-    boundary keys) not stored."""
+    """Append the program's sure and boundary keys to the row's two lists (_append: a block's slots or a warp's;
+    measured on an H100, bench/JOURNAL.md 21a: one atomic a program after a counting pass was slower than a block's,
+    53 against 48 us at 64 x 65,536)."""
     row = tl.program_id(0).to(tl.int64)
     first_col = tl.program_id(1) * span
     last = tl.minimum(first_col + span, width)
@@ -830,8 +825,9 @@ def select_topk_radix(
     if k <= 0 or k & (k - 1) or k > RADIX_BLOCK:
         raise ValueError(f"k={k} must be a power of two up to {RADIX_BLOCK} (SUPPORTED_TOPK)")
     config = RADIX_CONFIG
-    groups = CANDIDATE_GROUPS * k  # the candidates form's floor groups and list slots
-    candidates = config["candidates"] and groups <= RADIX_BLOCK  # (RADIX_CONFIG: K = 2,048 takes the digits form)
+    # (RADIX_CONFIG: the candidates form where its 2K groups fit a block; K = 2,048 takes the digits form)
+    candidates = config["candidates"] and CANDIDATE_GROUPS * k <= RADIX_BLOCK
+    groups = CANDIDATE_GROUPS * k if candidates else k  # the floor's groups (the candidates form's list slots too)
     cap = max(cap or (groups if candidates else BOUNDARY_TIERS[-1]), k)
     if cap & (cap - 1):
         raise ValueError(f"cap={cap} must be a power of two")
@@ -846,7 +842,6 @@ def select_topk_radix(
     grid = (rows, per_row)
     stride = scores.stride(0)
     warps, stages = config["warps"], config["stages"]
-    groups = groups if candidates else k
     # no memset: the first launch zeroes the counters, the finishing part writes every slot of the answer
     hist = None if candidates else scratch.empty((rows, 2, RADIX_BINS), torch.int32)
     # the floor's maxima: rows x per_row < programs + rows (radix_spans), a bound that grows with the rows alone, so
