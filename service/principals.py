@@ -73,7 +73,12 @@ def peer_protocol_class():
 
 
 async def get_principal(request: Request, state: ServiceState = Depends(get_state)) -> Principal:
-    """FastAPI dependency: the caller's principal, or 401 `unauthenticated`."""
+    """FastAPI dependency: the caller's principal, or 401 `unauthenticated` (principal_of)."""
+    return principal_of(request, state)
+
+
+def principal_of(request: Request, state: ServiceState) -> Principal:
+    """The caller's principal (module docstring), or 401 `unauthenticated`."""
     peer = (request.scope.get("extensions") or {}).get(PEER_SCOPE_KEY)
     if peer is not None:
         pid, uid, gid = peer
@@ -134,6 +139,7 @@ __all__ = [
     "Principal",
     "get_principal",
     "peer_protocol_class",
+    "principal_of",
     "remove_token_file",
     "write_token_file",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class ServiceState:
     draining: bool = False
     ipc_socket: str | None = None  # the IPC channel's socket (None: not served)
     http_url: str | None = None  # where TCP listens (None: not at all, or not known in-process)
+    # principal -> the kept admissions of its HTTP requests (routes/topk.py admissions_of; the event loop's alone)
+    http_admissions: collections.OrderedDict = field(default_factory=collections.OrderedDict)
 
     def info(self) -> dict:
         """/v1/info's document (the IPC hello's `info`): device, backend, limits, where to connect."""

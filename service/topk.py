@@ -16,8 +16,9 @@
 
 Two ways in, one life:
 
-    call_topk(req, state, principal, marks)   the event loop's (HTTP): admit on the loop, execute on
-                                              the device worker, awaited within the timeout
+    call_topk(admitted, state, marks)         the event loop's (HTTP): admitted on the loop (`admit`, or
+                                              the principal's `Admissions`), executed on the device
+                                              worker, awaited within the timeout
     run_topk_if_idle(admitted, state, marks)  a transport thread's (IPC), admitted there (`admit`, or
     queue_topk(admitted, state, marks, done)  the connection's `Admissions`): the device idle, it is
                                               executed there (no thread hop), else queued for the
@@ -177,8 +178,9 @@ class Admitted:
 
 
 class Admissions:
-    """The admissions of one connection's last ADMISSIONS_KEPT distinct top-k requests, by the bytes of
-    the request (an engine sends the same request every step: the same regions, new contents).
+    """The admissions of one connection's (IPC) or one principal's (HTTP: routes/topk.py admissions_of) last
+    ADMISSIONS_KEPT distinct top-k requests, by the bytes of the request (an engine sends the same request
+    every step: the same regions, new contents).
 
     Admission is a function of the request and of its regions' fixed facts (owner, size, access:
     a region never changes them; re-registering makes a new region), so a request whose bytes are
@@ -187,7 +189,8 @@ class Admissions:
     dead) and the request is admitted anew, which answers why it cannot be; when no region at all has
     been retired since its regions were last found live (the table's `retirements`), none is looked
     at. Owners are still checked when the request's regions are leased and after the operator
-    (service/topk.py execute). One connection, one principal, one thread: not shared, not thread-safe."""
+    (service/topk.py execute). One principal, one thread (the connection's, or the event loop): not
+    thread-safe."""
 
     def __init__(self, state, principal: Principal):
         self.state, self.principal = state, principal
@@ -548,10 +551,9 @@ def _count(state, outcome: Outcome) -> None:
         metrics.repairs.inc(outcome.repaired)
 
 
-async def call_topk(req: TopKRequest, state, principal: Principal, marks: list) -> Outcome:
-    """Admit, queue for the device worker, execute, count: the request's answer (or its ServiceError)."""
-    admitted = admit(req, state, principal)
-    marks.append(("admit", time.perf_counter()))
+async def call_topk(admitted: Admitted, state, marks: list) -> Outcome:
+    """Queue an admitted request (`admit`, or a principal's `Admissions`) for the device worker, execute,
+    count: the request's answer (or its ServiceError)."""
     outcome = await state.executor.run(lambda: execute(admitted, state, marks), state.settings.request_timeout_s)
     marks.append(("settle", time.perf_counter()))
     _count(state, outcome)

@@ -3,7 +3,11 @@
 parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_LOOP_MAX_BYTES
                      are validated in the parser process (service/body_parser.py): pydantic
                      holds the GIL while it parses, so a thread would stall the loop too
-admit, execute       service/topk.py (the same for the IPC channel)
+admit, execute       service/topk.py (the same for the IPC channel). A body of at most
+                     KEPT_BODY_MAX_BYTES is admitted through its principal's kept admissions
+                     (admissions_of, keyed by the body's bytes, as the IPC channel
+                     keys a connection's by the frame's): an engine sends the same body every
+                     step, which is then neither parsed nor admitted again
 answer (event loop)  JSON for small results, binary (service/wire.py) for large ones
 """
 
@@ -15,23 +19,23 @@ import json
 import time
 
 import msgspec
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from ..body_parser import BodyParser
 from ..errors import PROBLEM_JSON
-from ..principals import Principal, get_principal
+from ..principals import Principal, principal_of
 from ..schemas import Problem, TopKFields, TopKJsonResponse, TopKRequest
-from ..state import ServiceState, get_state
-from ..topk import Outcome, call_topk, from_model, phase_durations
+from ..state import ServiceState
+from ..topk import Admissions, Admitted, Outcome, admit, call_topk, from_model, phase_durations
 from ..wire import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, encode_result_json, encode_result_prefix
 from ..wire import TopKRequest as WireTopKRequest
 
 _PROBLEMS = {
     s: {"model": Problem, "content": {PROBLEM_JSON: {}}} for s in (400, 401, 404, 409, 413, 422, 429, 500, 503, 504)
 }
-# The request body's schema (the route parses the body itself, see `parse_request`).
+# The request body's schema (the route parses the body itself, see `admit_request`).
 _BODY = {
     "requestBody": {
         "required": True,
@@ -39,6 +43,10 @@ _BODY = {
     }
 }
 PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
+# Bodies up to this size are the keys of their principal's kept admissions (a decode request naming its tensors by
+# region: ~1-2 KB); larger ones carry inline metadata and are parsed and admitted every time.
+KEPT_BODY_MAX_BYTES = 16 * 2**10
+PRINCIPALS_KEPT = 16  # principals whose HTTP admissions are kept (admissions_of): the least recent one's are dropped
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
 
@@ -100,14 +108,49 @@ def validate_body(body: bytes) -> WireTopKRequest | list[dict]:
 BODY_PARSER = BodyParser(validate_body)
 
 
-async def parse_request(request: Request) -> WireTopKRequest:
-    """The body as a TopKRequest (strict, `validate_body`); parsed in the parser process when larger than
-    PARSE_ON_LOOP_MAX_BYTES, so that /livez answers while a large body is parsed."""
-    body = await request.body()
-    parsed = await BODY_PARSER.parse(body) if len(body) > PARSE_ON_LOOP_MAX_BYTES else validate_body(body)
+def admissions_of(state: ServiceState, principal: Principal) -> Admissions:
+    """The kept admissions of `principal`'s HTTP requests (service/topk.py Admissions, keyed by the body's bytes),
+    those of the PRINCIPALS_KEPT most recent principals (ServiceState.http_admissions). On the event loop only."""
+    kept = state.http_admissions.get(principal)
+    if kept is None:
+        kept = state.http_admissions[principal] = Admissions(state, principal)
+        if len(state.http_admissions) > PRINCIPALS_KEPT:
+            state.http_admissions.popitem(last=False)
+    else:
+        state.http_admissions.move_to_end(principal)
+    return kept
+
+
+def _request(parsed: WireTopKRequest | list[dict]) -> WireTopKRequest:
     if isinstance(parsed, list):
         raise RequestValidationError(parsed)
     return parsed
+
+
+async def admit_request(request: Request, state: ServiceState, principal: Principal, marks: list) -> Admitted:
+    """The request's admission (service/topk.py `admit`) from its body (strict, `validate_body`), marking the
+    phases `parse` and `admit`. A body of at most KEPT_BODY_MAX_BYTES is looked up in the principal's kept
+    admissions first (module docstring: when found and its regions are live, it is neither parsed nor checked
+    again); a body larger than PARSE_ON_LOOP_MAX_BYTES is parsed in the parser process, so that /livez answers
+    while it is parsed."""
+    body = await request.body()
+    if len(body) > KEPT_BODY_MAX_BYTES:
+        parsed = await BODY_PARSER.parse(body) if len(body) > PARSE_ON_LOOP_MAX_BYTES else validate_body(body)
+        req = _request(parsed)
+        marks.append(("parse", time.perf_counter()))
+        admitted = admit(req, state, principal)
+    else:
+
+        def parsed_body() -> WireTopKRequest:
+            req = _request(validate_body(body))
+            marks.append(("parse", time.perf_counter()))
+            return req
+
+        admitted = admissions_of(state, principal).admit(body, parsed_body)
+        if not marks:  # kept: the body was read and looked up
+            marks.append(("parse", time.perf_counter()))
+    marks.append(("admit", time.perf_counter()))
+    return admitted
 
 
 @router.post(
@@ -116,9 +159,7 @@ async def parse_request(request: Request) -> WireTopKRequest:
     responses={200: _OK},
     openapi_extra=_BODY,
 )
-async def topk(
-    request: Request, state: ServiceState = Depends(get_state), principal: Principal = Depends(get_principal)
-) -> Response:
+async def topk(request: Request) -> Response:
     """Answers the K best keys of every query row (CONTRACT.md §1-§3).
 
     Results named in `out` are written into those regions (zero copy) and left out of the body;
@@ -126,9 +167,12 @@ async def topk(
     it and the result is large. Rows at fault fail the request (`invalid_row`, `invalid_page`,
     `nonfinite_score`), naming the rows; capacity events are repaired unless `repair` is false.
     """
-    req = await parse_request(request)
-    marks: list[tuple[str, float]] = [("parse", time.perf_counter())]
-    outcome = await call_topk(req, state, principal, marks)
+    # the state and the principal without FastAPI's dependency solving (~0.1 ms a request on a 2-core host)
+    state: ServiceState = request.app.state.service
+    principal = principal_of(request, state)
+    marks: list[tuple[str, float]] = []
+    admitted = await admit_request(request, state, principal, marks)
+    outcome = await call_topk(admitted, state, marks)
     binary = _wants_binary(request, len(outcome.buffer), state.settings.json_result_max_bytes)
     if len(outcome.buffer) > 2**20:  # large bodies are encoded off the event loop
         response = await asyncio.to_thread(_encode, outcome, binary)
