@@ -129,6 +129,21 @@ def test_stale_region_after_unregister(client, problem):
     assert err.value.code == "stale_region"
 
 
+def test_a_kept_http_admission_is_refused_once_its_region_is_gone(client, http, problem):
+    """The same body again is admitted through its principal's kept admission (routes/topk.py admissions_of):
+    answered as the first time while its regions live, `stale_region` once one of them is unregistered."""
+    body = body_for(client, problem)
+    raw = json.dumps(body).encode()
+    answers = [http.post("/v1/topk", content=raw, headers={"content-type": "application/json"}) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3, answers[0].text
+    assert answers[1].json() == answers[2].json() == answers[0].json()
+    assert http.delete(f"/v1/regions/{body['weights']['region']}").status_code == 204
+    doc = assert_problem(
+        http.post("/v1/topk", content=raw, headers={"content-type": "application/json"}), "stale_region"
+    )
+    assert body["weights"]["region"] in doc["detail"], doc
+
+
 def memfd_ticket(service, size=64, seal=True, memory=None):
     """(memory, ticket): a memfd (sealed against shrinking unless told not to) handed over."""
     import fcntl

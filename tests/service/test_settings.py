@@ -211,3 +211,23 @@ def test_the_http_server_parses_with_httptools(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", without_httptools)
     with pytest.raises(RuntimeError, match="needs httptools"):
         peer_protocol_class()
+
+
+def test_the_http_server_runs_on_uvloop(monkeypatch):
+    """The pinned event loop is named, not left to uvicorn's auto-detection: without uvloop the service refuses to
+    start with a message instead of serving on asyncio's slower loop."""
+    import builtins
+
+    from litetopk.service.__main__ import event_loop
+
+    assert event_loop() == "uvloop"
+    real_import = builtins.__import__
+
+    def without_uvloop(name, *args, **kwargs):
+        if name == "uvloop":
+            raise ImportError("No module named 'uvloop'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_uvloop)
+    with pytest.raises(RuntimeError, match="needs uvloop"):
+        event_loop()
