@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ from litetopk.clients import (
 )
 from litetopk.clients.errors import problem_error
 from litetopk.clients.ipc import PackedBody, http_arguments
-from litetopk.clients.transport import resolve_endpoint
+from litetopk.clients.transport import UDS_BASE_URL, Endpoint, StdlibTransport, resolve_endpoint
 from litetopk.kernels import RowFaultError, litetopk_prefill
 from tests.problems import make_problem, results_equal
 
@@ -547,3 +548,82 @@ def test_ipc_answers_are_read_whole_however_they_arrive(split):
     theirs.close()
     assert [(a.id, a.value, bytes(p)) for a, p in got] == [(i, len(p), p) for i, p in enumerate(payloads)], split
     assert all(isinstance(p, bytearray) for _, p in got)
+
+
+# ----------------------------------------------------------------------- the synchronous transport
+
+
+class TinyService:
+    """An HTTP/1.1 server on a Unix socket, in a thread: answers each request `{"n": <requests so far>}`, keeps the
+    connection (keep=True) or closes it after the answer without saying so (a keep-alive timeout), or never
+    answers (silent=True). Counts the connections it accepted; `closed` is set each time it closes one."""
+
+    def __init__(self, path: str, *, keep: bool = True, silent: bool = False):
+        self.path, self.keep, self.silent = path, keep, silent
+        self.connections = self.requests = 0
+        self.closed = threading.Event()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            with conn:
+                data = b""
+                while True:
+                    head, sep, rest = data.partition(b"\r\n\r\n")
+                    if sep:
+                        headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+                        length = int(headers.get(b"content-length", 0))
+                        if len(rest) >= length:
+                            data = rest[length:]
+                            self.requests += 1
+                            if self.silent:
+                                conn.recv(1)  # until the client gives up
+                                break
+                            body = json.dumps({"n": self.requests}).encode()
+                            conn.sendall(
+                                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                            )
+                            if not self.keep:
+                                break
+                            continue
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            self.closed.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_sync_transport_keeps_connections_and_drops_those_the_service_closed(tmp_path, keep):
+    """StdlibTransport: one kept-alive connection carries a thread's calls; a connection the service closed while it
+    was idle is dropped before use (a new one carries the call: nothing is sent twice, nothing fails)."""
+    service = TinyService(str(tmp_path / "s.sock"), keep=keep)
+    endpoint = Endpoint(UDS_BASE_URL, service.path)
+    with httpx.Client(base_url=UDS_BASE_URL, transport=StdlibTransport(endpoint)) as client:
+        for n in range(1, 4):
+            assert client.post("/v1/topk", content=b"{}").json() == {"n": n}
+            if not keep:
+                assert service.closed.wait(10), "the service closed the connection"
+                service.closed.clear()
+    assert service.connections == (1 if keep else 3) and service.requests == 3
+    service.close()
+
+
+def test_a_service_that_never_answers_is_a_read_timeout(tmp_path):
+    service = TinyService(str(tmp_path / "s.sock"), silent=True)
+    with TopKClient(uds=service.path, transport="http", timeout=httpx.Timeout(0.3)) as client:
+        with pytest.raises(TransportError, match="ReadTimeout"):
+            client.info()
+    service.close()
