@@ -1,5 +1,5 @@
 """Transport: where the service is and how to reach it (HTTP over TCP or a Unix socket: httpx's client, on the
-standard library's http.client for the synchronous one (StdlibTransport) and on httpcore for the async one).
+standard library's http.client for the synchronous one (StdlibTransport), on httpcore for the async one).
 
 `TopKClient(base_url=None, *, uds=None)`: with neither given, `LITETOPK_URL` (an http URL or
 `unix:/path`) wins, then the default Unix socket when a service listens on it, then
@@ -24,9 +24,10 @@ import errno
 import http.client
 import http.cookiejar
 import os
-import select
 import socket
+import ssl
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,50 +185,75 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class _TcpConnection(http.client.HTTPConnection):
-    """http.client's TCP connection with TCP_NODELAY (TCP_OPTIONS: it sends a request's headers and body apart)."""
-
-    def connect(self) -> None:
-        super().connect()
-        for level, option, value in TCP_OPTIONS:
-            self.sock.setsockopt(level, option, value)
+# An idle connection older than this is closed rather than reused: the service closes its side after 5 s (uvicorn's
+# keep-alive timeout), and a connection it is closing at that moment would lose the request written to it.
+KEEP_IDLE_S = 4.0
+KEEP_CONNECTIONS = 20  # idle connections kept at most (more are closed when their call ends)
 
 
-def _idle_and_open(connection: http.client.HTTPConnection) -> bool:
-    """Whether a kept-alive connection can carry the next request: connected, and nothing to read on it (an idle
-    connection that is readable was closed by the service, e.g. at its keep-alive timeout)."""
+def _still_open(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept-alive connection can carry the next request: connected and nothing to read on it (an
+    idle connection with data or an end of file to read was closed by the service). A non-blocking peek: no file
+    descriptor limit (select's 1,024)."""
     sock = connection.sock
     if sock is None:
         return False
-    readable, _, _ = select.select([sock], [], [], 0)
-    return not readable
+    timeout = sock.gettimeout()
+    sock.setblocking(False)  # (a socket timeout would make Python wait for data, MSG_DONTWAIT or not)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.settimeout(timeout)
+    return False
 
 
 class StdlibTransport(httpx.BaseTransport):
-    """httpx's transport for the synchronous client, over the standard library's http.client: a request costs
-    ~0.7 ms less than over httpcore and h11 (pure Python) on a 2-core host (bench/NOTES-service.md, session 24).
-    Connections are kept alive, one per request in flight (a thread's calls reuse the idle ones); an idle connection
-    the service closed is dropped before use, never written to, so that no request is sent twice. Timeouts are
-    httpx's (the request's `timeout` extension: connect, then read for the exchange); failures are httpx's
-    transport errors (ConnectError, ReadTimeout, RemoteProtocolError, ...), as httpx's own transport raises them."""
+    """httpx's transport for the synchronous client, over the standard library's http.client (httpx's own runs
+    httpcore and h11, pure Python: 0.3-0.6 ms more a call at the client over the Unix socket on a 2-core host,
+    bench/NOTES-service.md, session 24). To the endpoint's Unix socket, or http:// or https:// (TLS with the default
+    context: certificates verified) over TCP with TCP_NODELAY.
+
+    Connections are kept alive, one per call in flight: a call takes an idle one (the most recent) or opens one,
+    and gives it back after the answer unless the service said it closes it. An idle connection is dropped, never
+    written to, when it is older than KEEP_IDLE_S or the service closed it, so that no request is sent twice;
+    at most KEEP_CONNECTIONS idle ones are kept. Timeouts are the request's (httpx's `timeout` extension: connect,
+    write while sending, read while receiving). Failures are httpx's transport errors: ConnectError /
+    ConnectTimeout, WriteError / WriteTimeout (unless the service answered before the request was sent whole, e.g.
+    413: that answer is returned), ReadError / ReadTimeout, RemoteProtocolError (a malformed answer or the
+    connection closed before one). `close()` closes the idle connections now and those in use when their call ends."""
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
-        self._idle: list[http.client.HTTPConnection] = []
+        if not endpoint.uds:
+            url = httpx.URL(endpoint.base_url)
+            if url.scheme not in ("http", "https"):
+                raise ValueError(f"{endpoint.base_url}: the service is reached over http:// or https://")
+            self._tcp = (url.scheme, url.host, url.port)
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # (connection, idle since), oldest first
         self._lock = threading.Lock()
+        self._closed = False
+
+    def _open(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self.endpoint.uds:
+            return _UnixConnection(self.endpoint.uds, timeout)
+        scheme, host, port = self._tcp
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port or 443, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(host, port or 80, timeout=timeout)  # it sets TCP_NODELAY
 
     def _connection(self, timeout: dict) -> http.client.HTTPConnection:
+        now = time.monotonic()
         with self._lock:
             while self._idle:
-                connection = self._idle.pop()
-                if _idle_and_open(connection):
+                connection, since = self._idle.pop()
+                if now - since < KEEP_IDLE_S and _still_open(connection):
                     return connection
                 connection.close()
-        if self.endpoint.uds:
-            connection = _UnixConnection(self.endpoint.uds, timeout.get("connect"))
-        else:
-            url = httpx.URL(self.endpoint.base_url)
-            connection = _TcpConnection(url.host, url.port or 80, timeout=timeout.get("connect"))
+        connection = self._open(timeout.get("connect"))
         try:
             connection.connect()
         except TimeoutError as exc:
@@ -236,32 +262,75 @@ class StdlibTransport(httpx.BaseTransport):
             raise httpx.ConnectError(str(exc)) from exc
         return connection
 
+    def _give_back(self, connection: http.client.HTTPConnection, answer: http.client.HTTPResponse) -> None:
+        with self._lock:
+            if not (self._closed or answer.will_close or len(self._idle) >= KEEP_CONNECTIONS):
+                self._idle.append((connection, time.monotonic()))
+                return
+        connection.close()
+
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         timeout = request.extensions.get("timeout", {})
-        body = request.read()
+        body = request.read() or None
+        # the body is sent whole (read above): a length, never httpx's chunked framing
+        headers = {k: v for k, v in request.headers.items() if k != "transfer-encoding"}
         connection = self._connection(timeout)
-        connection.sock.settimeout(timeout.get("read"))
         try:
-            connection.request(request.method, request.url.raw_path.decode("ascii"), body, dict(request.headers))
-            answer = connection.getresponse()
+            try:
+                connection.sock.settimeout(timeout.get("write"))
+                connection.request(request.method, request.url.raw_path.decode("ascii"), body, headers)
+            except OSError as exc:  # the service may have answered already (a body refused on its length: 413)
+                answer = self._early_answer(connection, exc, request, timeout.get("read"))
+            else:
+                connection.sock.settimeout(timeout.get("read"))
+                answer = self._answer(connection, request)
             content = answer.read()
+        except httpx.TransportError:
+            connection.close()
+            raise
         except TimeoutError as exc:
             connection.close()
             raise httpx.ReadTimeout(str(exc), request=request) from exc
-        except (http.client.HTTPException, OSError) as exc:
+        except http.client.HTTPException as exc:
             connection.close()
             raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        if answer.will_close:
+        except OSError as exc:
             connection.close()
-        else:
-            with self._lock:
-                self._idle.append(connection)
-        return httpx.Response(answer.status, headers=answer.getheaders(), content=content, request=request)
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        except BaseException:
+            connection.close()
+            raise
+        self._give_back(connection, answer)
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.getheaders()]
+        return httpx.Response(answer.status, headers=headers, content=content, request=request)
+
+    @staticmethod
+    def _answer(connection: http.client.HTTPConnection, request: httpx.Request) -> http.client.HTTPResponse:
+        try:
+            return connection.getresponse()
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(str(exc), request=request) from exc
+        except http.client.HTTPException as exc:
+            raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        except OSError as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+
+    @staticmethod
+    def _early_answer(connection: http.client.HTTPConnection, error: OSError, request: httpx.Request, timeout):
+        """The answer the service sent before the request was written whole (read within `timeout`), else the
+        write's error."""
+        try:
+            connection.sock.settimeout(timeout)
+            return connection.getresponse()
+        except (http.client.HTTPException, OSError, AttributeError):
+            kind = httpx.WriteTimeout if isinstance(error, TimeoutError) else httpx.WriteError
+            raise kind(f"{type(error).__name__}: {error}", request=request) from error
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
-        for connection in idle:
+        for connection, _ in idle:
             connection.close()
 
 

@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     from .logs import logging_config
     from .principals import peer_protocol_class
 
+    try:  # before any socket is bound: a missing pinned dependency leaves no socket file behind
+        loop, protocol = event_loop(), peer_protocol_class()
+    except RuntimeError as exc:
+        print(f"litetopk: {exc}", file=sys.stderr)
+        return 2
     sockets, where = [], []
     if settings.host:
         tcp = bind_tcp(settings.host, settings.port)
@@ -149,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         lifespan="on",
         log_config=logging_config(settings.log_level),
         log_level=settings.log_level,
+        http=protocol,
+        loop=loop,
         # one second past the grace period: the service answers what is still queued first (shutting_down)
-        http=peer_protocol_class(),
-        loop=event_loop(),
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s) + 1,
         access_log=settings.log_level == "debug",
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from .fdpass import FdTickets
 from .metrics import ServiceMetrics
 from .regions import RegionTable
 from .settings import ServiceSettings
+from .topk import UidAdmissions
 
 log = logging.getLogger("litetopk.service")
 
@@ -42,8 +42,7 @@ class ServiceState:
     draining: bool = False
     ipc_socket: str | None = None  # the IPC channel's socket (None: not served)
     http_url: str | None = None  # where TCP listens (None: not at all, or not known in-process)
-    # principal -> the kept admissions of its HTTP requests (routes/topk.py admissions_of; the event loop's alone)
-    http_admissions: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    http_admissions: UidAdmissions = field(default_factory=UidAdmissions)  # HTTP's kept admissions (the event loop's)
 
     def info(self) -> dict:
         """/v1/info's document (the IPC hello's `info`): device, backend, limits, where to connect."""

@@ -17,7 +17,7 @@
 Two ways in, one life:
 
     call_topk(admitted, state, marks)         the event loop's (HTTP): admitted on the loop (`admit`, or
-                                              the principal's `Admissions`), executed on the device
+                                              the uid's kept ones: UidAdmissions), executed on the device
                                               worker, awaited within the timeout
     run_topk_if_idle(admitted, state, marks)  a transport thread's (IPC), admitted there (`admit`, or
     queue_topk(admitted, state, marks, done)  the connection's `Admissions`): the device idle, it is
@@ -35,7 +35,7 @@ import collections
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 import numpy
@@ -49,7 +49,6 @@ from litetopk.kernels.validation import check_topk
 from .errors import ServiceError
 from .executor import Job
 from .executor import Outcome as DeviceOutcome
-from .principals import Principal
 from .regions import OWNERS, Region, view_key
 from .wire import (
     RESULT_FIELDS,
@@ -64,6 +63,9 @@ from .wire import (
     tensor_arg_problem,
 )
 
+if TYPE_CHECKING:  # (principals.py sits above: it reads the state for FastAPI's dependencies)
+    from .principals import Principal
+
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 STAGED = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")  # all but the cache
 _METADATA = ("block_table", "row_to_batch", "starts", "ends")  # a region slice or inline int32 values
@@ -73,7 +75,9 @@ _RESULT_DTYPES = {name: dtype_name(dtype) for name, (dtype, _) in RESULT_FIELDS.
 _FAULT_BITS = int(INPUT_FAULTS | RowStatus.SELECTOR_FAILURE)
 TALLIED = ("status", "repaired", "candidates")  # the result fields read on the host after the call
 _TALLIED_OUTS = {f"out.{name}" for name in TALLIED}
-ADMISSIONS_KEPT = 16  # admissions a connection keeps (Admissions)
+ADMISSIONS_KEPT = 16  # admissions an IPC connection keeps (Admissions)
+HTTP_ADMISSIONS_KEPT = 64  # admissions a uid's HTTP requests keep (UidAdmissions: its processes and engines share them)
+UIDS_KEPT = 16  # uids whose HTTP admissions are kept (UidAdmissions)
 ROWS_AS_INTS = 1024  # counts of at most this many rows are summed as Python ints (_total)
 
 
@@ -118,7 +122,7 @@ class Admitted:
     """A request that passed admission, with what admission found: every tensor named by region as
     (name, slice, region) (inputs, then `out.<field>`), the distinct regions (leased together), the
     output slices by result field, and the query rows; and what follows from them alone, worked out
-    once (a connection's kept admissions, `Admissions`, are executed again and again): the kept
+    once (kept admissions, `Admissions`, are executed again and again): the kept
     views' keys, the inline metadata as tensors, the answer buffer's layout, and (kept admissions)
     the binding of its tensors."""
 
@@ -134,7 +138,7 @@ class Admitted:
     tallied: dict[str, tuple[int, int]] = field(init=False)  # [start, end) of TALLIED fields in the buffer
     padding: list[tuple[int, int]] = field(init=False)  # [start, end) of the buffer's padding bytes (zeroed)
     nbytes: int = field(init=False)
-    kept: bool = field(init=False, default=False)  # kept by a connection (`Admissions`): keeps its binding
+    kept: bool = field(init=False, default=False)  # kept (`Admissions`): keeps its binding
     binding: Binding | None = field(init=False, default=None)
     checked: int = field(init=False, default=-1)  # the table's `retirements` when its regions were last live
     _inline: dict | None = field(init=False, default=None)
@@ -178,22 +182,21 @@ class Admitted:
 
 
 class Admissions:
-    """The admissions of one connection's (IPC) or one principal's (HTTP: routes/topk.py admissions_of) last
-    ADMISSIONS_KEPT distinct top-k requests, by the bytes of the request (an engine sends the same request
-    every step: the same regions, new contents).
+    """The admissions of the last `kept` distinct top-k requests of one IPC connection (ADMISSIONS_KEPT) or of one
+    uid's HTTP requests (UidAdmissions), by the bytes of the request (an engine sends the same request every step:
+    the same regions, new contents).
 
-    Admission is a function of the request and of its regions' fixed facts (owner, size, access:
-    a region never changes them; re-registering makes a new region), so a request whose bytes are
-    those of a kept admission, all of whose regions are still live, is admitted as it was: it is
-    neither decoded nor checked again. Any region retired since (unregistered, superseded, its owner
-    dead) and the request is admitted anew, which answers why it cannot be; when no region at all has
-    been retired since its regions were last found live (the table's `retirements`), none is looked
-    at. Owners are still checked when the request's regions are leased and after the operator
-    (service/topk.py execute). One principal, one thread (the connection's, or the event loop): not
-    thread-safe."""
+    Admission is a function of the request, of the caller's uid and of its regions' fixed facts (owner, size,
+    access: a region never changes them; re-registering makes a new region), so a request whose bytes are those
+    of a kept admission, all of whose regions are still live, is admitted as it was: it is neither decoded nor
+    checked again. Any region retired since (unregistered, superseded, its owner dead) and the request is admitted
+    anew, which answers why it cannot be; when no region at all has been retired since its regions were last found
+    live (the table's `retirements`), none is looked at. Owners are still checked when the request's regions are
+    leased and after the operator (service/topk.py execute). One uid, one thread (the connection's, or the event
+    loop): not thread-safe."""
 
-    def __init__(self, state, principal: Principal):
-        self.state, self.principal = state, principal
+    def __init__(self, state, principal: Principal, kept: int = ADMISSIONS_KEPT):
+        self.state, self.principal, self.kept = state, principal, kept
         self._kept: collections.OrderedDict[bytes, Admitted] = collections.OrderedDict()
 
     def admit(self, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
@@ -207,8 +210,34 @@ class Admissions:
         admitted = admit(request(), self.state, self.principal)
         admitted.kept = True
         self._kept[key] = admitted
-        if len(self._kept) > ADMISSIONS_KEPT:
+        if len(self._kept) > self.kept:
             self._kept.popitem(last=False)
+        return admitted
+
+
+class UidAdmissions:
+    """The kept admissions of HTTP requests (routes/topk.py: bodies of at most KEPT_BODY_MAX_BYTES, keyed by their
+    bytes), by the caller's uid (what admission depends on: regions are a uid's), HTTP_ADMISSIONS_KEPT a uid, for
+    the UIDS_KEPT uids most recently admitted a request (a request refused keeps nothing and evicts no uid). On the
+    event loop only: not thread-safe."""
+
+    def __init__(self):
+        self._by_uid: collections.OrderedDict[int, Admissions] = collections.OrderedDict()
+
+    @property
+    def uids(self) -> list[int]:
+        """The uids whose admissions are kept, the least recent first."""
+        return list(self._by_uid)
+
+    def admit(self, state, principal: Principal, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
+        """Admissions.admit in `principal`'s uid's kept admissions (ServiceError or the request's own error: nothing
+        kept)."""
+        kept = self._by_uid.get(principal.uid) or Admissions(state, principal, HTTP_ADMISSIONS_KEPT)
+        admitted = kept.admit(key, request)
+        self._by_uid[principal.uid] = kept
+        self._by_uid.move_to_end(principal.uid)
+        if len(self._by_uid) > UIDS_KEPT:
+            self._by_uid.popitem(last=False)
         return admitted
 
 
@@ -552,7 +581,7 @@ def _count(state, outcome: Outcome) -> None:
 
 
 async def call_topk(admitted: Admitted, state, marks: list) -> Outcome:
-    """Queue an admitted request (`admit`, or a principal's `Admissions`) for the device worker, execute,
+    """Queue an admitted request (`admit`, or kept: UidAdmissions) for the device worker, execute,
     count: the request's answer (or its ServiceError)."""
     outcome = await state.executor.run(lambda: execute(admitted, state, marks), state.settings.request_timeout_s)
     marks.append(("settle", time.perf_counter()))
@@ -611,6 +640,7 @@ __all__ = [
     "Admissions",
     "Admitted",
     "Outcome",
+    "UidAdmissions",
     "admit",
     "call_topk",
     "execute",

@@ -4,10 +4,10 @@ parse                the body (JSON + pydantic, strict); bodies above PARSE_ON_L
                      are validated in the parser process (service/body_parser.py): pydantic
                      holds the GIL while it parses, so a thread would stall the loop too
 admit, execute       service/topk.py (the same for the IPC channel). A body of at most
-                     KEPT_BODY_MAX_BYTES is admitted through its principal's kept admissions
-                     (admissions_of, keyed by the body's bytes, as the IPC channel
-                     keys a connection's by the frame's): an engine sends the same body every
-                     step, which is then neither parsed nor admitted again
+                     KEPT_BODY_MAX_BYTES is admitted through its uid's kept admissions
+                     (service/topk.py UidAdmissions, keyed by the body's bytes, as the IPC
+                     channel keys a connection's by the frame's): an engine sends the same
+                     body every step, which is then neither parsed nor admitted again
 answer (event loop)  JSON for small results, binary (service/wire.py) for large ones
 """
 
@@ -28,7 +28,7 @@ from ..errors import PROBLEM_JSON
 from ..principals import Principal, principal_of
 from ..schemas import Problem, TopKFields, TopKJsonResponse, TopKRequest
 from ..state import ServiceState
-from ..topk import Admissions, Admitted, Outcome, admit, call_topk, from_model, phase_durations
+from ..topk import Admitted, Outcome, admit, call_topk, from_model, phase_durations
 from ..wire import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, encode_result_json, encode_result_prefix
 from ..wire import TopKRequest as WireTopKRequest
 
@@ -43,10 +43,9 @@ _BODY = {
     }
 }
 PARSE_ON_LOOP_MAX_BYTES = 64 * 2**10
-# Bodies up to this size are the keys of their principal's kept admissions (a decode request naming its tensors by
+# Bodies up to this size are the keys of their uid's kept admissions (a decode request naming its tensors by
 # region: ~1-2 KB); larger ones carry inline metadata and are parsed and admitted every time.
 KEPT_BODY_MAX_BYTES = 16 * 2**10
-PRINCIPALS_KEPT = 16  # principals whose HTTP admissions are kept (admissions_of): the least recent one's are dropped
 _OK = {"model": TopKJsonResponse, "content": {BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
 
 
@@ -108,20 +107,8 @@ def validate_body(body: bytes) -> WireTopKRequest | list[dict]:
 BODY_PARSER = BodyParser(validate_body)
 
 
-def admissions_of(state: ServiceState, principal: Principal) -> Admissions:
-    """The kept admissions of `principal`'s HTTP requests (service/topk.py Admissions, keyed by the body's bytes),
-    those of the PRINCIPALS_KEPT most recent principals (ServiceState.http_admissions). On the event loop only."""
-    kept = state.http_admissions.get(principal)
-    if kept is None:
-        kept = state.http_admissions[principal] = Admissions(state, principal)
-        if len(state.http_admissions) > PRINCIPALS_KEPT:
-            state.http_admissions.popitem(last=False)
-    else:
-        state.http_admissions.move_to_end(principal)
-    return kept
-
-
-def _request(parsed: WireTopKRequest | list[dict]) -> WireTopKRequest:
+def _valid_or_raise(parsed: WireTopKRequest | list[dict]) -> WireTopKRequest:
+    """validate_body's request, or its errors raised (422 validation_error)."""
     if isinstance(parsed, list):
         raise RequestValidationError(parsed)
     return parsed
@@ -129,26 +116,26 @@ def _request(parsed: WireTopKRequest | list[dict]) -> WireTopKRequest:
 
 async def admit_request(request: Request, state: ServiceState, principal: Principal, marks: list) -> Admitted:
     """The request's admission (service/topk.py `admit`) from its body (strict, `validate_body`), marking the
-    phases `parse` and `admit`. A body of at most KEPT_BODY_MAX_BYTES is looked up in the principal's kept
+    phases `parse` and `admit`. A body of at most KEPT_BODY_MAX_BYTES is looked up in its uid's kept
     admissions first (module docstring: when found and its regions are live, it is neither parsed nor checked
     again); a body larger than PARSE_ON_LOOP_MAX_BYTES is parsed in the parser process, so that /livez answers
     while it is parsed."""
     body = await request.body()
     if len(body) > KEPT_BODY_MAX_BYTES:
         parsed = await BODY_PARSER.parse(body) if len(body) > PARSE_ON_LOOP_MAX_BYTES else validate_body(body)
-        req = _request(parsed)
+        req = _valid_or_raise(parsed)
         marks.append(("parse", time.perf_counter()))
         admitted = admit(req, state, principal)
     else:
+        parsed = []
 
         def parsed_body() -> WireTopKRequest:
-            req = _request(validate_body(body))
-            marks.append(("parse", time.perf_counter()))
+            req = _valid_or_raise(validate_body(body))
+            parsed.append(("parse", time.perf_counter()))
             return req
 
-        admitted = admissions_of(state, principal).admit(body, parsed_body)
-        if not marks:  # kept: the body was read and looked up
-            marks.append(("parse", time.perf_counter()))
+        admitted = state.http_admissions.admit(state, principal, body, parsed_body)
+        marks.append(parsed[0] if parsed else ("parse", time.perf_counter()))  # kept: read and looked up
     marks.append(("admit", time.perf_counter()))
     return admitted
 

@@ -554,64 +554,78 @@ def test_ipc_answers_are_read_whole_however_they_arrive(split):
 
 
 class TinyService:
-    """An HTTP/1.1 server on a Unix socket, in a thread: answers each request `{"n": <requests so far>}`, keeps the
-    connection (keep=True) or closes it after the answer without saying so (a keep-alive timeout), or never
-    answers (silent=True). Counts the connections it accepted; `closed` is set each time it closes one."""
+    """An HTTP/1.1 server in threads, on a Unix socket (`path`) or TCP (path None: `url`): answers each request
+    `{"n": <requests so far>}`, keeps the connection (keep=True) or closes it after the answer without saying so (a
+    keep-alive timeout), or never answers (silent=True). Counts the connections it accepted; `closed` is set each time
+    it closes one."""
 
-    def __init__(self, path: str, *, keep: bool = True, silent: bool = False):
+    def __init__(self, path: str | None, *, keep: bool = True, silent: bool = False):
         self.path, self.keep, self.silent = path, keep, silent
         self.connections = self.requests = 0
+        self.count = threading.Lock()
         self.closed = threading.Event()
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
+        if path:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(path)
+            self.endpoint = Endpoint(UDS_BASE_URL, path)
+        else:
+            self.listener = socket.socket()
+            self.listener.bind(("127.0.0.1", 0))
+            self.endpoint = Endpoint(f"http://127.0.0.1:{self.listener.getsockname()[1]}", None)
         self.listener.listen()
-        threading.Thread(target=self._serve, daemon=True).start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _serve(self) -> None:
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self.listener.accept()
             except OSError:  # closed
                 return
-            self.connections += 1
-            with conn:
-                data = b""
-                while True:
-                    head, sep, rest = data.partition(b"\r\n\r\n")
-                    if sep:
-                        headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
-                        length = int(headers.get(b"content-length", 0))
-                        if len(rest) >= length:
-                            data = rest[length:]
+            with self.count:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while True:
+                head, sep, rest = data.partition(b"\r\n\r\n")
+                if sep:
+                    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+                    length = int(headers.get(b"content-length", 0))
+                    if len(rest) >= length:
+                        data = rest[length:]
+                        with self.count:
                             self.requests += 1
-                            if self.silent:
-                                conn.recv(1)  # until the client gives up
-                                break
                             body = json.dumps({"n": self.requests}).encode()
-                            conn.sendall(
-                                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                b"content-length: %d\r\n\r\n%s" % (len(body), body)
-                            )
-                            if not self.keep:
-                                break
-                            continue
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-            self.closed.set()
+                        if self.silent:
+                            conn.recv(1)  # until the client gives up
+                            break
+                        conn.sendall(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                        )
+                        if not self.keep:
+                            break
+                        continue
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        self.closed.set()
 
     def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not, on Linux)
         self.listener.close()
 
 
+@pytest.mark.parametrize("where", ["unix", "tcp"])
 @pytest.mark.parametrize("keep", [True, False])
-def test_the_sync_transport_keeps_connections_and_drops_those_the_service_closed(tmp_path, keep):
+def test_the_sync_transport_keeps_connections_and_drops_those_the_service_closed(tmp_path, keep, where):
     """StdlibTransport: one kept-alive connection carries a thread's calls; a connection the service closed while it
     was idle is dropped before use (a new one carries the call: nothing is sent twice, nothing fails)."""
-    service = TinyService(str(tmp_path / "s.sock"), keep=keep)
-    endpoint = Endpoint(UDS_BASE_URL, service.path)
-    with httpx.Client(base_url=UDS_BASE_URL, transport=StdlibTransport(endpoint)) as client:
+    service = TinyService(str(tmp_path / "s.sock") if where == "unix" else None, keep=keep)
+    with httpx.Client(base_url=service.endpoint.base_url, transport=StdlibTransport(service.endpoint)) as client:
         for n in range(1, 4):
             assert client.post("/v1/topk", content=b"{}").json() == {"n": n}
             if not keep:
@@ -619,6 +633,30 @@ def test_the_sync_transport_keeps_connections_and_drops_those_the_service_closed
                 service.closed.clear()
     assert service.connections == (1 if keep else 3) and service.requests == 3
     service.close()
+
+
+def test_the_sync_transport_serves_threads_on_a_connection_each(tmp_path):
+    """Calls from several threads share one client: each call in flight has its own connection, none more than the
+    threads, every answer whole."""
+    service = TinyService(str(tmp_path / "s.sock"))
+    answers = []
+    with httpx.Client(base_url=UDS_BASE_URL, transport=StdlibTransport(service.endpoint)) as client:
+
+        def calls():
+            answers.extend(client.post("/v1/topk", content=b"{}").json()["n"] for _ in range(20))
+
+        threads = [threading.Thread(target=calls) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert sorted(answers) == list(range(1, 81)) and 1 <= service.connections <= 4, (service.connections, answers)
+    service.close()
+
+
+def test_the_sync_transport_refuses_a_scheme_it_cannot_speak():
+    with pytest.raises(ValueError, match="http:// or https://"):
+        StdlibTransport(Endpoint("ftp://127.0.0.1:21", None))
 
 
 def test_a_service_that_never_answers_is_a_read_timeout(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from litetopk.clients import InvalidRequestProblem, RegionProblem, RowFaultProblem, TopKClient
+from litetopk.clients.transport import Endpoint, StdlibTransport
 from litetopk.kernels import (
     BackendUnavailableError,
     DeviceError,
@@ -130,8 +131,8 @@ def test_stale_region_after_unregister(client, problem):
 
 
 def test_a_kept_http_admission_is_refused_once_its_region_is_gone(client, http, problem):
-    """The same body again is admitted through its principal's kept admission (routes/topk.py admissions_of):
-    answered as the first time while its regions live, `stale_region` once one of them is unregistered."""
+    """The same body again is admitted through its uid's kept admission (service/topk.py UidAdmissions; the mechanism:
+    test_execute.py): answered as the first time while its regions live, `stale_region` once one is unregistered."""
     body = body_for(client, problem)
     raw = json.dumps(body).encode()
     answers = [http.post("/v1/topk", content=raw, headers={"content-type": "application/json"}) for _ in range(3)]
@@ -400,17 +401,29 @@ def test_owner_pid_from_another_pid_namespace_is_refused(http, service):
     assert untracked.status_code == 201 and untracked.json()["pid"] is None, untracked.text
 
 
-def test_payload_too_large(http):
+@pytest.fixture(params=["httpcore", "stdlib"])
+def any_http(request, http, service):
+    """`http`, or a client over the synchronous client's own transport (clients/transport.py StdlibTransport: a body
+    refused on its length is answered before it is sent whole, an answer it must still read)."""
+    if request.param == "httpcore":
+        yield http
+        return
+    transport = StdlibTransport(Endpoint(service.url, None))
+    with httpx.Client(base_url=service.url, headers=service.auth, timeout=30, transport=transport) as client:
+        yield client
+
+
+def test_payload_too_large(any_http):
     assert_problem(
-        http.post("/v1/topk", content=b"x" * (16 * 2**20 + 1), headers={"content-type": "application/json"}),
+        any_http.post("/v1/topk", content=b"x" * (16 * 2**20 + 1), headers={"content-type": "application/json"}),
         "payload_too_large",
     )
 
 
-def test_payload_too_large_streamed(http):
-    chunks = (b"x" * 2**20 for _ in range(17))  # no Content-Length: counted while streaming
+def test_payload_too_large_streamed(any_http):
+    chunks = (b"x" * 2**20 for _ in range(17))  # no Content-Length (httpcore): counted while streaming
     assert_problem(
-        http.post("/v1/topk", content=chunks, headers={"content-type": "application/json"}), "payload_too_large"
+        any_http.post("/v1/topk", content=chunks, headers={"content-type": "application/json"}), "payload_too_large"
     )
 
 

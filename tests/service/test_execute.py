@@ -9,6 +9,7 @@ written into regions land in the answer buffer.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -264,3 +265,23 @@ def test_a_closed_region_drops_the_bindings_over_it(engine, retirement):
     fresh = engine.run()
     assert fresh is not kept and fresh.binding is not None and fresh in engine.outs.bindings
     assert torch.equal(engine.out_values(), engine.want.values), "the new registration is written"
+
+
+def test_http_admissions_are_kept_by_uid_and_only_once_admitted(engine):
+    """UidAdmissions (HTTP's kept admissions): a body admitted for a uid is found again for any process of that uid,
+    not decoded again; another uid gets nothing of it (its own admission, refused: the regions are not its own), and
+    a refused request keeps nothing."""
+    kept = life.UidAdmissions()
+    key, request = engine.request()
+    first = kept.admit(engine.state, engine.principal, key, lambda: request)
+    sibling = dataclasses.replace(engine.principal, pid=engine.principal.pid + 1)
+
+    def decoded_again():
+        raise AssertionError("a kept body is decoded again")
+
+    assert kept.admit(engine.state, sibling, key, decoded_again) is first
+    stranger = dataclasses.replace(engine.principal, uid=engine.principal.uid + 1)
+    with pytest.raises(ServiceError) as err:
+        kept.admit(engine.state, stranger, key, lambda: request)
+    assert err.value.code == "unknown_region", err.value
+    assert kept.uids == [engine.principal.uid], "a refused request keeps nothing and evicts no uid"

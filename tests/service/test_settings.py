@@ -231,3 +231,17 @@ def test_the_http_server_runs_on_uvloop(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", without_uvloop)
     with pytest.raises(RuntimeError, match="needs uvloop"):
         event_loop()
+
+
+def test_a_missing_pinned_dependency_fails_the_start_before_any_socket(monkeypatch, tmp_path, capsys):
+    """main() resolves uvloop and httptools before binding: without one it exits 2 with the reason, leaving no socket
+    file behind."""
+    from litetopk.service import __main__ as service_main
+
+    def missing():
+        raise RuntimeError("the service needs uvloop (pinned in pyproject.toml: pip install uvloop==0.22.1)")
+
+    monkeypatch.setattr(service_main, "event_loop", missing)
+    path = tmp_path / "s" / "litetopk.sock"
+    assert service_main.main(["--uds", str(path), "--host", "", "--device", "cpu"]) == 2
+    assert "needs uvloop" in capsys.readouterr().err and not path.exists()
