@@ -62,7 +62,7 @@ def test_device_scripts_name_existing_files_and_modules(path):
 def test_self_calibration_probe_runs_end_to_end(tmp_path):
     """The device probe of the first GPU call, on a small problem on the CPU (interpreter): it must not
     fail on the H200 for a reason a CPU run shows (its stage calls once passed thresholds together
-    with a sample, which the backend refuses). Windows of up to 8,192 keys against a 4,096-key buffer
+    with a sample, which the backend refuses). Two rows, windows of up to 8,192 keys against a 4,096-key buffer
     (K = 512): the thresholds must filter, or rows overflow and are repaired. Its report: both modes
     exact, no row repaired, fewer candidates than keys."""
     import json
@@ -80,7 +80,7 @@ def test_self_calibration_probe_runs_end_to_end(tmp_path):
             "--spread",
             "1",
             "--rows",
-            "4",
+            "2",
             "--warm",
             "0",
             "--pairs",
