@@ -191,46 +191,47 @@ def test_unknown_socket_group_is_refused(tmp_path):
         s.socket_group_id()
 
 
-def test_the_http_server_parses_with_httptools(monkeypatch):
-    """The pinned C parser is named, not left to uvicorn's auto-detection: without httptools the service
-    refuses to start with a message instead of serving on the slower pure-Python parser."""
-    import builtins
-
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+def _http_protocol():
     from litetopk.service.principals import peer_protocol_class
 
-    assert issubclass(peer_protocol_class(), HttpToolsProtocol)
-    real_import = builtins.__import__
-
-    def without_httptools(name, *args, **kwargs):
-        if name == "uvicorn.protocols.http.httptools_impl":
-            raise ImportError("No module named 'httptools'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", without_httptools)
-    with pytest.raises(RuntimeError, match="needs httptools"):
-        peer_protocol_class()
+    return peer_protocol_class()
 
 
-def test_the_http_server_runs_on_uvloop(monkeypatch):
-    """The pinned event loop is named, not left to uvicorn's auto-detection: without uvloop the service refuses to
-    start with a message instead of serving on asyncio's slower loop."""
-    import builtins
+def _on_httptools(protocol) -> bool:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    return issubclass(protocol, HttpToolsProtocol)
+
+
+def _event_loop():
     from litetopk.service.__main__ import event_loop
 
-    assert event_loop() == "uvloop"
+    return event_loop()
+
+
+@pytest.mark.parametrize(
+    "module, resolve, named, dependency",
+    [
+        ("uvicorn.protocols.http.httptools_impl", _http_protocol, _on_httptools, "httptools"),  # not h11 (Python)
+        ("uvloop", _event_loop, lambda loop: loop == "uvloop", "uvloop"),  # not asyncio's loop
+    ],
+)
+def test_the_http_server_runs_on_its_pinned_c_dependencies(monkeypatch, module, resolve, named, dependency):
+    """The HTTP parser and the event loop are named, not left to uvicorn's auto-detection: without the pinned C
+    library the service refuses to start with a message instead of serving on uvicorn's slower fallback."""
+    import builtins
+
+    assert named(resolve())
     real_import = builtins.__import__
 
-    def without_uvloop(name, *args, **kwargs):
-        if name == "uvloop":
-            raise ImportError("No module named 'uvloop'")
+    def without(name, *args, **kwargs):
+        if name == module:
+            raise ImportError(f"No module named {module!r}")
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", without_uvloop)
-    with pytest.raises(RuntimeError, match="needs uvloop"):
-        event_loop()
+    monkeypatch.setattr(builtins, "__import__", without)
+    with pytest.raises(RuntimeError, match=f"needs {dependency}"):
+        resolve()
 
 
 def test_a_missing_pinned_dependency_fails_the_start_before_any_socket(monkeypatch, tmp_path, capsys):
