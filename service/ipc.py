@@ -129,7 +129,7 @@ class IpcConnection:
         self.serving = False  # a frame is being served on the connection's thread
         self.closed = False
         self._keys = itertools.count()
-        self.admissions = Admissions(self.state, principal)  # used by the connection's thread only
+        self.admissions = Admissions(self.state, principal.uid)  # used by the connection's thread only
         self._backlog: list = []  # parts the peer did not take at once, sent by the flusher
         self._flushing = False
         self.thread = threading.Thread(target=self._run, name=f"litetopk-ipc-{principal.pid}", daemon=True)

@@ -35,7 +35,7 @@ import collections
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import msgspec
 import numpy
@@ -62,9 +62,6 @@ from .wire import (
     result_shape,
     tensor_arg_problem,
 )
-
-if TYPE_CHECKING:  # (principals.py sits above: it reads the state for FastAPI's dependencies)
-    from .principals import Principal
 
 INPUTS = ("q_fp4", "q_scale", "kv_cache", "block_table", "weights", "row_to_batch", "starts", "ends")
 STAGED = ("q_fp4", "q_scale", "block_table", "weights", "row_to_batch", "starts", "ends")  # all but the cache
@@ -195,8 +192,8 @@ class Admissions:
     leased and after the operator (service/topk.py execute). One uid, one thread (the connection's, or the event
     loop): not thread-safe."""
 
-    def __init__(self, state, principal: Principal, kept: int = ADMISSIONS_KEPT):
-        self.state, self.principal, self.kept = state, principal, kept
+    def __init__(self, state, uid: int, kept: int = ADMISSIONS_KEPT):
+        self.state, self.uid, self.kept = state, uid, kept
         self._kept: collections.OrderedDict[bytes, Admitted] = collections.OrderedDict()
 
     def admit(self, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
@@ -207,7 +204,7 @@ class Admissions:
                 self._kept.move_to_end(key)
                 return admitted
             del self._kept[key]
-        admitted = admit(request(), self.state, self.principal)
+        admitted = admit(request(), self.state, self.uid)
         admitted.kept = True
         self._kept[key] = admitted
         if len(self._kept) > self.kept:
@@ -229,13 +226,12 @@ class UidAdmissions:
         """The uids whose admissions are kept, the least recent first."""
         return list(self._by_uid)
 
-    def admit(self, state, principal: Principal, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
-        """Admissions.admit in `principal`'s uid's kept admissions (ServiceError or the request's own error: nothing
-        kept)."""
-        kept = self._by_uid.get(principal.uid) or Admissions(state, principal, HTTP_ADMISSIONS_KEPT)
+    def admit(self, state, uid: int, key: bytes, request: Callable[[], TopKRequest]) -> Admitted:
+        """Admissions.admit in `uid`'s kept admissions (ServiceError or the request's own error: nothing kept)."""
+        kept = self._by_uid.get(uid) or Admissions(state, uid, HTTP_ADMISSIONS_KEPT)
         admitted = kept.admit(key, request)
-        self._by_uid[principal.uid] = kept
-        self._by_uid.move_to_end(principal.uid)
+        self._by_uid[uid] = kept
+        self._by_uid.move_to_end(uid)
         if len(self._by_uid) > UIDS_KEPT:
             self._by_uid.popitem(last=False)
         return admitted
@@ -315,7 +311,7 @@ def _region_args(req: TopKRequest, outs: dict[str, RegionSlice]) -> list[tuple[s
     return named
 
 
-def admit(req: TopKRequest, state, principal: Principal) -> Admitted:
+def admit(req: TopKRequest, state, uid: int) -> Admitted:
     """Every check that needs no device: raise the request's error before it is queued (module docstring).
 
     The inputs' dtypes and shapes are the operator's to check (kernels/validation.py raises
@@ -331,7 +327,7 @@ def admit(req: TopKRequest, state, principal: Principal) -> Admitted:
     named = _region_args(req, outs)
     # unknown_region / stale_region first; each (region, generation) looked up once (4 metadata slices
     # often share one), every owner read once (`alive`), under one lock
-    found = state.table.find_all([(ref.region, ref.generation) for _, ref in named], principal.uid, {})
+    found = state.table.find_all([(ref.region, ref.generation) for _, ref in named], uid, {})
     check_topk(req.topk)
     if req.backend != "auto" and req.backend != state.backend:
         raise ServiceError(

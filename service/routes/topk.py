@@ -125,7 +125,7 @@ async def admit_request(request: Request, state: ServiceState, principal: Princi
         parsed = await BODY_PARSER.parse(body) if len(body) > PARSE_ON_LOOP_MAX_BYTES else validate_body(body)
         req = _valid_or_raise(parsed)
         marks.append(("parse", time.perf_counter()))
-        admitted = admit(req, state, principal)
+        admitted = admit(req, state, principal.uid)
     else:
         parsed = []
 
@@ -134,7 +134,7 @@ async def admit_request(request: Request, state: ServiceState, principal: Princi
             parsed.append(("parse", time.perf_counter()))
             return req
 
-        admitted = state.http_admissions.admit(state, principal, body, parsed_body)
+        admitted = state.http_admissions.admit(state, principal.uid, body, parsed_body)
         marks.append(parsed[0] if parsed else ("parse", time.perf_counter()))  # kept: read and looked up
     marks.append(("admit", time.perf_counter()))
     return admitted

@@ -9,7 +9,6 @@ written into regions land in the answer buffer.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import os
@@ -183,7 +182,7 @@ class Engine:
             device=torch.device("cpu"),
             executor=SimpleNamespace(operator_for=lambda rows, batch: self.operator),
         )
-        self.admissions = life.Admissions(self.state, self.principal)
+        self.admissions = life.Admissions(self.state, self.principal.uid)
 
     def register(self, name: str, access: str):
         memory = self.blocks[name]
@@ -236,7 +235,7 @@ def test_a_kept_admission_binds_its_views_once(engine):
 
 def test_an_admission_not_kept_keeps_no_binding(engine):
     _, request = engine.request()
-    admitted = life.admit(request, engine.state, engine.principal)  # HTTP's: one request, then gone
+    admitted = life.admit(request, engine.state, engine.principal.uid)  # HTTP's: one request, then gone
     life.execute(admitted, engine.state)
     assert admitted.binding is None and admitted not in engine.outs.bindings
     assert torch.equal(engine.out_values(), engine.want.values)
@@ -268,20 +267,19 @@ def test_a_closed_region_drops_the_bindings_over_it(engine, retirement):
 
 
 def test_http_admissions_are_kept_by_uid_and_only_once_admitted(engine):
-    """UidAdmissions (HTTP's kept admissions): a body admitted for a uid is found again for any process of that uid,
-    not decoded again; another uid gets nothing of it (its own admission, refused: the regions are not its own), and
-    a refused request keeps nothing."""
+    """UidAdmissions (HTTP's kept admissions): a body admitted for a uid is found again for that uid (any of its
+    processes), not decoded again; another uid gets nothing of it (its own admission, refused: the regions are not
+    its own), and a refused request keeps nothing."""
     kept = life.UidAdmissions()
     key, request = engine.request()
-    first = kept.admit(engine.state, engine.principal, key, lambda: request)
-    sibling = dataclasses.replace(engine.principal, pid=engine.principal.pid + 1)
+    uid = engine.principal.uid
+    first = kept.admit(engine.state, uid, key, lambda: request)
 
     def decoded_again():
         raise AssertionError("a kept body is decoded again")
 
-    assert kept.admit(engine.state, sibling, key, decoded_again) is first
-    stranger = dataclasses.replace(engine.principal, uid=engine.principal.uid + 1)
+    assert kept.admit(engine.state, uid, key, decoded_again) is first
     with pytest.raises(ServiceError) as err:
-        kept.admit(engine.state, stranger, key, lambda: request)
+        kept.admit(engine.state, uid + 1, key, lambda: request)
     assert err.value.code == "unknown_region", err.value
-    assert kept.uids == [engine.principal.uid], "a refused request keeps nothing and evicts no uid"
+    assert kept.uids == [uid], "a refused request keeps nothing and evicts no uid"
