@@ -283,7 +283,7 @@ class StdlibTransport(httpx.BaseTransport):
                 answer = self._early_answer(connection, exc, request, timeout.get("read"))
             else:
                 connection.sock.settimeout(timeout.get("read"))
-                answer = self._answer(connection, request)
+                answer = connection.getresponse()
             content = answer.read()
         except httpx.TransportError:
             connection.close()
@@ -303,17 +303,6 @@ class StdlibTransport(httpx.BaseTransport):
         self._give_back(connection, answer)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.getheaders()]
         return httpx.Response(answer.status, headers=headers, content=content, request=request)
-
-    @staticmethod
-    def _answer(connection: http.client.HTTPConnection, request: httpx.Request) -> http.client.HTTPResponse:
-        try:
-            return connection.getresponse()
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(str(exc), request=request) from exc
-        except http.client.HTTPException as exc:
-            raise httpx.RemoteProtocolError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        except OSError as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
 
     @staticmethod
     def _early_answer(connection: http.client.HTTPConnection, error: OSError, request: httpx.Request, timeout):

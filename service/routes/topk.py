@@ -127,15 +127,15 @@ async def admit_request(request: Request, state: ServiceState, principal: Princi
         marks.append(("parse", time.perf_counter()))
         admitted = admit(req, state, principal.uid)
     else:
-        parsed = []
+        parse_mark = []  # set when the body is parsed (not kept)
 
         def parsed_body() -> WireTopKRequest:
             req = _valid_or_raise(validate_body(body))
-            parsed.append(("parse", time.perf_counter()))
+            parse_mark.append(("parse", time.perf_counter()))
             return req
 
         admitted = state.http_admissions.admit(state, principal.uid, body, parsed_body)
-        marks.append(parsed[0] if parsed else ("parse", time.perf_counter()))  # kept: read and looked up
+        marks.append(parse_mark[0] if parse_mark else ("parse", time.perf_counter()))  # kept: read and looked up
     marks.append(("admit", time.perf_counter()))
     return admitted
 
