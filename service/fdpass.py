@@ -4,8 +4,11 @@ The protocol (one message each way per connection) is litetopk.clients.memfd's. 
 on a SOCK_SEQPACKET socket beside the HTTP socket (same directory, same mode), reads the sender's
 uid with SO_PEERCRED, takes exactly one fd and answers a ticket. `FdTickets.take(ticket, uid)`
 gives the fd to the registration that names the ticket, once, and only when the HTTP caller is
-the same uid; unclaimed fds are closed after TICKET_TTL_S. Nothing here looks at the fd's
-contents: service/memory.py checks the seals when the registration maps it.
+the same uid; unclaimed fds are closed after TICKET_TTL_S. Parked fds never take the last
+`fd_headroom()` of the service's fd limit: those are left to HTTP and IPC connections, owners'
+pidfds and CUDA, so a client parking fds cannot starve the other sockets (the HTTP loop, uvloop,
+resets connections it has no fd to accept with). Nothing here looks at the fd's contents:
+service/memory.py checks the seals when the registration maps it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import errno
 import json
 import logging
 import os
+import resource
 import secrets
 import socket
 import struct
@@ -29,6 +33,7 @@ from .wire import HANDOVER_MESSAGE, TICKET_TTL_S
 log = logging.getLogger("litetopk.service")
 
 MAX_TICKETS_PER_UID = 256  # unclaimed fds one uid may park at a time
+FD_HEADROOM_MIN = 16  # fds never taken by parking: at least this many, and 1/16 of RLIMIT_NOFILE
 ACCEPT_POLL_S = 0.2
 CONNECTION_TIMEOUT_S = 2.0
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -46,6 +51,23 @@ def _open_reserve() -> int | None:
         return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+
+
+def fd_headroom() -> int:
+    """The fds a handover leaves free at least: max(FD_HEADROOM_MIN, RLIMIT_NOFILE's soft limit / 16)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return FD_HEADROOM_MIN if soft == resource.RLIM_INFINITY else max(FD_HEADROOM_MIN, soft // 16)
+
+
+def fds_free() -> int:
+    """How many more fds this process may open now (RLIMIT_NOFILE's soft limit less those open); 0
+    when not even the listing's own fd can be opened."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        open_now = len(os.listdir("/proc/self/fd")) - 1  # the listing's own fd is listed too
+    except OSError:
+        return 0
+    return (1 << 30) if soft == resource.RLIM_INFINITY else soft - open_now
 
 
 def peer_credentials(sock) -> tuple[int, int, int]:
@@ -160,17 +182,21 @@ class FdSocket:
                     self._shortage.warning("fd socket %s: accept failed: %s", self.path, exc)
                     self._stop.wait(ACCEPT_POLL_S)  # never a spin
                 continue
-            with conn:
-                conn.settimeout(CONNECTION_TIMEOUT_S)
-                try:
-                    reply = self._answer(conn)
-                    conn.send(json.dumps(reply).encode())
-                except OSError as exc:  # the peer went away or stalled: nothing parked for it
-                    log.info("fd socket %s: a handover failed: %s", self.path, exc)
+            self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        """Read one handover from `conn`, answer it, close it."""
+        with conn:
+            conn.settimeout(CONNECTION_TIMEOUT_S)
+            try:
+                conn.send(json.dumps(self._answer(conn)).encode())
+            except OSError as exc:  # the peer went away or stalled: nothing parked for it
+                log.info("fd socket %s: a handover failed: %s", self.path, exc)
 
     def _refuse_without_fds(self, exc: OSError) -> None:
-        """No fd left to accept with: give up the reserve fd for a moment, accept, answer
-        `fd_exhausted`, close; log once per interval; wait a poll interval when even that fails."""
+        """No fd left to accept with: give up the reserve fd for a moment, accept, read the handover
+        (its fd is dropped: none is left to receive it with) and answer `fd_exhausted`; log once per
+        interval; wait a poll interval when even that fails."""
         self._shortage.warning(
             "fd socket %s: no file descriptors left (%s); handovers are answered fd_exhausted "
             "(raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)",
@@ -184,9 +210,7 @@ class FdSocket:
         self._reserve = None
         try:
             conn, _ = self._listener.accept()
-            with conn:
-                conn.settimeout(CONNECTION_TIMEOUT_S)
-                conn.send(json.dumps(FD_EXHAUSTED).encode())
+            self._handle(conn)
         except OSError:
             self._stop.wait(ACCEPT_POLL_S)
         finally:
@@ -211,10 +235,20 @@ class FdSocket:
                 "code": "validation_error",
                 "detail": f"send exactly one fd with the message {HANDOVER_MESSAGE!r} (got {len(fds)} fds)",
             }
+        if fds_free() < fd_headroom():  # parking this one would eat into what the connections need
+            os.close(fds[0])
+            self._shortage.warning(
+                "fd socket %s: no file descriptors left to park fds with (fewer than %d free, kept for "
+                "connections); handovers are answered fd_exhausted (raise the service's RLIMIT_NOFILE, "
+                "or fewer unclaimed fds)",
+                self.path,
+                fd_headroom(),
+            )
+            return FD_EXHAUSTED
         try:
             return {"ticket": self.tickets.issue(fds[0], uid)}
         except ServiceError as exc:
             return {"code": exc.code, "detail": exc.detail}
 
 
-__all__ = ["FdSocket", "FdTickets", "peer_credentials"]
+__all__ = ["FdSocket", "FdTickets", "fd_headroom", "fds_free", "peer_credentials"]

@@ -35,7 +35,7 @@ from tests.problems import make_problem
 COVERED_BY = {
     "unknown_region": "test_unknown_region",
     "region_quota_exceeded": "tests/service/test_resources.py::test_region_quota_per_principal",
-    "fd_exhausted": "tests/service/test_resources.py::test_fd_exhaustion_is_answered_and_logged_once",
+    "fd_exhausted": "tests/service/test_resources.py::test_parked_fds_leave_headroom_and_exhaustion_is_answered",
     "invalid_frame": "tests/service/test_ipc.py::test_bad_frames_get_problem_answers",
     "stale_region": "test_stale_region_after_unregister",
     "out_of_bounds": "test_tensor_reference_checks",

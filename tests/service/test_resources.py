@@ -1,12 +1,13 @@
 """Bounded and graceful, against real service processes: a region holds no fd, per-principal caps on
-regions and bytes, fd exhaustion answered `fd_exhausted` and logged once per interval, requests
-still queued when the grace period ends answered 503 `shutting_down`, and the service helper stops
-its process when the start fails."""
+regions and bytes, parked fds leaving headroom for connections, fd exhaustion answered `fd_exhausted`
+and logged once per interval, requests still queued when the grace period ends answered 503
+`shutting_down`, and the service helper stops its process when the start fails."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,8 +17,9 @@ import pytest
 import torch
 
 from bench.common.service_process import ServiceProcess
-from litetopk.clients import AsyncTopKClient, RegionProblem, TopKClient, UnavailableProblem
-from litetopk.clients.memfd import SealedMemory, hand_over_fd
+from litetopk.clients import AsyncTopKClient, RegionProblem, TopKClient, TransportError, UnavailableProblem
+from litetopk.clients.memfd import HandoverError, SealedMemory, hand_over_fd
+from litetopk.service.fdpass import FD_HEADROOM_MIN
 from tests.problems import make_problem
 from tests.servers import start_service, wait_until
 
@@ -66,30 +68,56 @@ def test_region_quota_per_principal():
         directory.cleanup()
 
 
-def test_fd_exhaustion_is_answered_and_logged_once():
-    """Under RLIMIT_NOFILE 64, fds parked on the fd socket until none are left: every later handover
-    gets `fd_exhausted` (not a misleading "got 0 fds"), the shortage is logged once, the HTTP side
-    keeps answering, and the service takes memory again once the parked fds are claimed."""
+def answers_ready(uds: str, transport: str) -> bool:
+    try:
+        with TopKClient(uds=uds, transport=transport) as client:
+            return client.ready()
+    except TransportError:  # a connection the service had no fd to accept with (uvloop resets it)
+        return False
+
+
+def test_parked_fds_leave_headroom_and_exhaustion_is_answered():
+    """Under RLIMIT_NOFILE 64: fds parked on the fd socket until refused. Every later handover gets
+    `fd_exhausted` (not a misleading "got 0 fds"), logged once; the parked fds leave the last
+    FD_HEADROOM_MIN free, so HTTP and IPC answer at once. Then idle connections take every fd left:
+    a handover is still answered `fd_exhausted` (the reserve fd is given up to answer it), and once
+    they close, HTTP answers again."""
+    limit = 64
     process, directory = start_service(
-        warmup=False, entry=tuple(s.format(n=64) for s in NOFILE), resource_log_interval_s=600
+        warmup=False, entry=tuple(s.format(n=limit) for s in NOFILE), resource_log_interval_s=600
     )
+    idle = []
     try:
         fd_socket = process.info["fd_socket"]
         memory = SealedMemory(4096)
         answers, tickets = [], []
-        for _ in range(80):
+        for _ in range(limit):
             try:
                 tickets.append(hand_over_fd(fd_socket, memory.fd, timeout=10))
             except OSError as exc:
                 answers.append(getattr(exc, "problem", None))
-        assert tickets, "some fds were parked before the limit"
+        assert tickets, "some fds were parked before the headroom"
         assert answers and all(a is not None and a["code"] == "fd_exhausted" for a in answers), answers[:3]
         assert process.log().count("no file descriptors left") == 1, "logged once per interval, not per failure"
-        with TopKClient(uds=process.uds, transport="http") as client:
-            assert client.ready()
+        assert open_fds(process.pid) <= limit - FD_HEADROOM_MIN, "parked fds leave the headroom free"
+        assert answers_ready(process.uds, "http") and answers_ready(process.uds, "ipc")
+
+        def full() -> bool:  # one more idle connection, until the service holds every fd it may
+            idle.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            idle[-1].connect(process.uds)
+            return open_fds(process.pid) >= limit
+
+        wait_until(full, timeout=20, interval=0.01)
+        with pytest.raises(HandoverError) as refused:
+            hand_over_fd(fd_socket, memory.fd, timeout=10)
+        assert refused.value.problem is not None and refused.value.problem["code"] == "fd_exhausted", refused.value
+        for connection in idle:
+            connection.close()
+        wait_until(lambda: answers_ready(process.uds, "http"), timeout=20)
     finally:
+        for connection in idle:
+            connection.close()
         process.stop()
-        directory.cleanup()
         directory.cleanup()
 
 
