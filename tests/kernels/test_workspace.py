@@ -562,13 +562,13 @@ def test_the_dense_routes_calls_are_sized(monkeypatch, seed):
     """LiteTopKTuning.dense_route_bytes: a call whose score matrix (rows x bound x 4 bytes) fits the bound takes
     the dense route, which carves that matrix instead of the scan's buffers; workspace_bytes stays exact. The
     oracle shares none of its reasoning: the bytes a call of every rows <= 3 carves at every window bound <=
-    2,112 (empty windows; the reference backend, made to report that its buffer holds the windows as the Triton
+    1,344 (empty windows; the reference backend, made to report that its buffer holds the windows as the Triton
     paged mode does), the largest of them, for bounds that route none, some and all of the calls."""
     monkeypatch.setattr(ReferenceBackend, "buffers_hold_windows", lambda self, problem: True)
-    p = make_problem(seed, seq_lens=[2100], rows_per_seq=3, topk=512)  # 33 pages: bound 2112
+    p = make_problem(seed, seq_lens=[1300], rows_per_seq=3, topk=512)  # 21 pages: bound 1344, sample strides 1-3
     empty = dataclasses.replace(p, ends=p.starts.clone())
     carved = {}
-    for route_bytes in (0, 2 * 1500 * 4, 3 * bound_of(p) * 4):
+    for route_bytes in (0, 2 * 900 * 4, 3 * bound_of(p) * 4):
         # a capped candidate buffer (64 keys a row): the scan carves less there, the route's score matrix the same
         tuning = LiteTopKTuning(sample_size=600, candidate_capacity=64, dense_route_bytes=route_bytes)
         carved[route_bytes] = {
@@ -580,7 +580,7 @@ def test_the_dense_routes_calls_are_sized(monkeypatch, seed):
         want = max(carved[route_bytes].values())
         assert workspace_bytes(**sized) == want, f"dense_route_bytes {route_bytes}: the largest call carves {want}"
     routed = [b for b in carved if b and carved[b] != carved[0]]
-    assert routed == [2 * 1500 * 4, 3 * bound_of(p) * 4], "both bounds must route calls that carve otherwise"
+    assert routed == [2 * 900 * 4, 3 * bound_of(p) * 4], "both bounds must route calls that carve otherwise"
 
 
 @pytest.mark.parametrize("rows, repair_rows", [(24, 1), (96, 16)])
