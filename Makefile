@@ -32,11 +32,12 @@ run: $(STAMP)
 	$(BIN)/python -m litetopk.service
 
 # Lint and format check of the whole tree first (pyproject [tool.ruff]; `ruff format .` fixes the format),
-# then the suite.
+# then the suite (worksteal: a worker that runs out of tests takes some of the other's, so the slow ones do not
+# leave one core idle at the end).
 test: $(STAMP) $(ROCM_SHIM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 # The suite on a machine with a CUDA GPU: the same tests run the compiled kernels, and the `gpu`-marked ones
 # (skipped elsewhere) run too; workers share the GPU.

@@ -129,7 +129,7 @@ def test_the_triton_stages_return_the_torch_stages_bits(name, seed):
 
 
 def test_a_litetopk_call_stays_within_the_launch_budget():
-    counts = count_launches_cpu()
+    counts = count_launches_cpu(rows=2)  # the counts do not depend on the rows (the grids do)
     total = sum(counts.values())
     assert total <= 60, f"{total} launches per call (budget 60): {dict(counts)}"
     assert max(counts.values()) <= 10, f"a stage above 10 launches: {dict(counts)}"

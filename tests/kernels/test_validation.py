@@ -273,11 +273,13 @@ def test_row_checks_kernel_finds_the_same_faults(case, seed):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("rows, batch", [(0, 3), (5, 0), (0, 0), (3000, 2)])
+@pytest.mark.parametrize("rows, batch", [(0, 3), (5, 0), (0, 0), (1100, 2)])
 def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
-    """No rows: every sequence ends at 0; no sequence: every row is INVALID_ROW; many rows (several of
-    the sequences' blocks): the ends as the torch checks give them. The zeroed words in every case."""
-    from litetopk.kernels.row_checks import row_checks_torch, row_checks_triton
+    """No rows: every sequence ends at 0; no sequence: every row is INVALID_ROW; many rows (two of the
+    sequences' blocks of BLOCK_ROWS): the ends as the torch checks give them. The zeroed words in every case."""
+    from litetopk.kernels.row_checks import BLOCK_ROWS, row_checks_torch, row_checks_triton
+
+    assert rows < 2 * BLOCK_ROWS and (rows < 10 or rows > BLOCK_ROWS), "no rows, a few, or two blocks of them"
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(seed)
