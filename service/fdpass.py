@@ -59,15 +59,15 @@ def fd_headroom() -> int:
     return FD_HEADROOM_MIN if soft == resource.RLIM_INFINITY else max(FD_HEADROOM_MIN, soft // 16)
 
 
-def fds_free() -> int:
-    """How many more fds this process may open now (RLIMIT_NOFILE's soft limit less those open); 0
-    when not even the listing's own fd can be opened."""
+def fds_free() -> int | None:
+    """How many more fds this process may open now (RLIMIT_NOFILE's soft limit less those open); 0 when
+    not even the listing's own fd can be opened; None when it cannot be known (no /proc, no limit)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         open_now = len(os.listdir("/proc/self/fd")) - 1  # the listing's own fd is listed too
-    except OSError:
-        return 0
-    return (1 << 30) if soft == resource.RLIM_INFINITY else soft - open_now
+    except OSError as exc:
+        return 0 if exc.errno in (errno.EMFILE, errno.ENFILE) else None
+    return None if soft == resource.RLIM_INFINITY else soft - open_now
 
 
 def peer_credentials(sock) -> tuple[int, int, int]:
@@ -142,7 +142,8 @@ class FdSocket:
     ):
         self.path = path
         self.tickets = tickets
-        self._shortage = OncePerInterval(log, log_interval_s)
+        self._shortage = OncePerInterval(log, log_interval_s)  # no fd left
+        self._headroom = OncePerInterval(log, log_interval_s)  # parking stopped at the headroom
         self._reserve = _open_reserve()  # given up for a moment to answer `fd_exhausted` when none are left
         if os.path.lexists(path):
             os.unlink(path)  # ours: the directory is private to the service's uid (settings.socket_dir)
@@ -171,6 +172,8 @@ class FdSocket:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
+            if self._reserve is None:  # another thread took its slot when it was last given up: again
+                self._reserve = _open_reserve()
             try:
                 conn, _ = self._listener.accept()
             except socket.timeout:
@@ -235,14 +238,15 @@ class FdSocket:
                 "code": "validation_error",
                 "detail": f"send exactly one fd with the message {HANDOVER_MESSAGE!r} (got {len(fds)} fds)",
             }
-        if fds_free() < fd_headroom():  # parking this one would eat into what the connections need
+        free, headroom = fds_free(), fd_headroom()
+        if free is not None and free < headroom:  # parking this one would eat into what the connections need
             os.close(fds[0])
-            self._shortage.warning(
-                "fd socket %s: no file descriptors left to park fds with (fewer than %d free, kept for "
-                "connections); handovers are answered fd_exhausted (raise the service's RLIMIT_NOFILE, "
-                "or fewer unclaimed fds)",
+            self._headroom.warning(
+                "fd socket %s: fd headroom reached (%d fds free, %d kept for connections); handovers are "
+                "answered fd_exhausted (raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)",
                 self.path,
-                fd_headroom(),
+                free,
+                headroom,
             )
             return FD_EXHAUSTED
         try:

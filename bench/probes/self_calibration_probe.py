@@ -9,7 +9,7 @@ status) and no row was repaired (a repair is a capacity event: the sample was to
 CUDA events, alternating the two modes (WARM warm-up calls each, then the median of PAIRS pairs): the
 operator call, and its calibrate + scan stages alone (`stages`: calibrate() + scan_candidates() for
 "sample", scan_candidates(sample_size=...) for "scan"). `candidates`: the mean and max of the rows'
-kept keys (the selection's input; the buffer holds 8 K). Prints a table, writes DIR/self-calibration.json
+kept keys (the selection's input; the buffer holds 8 x K). Prints a table, writes DIR/self-calibration.json
 (the command in it) and DIR/self-calibration.png.
 
     python -m bench.probes.self_calibration_probe --out DIR

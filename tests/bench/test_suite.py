@@ -62,8 +62,9 @@ def test_device_scripts_name_existing_files_and_modules(path):
 def test_self_calibration_probe_runs_end_to_end(tmp_path):
     """The device probe of the first GPU call, on a small problem on the CPU (interpreter): it must not
     fail on the H200 for a reason a CPU run shows (its stage calls once passed thresholds together
-    with a sample, which the backend refuses). Two rows, windows of up to 4,096 keys (K = 512). Its report:
-    both modes exact, no row repaired, fewer candidates than keys (the thresholds filter)."""
+    with a sample, which the backend refuses). Two rows, windows of up to 6,144 keys against a 4,096-key buffer
+    (K = 512): the thresholds must filter, or rows overflow and are repaired. Its report: both modes
+    exact, no row repaired, fewer candidates than the buffer holds."""
     import json
 
     from bench.probes import self_calibration_probe
@@ -73,7 +74,7 @@ def test_self_calibration_probe_runs_end_to_end(tmp_path):
             "--out",
             str(tmp_path),
             "--keys",
-            "4096",
+            "6144",
             "--topk",
             "512",
             "--spread",
@@ -93,7 +94,7 @@ def test_self_calibration_probe_runs_end_to_end(tmp_path):
     case = report["cases"][0]
     assert case["exact"] == {"sample": True, "scan": True}, case
     assert case["repaired"] == {"sample": 0, "scan": 0}, case
-    assert all(most < 4096 for _, most in case["candidates"].values()), case  # of 4,096 keys
+    assert all(most < 4096 for _, most in case["candidates"].values()), case  # the buffer: 8 x K
 
 
 def test_the_socket_round_trip_probe_times_both_modes(tmp_path):

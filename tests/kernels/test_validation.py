@@ -279,14 +279,17 @@ def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
     sequences' blocks of BLOCK_ROWS): the ends as the torch checks give them. The zeroed words in every case."""
     from litetopk.kernels.row_checks import BLOCK_ROWS, row_checks_torch, row_checks_triton
 
-    assert rows < 2 * BLOCK_ROWS and (rows < 10 or rows > BLOCK_ROWS), "no rows, a few, or two blocks of them"
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(seed)
     block_table = torch.randint(0, 50, (batch, 8), generator=gen, dtype=torch.int32)
     ends = torch.randint(0, 8 * 64 + 40, (rows,), generator=gen, dtype=torch.int32)  # some past the bound
     starts = (ends - torch.randint(0, 300, (rows,), generator=gen, dtype=torch.int32)).clamp_min(-2)
     row_to_batch = torch.randint(-1, max(batch, 1) + 1, (rows,), generator=gen, dtype=torch.int32)
+    if rows > BLOCK_ROWS:  # only the last row, in the second block, ends sequence 0 at the bound
+        first = row_to_batch[:-1] == 0
+        ends[:-1][first] = ends[:-1][first].clamp_max(8 * 64 - 1)
+        starts = torch.minimum(starts, ends)
+        starts[-1], ends[-1], row_to_batch[-1] = 0, 8 * 64, 0
     weights = torch.randn(rows, 64, generator=gen)
     args = (block_table, 50, weights, row_to_batch, starts, ends, 8 * 64)
     want = row_checks_torch(*args)
@@ -298,6 +301,8 @@ def test_row_checks_kernel_without_rows_or_sequences(rows, batch, seed):
     assert want.zeroed.tolist() == [0] * (ZEROED_WORDS + batch)
     if rows and batch:
         assert 0 < int(want.sequence_ends.max()) <= 8 * 64, "the case has rows in range"
+    if rows > BLOCK_ROWS:
+        assert int(want.sequence_ends[0]) == 8 * 64, "the second block's row sets sequence 0's end"
 
 
 # ---- 64-bit slot arithmetic ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Bounded and graceful, against real service processes: a region holds no fd, per-principal caps on
 regions and bytes, parked fds leaving headroom for connections, fd exhaustion answered `fd_exhausted`
-and logged once per interval, requests still queued when the grace period ends answered 503
-`shutting_down`, and the service helper stops its process when the start fails."""
+and logged once per interval (the fd socket's reserve fd taken again when lost), requests still queued
+when the grace period ends answered 503 `shutting_down`, and the service helper stops its process when
+the start fails."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import httpx
 import pytest
@@ -19,7 +21,7 @@ import torch
 from bench.common.service_process import ServiceProcess
 from litetopk.clients import AsyncTopKClient, RegionProblem, TopKClient, TransportError, UnavailableProblem
 from litetopk.clients.memfd import HandoverError, SealedMemory, hand_over_fd
-from litetopk.service.fdpass import FD_HEADROOM_MIN
+from litetopk.service.fdpass import FD_HEADROOM_MIN, FdSocket, FdTickets
 from tests.problems import make_problem
 from tests.servers import start_service, wait_until
 
@@ -79,17 +81,33 @@ def answers_ready(uds: str, transport: str) -> bool:
 def test_parked_fds_leave_headroom_and_exhaustion_is_answered():
     """Under RLIMIT_NOFILE 64: fds parked on the fd socket until refused. Every later handover gets
     `fd_exhausted` (not a misleading "got 0 fds"), logged once; the parked fds leave the last
-    FD_HEADROOM_MIN free, so HTTP and IPC answer at once. Then idle connections take every fd left:
-    a handover is still answered `fd_exhausted` (the reserve fd is given up to answer it), and once
-    they close, HTTP answers again."""
+    FD_HEADROOM_MIN free, so HTTP and IPC answer at once. Then, twice, idle connections take every fd
+    left: a handover is still answered `fd_exhausted` (the reserve fd is given up to answer it, and
+    taken again after), and once they close, HTTP answers again."""
     limit = 64
     process, directory = start_service(
         warmup=False, entry=tuple(s.format(n=limit) for s in NOFILE), resource_log_interval_s=600
     )
-    idle = []
+    memory, idle = SealedMemory(4096), []
+
+    def held_fds() -> int:  # the service's open fds once they stop changing (connections are accepted late)
+        while True:
+            before = open_fds(process.pid)
+            time.sleep(0.05)
+            if open_fds(process.pid) == before:
+                return before
+
+    def fill() -> None:  # idle connections until the service holds every fd it may
+        for _ in range(limit):
+            idle.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            idle[-1].settimeout(2)
+            idle[-1].connect(process.uds)
+            if held_fds() >= limit:
+                return
+        raise AssertionError(f"{limit} idle connections left the service with fds free ({held_fds()} open)")
+
     try:
         fd_socket = process.info["fd_socket"]
-        memory = SealedMemory(4096)
         answers, tickets = [], []
         for _ in range(limit):
             try:
@@ -98,27 +116,39 @@ def test_parked_fds_leave_headroom_and_exhaustion_is_answered():
                 answers.append(getattr(exc, "problem", None))
         assert tickets, "some fds were parked before the headroom"
         assert answers and all(a is not None and a["code"] == "fd_exhausted" for a in answers), answers[:3]
-        assert process.log().count("no file descriptors left") == 1, "logged once per interval, not per failure"
-        assert open_fds(process.pid) <= limit - FD_HEADROOM_MIN, "parked fds leave the headroom free"
+        assert process.log().count("fd headroom reached") == 1, "logged once per interval, not per refusal"
+        assert held_fds() <= limit - FD_HEADROOM_MIN, "parked fds leave the headroom free"
         assert answers_ready(process.uds, "http") and answers_ready(process.uds, "ipc")
-
-        def full() -> bool:  # one more idle connection, until the service holds every fd it may
-            idle.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
-            idle[-1].connect(process.uds)
-            return open_fds(process.pid) >= limit
-
-        wait_until(full, timeout=20, interval=0.01)
-        with pytest.raises(HandoverError) as refused:
-            hand_over_fd(fd_socket, memory.fd, timeout=10)
-        assert refused.value.problem is not None and refused.value.problem["code"] == "fd_exhausted", refused.value
-        for connection in idle:
-            connection.close()
-        wait_until(lambda: answers_ready(process.uds, "http"), timeout=20)
+        for _ in range(2):
+            fill()
+            with pytest.raises(HandoverError) as refused:
+                hand_over_fd(fd_socket, memory.fd, timeout=10)
+            assert refused.value.problem is not None and refused.value.problem["code"] == "fd_exhausted", refused.value
+            while idle:
+                idle.pop().close()
+            wait_until(lambda: answers_ready(process.uds, "http"), timeout=20)
+        assert process.log().count("no file descriptors left") == 1, "logged once per interval"
     finally:
         for connection in idle:
             connection.close()
+        memory.close_fd()
         process.stop()
         directory.cleanup()
+
+
+def test_the_fd_socket_takes_its_reserve_fd_again(tmp_path):
+    """The reserve fd, given up for a moment to answer at exhaustion, can find its slot taken by another
+    thread (uvloop accepting an HTTP connection into it): the accept loop opens it again, so that the next
+    exhaustion is still answered."""
+    fd_socket = FdSocket(str(tmp_path / "fds.sock"), FdTickets())
+    fd_socket.start()
+    try:
+        assert fd_socket._reserve is not None
+        os.close(fd_socket._reserve)
+        fd_socket._reserve = None  # as when another thread took the slot
+        wait_until(lambda: fd_socket._reserve is not None, timeout=5)
+    finally:
+        fd_socket.stop()
 
 
 def test_queued_requests_get_503_when_the_grace_period_ends(tmp_path):
