@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"litetopk: {exc}", file=sys.stderr)
         return 2
+    raise_fd_limit()
     sockets, where = [], []
     if settings.host:
         tcp = bind_tcp(settings.host, settings.port)
@@ -169,6 +170,23 @@ def main(argv: list[str] | None = None) -> int:
         if settings.uds and os.path.lexists(settings.uds):
             os.unlink(settings.uds)
     return 0
+
+
+def raise_fd_limit() -> int:
+    """RLIMIT_NOFILE's soft limit raised to its hard limit; the soft limit now. Connections, parked fds and
+    owners' pidfds all take fds; at the limit uvloop resets the HTTP connections it cannot accept (and, should
+    libuv lose its own spare fd to another thread meanwhile, closes the listener on the next shortage), so
+    the service runs at the highest limit it is allowed (nothing here polls fds with select())."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:  # e.g. a hard limit of RLIM_INFINITY beyond the kernel's nr_open
+            log.warning("RLIMIT_NOFILE stays at %d (the hard limit %d could not be taken: %s)", soft, hard, exc)
+            return soft
+    return hard
 
 
 def event_loop() -> str:

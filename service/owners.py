@@ -108,8 +108,10 @@ class OwnerWatch:
         if len(exited) < EXITED_AT_ONCE:
             dead = any(ready == entry[0] for ready, _ in exited)
         else:  # more exited owners than one call returns: ask this owner's pidfd alone
+            poller = select.poll()  # not select(): fds past 1,023 (the service raises RLIMIT_NOFILE)
             try:
-                dead = bool(select.select([entry[0]], [], [], 0)[0])
+                poller.register(entry[0], select.POLLIN)
+                dead = bool(poller.poll(0))
             except (OSError, ValueError):
                 return owner_alive(pid, start)
         if self._fds.get((pid, start)) is not entry:  # unwatched meanwhile (its fd number may be reused): ask /proc

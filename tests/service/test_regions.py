@@ -284,3 +284,27 @@ def test_client_process_killed_while_holding_regions(service):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_owner_watch_sees_every_exit_past_one_epoll_call():
+    """More owners exit at once than one epoll call reports (EXITED_AT_ONCE): each is then asked alone (by
+    poll, whatever its fd number), and every one reads as dead while a live owner reads as alive."""
+    from litetopk.service.owners import EXITED_AT_ONCE, OwnerWatch, process_start
+
+    watch = OwnerWatch()
+    sleeper = [sys.executable, "-c", "import time, sys; time.sleep(float(sys.argv[1]))"]
+    short = [subprocess.Popen([*sleeper, "1.5"]) for _ in range(EXITED_AT_ONCE + 6)]
+    live = subprocess.Popen([*sleeper, "60"])
+    try:
+        owners = [(p.pid, process_start(p.pid)) for p in (*short, live)]
+        for owner in owners:
+            watch.watch(*owner)
+        assert all(p.poll() is None for p in short), "every owner was watched alive (by pidfd)"
+        for p in short:
+            p.wait()
+        wait_until(lambda: not any(watch.alive(*owner) for owner in owners[:-1]), timeout=10)
+        assert watch.alive(*owners[-1]), "the live owner"
+    finally:
+        live.kill()
+        live.wait()
+        watch.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -76,6 +77,20 @@ def answers_ready(uds: str, transport: str) -> bool:
             return client.ready()
     except TransportError:  # a connection the service had no fd to accept with (uvloop resets it)
         return False
+
+
+def test_the_service_raises_its_fd_limit_to_the_hard_limit():
+    """Started with RLIMIT_NOFILE 64 soft, 256 hard, the service runs at 256 (its connections, parked fds and
+    pidfds all take fds: it takes the most it is allowed)."""
+    entry = (NOFILE[0], NOFILE[1].replace("({n}, {n})", "(64, 256)"))
+    process, directory = start_service(warmup=False, entry=entry)
+    try:
+        limits = open(f"/proc/{process.pid}/limits").read()
+        assert re.search(r"Max open files\s+256\s+256", limits), limits
+        assert answers_ready(process.uds, "http")
+    finally:
+        process.stop()
+        directory.cleanup()
 
 
 def test_parked_fds_leave_headroom_and_exhaustion_is_answered():
