@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def raise_fd_limit() -> int:
-    """RLIMIT_NOFILE's soft limit raised to its hard limit; the soft limit now. Connections, parked fds and
+def raise_fd_limit() -> None:
+    """RLIMIT_NOFILE's soft limit raised to its hard limit (a warning when it cannot be). Connections, parked fds and
     owners' pidfds all take fds; at the limit uvloop resets the HTTP connections it cannot accept (and, should
     libuv lose its own spare fd to another thread meanwhile, closes the listener on the next shortage), so
     the service runs at the highest limit it is allowed (nothing here polls fds with select())."""
@@ -185,8 +185,6 @@ def raise_fd_limit() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (OSError, ValueError) as exc:  # e.g. a hard limit of RLIM_INFINITY beyond the kernel's nr_open
             log.warning("RLIMIT_NOFILE stays at %d (the hard limit %d could not be taken: %s)", soft, hard, exc)
-            return soft
-    return hard
 
 
 def event_loop() -> str:

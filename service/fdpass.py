@@ -172,7 +172,7 @@ class FdSocket:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            if self._reserve is None:  # another thread took its slot when it was last given up: again
+            if self._reserve is None:  # given up to answer at exhaustion (its slot may have gone to another thread)
                 self._reserve = _open_reserve()
             try:
                 conn, _ = self._listener.accept()
@@ -198,8 +198,9 @@ class FdSocket:
 
     def _refuse_without_fds(self, exc: OSError) -> None:
         """No fd left to accept with: give up the reserve fd for a moment, accept, read the handover
-        (its fd is dropped: none is left to receive it with) and answer `fd_exhausted`; log once per
-        interval; wait a poll interval when even that fails."""
+        (its fd is dropped: none is left to receive it with) and answer `fd_exhausted` (the serving loop takes
+        the reserve again before its next accept); log once per interval; wait a poll interval when even that
+        fails."""
         self._shortage.warning(
             "fd socket %s: no file descriptors left (%s); handovers are answered fd_exhausted "
             "(raise the service's RLIMIT_NOFILE, or fewer unclaimed fds)",
@@ -216,8 +217,6 @@ class FdSocket:
             self._handle(conn)
         except OSError:
             self._stop.wait(ACCEPT_POLL_S)
-        finally:
-            self._reserve = _open_reserve()
 
     def _answer(self, conn: socket.socket) -> dict:
         _, uid, _ = peer_credentials(conn)

@@ -287,8 +287,8 @@ def test_client_process_killed_while_holding_regions(service):
 
 
 def test_owner_watch_sees_every_exit_past_one_epoll_call():
-    """More owners exit at once than one epoll call reports (EXITED_AT_ONCE): each is then asked alone (by
-    poll, whatever its fd number), and every one reads as dead while a live owner reads as alive."""
+    """More owners exit at once than one epoll call reports (EXITED_AT_ONCE): each is then asked alone (its
+    pidfd polled), and every one reads as dead while a live owner reads as alive."""
     from litetopk.service.owners import EXITED_AT_ONCE, OwnerWatch, process_start
 
     watch = OwnerWatch()
